@@ -1,0 +1,28 @@
+# Two entry points (see README): `make demo` and `make test`. Each sets up .venv itself.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint setup clean
+
+$(BIN)/gpu-healthcheck: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(BIN)/gpu-healthcheck
+
+demo: setup
+	@$(BIN)/python -m agent.demo
+
+lint: setup
+	$(BIN)/ruff check agent hostengine tests bench
+	$(BIN)/ruff format --check agent hostengine tests bench
+	$(BIN)/mypy
+
+test: setup lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

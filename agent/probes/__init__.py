@@ -1,0 +1,1 @@
+"""Probes read the machine (or a node snapshot) and return typed data or a typed failure."""

@@ -1,0 +1,44 @@
+"""The typed "could not read" that every probe returns instead of raising."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeVar, Union
+
+
+class ProbeErrorKind(str, enum.Enum):
+    TIMEOUT = "timeout"  # the tool hung past its timeout and was killed
+    TOOL_FAILED = "tool-failed"  # the tool ran and reported an error (exit code, error text)
+    UNREADABLE = "unreadable"  # output/file exists but is malformed, truncated or garbage
+    UNAVAILABLE = "unavailable"  # the tool, library, device file or endpoint is not there
+
+
+@dataclass(frozen=True)
+class ProbeError:
+    """We could not look. `source` names what we tried ("nvidia-smi -q -x", "kmsg.log")."""
+
+    source: str
+    kind: ProbeErrorKind
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.kind.value}: {self.message}"
+
+
+@dataclass(frozen=True)
+class NotCaptured:
+    """A snapshot that does not hold this input: checks that need it are skipped."""
+
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.source} not captured"
+
+
+T = TypeVar("T")
+Probed = Union[T, ProbeError, NotCaptured]
+
+
+class ParseError(ValueError):
+    """Raised inside parsers; probes turn it into ProbeError(UNREADABLE)."""
