@@ -100,7 +100,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class LostGpu:
-    """A GPU the driver enumerates but cannot talk to (GPU_IS_LOST, "Unable to determine the device handle")."""
+    """A GPU the driver lists but cannot talk to (GPU_IS_LOST, "Unable to determine the device handle")."""
 
     pci_bus_id: str | None
     message: str

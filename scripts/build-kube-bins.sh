@@ -17,8 +17,8 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MOD="$REPO/tools/kube-bins"
-K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$MOD/go.mod")
-ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2; exit }' "$MOD/go.mod")
+K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
+ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
 if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
     echo "build-kube-bins: cannot read the pinned versions from $MOD/go.mod" >&2
     exit 2
