@@ -162,9 +162,10 @@ def _leaf_or_section(value: Any, spec: Any, path: str) -> Any:
     if not isinstance(value, typ):
         name = "number" if typ == (int, float) else getattr(typ, "__name__", str(typ))
         raise ConfigError(f"{path}: expected {name}, got {value!r}")
-    if spec.minimum is not None and float(value) < spec.minimum:
+    number = value if isinstance(value, (int, float)) else None
+    if spec.minimum is not None and number is not None and number < spec.minimum:
         raise ConfigError(f"{path}: {value} is below the minimum {spec.minimum}")
-    if spec.maximum is not None and float(value) > spec.maximum:
+    if spec.maximum is not None and number is not None and number > spec.maximum:
         raise ConfigError(f"{path}: {value} is above the maximum {spec.maximum}")
     if spec.choices is not None and value not in spec.choices:
         raise ConfigError(f"{path}: {value!r} is not one of {', '.join(spec.choices)}")
