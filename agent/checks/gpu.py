@@ -1,0 +1,363 @@
+"""GPU checks on the NVML / nvidia-smi inventory. Each is a pure function of NodeFacts and Config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from agent.checks import input_gap
+from agent.config import Config
+from agent.facts import NodeFacts
+from agent.findings import CheckResult, Finding
+from agent.model import Gpu, GpuInventory, NodeObject, short_pci
+from agent.probes.result import ProbeError, ProbeErrorKind
+
+
+def _finding(cfg: Config, check: str, rule: str, message: str, gpu: Gpu | None = None) -> Finding:
+    entities = (gpu.label,) if gpu is not None else ()
+    key = f"{rule}/{gpu.pci_bus_id}" if gpu is not None else rule
+    return Finding(
+        check=check, rule=rule, severity=cfg.severity(rule), message=message, entities=entities, key=key
+    )
+
+
+def _per_gpu(
+    name: str,
+    facts: NodeFacts,
+    cfg: Config,
+    judge: Callable[[Gpu], Iterable[tuple[str, str]]],
+    applies: Callable[[Gpu], bool] = lambda g: True,
+    not_applicable: str = "",
+    ok: str = "",
+) -> CheckResult:
+    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to."""
+    gap = input_gap(name, facts.gpus)
+    if gap is not None:
+        return gap
+    inv = facts.gpus
+    assert isinstance(inv, GpuInventory)
+    gpus = [g for g in inv.gpus if applies(g)]
+    if not inv.gpus:
+        return CheckResult(name, skipped="no GPU visible")
+    if not gpus:
+        return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
+    findings = [_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
+    return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")
+
+
+# --------------------------------------------------------------------------- gpu.count
+
+
+def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
+    name = "gpu.count"
+    gap = input_gap(name, facts.gpus)
+    if gap is not None:
+        return gap
+    inv = facts.gpus
+    assert isinstance(inv, GpuInventory)
+    visible = len(inv.gpus) + len(inv.lost)
+    if facts.profile is None:
+        why = (
+            f"instance type {facts.instance_type!r} has no profile"
+            if facts.instance_type
+            else ("instance type unknown")
+        )
+        return CheckResult(name, skipped=f"{why}: {visible} GPU(s) visible, count not checked")
+    prof = facts.profile
+    findings: list[Finding] = []
+    if visible != prof.gpu_count:
+        findings.append(
+            _finding(
+                cfg,
+                name,
+                "gpu.count.mismatch",
+                f"{visible} GPU(s) visible, {prof.instance_type} has {prof.gpu_count}",
+            )
+        )
+    if prof.gpu_model:
+        wrong = [g for g in inv.gpus if g.name and prof.gpu_model.lower() not in g.name.lower()]
+        for g in wrong:
+            findings.append(
+                _finding(cfg, name, "gpu.count.model", f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
+            )
+    return CheckResult(
+        name, findings=tuple(findings), note=f"{visible} GPU(s) as expected for {prof.instance_type}"
+    )
+
+
+# --------------------------------------------------------------------------- gpu.responsive
+
+
+def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
+    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look"."""
+    name = "gpu.responsive"
+    probed = facts.gpus
+    if isinstance(probed, ProbeError):
+        if probed.kind is ProbeErrorKind.TIMEOUT:
+            rule = "gpu.responsive.timeout"
+        elif probed.kind is ProbeErrorKind.TOOL_FAILED:
+            rule = "gpu.responsive.driver"
+        else:
+            return CheckResult(name, unknown=f"could not read {probed.source}: {probed.message}")
+        return CheckResult(name, findings=(_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),))
+    gap = input_gap(name, probed)
+    if gap is not None:
+        return gap
+    assert isinstance(probed, GpuInventory)
+    findings = []
+    for lost in probed.lost:
+        where = f"GPU {short_pci(lost.pci_bus_id)}" if lost.pci_bus_id else "a GPU"
+        findings.append(
+            Finding(
+                check=name,
+                rule="gpu.responsive.lost",
+                severity=cfg.severity("gpu.responsive.lost"),
+                message=f"{where} does not answer: {lost.message}",
+                entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
+                key=f"gpu.responsive.lost/{lost.pci_bus_id or '?'}",
+            )
+        )
+    return CheckResult(
+        name, findings=tuple(findings), note=f"{len(probed.gpus)} GPU(s) answer ({probed.source})"
+    )
+
+
+# --------------------------------------------------------------------------- memory health
+
+
+def _ecc(g: Gpu) -> Iterable[tuple[str, str]]:
+    e = g.ecc
+    dram = e.volatile_dram_uncorrectable
+    if dram is None and e.volatile_double_bit_total is not None:
+        dram = e.volatile_double_bit_total  # pre-Ampere: double-bit = uncorrectable
+    if dram:
+        yield "gpu.ecc.dram-uncorrectable", f"{dram} volatile uncorrectable DRAM ECC error(s)"
+    sram = max(e.volatile_sram_uncorrectable or 0, e.aggregate_sram_uncorrectable or 0)
+    if sram:
+        yield "gpu.ecc.sram-uncorrectable", f"{sram} uncorrectable SRAM ECC error(s)"
+    if e.sram_threshold_exceeded:
+        yield "gpu.ecc.sram-threshold", "aggregate SRAM ECC error threshold exceeded"
+
+
+def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
+    def has_counters(g: Gpu) -> bool:
+        e = g.ecc
+        return e.mode_enabled is not False and any(
+            v is not None
+            for v in (
+                e.volatile_dram_uncorrectable,
+                e.volatile_sram_uncorrectable,
+                e.aggregate_sram_uncorrectable,
+                e.volatile_double_bit_total,
+                e.sram_threshold_exceeded,
+            )
+        )
+
+    return _per_gpu(
+        "gpu.ecc",
+        facts,
+        cfg,
+        _ecc,
+        has_counters,
+        not_applicable="no GPU reports ECC counters (ECC off or not supported)",
+        ok="no uncorrectable ECC errors",
+    )
+
+
+def _remap(g: Gpu) -> Iterable[tuple[str, str]]:
+    r = g.remapped_rows
+    assert r is not None
+    if r.failure:
+        yield "gpu.row-remap.failure", "row remapping failed: no spare rows left"
+    if r.pending:
+        yield (
+            "gpu.row-remap.pending",
+            (
+                f"row remap pending (correctable {r.correctable or 0}, "
+                f"uncorrectable {r.uncorrectable or 0}); needs a GPU reset"
+            ),
+        )
+
+
+def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
+    return _per_gpu(
+        "gpu.row-remap",
+        facts,
+        cfg,
+        _remap,
+        lambda g: g.remapped_rows is not None,
+        not_applicable="no GPU reports row remapping (before Ampere, or MIG)",
+        ok="no remap pending or failed",
+    )
+
+
+def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
+    limit = cfg.get("thresholds.retiredPagesSingleBitMax")
+
+    def judge(g: Gpu) -> Iterable[tuple[str, str]]:
+        p = g.retired_pages
+        assert p is not None
+        if p.double_bit:
+            yield "gpu.retired-pages.double-bit", f"{p.double_bit} page(s) retired for double-bit ECC errors"
+        if p.pending:
+            yield "gpu.retired-pages.pending", "page retirement pending: takes effect after a reboot"
+        if p.single_bit is not None and p.single_bit > limit:
+            yield "gpu.retired-pages.single-bit", f"{p.single_bit} single-bit retired pages (> {limit:g})"
+
+    return _per_gpu(
+        "gpu.retired-pages",
+        facts,
+        cfg,
+        judge,
+        lambda g: g.retired_pages is not None and g.remapped_rows is None,
+        not_applicable="no GPU uses page retirement (Ampere and later remap rows instead)",
+        ok="no retired-page problem",
+    )
+
+
+# --------------------------------------------------------------------------- driver recovery action
+
+
+def _recovery(g: Gpu) -> Iterable[tuple[str, str]]:
+    action = (g.recovery_action or "").strip()
+    low = action.lower()
+    if low.startswith("drain"):
+        yield "gpu.recovery-action.drain", f"driver recovery action: {action}"
+    elif "reboot" in low:
+        yield "gpu.recovery-action.reboot", f"driver recovery action: {action}"
+    elif "reset" in low:
+        yield "gpu.recovery-action.reset", f"driver recovery action: {action}"
+    elif g.drain_and_reset_recommended:
+        yield "gpu.recovery-action.drain", "driver recommends drain and reset"
+    elif g.reset_required:
+        yield "gpu.recovery-action.reset", "driver reports: reset required"
+
+
+def check_recovery_action(facts: NodeFacts, cfg: Config) -> CheckResult:
+    return _per_gpu(
+        "gpu.recovery-action",
+        facts,
+        cfg,
+        _recovery,
+        lambda g: g.recovery_action is not None or g.reset_required is not None,
+        not_applicable="driver reports no recovery action (older driver)",
+        ok="no recovery action pending",
+    )
+
+
+# --------------------------------------------------------------------------- clocks, link, settings
+
+
+def _throttle(g: Gpu) -> Iterable[tuple[str, str]]:
+    c = g.clock_events
+    if c.hw_thermal_slowdown:
+        yield "gpu.throttle.hw-thermal", "HW thermal slowdown active"
+    if c.hw_power_brake:
+        yield "gpu.throttle.hw-power-brake", "HW power brake slowdown active"
+    if c.hw_slowdown and not (c.hw_thermal_slowdown or c.hw_power_brake):
+        yield "gpu.throttle.hw-slowdown", "HW slowdown active"
+
+
+def check_throttle(facts: NodeFacts, cfg: Config) -> CheckResult:
+    """SW power capping and SW thermal slowdown are normal operation, not findings."""
+    return _per_gpu(
+        "gpu.throttle",
+        facts,
+        cfg,
+        _throttle,
+        lambda g: any(
+            v is not None
+            for v in (
+                g.clock_events.hw_slowdown,
+                g.clock_events.hw_thermal_slowdown,
+                g.clock_events.hw_power_brake,
+            )
+        ),
+        not_applicable="no clock event reasons reported",
+        ok="no HW slowdown",
+    )
+
+
+def _pcie(g: Gpu) -> Iterable[tuple[str, str]]:
+    p = g.pcie
+    if p.width_current is not None and p.width_max is not None and p.width_current < p.width_max:
+        yield "gpu.pcie.width", f"PCIe link x{p.width_current} of x{p.width_max}"
+
+
+def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
+    """Only width: a generation below max at idle is power saving, not a fault."""
+    return _per_gpu(
+        "gpu.pcie",
+        facts,
+        cfg,
+        _pcie,
+        lambda g: g.pcie.width_current is not None and g.pcie.width_max is not None,
+        not_applicable="PCIe link width not reported",
+        ok="PCIe links at full width",
+    )
+
+
+def check_persistence(facts: NodeFacts, cfg: Config) -> CheckResult:
+    return _per_gpu(
+        "gpu.persistence",
+        facts,
+        cfg,
+        lambda g: (
+            [("gpu.persistence.disabled", "persistence mode disabled")] if g.persistence_mode is False else []
+        ),
+        lambda g: g.persistence_mode is not None,
+        not_applicable="persistence mode not reported",
+        ok="persistence mode enabled",
+    )
+
+
+def _fabric(g: Gpu) -> Iterable[tuple[str, str]]:
+    f = g.fabric
+    assert f is not None
+    state = (f.state or "").strip()
+    status = (f.status or "").strip()
+    if state.lower() != "completed" or (status and status.lower() != "success"):
+        detail = f"state {state or '?'}" + (f", status {status}" if status else "")
+        yield "gpu.fabric.incomplete", f"NVSwitch fabric not ready: {detail}"
+
+
+def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
+    expects = facts.profile.nvswitch if facts.profile is not None else None
+
+    def applies(g: Gpu) -> bool:
+        if g.fabric is None or g.fabric.state is None:
+            return False
+        return expects is not False
+
+    return _per_gpu(
+        "gpu.fabric",
+        facts,
+        cfg,
+        _fabric,
+        applies,
+        not_applicable="no NVSwitch fabric state reported",
+        ok="fabric registration completed",
+    )
+
+
+# --------------------------------------------------------------------------- node allocatable
+
+
+def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
+    name = "gpu.allocatable"
+    gap = input_gap(name, facts.gpus) or input_gap(name, facts.node)
+    if gap is not None:
+        return gap
+    inv, node = facts.gpus, facts.node
+    assert isinstance(inv, GpuInventory)
+    assert isinstance(node, NodeObject)
+    visible = len(inv.gpus) + len(inv.lost)
+    alloc = node.allocatable_gpus
+    if alloc is None:
+        return CheckResult(name, skipped="the Node advertises no nvidia.com/gpu (device plugin not running?)")
+    if alloc < visible:
+        msg = (
+            f"the device plugin advertises {alloc} of {visible} visible GPU(s) as allocatable: "
+            f"it marked {visible - alloc} GPU(s) unhealthy"
+        )
+        return CheckResult(name, findings=(_finding(cfg, name, "gpu.allocatable.below-visible", msg),))
+    return CheckResult(name, note=f"{alloc} GPU(s) allocatable")
