@@ -178,6 +178,7 @@ class NvlinkGpu:
     uuid: str | None
     links: dict[int, float | None]
     all_inactive: bool = False  # "Unable to retrieve NVLink information as all links are inactive"
+    unavailable: str | None = None  # why links could not be queried (MIG mode); not a link fault
 
     @property
     def active_links(self) -> int:
