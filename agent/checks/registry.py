@@ -1,0 +1,69 @@
+"""Every check, in report order, with the inputs it reads (so `--only` probes no more than needed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from agent.checks import CheckFn, efa, gpu, nvlink, topology, xid
+from agent.config import Config
+from agent.facts import NodeFacts
+from agent.findings import CheckResult
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    fn: CheckFn
+    inputs: tuple[str, ...]
+    tier: str  # the agent tier that runs it: gpu, xid, efa, topology
+
+
+CHECKS: tuple[CheckSpec, ...] = (
+    CheckSpec("gpu.responsive", gpu.check_responsive, ("gpus",), "gpu"),
+    CheckSpec("gpu.count", gpu.check_count, ("gpus",), "gpu"),
+    CheckSpec("gpu.ecc", gpu.check_ecc, ("gpus",), "gpu"),
+    CheckSpec("gpu.row-remap", gpu.check_row_remap, ("gpus",), "gpu"),
+    CheckSpec("gpu.retired-pages", gpu.check_retired_pages, ("gpus",), "gpu"),
+    CheckSpec("gpu.recovery-action", gpu.check_recovery_action, ("gpus",), "gpu"),
+    CheckSpec("gpu.throttle", gpu.check_throttle, ("gpus",), "gpu"),
+    CheckSpec("gpu.pcie", gpu.check_pcie, ("gpus",), "gpu"),
+    CheckSpec("gpu.persistence", gpu.check_persistence, ("gpus",), "gpu"),
+    CheckSpec("gpu.fabric", gpu.check_fabric, ("gpus",), "gpu"),
+    CheckSpec("gpu.allocatable", gpu.check_allocatable, ("gpus", "node"), "gpu"),
+    CheckSpec("xid", xid.check_xid, ("kernel", "gpus"), "xid"),
+    CheckSpec("nvlink", nvlink.check_nvlink, ("nvlink",), "topology"),
+    CheckSpec("topology", topology.check_topology, ("topo",), "topology"),
+    CheckSpec("efa", efa.check_efa, ("rdma",), "efa"),
+)
+BY_NAME = {spec.name: spec for spec in CHECKS}
+
+
+def select(only: Iterable[str] | None, cfg: Config) -> list[CheckSpec]:
+    """Checks to run: `only` entries may be names ("gpu.ecc") or prefixes ("gpu"); disabled ones drop out."""
+    specs = [s for s in CHECKS if cfg.enabled(s.name)]
+    if not only:
+        return specs
+    wanted = list(only)
+    unknown = [w for w in wanted if not any(s.name == w or s.name.startswith(w + ".") for s in CHECKS)]
+    if unknown:
+        raise KeyError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    return [s for s in specs if any(s.name == w or s.name.startswith(w + ".") for w in wanted)]
+
+
+def needed_inputs(specs: Iterable[CheckSpec]) -> set[str]:
+    return {i for s in specs for i in s.inputs}
+
+
+def run_checks(specs: Iterable[CheckSpec], facts: NodeFacts, cfg: Config) -> list[CheckResult]:
+    """Run each check; a bug in one check becomes that check's `unknown`, never a crash of the rest."""
+    results = []
+    for spec in specs:
+        started = time.perf_counter()
+        try:
+            result = spec.fn(facts, cfg)
+        except Exception as exc:  # a check is pure code: an exception is our bug, not the GPU's
+            result = CheckResult(spec.name, unknown=f"internal error in check: {type(exc).__name__}: {exc}")
+        results.append(replace(result, duration_ms=(time.perf_counter() - started) * 1000.0))
+    return results

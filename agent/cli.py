@@ -1,0 +1,131 @@
+"""The `gpu-healthcheck` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from agent import __version__
+from agent.checks.registry import needed_inputs, run_checks, select
+from agent.config import ConfigError, load_config_dir
+from agent.render import table
+from agent.rules import RULES
+from agent.severity import Status
+from agent.sources import LiveSource, SnapshotError, SnapshotSource, Source, gather_facts
+from agent.verdict import decide, now_iso, results_document
+
+EXIT_USAGE = 64
+EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gpu-healthcheck", description="Find broken GPUs and GPU-network adapters.")
+    p.add_argument("--version", action="version", version=f"gpu-healthcheck {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("check", help="judge this node (or a snapshot) once and print the verdict")
+    c.add_argument("--from-snapshot", metavar="DIR", type=Path, help="judge a recorded node snapshot")
+    c.add_argument(
+        "--instance-type", metavar="T", help="instance type (default: Node label, config, snapshot)"
+    )
+    c.add_argument("--only", metavar="CHECKS", help="comma-separated checks or groups (e.g. gpu,xid)")
+    c.add_argument("--json", action="store_true", help="print the results annotation JSON")
+    c.add_argument(
+        "--config-dir", metavar="DIR", type=Path, help="config directory (default: shipped config)"
+    )
+    c.add_argument("--timeout", type=float, default=None, help="per-tool timeout in seconds (live)")
+
+    s = sub.add_parser("snapshot", help="record this node's tool outputs into DIR")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--instance-type", metavar="T")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s.add_argument("--sys-root", type=Path, default=Path("/sys"))
+    s.add_argument("--kmsg", default="/dev/kmsg")
+
+    sub.add_parser("rules", help="list the severity rules and their defaults")
+    return p
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config_dir(args.config_dir)
+    except ConfigError as exc:
+        raise UsageError(f"invalid configuration: {exc}") from exc
+    try:
+        specs = select(args.only.split(",") if args.only else None, cfg)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from exc
+    source: Source
+    if args.from_snapshot is not None:
+        try:
+            source = SnapshotSource(args.from_snapshot)
+        except SnapshotError as exc:
+            raise UsageError(str(exc)) from exc
+    else:
+        source = LiveSource(timeout_s=args.timeout or float(cfg.get("timeouts.nvidiaSmi")))
+    inputs = needed_inputs(specs) | {"node"}
+    facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
+    verdict = decide(run_checks(specs, facts, cfg))
+    if args.json:
+        doc = results_document(
+            verdict, checked_at=now_iso(), boot_id=facts.boot_id, instance_type=facts.instance_type
+        )
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(table(verdict, facts))
+    return EXIT_CODES[verdict.status]
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from agent.capture import capture
+
+    problems = capture(
+        args.dir,
+        timeout_s=args.timeout,
+        sys_root=args.sys_root,
+        kmsg_path=args.kmsg,
+        instance_type=args.instance_type,
+    )
+    for name, problem in sorted(problems.items()):
+        print(f"snapshot: {name}: {problem}", file=sys.stderr)
+    print(f"snapshot written to {args.dir}")
+    return 0
+
+
+def cmd_rules(_: argparse.Namespace) -> int:
+    for rule, (sev, text) in RULES.items():
+        print(f"{rule:<34} {sev.label:<8} {text}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"check": cmd_check, "snapshot": cmd_snapshot, "rules": cmd_rules}
+    try:
+        return handlers[args.command](args)
+    except UsageError as exc:
+        print(f"gpu-healthcheck: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
