@@ -1,0 +1,242 @@
+"""Kernel log text → KernelLog, whatever tool printed it, keeping only the current boot.
+
+Each line is recognised on its own (captures get concatenated and tools get swapped), so one file may
+mix formats. Accepted line shapes:
+
+- raw ``/dev/kmsg`` records ``6,1234,5678901,-;message``; continuation lines that start with a space
+  (`` SUBSYSTEM=pci``) belong to the record before and are dropped;
+- ``dmesg``: ``[ 1234.567890] msg``; ``--decode``: ``kern  :info  : [ 1234.56] msg``;
+  ``--time-format iso``: ``2024-06-20T21:24:53,799999+00:00 msg``;
+  ``--ctime``: ``[Thu Jun 20 21:24:53 2024] msg``;
+- ``journalctl -k -o short-iso``: ``2024-06-20T21:24:53+0000 host kernel: msg``;
+- syslog: ``Jun 20 21:24:53 host kernel: [123.45] msg``;
+- remote collectors (talosctl dmesg): ``10.0.0.1: kern: warning: [2026-04-22T21:27:51.28Z]: msg``;
+- anything else is kept as a plain message (kernel logs are free text).
+
+In journal and syslog lines only the ``kernel`` identifier is kept: a user-space program (our own agent
+included) that logs an Xid line must not look like the driver.
+
+A file is treated as a markdown blockquote (``> `` stripped) only when every non-blank line starts
+with ``>``: a pasted log in an issue or README is quoted as a whole, a real kernel log never is.
+
+Current boot only: a record is dropped when a later boot boundary follows it. Boundaries are the
+journal separators ``-- Boot <id> --`` / ``-- Reboot --``, a kmsg sequence number that goes backwards,
+and a monotonic timestamp (kmsg or dmesg) that drops back by more than one second (a reboot starts
+again near 0; within one boot printk timestamps only jitter by microseconds across CPUs). Wall-clock
+formats carry no such signal, so a multi-boot capture in those formats is read whole.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections import Counter
+
+from agent.model import KernelLog, KernelRecord
+from agent.probes.result import ParseError
+
+_KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_FACILITIES = (
+    "kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|"
+    "local0|local1|local2|local3|local4|local5|local6|local7"
+)
+_LEVELS = "emerg|alert|crit|err|error|warn|warning|notice|info|debug"
+_DECODE = re.compile(rf"^({_FACILITIES})\s*:\s*({_LEVELS})\s*:\s?(.*)$")
+_REMOTE = re.compile(rf"^\S+:\s+({_FACILITIES}):\s+({_LEVELS}):\s?(.*)$")
+_MONO = re.compile(r"^\[\s*(\d+)\.(\d+)\]:?\s?(.*)$")
+_ISO = r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+_ISO_PREFIX = re.compile(rf"^({_ISO})\s(.*)$")
+_ISO_BRACKET = re.compile(rf"^\[({_ISO})\]:?\s?(.*)$")
+_CTIME = re.compile(
+    r"^\[((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+    r"+\d+ \d{2}:\d{2}:\d{2} \d{4})\]\s?(.*)$"
+)
+_SYSLOG = re.compile(r"^((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d+ \d{2}:\d{2}:\d{2})\s+(.*)$")
+_HOST_IDENT = re.compile(r"^(\S+)\s+([^\s:\[]+)(?:\[\d+\])?:\s?(.*)$")
+_LEVEL_NUM = {
+    "emerg": 0,
+    "alert": 1,
+    "crit": 2,
+    "err": 3,
+    "error": 3,
+    "warn": 4,
+    "warning": 4,
+    "notice": 5,
+    "info": 6,
+    "debug": 7,
+}
+_REBOOT_DROP_US = 1_000_000
+
+
+def _is_boot_separator(line: str) -> bool:
+    return line.startswith("-- Boot ") or line.startswith("-- Reboot --")
+
+
+def _is_journal_meta(line: str) -> bool:
+    return line.startswith(("-- Logs begin at", "-- Journal begins at", "-- No entries --")) or (
+        line.startswith("-- ") and line.endswith(" --") and "entries" in line
+    )
+
+
+def _inner(text: str) -> tuple[str, int | None, str | None]:
+    """Strip a timestamp that follows a facility/level or host prefix: ([mono] | [iso] | iso | [ctime])."""
+    m = _MONO.match(text)
+    if m:
+        return m.group(3), _mono_us(m.group(1), m.group(2)), None
+    m = _ISO_BRACKET.match(text)
+    if m:
+        return m.group(2), None, m.group(1)
+    m = _ISO_PREFIX.match(text)
+    if m:
+        return m.group(2), None, m.group(1)
+    m = _CTIME.match(text)
+    if m:
+        return m.group(2), None, m.group(1)
+    return text, None, None
+
+
+def _mono_us(sec: str, frac: str) -> int:
+    frac6 = (frac + "000000")[:6]
+    return int(sec) * 1_000_000 + int(frac6)
+
+
+def _parse_line(line: str) -> tuple[KernelRecord | None, str]:
+    """One line → (record or None if it is not a kernel record, format name)."""
+    m = _KMSG.match(line)
+    if m:
+        prio = int(m.group(1))
+        return (
+            KernelRecord(
+                message=m.group(4),
+                ts_us=int(m.group(3)),
+                seq=int(m.group(2)),
+                priority=prio & 7,
+            ),
+            "kmsg",
+        )
+    m = _DECODE.match(line)
+    if m:
+        msg, ts, wall = _inner(m.group(3))
+        return KernelRecord(msg, ts_us=ts, wallclock=wall, priority=_LEVEL_NUM[m.group(2)]), "dmesg"
+    m = _MONO.match(line)
+    if m:
+        return KernelRecord(m.group(3), ts_us=_mono_us(m.group(1), m.group(2))), "dmesg"
+    m = _CTIME.match(line)
+    if m:
+        return KernelRecord(m.group(2), wallclock=m.group(1)), "dmesg"
+    m = _ISO_PREFIX.match(line)
+    if m:
+        stamp, rest = m.group(1), m.group(2)
+        if "," in stamp:  # dmesg --time-format iso always prints ",usec"; journalctl never does
+            return KernelRecord(rest, wallclock=stamp), "dmesg"
+        h = _HOST_IDENT.match(rest)
+        if h:
+            if h.group(2) != "kernel":
+                return None, "journalctl-short-iso"
+            msg, ts, _ = _inner(h.group(3))
+            return KernelRecord(msg, ts_us=ts, wallclock=stamp), "journalctl-short-iso"
+        return KernelRecord(rest, wallclock=stamp), "plain"
+    m = _SYSLOG.match(line)
+    if m:
+        h = _HOST_IDENT.match(m.group(2))
+        if h:
+            if h.group(2) != "kernel":
+                return None, "syslog"
+            msg, ts, _ = _inner(h.group(3))
+            return KernelRecord(msg, ts_us=ts, wallclock=m.group(1)), "syslog"
+        return KernelRecord(m.group(2), wallclock=m.group(1)), "syslog"
+    m = _REMOTE.match(line)
+    if m:
+        msg, ts, wall = _inner(m.group(3))
+        return KernelRecord(msg, ts_us=ts, wallclock=wall, priority=_LEVEL_NUM[m.group(2)]), "dmesg"
+    return KernelRecord(line), "plain"
+
+
+def _looks_quoted(lines: list[str]) -> bool:
+    body = [ln for ln in lines if ln.strip()]
+    return bool(body) and all(ln.lstrip().startswith(">") for ln in body)
+
+
+def _unquote(line: str) -> str:
+    text = line.lstrip()
+    text = text[1:] if text.startswith(">") else text
+    return text[1:] if text.startswith(" ") else text
+
+
+def _new_boot(prev: KernelRecord | None, rec: KernelRecord) -> bool:
+    if prev is None:
+        return False
+    if prev.seq is not None and rec.seq is not None and rec.seq < prev.seq:
+        return True
+    return prev.ts_us is not None and rec.ts_us is not None and rec.ts_us < prev.ts_us - _REBOOT_DROP_US
+
+
+def parse_kernel_log(text: str) -> KernelLog:
+    """Parse kernel log text of any supported format; see the module docstring. Raises ParseError
+    only for input that is not text (NUL bytes dominate); an empty log is zero records."""
+    if text and text.count("\x00") * 4 > len(text):
+        raise ParseError("kernel log: binary data (mostly NUL bytes), not text")
+    lines = [ln.rstrip("\r") for ln in text.split("\n")]
+    if _looks_quoted(lines):
+        lines = [_unquote(ln) for ln in lines]
+    records: list[KernelRecord] = []
+    formats: Counter[str] = Counter()
+    prev: KernelRecord | None = None
+    in_kmsg = False
+    for line in lines:
+        if not line.strip():
+            continue
+        if in_kmsg and line.startswith(" "):
+            continue  # kmsg dictionary continuation (" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0")
+        stripped = line.strip()
+        if _is_boot_separator(stripped):
+            records.clear()
+            prev = None
+            continue
+        if _is_journal_meta(stripped):
+            continue
+        rec, fmt = _parse_line(line)
+        in_kmsg = fmt == "kmsg"
+        formats[fmt] += 1
+        if rec is None:
+            continue
+        if _new_boot(prev, rec):
+            records.clear()
+        if rec.seq is not None or rec.ts_us is not None:
+            prev = rec
+        records.append(rec)
+    fmt = formats.most_common(1)[0][0] if formats else "plain"
+    return KernelLog(records=tuple(records), format=fmt)
+
+
+def read_kmsg_live(path: str = "/dev/kmsg", timeout_s: float = 5.0) -> KernelLog:
+    """Read every record now in the kernel ring without blocking, then parse it.
+
+    /dev/kmsg returns one record per read() and EAGAIN once the reader has caught up; EPIPE means
+    the ring overwrote records under us, and the next read goes on with the oldest one left. A
+    regular file or a FIFO behaves the same way here (EOF or EAGAIN ends the read). Stops at
+    `timeout_s` whatever happens. OSError from open() propagates: the probe turns it into ProbeError.
+    """
+    deadline = time.monotonic() + timeout_s
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks: list[bytes] = []
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(fd)
+    return parse_kernel_log(b"".join(chunks).decode("utf-8", errors="replace"))
