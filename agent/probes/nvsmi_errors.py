@@ -1,0 +1,85 @@
+"""What NVIDIA's tools print instead of data when they fail, recognised so that a failing tool is
+reported as a failing tool (or a lost GPU), never as "unreadable output"."""
+
+from __future__ import annotations
+
+import re
+
+from agent.model import LostGpu, normalize_pci
+
+
+class ToolReportedFailure(Exception):
+    """nvidia-smi / NVML said, in its own words, that it cannot work (driver not loaded, version
+    mismatch). A node/driver fault, not a parse problem: probes map it to ProbeErrorKind.TOOL_FAILED."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ProbeTimeout(Exception):
+    """A live NVML read did not finish in time (NVML calls can hang on a dying GPU)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# Whole-output failures: nvidia-smi prints one of these (to stdout or stderr) and no data at all.
+_FAILURE_PATTERNS = (
+    re.compile(r"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver[^\n]*", re.I),
+    re.compile(r"Failed to initialize NVML:[^\n]*", re.I),
+    re.compile(r"NVML library version:[^\n]*", re.I),
+    re.compile(r"Unable to load the NVIDIA Management Library[^\n]*", re.I),
+    re.compile(r"NVIDIA-SMI couldn't find libnvidia-ml\.so library[^\n]*", re.I),
+    re.compile(r"Driver/library version mismatch[^\n]*", re.I),
+)
+
+_NO_DEVICES = re.compile(r"^\s*No devices were found\s*$", re.I | re.M)
+
+# "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error"
+# "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost.  Reboot the system ..."
+_LOST = re.compile(
+    r"Unable to determine the device handle for (?:GPU|gpu)\s*"
+    r"(?P<pci>(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-9A-Fa-f])?\s*:?\s*(?P<why>[^\n]*)"
+)
+
+
+def detect_tool_failure(text: str) -> str | None:
+    """The failure sentence(s) nvidia-smi printed instead of data, or None.
+
+    Several matching lines (e.g. "Failed to initialize NVML: Driver/library version mismatch" then
+    "NVML library version: 535.161") are joined with "; ".
+    """
+    found: list[tuple[int, str]] = []
+    for pattern in _FAILURE_PATTERNS:
+        for match in pattern.finditer(text):
+            sentence = " ".join(match.group(0).split())
+            if not any(start <= match.start() < start + len(s) for start, s in found):
+                found.append((match.start(), sentence))
+    if not found:
+        return None
+    found.sort()
+    return "; ".join(s for _, s in found)
+
+
+def detect_no_devices(text: str) -> bool:
+    """nvidia-smi's "No devices were found": the driver works and sees no GPU. That is data (zero
+    GPUs, judged against the instance profile), not a parse failure."""
+    return _NO_DEVICES.search(text) is not None
+
+
+def is_lost_gpu_line(line: str) -> bool:
+    return _LOST.search(line) is not None
+
+
+def detect_lost_gpus(text: str) -> list[LostGpu]:
+    """One LostGpu per "Unable to determine the device handle for GPU…" line, in order."""
+    lost: list[LostGpu] = []
+    for match in _LOST.finditer(text):
+        pci = match.group("pci")
+        line_start = text.rfind("\n", 0, match.start()) + 1
+        line_end = text.find("\n", match.end())
+        line = text[line_start : line_end if line_end >= 0 else len(text)]
+        lost.append(LostGpu(pci_bus_id=normalize_pci(pci) if pci else None, message=" ".join(line.split())))
+    return lost

@@ -1,0 +1,274 @@
+"""Parse plain `nvidia-smi -q` (and `-q -d SECTION` views) into the GPU model.
+
+The output is an indentation tree. Every value is looked up by its full section path, never by a
+bare key: "Pending" is a pending MIG mode under "MIG Mode", a pending ECC mode under "ECC Mode",
+and a fault (row remap pending, needs a reset) under "Remapped Rows"."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from agent.model import (
+    ClockEvents,
+    EccErrors,
+    Gpu,
+    GpuInventory,
+    PcieLink,
+    RemappedRows,
+    RetiredPages,
+    normalize_pci,
+)
+from agent.probes.nvsmi_errors import (
+    ToolReportedFailure,
+    detect_lost_gpus,
+    detect_no_devices,
+    detect_tool_failure,
+    is_lost_gpu_line,
+)
+from agent.probes.nvsmi_values import (
+    add_optional,
+    any_true,
+    as_bool,
+    as_int,
+    assign_indices,
+    clean,
+    fabric_or_none,
+    remapped_rows_or_none,
+    retired_pages_or_none,
+)
+from agent.probes.result import ParseError
+
+SOURCE = "nvidia-smi -q"
+_BANNER = re.compile(r"^=+\s*NVSMI LOG\s*=+$")
+_GPU_HEADER = re.compile(r"^gpu\s+(?P<pci>[0-9a-f]{1,8}:[0-9a-f]{1,2}:[0-9a-f]{1,2}\.[0-9a-f])$", re.I)
+# "Key<spaces>: value". The colon must follow whitespace, so bus ids in values and headers stay whole.
+_KEY_VALUE = re.compile(r"^(?P<key>\S.*?)\s+:(?:\s+(?P<value>.*))?$")
+
+
+@dataclass
+class _Node:
+    key: str  # normalised: lower case, single spaces
+    value: str | None  # raw text after the colon; None for a section header
+    indent: int
+    line: int
+    children: list[_Node] = field(default_factory=list)
+
+    def child(self, *path: str) -> _Node | None:
+        """First node along a path of keys (case-insensitive), or None."""
+        node: _Node | None = self
+        for key in path:
+            if node is None:
+                return None
+            want = _norm(key)
+            node = next((c for c in node.children if c.key == want), None)
+        return node
+
+    def get(self, *path: str) -> str | None:
+        node = self.child(*path)
+        return node.value if node is not None else None
+
+    def find(self, key: str) -> _Node | None:
+        """First descendant with this key at any depth: clock reasons nest "HW Thermal Slowdown"
+        under "HW Slowdown"."""
+        want = _norm(key)
+        stack = list(reversed(self.children))
+        while stack:
+            node = stack.pop()
+            if node.key == want:
+                return node
+            stack.extend(reversed(node.children))
+        return None
+
+
+def _norm(key: str) -> str:
+    return " ".join(key.split()).lower()
+
+
+def _tree(text: str) -> tuple[_Node, bool]:
+    """Indentation tree of the output, without banner and lost-GPU lines; and whether the banner
+    was seen."""
+    root = _Node(key="", value=None, indent=-1, line=0)
+    stack = [root]
+    banner = False
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.expandtabs(4).rstrip()
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if _BANNER.match(stripped):
+            banner = True
+            continue
+        if is_lost_gpu_line(stripped):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        match = _KEY_VALUE.match(stripped)
+        if match:
+            node = _Node(_norm(match.group("key")), match.group("value") or "", indent, number)
+        else:
+            node = _Node(_norm(stripped), None, indent, number)
+        while stack[-1].indent >= indent:
+            stack.pop()
+        stack[-1].children.append(node)
+        stack.append(node)
+    return root, banner
+
+
+def parse_nvsmi_text(text: str) -> GpuInventory:
+    """`nvidia-smi -q` output (full, or a `-d` partial view) → GpuInventory.
+
+    Raises ToolReportedFailure when nvidia-smi printed a driver failure instead of data, and
+    ParseError when the output is not nvidia-smi -q output or is truncated: fewer GPU blocks (plus
+    lost GPUs) than "Attached GPUs", or a full GPU block that stops before its "Processes" section.
+    Never run with `-i`: a single-GPU selection also prints every attached GPU in the count.
+    """
+    failure = detect_tool_failure(text)
+    if failure is not None:
+        raise ToolReportedFailure(failure)
+    lost = detect_lost_gpus(text)
+    root, banner = _tree(text)
+    blocks: list[tuple[str, _Node]] = []
+    for node in root.children:
+        header = _GPU_HEADER.match(node.key)
+        if node.value is None and header is not None:
+            blocks.append((header.group("pci"), node))
+
+    if not banner and not blocks:
+        if lost:
+            return GpuInventory(source=SOURCE, lost=tuple(lost))
+        if detect_no_devices(text):
+            return GpuInventory(source=SOURCE, attached_gpus=0)
+        raise ParseError("not nvidia-smi -q output: no NVSMI LOG banner and no 'GPU <bus id>' block")
+
+    attached = as_int(root.get("Attached GPUs"))
+    if attached is not None and len(blocks) + len(lost) < attached:
+        raise ParseError(
+            f"truncated nvidia-smi -q output: 'Attached GPUs : {attached}' but only {len(blocks)} GPU "
+            f"block(s) and {len(lost)} lost GPU line(s)"
+        )
+    for pci, block in blocks:
+        if block.child("Product Name") is not None and block.child("Processes") is None:
+            raise ParseError(
+                f"truncated nvidia-smi -q output: the block of GPU {pci} (line {block.line}) stops "
+                "before its 'Processes' section"
+            )
+
+    gpus = [_gpu(i, pci, block) for i, (pci, block) in enumerate(blocks)]
+    return GpuInventory(
+        source=SOURCE,
+        driver_version=clean(root.get("Driver Version")),
+        cuda_version=clean(root.get("CUDA Version")),
+        attached_gpus=attached if attached is not None else (0 if detect_no_devices(text) else None),
+        gpus=assign_indices(gpus, lost),
+        lost=tuple(lost),
+    )
+
+
+def _gpu(index: int, header_pci: str, b: _Node) -> Gpu:
+    return Gpu(
+        index=index,
+        pci_bus_id=normalize_pci(header_pci),
+        name=clean(b.get("Product Name")),
+        uuid=clean(b.get("GPU UUID")),
+        serial=clean(b.get("Serial Number")),
+        architecture=clean(b.get("Product Architecture")),
+        persistence_mode=as_bool(b.get("Persistence Mode")),
+        mig_mode=as_bool(b.get("MIG Mode", "Current")),
+        ecc=_ecc(b),
+        retired_pages=_retired_pages(b.child("Retired Pages")),
+        remapped_rows=_remapped_rows(b.child("Remapped Rows")),
+        clock_events=_clock_events(b),
+        pcie=_pcie(b.child("PCI")),
+        recovery_action=clean(b.get("GPU Recovery Action")),
+        reset_required=as_bool(b.get("GPU Reset Status", "Reset Required")),
+        drain_and_reset_recommended=as_bool(b.get("GPU Reset Status", "Drain and Reset Recommended")),
+        fabric=fabric_or_none(clean(b.get("Fabric", "State")), clean(b.get("Fabric", "Status"))),
+    )
+
+
+def _sram_uncorrectable(scope: _Node | None) -> int | None:
+    if scope is None:
+        return None
+    single = as_int(scope.get("SRAM Uncorrectable"))
+    if single is not None:
+        return single
+    return add_optional(
+        as_int(scope.get("SRAM Uncorrectable Parity")), as_int(scope.get("SRAM Uncorrectable SEC-DED"))
+    )
+
+
+def _ecc(b: _Node) -> EccErrors:
+    errors = b.child("ECC Errors")
+    vol = errors.child("Volatile") if errors is not None else None
+    agg = errors.child("Aggregate") if errors is not None else None
+
+    def get(scope: _Node | None, *path: str) -> str | None:
+        return scope.get(*path) if scope is not None else None
+
+    return EccErrors(
+        mode_enabled=as_bool(b.get("ECC Mode", "Current")),
+        volatile_dram_uncorrectable=as_int(get(vol, "DRAM Uncorrectable")),
+        volatile_sram_uncorrectable=_sram_uncorrectable(vol),
+        aggregate_dram_uncorrectable=as_int(get(agg, "DRAM Uncorrectable")),
+        aggregate_sram_uncorrectable=_sram_uncorrectable(agg),
+        volatile_dram_correctable=as_int(get(vol, "DRAM Correctable")),
+        aggregate_dram_correctable=as_int(get(agg, "DRAM Correctable")),
+        sram_threshold_exceeded=as_bool(get(agg, "SRAM Threshold Exceeded")),
+        volatile_double_bit_total=as_int(get(vol, "Double Bit", "Total")),
+        aggregate_double_bit_total=as_int(get(agg, "Double Bit", "Total")),
+    )
+
+
+def _retired_pages(section: _Node | None) -> RetiredPages | None:
+    if section is None:
+        return None
+    return retired_pages_or_none(
+        as_int(section.get("Single Bit ECC")),
+        as_int(section.get("Double Bit ECC")),
+        any_true(
+            as_bool(section.get("Pending Page Blacklist")),
+            as_bool(section.get("Pending Page Retirement")),
+            as_bool(section.get("Pending")),  # pre-R4xx wording
+        ),
+    )
+
+
+def _remapped_rows(section: _Node | None) -> RemappedRows | None:
+    if section is None or not section.children:  # absent, or "Remapped Rows : N/A"
+        return None
+    return remapped_rows_or_none(
+        as_int(section.get("Correctable Error")),
+        as_int(section.get("Uncorrectable Error")),
+        as_bool(section.get("Pending")),
+        as_bool(section.get("Remapping Failure Occurred")),
+    )
+
+
+def _clock_events(b: _Node) -> ClockEvents:
+    section = b.child("Clocks Event Reasons") or b.child("Clocks Throttle Reasons")
+    if section is None:
+        return ClockEvents()
+
+    def reason(key: str) -> bool | None:
+        node = section.find(key)
+        return as_bool(node.value) if node is not None else None
+
+    return ClockEvents(
+        hw_slowdown=reason("HW Slowdown"),
+        hw_thermal_slowdown=reason("HW Thermal Slowdown"),
+        hw_power_brake=reason("HW Power Brake Slowdown"),
+        sw_power_cap=reason("SW Power Cap"),
+        sw_thermal_slowdown=reason("SW Thermal Slowdown"),
+    )
+
+
+def _pcie(pci: _Node | None) -> PcieLink:
+    if pci is None:
+        return PcieLink()
+    return PcieLink(
+        gen_current=as_int(pci.get("GPU Link Info", "PCIe Generation", "Current")),
+        gen_max=as_int(pci.get("GPU Link Info", "PCIe Generation", "Max")),
+        width_current=as_int(pci.get("GPU Link Info", "Link Width", "Current")),
+        width_max=as_int(pci.get("GPU Link Info", "Link Width", "Max")),
+        replay_counter=as_int(pci.get("Replays Since Reset")),
+    )

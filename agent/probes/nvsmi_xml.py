@@ -1,0 +1,202 @@
+"""Parse `nvidia-smi -q -x` (DTD v11, v12, v13) into the GPU model.
+
+The stdlib parser never fetches the DOCTYPE's external DTD; documents that declare their own
+entities are refused outright (no entity-expansion games from a file we did not write)."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+from agent.model import (
+    ClockEvents,
+    EccErrors,
+    Gpu,
+    GpuInventory,
+    PcieLink,
+    RemappedRows,
+    RetiredPages,
+    normalize_pci,
+)
+from agent.probes.nvsmi_errors import (
+    ToolReportedFailure,
+    detect_lost_gpus,
+    detect_no_devices,
+    detect_tool_failure,
+)
+from agent.probes.nvsmi_values import (
+    add_optional,
+    any_true,
+    as_bool,
+    as_int,
+    assign_indices,
+    clean,
+    fabric_or_none,
+    remapped_rows_or_none,
+    retired_pages_or_none,
+)
+from agent.probes.result import ParseError
+
+SOURCE = "nvidia-smi -q -x"
+_XML_START = re.compile(r"<\?xml|<!DOCTYPE|<nvidia_smi_log\b")
+_END_TAG = "</nvidia_smi_log>"
+
+
+def parse_nvsmi_xml(text: str) -> GpuInventory:
+    """`nvidia-smi -q -x` output → GpuInventory.
+
+    Raises ToolReportedFailure when nvidia-smi printed a driver failure instead of XML, and
+    ParseError for anything else that is not a complete nvidia_smi_log document.
+    """
+    failure = detect_tool_failure(text)
+    if failure is not None:
+        raise ToolReportedFailure(failure)
+    start = _XML_START.search(text)
+    if start is None:
+        lost = detect_lost_gpus(text)
+        if lost or detect_no_devices(text):
+            # nvidia-smi printed its complaints and no XML: no GPU could be read.
+            return GpuInventory(source=SOURCE, attached_gpus=0 if not lost else None, lost=tuple(lost))
+        raise ParseError("not nvidia-smi -q -x output: no XML document found")
+    end = text.rfind(_END_TAG)
+    if end < start.start():
+        raise ParseError("nvidia-smi -q -x output is truncated: no closing </nvidia_smi_log>")
+    end += len(_END_TAG)
+    outside = text[: start.start()] + "\n" + text[end:]
+    lost = detect_lost_gpus(outside)
+    document = text[start.start() : end]
+    if "<!ENTITY" in document:
+        raise ParseError("nvidia-smi -q -x output declares XML entities; refusing to expand them")
+    try:
+        root = ET.fromstring(document)
+    except (ET.ParseError, ValueError, UnicodeError) as exc:
+        raise ParseError(f"nvidia-smi -q -x output is not well-formed XML: {exc}") from None
+    if root.tag != "nvidia_smi_log":
+        raise ParseError(f"unexpected XML root <{root.tag}>, expected <nvidia_smi_log>")
+
+    gpus = [_gpu(i, el) for i, el in enumerate(root.findall("gpu"))]
+    return GpuInventory(
+        source=SOURCE,
+        driver_version=clean(root.findtext("driver_version")),
+        cuda_version=clean(root.findtext("cuda_version")),
+        attached_gpus=as_int(root.findtext("attached_gpus")),
+        gpus=assign_indices(gpus, lost),
+        lost=tuple(lost),
+    )
+
+
+def _text(el: ET.Element | None, path: str) -> str | None:
+    """Text of a descendant, whitespace-collapsed, None when absent or N/A."""
+    if el is None:
+        return None
+    found = el.find(path)
+    if found is None:
+        return None
+    return clean(found.text) if len(found) == 0 else None
+
+
+def _gpu(index: int, el: ET.Element) -> Gpu:
+    pci_raw = clean(el.get("id")) or _text(el, "pci/pci_bus_id")
+    if pci_raw is None:
+        raise ParseError(f"<gpu> element number {index} has neither an id attribute nor pci/pci_bus_id")
+    return Gpu(
+        index=index,
+        pci_bus_id=normalize_pci(pci_raw),
+        name=_text(el, "product_name"),
+        uuid=_text(el, "uuid"),
+        serial=_text(el, "serial"),
+        architecture=_text(el, "product_architecture"),
+        persistence_mode=as_bool(_text(el, "persistence_mode")),
+        mig_mode=as_bool(_text(el, "mig_mode/current_mig")),
+        ecc=_ecc(el),
+        retired_pages=_retired_pages(el.find("retired_pages")),
+        remapped_rows=_remapped_rows(el.find("remapped_rows")),
+        clock_events=_clock_events(el),
+        pcie=_pcie(el.find("pci")),
+        recovery_action=_text(el, "gpu_recovery_action"),
+        reset_required=as_bool(_text(el, "gpu_reset_status/reset_required")),
+        drain_and_reset_recommended=as_bool(_text(el, "gpu_reset_status/drain_and_reset_recommended")),
+        fabric=fabric_or_none(_text(el, "fabric/state"), _text(el, "fabric/status")),
+    )
+
+
+def _sram_uncorrectable(scope: ET.Element | None) -> int | None:
+    """R550+ splits SRAM uncorrectable into parity and SEC-DED; older drivers print one value."""
+    single = as_int(_text(scope, "sram_uncorrectable"))
+    if single is not None:
+        return single
+    return add_optional(
+        as_int(_text(scope, "sram_uncorrectable_parity")), as_int(_text(scope, "sram_uncorrectable_secded"))
+    )
+
+
+def _ecc(el: ET.Element) -> EccErrors:
+    errors = el.find("ecc_errors")
+    vol = errors.find("volatile") if errors is not None else None
+    agg = errors.find("aggregate") if errors is not None else None
+    return EccErrors(
+        mode_enabled=as_bool(_text(el, "ecc_mode/current_ecc")),
+        volatile_dram_uncorrectable=as_int(_text(vol, "dram_uncorrectable")),
+        volatile_sram_uncorrectable=_sram_uncorrectable(vol),
+        aggregate_dram_uncorrectable=as_int(_text(agg, "dram_uncorrectable")),
+        aggregate_sram_uncorrectable=_sram_uncorrectable(agg),
+        volatile_dram_correctable=as_int(_text(vol, "dram_correctable")),
+        aggregate_dram_correctable=as_int(_text(agg, "dram_correctable")),
+        sram_threshold_exceeded=as_bool(_text(agg, "sram_threshold_exceeded")),
+        volatile_double_bit_total=as_int(_text(vol, "double_bit/total")),
+        aggregate_double_bit_total=as_int(_text(agg, "double_bit/total")),
+    )
+
+
+def _retired_pages(el: ET.Element | None) -> RetiredPages | None:
+    if el is None:
+        return None
+    return retired_pages_or_none(
+        as_int(_text(el, "multiple_single_bit_retirement/retired_count")),
+        as_int(_text(el, "double_bit_retirement/retired_count")),
+        any_true(as_bool(_text(el, "pending_blacklist")), as_bool(_text(el, "pending_retirement"))),
+    )
+
+
+def _remapped_rows(el: ET.Element | None) -> RemappedRows | None:
+    if el is None or len(el) == 0:  # absent, or the literal text "N/A" (pre-Ampere, MIG)
+        return None
+    return remapped_rows_or_none(
+        as_int(_text(el, "remapped_row_corr")),
+        as_int(_text(el, "remapped_row_unc")),
+        as_bool(_text(el, "remapped_row_pending")),
+        as_bool(_text(el, "remapped_row_failure")),
+    )
+
+
+def _clock_events(el: ET.Element) -> ClockEvents:
+    section = el.find("clocks_event_reasons")
+    prefix = "clocks_event_reason_"
+    if section is None:
+        section = el.find("clocks_throttle_reasons")
+        prefix = "clocks_throttle_reason_"
+    if section is None:
+        return ClockEvents()
+
+    def reason(name: str) -> bool | None:
+        return as_bool(_text(section, prefix + name))
+
+    return ClockEvents(
+        hw_slowdown=reason("hw_slowdown"),
+        hw_thermal_slowdown=reason("hw_thermal_slowdown"),
+        hw_power_brake=reason("hw_power_brake_slowdown"),
+        sw_power_cap=reason("sw_power_cap"),
+        sw_thermal_slowdown=reason("sw_thermal_slowdown"),
+    )
+
+
+def _pcie(pci: ET.Element | None) -> PcieLink:
+    if pci is None:
+        return PcieLink()
+    return PcieLink(
+        gen_current=as_int(_text(pci, "pci_gpu_link_info/pcie_gen/current_link_gen")),
+        gen_max=as_int(_text(pci, "pci_gpu_link_info/pcie_gen/max_link_gen")),
+        width_current=as_int(_text(pci, "pci_gpu_link_info/link_widths/current_link_width")),
+        width_max=as_int(_text(pci, "pci_gpu_link_info/link_widths/max_link_width")),
+        replay_counter=as_int(_text(pci, "replay_counter")),
+    )
