@@ -1,0 +1,165 @@
+"""The EFA check: AWS Elastic Fabric Adapters present, ports ACTIVE, error counters quiet.
+
+Counts come from /sys/class/infiniband (devices with PCI vendor 0x1d0f or the efa driver), not
+lspci: a device the efa driver did not bind is as useless to NCCL as a missing one. Counter rates
+need two samples; the agent passes its previous read in facts.rdma_previous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.checks import input_gap
+from agent.config import Config
+from agent.facts import NodeFacts
+from agent.findings import CheckResult, Finding
+from agent.model import RdmaDevice, RdmaPort, RdmaSample, short_pci
+
+NAME = "efa"
+RATE_COUNTERS = (
+    "rx_drops",
+    "retrans_timeout_events",
+    "unresponsive_remote_events",
+    "impaired_remote_conn_events",
+)
+
+
+def _entities(dev: RdmaDevice) -> tuple[str, ...]:
+    return (dev.name, short_pci(dev.pci)) if dev.pci else (dev.name,)
+
+
+def _finding(cfg: Config, rule: str, message: str, entities: tuple[str, ...], key: str) -> Finding:
+    return Finding(
+        check=NAME,
+        rule=rule,
+        severity=cfg.severity(rule),
+        message=message,
+        entities=entities,
+        key=f"{rule}/{key}",
+    )
+
+
+def _port_ok(port: RdmaPort) -> bool:
+    return "ACTIVE" in (port.state or "").upper()
+
+
+def _port_findings(cfg: Config, efa: list[RdmaDevice]) -> tuple[list[Finding], list[str]]:
+    """Ports not ACTIVE → findings; ports whose state could not be read → reasons (unknown)."""
+    findings: list[Finding] = []
+    unreadable: list[str] = []
+    for dev in efa:
+        if not dev.ports:
+            unreadable.append(f"{dev.name}: no port listed")
+        for port in dev.ports:
+            if port.state is None:
+                unreadable.append(f"{dev.name} port {port.number}: state unreadable")
+            elif not _port_ok(port):
+                phys = f", physical {port.phys_state}" if port.phys_state else ""
+                findings.append(
+                    _finding(
+                        cfg,
+                        "efa.port-down",
+                        f"EFA {dev.name} port {port.number} is {port.state}{phys}",
+                        _entities(dev),
+                        f"{dev.name}/{port.number}",
+                    )
+                )
+    return findings, unreadable
+
+
+def _rate_findings(
+    cfg: Config, cur: RdmaSample, prev: RdmaSample, limits: Mapping[str, float]
+) -> tuple[list[Finding], str]:
+    dt = cur.taken_at - prev.taken_at
+    if dt <= 0:
+        return [], "samples not in time order: counter rates not evaluated"
+    before = {(d.name, p.number): p.counters for d in prev.devices for p in d.ports}
+    out: list[Finding] = []
+    for dev in cur.devices:
+        if not dev.is_efa:
+            continue
+        for port in dev.ports:
+            old = before.get((dev.name, port.number))
+            if old is None:
+                continue
+            for counter in RATE_COUNTERS:
+                if counter not in port.counters or counter not in old or counter not in limits:
+                    continue
+                delta = port.counters[counter] - old[counter]
+                if delta <= 0:
+                    continue  # unchanged, or reset by a driver reload
+                rate = delta / dt
+                limit = float(limits[counter])
+                if rate > limit:
+                    out.append(
+                        _finding(
+                            cfg,
+                            "efa.counter-rate",
+                            f"EFA {dev.name} port {port.number}: {counter} grew by {delta} in {dt:.0f} s "
+                            f"({rate:.2f}/s, limit {limit:g}/s)",
+                            _entities(dev),
+                            f"{dev.name}/{port.number}/{counter}",
+                        )
+                    )
+    return out, f"counter rates over {dt:.0f} s within limits"
+
+
+def _others_note(others: list[RdmaDevice]) -> str:
+    """Mellanox and other RDMA devices: port states for information only (EFA is what we judge)."""
+    if not others:
+        return ""
+    down = [
+        f"{d.name} port {p.number} {p.state or 'unknown'}" for d in others for p in d.ports if not _port_ok(p)
+    ]
+    if down:
+        return f"other RDMA devices (not judged): {', '.join(down)}"
+    return f"{len(others)} other RDMA device(s) (not judged): all ports ACTIVE"
+
+
+def check_efa(facts: NodeFacts, cfg: Config) -> CheckResult:
+    prof = facts.profile
+    expected = prof.efa_count if prof is not None else 0
+    what = prof.instance_type if prof is not None else "an unknown instance type"
+    if expected == 0 and not isinstance(facts.rdma, RdmaSample):
+        return CheckResult(NAME, skipped=f"no EFA expected for {what}")
+    gap = input_gap(NAME, facts.rdma)
+    if gap is not None:
+        return gap
+    sample = facts.rdma
+    assert isinstance(sample, RdmaSample)
+    efa = [d for d in sample.devices if d.is_efa]
+    others = [d for d in sample.devices if not d.is_efa]
+    if expected == 0 and not efa:
+        extra = _others_note(others)
+        return CheckResult(NAME, skipped=f"no EFA expected for {what}" + (f"; {extra}" if extra else ""))
+
+    findings: list[Finding] = []
+    notes = [f"{len(efa)} EFA device(s)"]
+    if expected > 0 and len(efa) != expected:
+        findings.append(
+            _finding(
+                cfg,
+                "efa.count",
+                f"{len(efa)} EFA device(s) found, {what} has {expected}",
+                (),
+                "count",
+            )
+        )
+    elif expected == 0:
+        notes.append(f"count not checked (no EFA expected for {what})")
+    port_findings, unreadable = _port_findings(cfg, efa)
+    findings += port_findings
+    if not port_findings and not unreadable:
+        notes.append("all ports ACTIVE")
+    if facts.rdma_previous is None:
+        notes.append("no previous sample: counter rates not evaluated")
+    else:
+        limits = cfg.get("thresholds.efaCounterRatePerSec")
+        rate_findings, rate_note = _rate_findings(cfg, sample, facts.rdma_previous, limits)
+        findings += rate_findings
+        notes.append(rate_note)
+    other = _others_note(others)
+    if other:
+        notes.append(other)
+    unknown = f"could not read EFA port state: {'; '.join(unreadable[:5])}" if unreadable else None
+    return CheckResult(NAME, findings=tuple(findings), unknown=unknown, note="; ".join(notes))

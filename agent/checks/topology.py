@@ -1,0 +1,147 @@
+"""The topology check: judge the `nvidia-smi topo -m` matrix against the instance profile.
+
+Rules (anchors.md §9.5): GPU rows must match the profile's GPU count; an "X" off the diagonal
+means the driver sees a GPU link as itself (a disconnected link); where NVLink is expected every
+GPU pair must read NV<n>; where the profile names a NIC affinity, each GPU's nearest NIC must be
+at least that close.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agent.checks import input_gap
+from agent.config import Config
+from agent.facts import NodeFacts
+from agent.findings import CheckResult, Finding
+from agent.model import TopoMatrix
+from agent.profiles import TOPO_LEVELS
+
+NAME = "topology"
+_NV = re.compile(r"^NV\d+$")
+# Older drivers print SOC where newer ones print SYS.
+_ALIASES = {"SOC": "SYS"}
+
+
+def _finding(cfg: Config, rule: str, message: str, entities: tuple[str, ...], key: str) -> Finding:
+    return Finding(
+        check=NAME,
+        rule=rule,
+        severity=cfg.severity(rule),
+        message=message,
+        entities=entities,
+        key=f"{rule}/{key}",
+    )
+
+
+def _rank(cell: str) -> int | None:
+    """Position of a PCIe path code in TOPO_LEVELS (0 best); NV# counts as best; unknown → None."""
+    cell = _ALIASES.get(cell, cell)
+    if _NV.match(cell):
+        return 0
+    return TOPO_LEVELS.index(cell) if cell in TOPO_LEVELS else None
+
+
+def _x_off_diagonal(cfg: Config, topo: TopoMatrix) -> list[Finding]:
+    out = []
+    for row in topo.gpu_rows:
+        for col, cell in topo.rows[row].items():
+            if cell == "X" and col != row:
+                out.append(
+                    _finding(
+                        cfg,
+                        "topology.x-off-diagonal",
+                        f"{row}: topo -m shows X (self) towards {col}: the link to {col} is not seen",
+                        (row, col),
+                        f"{row}-{col}",
+                    )
+                )
+    return out
+
+
+def _not_nv(cfg: Config, topo: TopoMatrix) -> list[Finding]:
+    """Each unordered GPU pair once; a pair is fine when every cell naming it reads NV<n>."""
+    out = []
+    seen: set[frozenset[str]] = set()
+    gpus = [c for c in topo.columns if c.startswith("GPU")]
+    for row in topo.gpu_rows:
+        for col in gpus:
+            pair = frozenset((row, col))
+            if col == row or pair in seen:
+                continue
+            seen.add(pair)
+            cells = [topo.rows[row].get(col, "")]
+            if col in topo.rows:
+                cells.append(topo.rows[col].get(row, ""))
+            bad = [c for c in cells if c != "X" and not _NV.match(c)]  # X off the diagonal: own rule
+            if bad:
+                out.append(
+                    _finding(
+                        cfg,
+                        "topology.not-nv-connected",
+                        f"{row} and {col} are connected by {bad[0] or 'nothing'}, not NVLink",
+                        (row, col),
+                        f"{row}-{col}",
+                    )
+                )
+    return out
+
+
+def _nic_affinity(cfg: Config, topo: TopoMatrix, worst: str) -> tuple[list[Finding], str]:
+    nics = [c for c in topo.columns if c.startswith("NIC")]
+    if not nics:
+        return [], "no NIC in topo -m: NIC affinity not judged"
+    limit = TOPO_LEVELS.index(worst)
+    out = []
+    for row in topo.gpu_rows:
+        ranked = [(r, nic) for nic in nics if (r := _rank(topo.rows[row].get(nic, ""))) is not None]
+        if not ranked:
+            continue
+        best, nic = min(ranked)
+        if best > limit:
+            name = topo.nic_names.get(nic, nic)
+            out.append(
+                _finding(
+                    cfg,
+                    "topology.nic-affinity",
+                    f"{row}: nearest NIC {name} is {TOPO_LEVELS[best]}, profile expects {worst} or closer",
+                    (row, name),
+                    row,
+                )
+            )
+    return out, f"every GPU has a NIC at {worst} or closer"
+
+
+def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
+    gap = input_gap(NAME, facts.topo)
+    if gap is not None:
+        return gap
+    topo = facts.topo
+    assert isinstance(topo, TopoMatrix)
+    gpu_rows = topo.gpu_rows
+    findings = _x_off_diagonal(cfg, topo)
+    nic_count = sum(1 for c in topo.columns if c.startswith("NIC"))
+    notes = [f"{len(gpu_rows)} GPU(s), {nic_count} NIC(s)"]
+    prof = facts.profile
+    if prof is None:
+        which = f" (no profile for {facts.instance_type!r})" if facts.instance_type else ""
+        notes.append(f"instance type unknown{which}: count and NVLink rules skipped")
+    else:
+        if len(gpu_rows) != prof.gpu_count:
+            findings.append(
+                _finding(
+                    cfg,
+                    "topology.gpu-count",
+                    f"topo -m shows {len(gpu_rows)} GPU(s), {prof.instance_type} has {prof.gpu_count}",
+                    (),
+                    "count",
+                )
+            )
+        if prof.nvlink:
+            findings += _not_nv(cfg, topo)
+            notes.append("all GPU pairs NVLink-connected")
+        if prof.nic_affinity:
+            more, note = _nic_affinity(cfg, topo, prof.nic_affinity)
+            findings += more
+            notes.append(note)
+    return CheckResult(NAME, findings=tuple(findings), note="; ".join(notes))

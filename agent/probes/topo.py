@@ -1,0 +1,122 @@
+"""Parse `nvidia-smi topo -m`: the GPU/NIC connection matrix the topology check judges.
+
+The tool prints a tab-separated matrix (sometimes re-padded with spaces by whoever captured it, and
+with ANSI underline escapes around the header on newer drivers), then a Legend and a "NIC Legend"
+mapping NIC0.. to RDMA device names. Columns may also be named after the RDMA device directly
+(mlx5_0 ...); those are renamed NIC0.. in order and the real name kept in nic_names, so that the
+checks see one shape.
+"""
+
+from __future__ import annotations
+
+import re
+
+from agent.model import TopoMatrix
+from agent.probes.result import ParseError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# The trailing, non-device header columns, in the order nvidia-smi prints them.
+_AFFINITY_HEAD = re.compile(r"\b(CPU Affinity|NUMA Affinity|GPU NUMA ID)\b")
+_GPU = re.compile(r"^GPU\d+$")
+_NIC = re.compile(r"^NIC\d+$")
+# Device names other than GPUn/NICn: lower-case RDMA/net names such as mlx5_0, mlx5_bond_0, rdmap79s0.
+_OTHER_DEV = re.compile(r"^[a-z][a-z0-9_.\-]*\d$")
+# A matrix cell: X, SYS, NODE, PHB, PXB, PIX, NV18, older SOC, ... (upper-case code).
+_CELL = re.compile(r"^(X|[A-Z][A-Z0-9]*)$")
+_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+
+
+def _is_device(token: str) -> bool:
+    return bool(_GPU.match(token) or _NIC.match(token) or _OTHER_DEV.match(token))
+
+
+def _header(line: str) -> tuple[list[str], bool] | None:
+    """The device columns of a header line and whether affinity columns follow, or None."""
+    m = _AFFINITY_HEAD.search(line)
+    devices_part = line[: m.start()] if m else line
+    tokens = devices_part.split()
+    if not tokens or not all(_is_device(t) for t in tokens):
+        return None
+    if not any(_GPU.match(t) for t in tokens):
+        return None
+    return tokens, m is not None
+
+
+def _rename_nics(columns: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Columns named after devices (mlx5_0) become NIC0.. in order; returns new names and NICk→name."""
+    others = [c for c in columns if not _GPU.match(c)]
+    if all(_NIC.match(c) for c in others):
+        return columns, {}
+    renamed: dict[str, str] = {}
+    out: list[str] = []
+    n = 0
+    for col in columns:
+        if _GPU.match(col):
+            out.append(col)
+        else:
+            nic = f"NIC{n}"
+            n += 1
+            renamed[col] = nic
+            out.append(nic)
+    return out, {v: k for k, v in renamed.items()}
+
+
+def parse_topo(text: str) -> TopoMatrix:
+    """Parse `nvidia-smi topo -m` output; raises ParseError when no GPU matrix is found."""
+    lines = [_ANSI.sub("", ln).rstrip("\r\n") for ln in text.splitlines()]
+    start = None
+    head: tuple[list[str], bool] | None = None
+    for i, line in enumerate(lines):
+        head = _header(line)
+        if head is not None:
+            start = i
+            break
+    if start is None or head is None:
+        raise ParseError("no topo -m header row (GPU0 ...) found")
+    raw_columns, has_affinity = head
+    if len(set(raw_columns)) != len(raw_columns):
+        raise ParseError("topo -m header names a device twice")
+    columns, nic_names = _rename_nics(raw_columns)
+    by_raw = dict(zip(raw_columns, columns, strict=True))
+    ncols = len(columns)
+
+    rows: dict[str, dict[str, str]] = {}
+    cpu: dict[str, str] = {}
+    numa: dict[str, str] = {}
+    i = start + 1
+    while i < len(lines):
+        line = lines[i]
+        tokens = line.split()
+        if not tokens:
+            break  # the blank line before the Legend ends the matrix
+        name = tokens[0]
+        if name not in by_raw:
+            if name.rstrip(":") in ("Legend", "NIC"):
+                break
+            raise ParseError(f"line {i + 1}: unexpected row {name[:40]!r} in the topo matrix")
+        cells = tokens[1 : 1 + ncols]
+        if len(cells) < ncols:
+            raise ParseError(f"row {name} has {len(cells)} cells, expected {ncols} (truncated?)")
+        bad = [c for c in cells if not _CELL.match(c)]
+        if bad:
+            raise ParseError(f"row {name}: unexpected cell {bad[0][:20]!r}")
+        row_name = by_raw[name]
+        if row_name in rows:
+            raise ParseError(f"row {name} appears twice")
+        rows[row_name] = dict(zip(columns, cells, strict=True))
+        extra = tokens[1 + ncols :]
+        if has_affinity and extra:
+            cpu[row_name] = extra[0]
+            if len(extra) > 1:
+                numa[row_name] = extra[1]
+        i += 1
+    if not rows:
+        raise ParseError("topo -m header without any device row")
+
+    for line in lines[i:]:
+        m = _NIC_LEGEND.match(line)
+        if m and m.group(1) in columns:
+            nic_names.setdefault(m.group(1), m.group(2))
+    return TopoMatrix(
+        columns=tuple(columns), rows=rows, nic_names=nic_names, cpu_affinity=cpu, numa_affinity=numa
+    )
