@@ -98,7 +98,9 @@ def _text(el: ET.Element | None, path: str) -> str | None:
 def _gpu(index: int, el: ET.Element) -> Gpu:
     pci_raw = clean(el.get("id")) or _text(el, "pci/pci_bus_id")
     if pci_raw is None:
-        raise ParseError(f"<gpu> element number {index} has neither an id attribute nor pci/pci_bus_id")
+        raise ParseError(
+            f"<gpu> element number {index} has no PCI bus id (no id attribute, no pci/pci_bus_id)"
+        )
     return Gpu(
         index=index,
         pci_bus_id=normalize_pci(pci_raw),
