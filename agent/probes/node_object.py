@@ -51,14 +51,17 @@ def node_from_dict(obj: Mapping[str, Any]) -> NodeObject:
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise ParseError("node object has no metadata.name")
-    labels_raw = meta.get("labels") or {}
+    labels_raw = meta.get("labels")
+    labels_raw = {} if labels_raw is None else labels_raw
     if not isinstance(labels_raw, Mapping):
         raise ParseError("metadata.labels is not a mapping")
     labels = {str(k): str(v) for k, v in labels_raw.items()}
-    status = obj.get("status") or {}
+    status = obj.get("status")
+    status = {} if status is None else status
     if not isinstance(status, Mapping):
         raise ParseError("status is not a mapping")
-    info = status.get("nodeInfo") or {}
+    info = status.get("nodeInfo")
+    info = {} if info is None else info
     if not isinstance(info, Mapping):
         raise ParseError("status.nodeInfo is not a mapping")
     boot_id = info.get("bootID")
