@@ -1,0 +1,151 @@
+"""The `check` command end to end on snapshots: verdicts, exit codes, JSON schema, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+
+ROOT = Path(__file__).parent.parent
+SNAP = ROOT / "examples" / "snapshots"
+HEALTHY, XID79 = SNAP / "p5.48xlarge-healthy", SNAP / "p5.48xlarge-xid79"
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    code = main(["check", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_healthy_p5_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, "--from-snapshot", str(HEALTHY))
+    assert code == 0
+    assert doc["status"] == "pass" and doc["severity"] == "none"
+    assert {c["status"] for c in doc["checks"]} <= {"pass", "skipped"}
+
+
+def test_xid79_p5_fails_with_reboot(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, "--from-snapshot", str(XID79))
+    assert code == 1
+    assert doc["status"] == "fail" and doc["severity"] == "reboot"
+    by_name = {c["name"]: c for c in doc["checks"]}
+    assert by_name["xid"]["severity"] == "reboot" and "Xid 79" in by_name["xid"]["message"]
+    assert by_name["gpu.responsive"]["status"] == "fail"
+    assert by_name["gpu.allocatable"]["severity"] == "monitor"
+    assert any(item["check"] == "xid" and item["key"].startswith("xid/79/") for item in doc["latched"])
+
+
+def test_results_json_follows_the_node_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    _, doc = run_json(capsys, "--from-snapshot", str(XID79))
+    assert set(doc) == {
+        "version",
+        "status",
+        "severity",
+        "checkedAt",
+        "bootId",
+        "instanceType",
+        "agentVersion",
+        "checks",
+        "latched",
+    }
+    assert doc["version"] == 1 and doc["instanceType"] == "p5.48xlarge"
+    assert doc["bootId"] == "3f0c1c56-2f4a-4b8e-9a7d-6c1e2b9d0a11"
+    for c in doc["checks"]:
+        assert set(c) == {"name", "status", "severity", "message", "at", "durationMs", "entities"}
+    for item in doc["latched"]:
+        assert set(item) == {"check", "key", "severity", "since", "message"}
+    assert len(json.dumps(doc, separators=(",", ":")).encode()) < 16 * 1024
+
+
+def test_missing_files_are_skipped_never_pass_or_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "instance-type").write_text("p5.48xlarge\n")
+    shutil.copy(HEALTHY / "kmsg.log", tmp_path / "kmsg.log")
+    code, doc = run_json(capsys, "--from-snapshot", str(tmp_path))
+    statuses = {c["name"]: c["status"] for c in doc["checks"]}
+    assert statuses["xid"] == "pass"
+    assert all(s == "skipped" for n, s in statuses.items() if n != "xid")
+    assert code == 0 and doc["status"] == "pass"
+
+
+def test_a_garbage_file_is_unknown_not_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "nvidia-smi-q.xml").write_bytes(b"\x00\x01<gpu>not xml at all")
+    code, doc = run_json(capsys, "--from-snapshot", str(tmp_path))
+    assert code == 2 and doc["status"] == "unknown"
+    responsive = next(c for c in doc["checks"] if c["name"] == "gpu.responsive")
+    assert responsive["status"] == "unknown" and "could not read" in responsive["message"]
+
+
+def test_a_recorded_timeout_is_a_gpu_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "errors.json").write_text(
+        json.dumps({"nvidia-smi-q.xml": {"kind": "timeout", "message": "no answer after 30 s; killed"}})
+    )
+    code, doc = run_json(capsys, "--from-snapshot", str(tmp_path))
+    assert code == 1 and doc["severity"] == "reboot"
+
+
+def test_only_and_instance_type(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run_json(capsys, "--from-snapshot", str(XID79), "--only", "gpu.ecc,topology")
+    assert [c["name"] for c in doc["checks"]] == ["gpu.ecc", "topology"]
+    assert code == 0
+    _, doc = run_json(
+        capsys, "--from-snapshot", str(HEALTHY), "--instance-type", "p4d.24xlarge", "--only", "gpu"
+    )
+    count = next(c for c in doc["checks"] if c["name"] == "gpu.count")
+    assert count["status"] == "warn" and "expected A100" in count["message"]  # 8 H100s on a p4d
+
+
+def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--from-snapshot", str(XID79)]) == 1
+    out = capsys.readouterr().out
+    assert "status=fail severity=reboot" in out and "Xid 79" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "--from-snapshot", "/nonexistent/snapshot"],
+        ["check", "--only", "gpu.nonsense"],
+        ["check", "--bogus-flag"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_errors_exit_64_with_one_line_and_no_traceback(args: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 64
+    assert "Traceback" not in proc.stderr and proc.stderr.strip()
+    assert proc.stdout == ""
+
+
+def test_invalid_config_dir_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("intervals:\n  gpu: -5\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "check",
+            "--config-dir",
+            str(tmp_path),
+            "--from-snapshot",
+            str(HEALTHY),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 64 and "intervals.gpu" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_runs() -> None:
+    proc = subprocess.run([sys.executable, "-m", "agent.demo"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "status=pass" in proc.stdout and "status=fail severity=reboot" in proc.stdout

@@ -1,0 +1,70 @@
+"""Config validation: the shipped files are the defaults, and bad input says exactly what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.config import ConfigError, load_config_dir, parse_config
+from agent.rules import RULES
+from agent.severity import Severity
+
+CONFIG = Path(__file__).parent.parent / "config"
+
+
+def test_shipped_config_yaml_equals_the_built_in_defaults() -> None:
+    shipped = parse_config(yaml.safe_load((CONFIG / "config.yaml").read_text()))
+    assert shipped.raw == parse_config({}).raw
+
+
+def test_shipped_directory_loads_with_profiles_and_catalog() -> None:
+    cfg = load_config_dir(CONFIG)
+    assert "p5.48xlarge" in cfg.profiles and cfg.profiles["p5.48xlarge"].gpu_count == 8
+    assert cfg.xid_severity(79) is Severity.REBOOT
+    assert cfg.severity("gpu.ecc.dram-uncorrectable") is Severity.RESET
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({"intervalz": {}}, "intervalz: unknown key"),
+        ({"intervals": {"gpu": "fast"}}, "intervals.gpu: expected number"),
+        ({"intervals": {"gpu": 0}}, "intervals.gpu: 0 is below the minimum"),
+        ({"intervals": {"gpu": True}}, "intervals.gpu: expected a number"),
+        ({"checks": {"gpu.ecc": "yes"}}, "checks.gpu.ecc: expected bool"),
+        ({"checks": {"gpu.nonsense": True}}, "checks.gpu.nonsense: unknown key"),
+        ({"severities": {"gpu.ecc.dram-uncorrectable": "panic"}}, "not one of"),
+        ({"severities": {"no.such.rule": "reset"}}, "unknown rule"),
+        ({"xid": {"overrides": {"abc": "reset"}}}, "Xid codes are integers"),
+        (["a", "list"], "expected a mapping"),
+    ],
+)
+def test_invalid_config_is_rejected_with_the_path(doc: object, needle: str) -> None:
+    with pytest.raises(ConfigError, match=None) as err:
+        parse_config(doc)
+    assert needle in str(err.value)
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("intervals:\n  gpu: [1,\n")
+    with pytest.raises(ConfigError) as err:
+        load_config_dir(tmp_path)
+    assert "config.yaml: not valid YAML at line" in str(err.value)
+
+
+def test_a_configmap_with_only_config_yaml_uses_the_shipped_profiles(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("instanceType: dgx-h100\n")
+    cfg = load_config_dir(tmp_path)
+    assert cfg.get("instanceType") == "dgx-h100" and "dgx-h100" in cfg.profiles
+
+
+def test_invalid_profiles_are_rejected(tmp_path: Path) -> None:
+    (tmp_path / "instance-profiles.yaml").write_text("profiles:\n  x1:\n    gpuCount: eight\n")
+    with pytest.raises(ConfigError, match="gpuCount"):
+        load_config_dir(tmp_path)
+
+
+def test_every_rule_default_is_a_real_severity() -> None:
+    assert all(isinstance(sev, Severity) and sev > Severity.NONE for sev, _ in RULES.values())
