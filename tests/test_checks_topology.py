@@ -1,0 +1,143 @@
+"""check_topology on real topo -m captures and on faults derived from the real 8x H100 file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.checks.topology import check_topology
+from agent.config import Config, parse_config
+from agent.facts import NodeFacts
+from agent.findings import CheckResult
+from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
+from agent.probes.topo import parse_topo
+from agent.profiles import InstanceProfile
+from agent.severity import Severity, Status
+
+ROOT = Path(__file__).parent.parent
+FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-topo"
+FULL = "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full.txt"
+
+
+def config(doc: dict[str, object] | None = None) -> Config:
+    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
+    return parse_config(doc or {}, profiles, None)
+
+
+CFG = config()
+
+
+def run(name: str, itype: str | None, cfg: Config = CFG) -> CheckResult:
+    topo = parse_topo((FIX / name).read_text(encoding="utf-8"))
+    profile = cfg.profiles[itype] if itype else None
+    return check_topology(NodeFacts(instance_type=itype, profile=profile, topo=topo), cfg)
+
+
+def rules(result: CheckResult) -> list[str]:
+    return [f.rule for f in result.findings]
+
+
+@pytest.mark.parametrize("itype", ["p5.48xlarge", "dgx-h100", "dgx-h200", "a3-highgpu-8g"])
+def test_healthy_8xh100_passes(itype: str) -> None:
+    result = run(FULL, itype)
+    assert result.status == Status.PASS, result.message
+    assert result.findings == ()
+    assert "8 GPU(s), 8 NIC(s)" in result.note
+
+
+def test_partial_tabs_file_passes_with_p5_profile() -> None:
+    result = run("issue-nccl-1453-h100x8-9nic-topo-m-tabs-PARTIAL.txt", "p5.48xlarge")
+    assert result.status == Status.PASS, result.message
+
+
+@pytest.mark.parametrize(
+    ("name", "itype"),
+    [
+        ("nvgpuexp-h100-80gb-hbm3-590.48.01-topo-m.txt", "one-gpu-test"),
+        ("nvgpuexp-h200-590.48.01-topo-m.txt", "one-gpu-test"),
+        ("nvgpuexp-l40s-595.80-topo-m.txt", "g6e.xlarge"),
+        ("nvidia-smi-topo-m_h100-1gpu_driver590.txt", "one-gpu-test"),
+    ],
+)
+def test_single_gpu_passes_with_one_gpu_profile(name: str, itype: str) -> None:
+    cfg = CFG
+    if itype not in cfg.profiles:
+        cfg = Config(
+            raw=CFG.raw, profiles={**CFG.profiles, itype: InstanceProfile(instance_type=itype, gpu_count=1)}
+        )
+    result = run(name, itype, cfg)
+    assert result.status == Status.PASS, result.message
+
+
+def test_no_profile_only_x_rule_and_says_so() -> None:
+    result = run(FULL.replace(".txt", "-DERIVED-gpu3-gpu6-phb.txt"), None)
+    assert result.status == Status.PASS  # PHB pair not judged without a profile
+    assert "instance type unknown: count and NVLink rules skipped" in result.note
+
+
+def test_no_profile_still_catches_x_off_diagonal() -> None:
+    result = run(FULL.replace(".txt", "-DERIVED-x-off-diagonal.txt"), None)
+    assert rules(result) == ["topology.x-off-diagonal"]
+
+
+def test_x_off_diagonal_fails() -> None:
+    result = run(FULL.replace(".txt", "-DERIVED-x-off-diagonal.txt"), "p5.48xlarge")
+    assert result.status == Status.FAIL
+    assert rules(result) == ["topology.x-off-diagonal"]  # GPU5→GPU2 still NV18: no not-NV finding
+    (f,) = result.findings
+    assert f.severity == Severity.ISOLATE
+    assert "GPU2" in f.message and "GPU5" in f.message
+    assert f.entities == ("GPU2", "GPU5")
+
+
+def test_phb_pair_not_nv_connected() -> None:
+    result = run(FULL.replace(".txt", "-DERIVED-gpu3-gpu6-phb.txt"), "p5.48xlarge")
+    assert result.status == Status.FAIL
+    (f,) = result.findings  # the pair is reported once
+    assert f.rule == "topology.not-nv-connected" and f.severity == Severity.ISOLATE
+    assert "GPU3" in f.message and "GPU6" in f.message and "PHB" in f.message
+
+
+def test_gpu_count_mismatch() -> None:
+    result = run(FULL, "p4d.24xlarge")
+    assert result.status == Status.PASS  # 8 GPUs, NV-connected, no affinity expected for p4d
+    result = run("nvgpuexp-h100-80gb-hbm3-590.48.01-topo-m.txt", "p5.48xlarge")
+    assert result.status == Status.FAIL
+    (f,) = result.findings
+    assert f.rule == "topology.gpu-count" and f.severity == Severity.ISOLATE
+    assert "1 GPU(s)" in f.message and "p5.48xlarge has 8" in f.message
+
+
+def test_nic_affinity_worse_than_profile() -> None:
+    result = run(FULL.replace(".txt", "-DERIVED-gpu0-nic0-sys.txt"), "dgx-h100")
+    assert result.status == Status.WARN
+    (f,) = result.findings
+    assert f.rule == "topology.nic-affinity" and f.severity == Severity.MONITOR
+    assert f.message.startswith("GPU0:") and "NODE" in f.message and "PXB" in f.message
+
+
+def test_nic_affinity_skipped_without_nic_columns() -> None:
+    cfg = Config(
+        raw=CFG.raw,
+        profiles={"x": InstanceProfile(instance_type="x", gpu_count=1, nic_affinity="PIX")},
+    )
+    result = run("nvgpuexp-h200-590.48.01-topo-m.txt", "x", cfg)
+    assert result.status == Status.PASS and "NIC affinity not judged" in result.note
+
+
+def test_severity_comes_from_config() -> None:
+    cfg = config({"severities": {"topology.not-nv-connected": "reset"}})
+    result = run(FULL.replace(".txt", "-DERIVED-gpu3-gpu6-phb.txt"), "p5.48xlarge", cfg)
+    assert [f.severity for f in result.findings] == [Severity.RESET]
+
+
+def test_input_gaps() -> None:
+    prof = CFG.profiles["p5.48xlarge"]
+    skipped = check_topology(NodeFacts(profile=prof), CFG)
+    assert skipped.status == Status.SKIPPED
+    err = ProbeError("nvidia-smi topo -m", ProbeErrorKind.UNREADABLE, "garbage")
+    unknown = check_topology(NodeFacts(profile=prof, topo=err), CFG)
+    assert unknown.status == Status.UNKNOWN and "garbage" in unknown.message
+    assert isinstance(NodeFacts().topo, NotCaptured)
