@@ -24,7 +24,7 @@ from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_log import parse_kernel_log, read_kmsg_live
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
-from agent.probes.nvsmi_errors import ToolReportedFailure
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.rdma import read_rdma
@@ -247,15 +247,13 @@ class LiveSource:
 
 def _read_nvml(timeout_s: float) -> Probed[GpuInventory]:
     """NVML through nvidia-ml-py; UNAVAILABLE when the library cannot be loaded (fall back to nvidia-smi)."""
+    from agent.probes.nvml import read_nvml
+
     try:
-        from agent.probes import nvml
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+        return read_nvml(timeout_s)
+    except NvmlUnavailable as exc:
         return ProbeError("nvml", ProbeErrorKind.UNAVAILABLE, str(exc))
-    try:
-        return nvml.read_nvml(timeout_s)
-    except nvml.NvmlUnavailable as exc:
-        return ProbeError("nvml", ProbeErrorKind.UNAVAILABLE, str(exc))
-    except nvml.ProbeTimeout as exc:
+    except ProbeTimeout as exc:
         return ProbeError("nvml", ProbeErrorKind.TIMEOUT, str(exc) or f"no answer after {timeout_s:g} s")
     except ToolReportedFailure as exc:
         return ProbeError("nvml", ProbeErrorKind.TOOL_FAILED, str(exc))

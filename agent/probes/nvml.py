@@ -27,7 +27,7 @@ from agent.model import (
     RetiredPages,
     normalize_pci,
 )
-from agent.probes.nvsmi_errors import ProbeTimeout, ToolReportedFailure
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_values import fabric_or_none, remapped_rows_or_none, retired_pages_or_none
 
 SOURCE = "nvml"
@@ -148,7 +148,7 @@ def _text(value: object) -> str | None:
     return text or None
 
 
-def _init_failure(exc: BaseException) -> ToolReportedFailure:
+def _init_failure(exc: BaseException) -> ToolReportedFailure | NvmlUnavailable:
     code = _code(exc)
     why = _describe(exc)
     if code == _DRIVER_NOT_LOADED:
@@ -158,7 +158,7 @@ def _init_failure(exc: BaseException) -> ToolReportedFailure:
             f"NVML: driver/library version mismatch; the driver was upgraded without a reboot ({why})"
         )
     if code == _LIBRARY_NOT_FOUND:
-        return ToolReportedFailure(f"NVML: libnvidia-ml.so was not found ({why})")
+        return NvmlUnavailable(f"NVML: libnvidia-ml.so was not found ({why})")
     if code == _UNINITIALIZED:
         return ToolReportedFailure(f"NVML: library not initialised ({why})")
     return ToolReportedFailure(f"NVML: initialisation failed ({why})")
@@ -168,9 +168,7 @@ def _collect() -> GpuInventory:
     try:
         import pynvml
     except ImportError as exc:
-        raise ToolReportedFailure(
-            f"NVML: the pynvml module (nvidia-ml-py) is not installed ({exc})"
-        ) from None
+        raise NvmlUnavailable(f"NVML: the pynvml module (nvidia-ml-py) is not installed ({exc})") from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:

@@ -17,6 +17,11 @@ class ToolReportedFailure(Exception):
         self.message = message
 
 
+class NvmlUnavailable(Exception):
+    """NVML itself cannot be loaded here (no pynvml, no libnvidia-ml.so in this container): we could
+    not look through NVML, which says nothing about the GPUs. Callers fall back to nvidia-smi."""
+
+
 class ProbeTimeout(Exception):
     """A live NVML read did not finish in time (NVML calls can hang on a dying GPU)."""
 

@@ -1,0 +1,66 @@
+"""The live source: NVML first, nvidia-smi when NVML cannot be loaded; hung and failing tools."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from agent.model import GpuInventory
+from agent.probes.result import ProbeError, ProbeErrorKind
+from agent.sources import LiveSource
+
+FIX = Path(__file__).parent / "fixtures"
+XML = FIX / "nvidia-smi-xml" / "telegraf-a10g-515.105.01.xml"
+
+
+def put_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real NVML is installed here")
+def test_without_libnvidia_ml_the_real_pynvml_falls_back_to_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_nvidia_smi(tmp_path, monkeypatch, f'cat "{XML}"')
+    inv = LiveSource(timeout_s=5).gpus()
+    assert isinstance(inv, GpuInventory)
+    assert inv.source.startswith("nvidia-smi") and len(inv.gpus) == 1
+
+
+def test_a_hung_nvidia_smi_is_a_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    put_nvidia_smi(tmp_path, monkeypatch, "sleep 300")
+    result = LiveSource(timeout_s=0.5, use_nvml=False).gpus()
+    assert isinstance(result, ProbeError) and result.kind is ProbeErrorKind.TIMEOUT
+
+
+def test_a_driver_failure_is_a_tool_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    put_nvidia_smi(
+        tmp_path,
+        monkeypatch,
+        "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        'Make sure that the latest NVIDIA driver is installed and running."; exit 9',
+    )
+    result = LiveSource(timeout_s=5, use_nvml=False).gpus()
+    assert isinstance(result, ProbeError) and result.kind is ProbeErrorKind.TOOL_FAILED
+    assert "couldn't communicate" in result.message
+
+
+def test_no_nvidia_smi_at_all_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = LiveSource(timeout_s=5, use_nvml=False).gpus()
+    assert isinstance(result, ProbeError) and result.kind is ProbeErrorKind.UNAVAILABLE
+
+
+def test_missing_kmsg_is_unavailable_and_no_infiniband_is_zero_devices(tmp_path: Path) -> None:
+    src = LiveSource(kmsg_path=str(tmp_path / "kmsg"), sys_root=tmp_path)
+    kernel = src.kernel()
+    assert isinstance(kernel, ProbeError) and kernel.kind is ProbeErrorKind.UNAVAILABLE
+    rdma = src.rdma()
+    assert not isinstance(rdma, ProbeError) and rdma.devices == ()  # type: ignore[union-attr]
