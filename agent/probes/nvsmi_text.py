@@ -141,6 +141,8 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
         raise ParseError("not nvidia-smi -q output: no NVSMI LOG banner and no 'GPU <bus id>' block")
 
     attached = as_int(root.get("Attached GPUs"))
+    if attached is None and not blocks and not lost and not detect_no_devices(text):
+        raise ParseError("truncated nvidia-smi -q output: no 'Attached GPUs' line and no GPU block")
     if attached is not None and len(blocks) + len(lost) < attached:
         raise ParseError(
             f"truncated nvidia-smi -q output: 'Attached GPUs : {attached}' but only {len(blocks)} GPU "
