@@ -37,6 +37,8 @@ CHECK_NAMES = (
     "nvlink",
     "topology",
     "efa",
+    "dcgm-health",
+    "dcgm-diag",
 )
 
 
@@ -86,6 +88,25 @@ SCHEMA: dict[str, Any] = {
             "unresponsive_remote_events": _num(1, 0),
             "impaired_remote_conn_events": _num(1, 0),
         },
+    },
+    "node": {
+        "recoverAfter": _num(3, 1, 1000),
+        "taintEffect": Spec(str, "NoSchedule", choices=("NoSchedule", "PreferNoSchedule", "NoExecute")),
+        "conditionType": Spec(str, "GPUHealthy"),
+        "maxTaintedFraction": _num(0.2, 0, 1),
+        "maxTaintedNodes": _num(0, 0, 10**6),
+        "gpuNodeSelector": Spec(str, "nvidia.com/gpu.present=true"),
+    },
+    "metrics": {"port": _num(9402, 0, 65535)},
+    "configPollSeconds": _num(2, 0.1, 300),
+    "dcgm": {
+        "address": Spec(str, "nvidia-dcgm.gpu-healthcheck.svc:5555"),
+        "connectTimeout": _num(5, 0.1, 300),
+        "graceSeconds": _num(120, 0, 86400),
+        "diagLevel": Spec(int, 2, 1, 4),
+        "diagTimeout": _num(900, 30, 86400),
+        "heartbeatSeconds": _num(60, 1, 600),
+        "incidentOverrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
     },
     "xid": {
         "overrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
