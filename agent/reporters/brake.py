@@ -1,0 +1,144 @@
+"""The cluster-wide brake (DESIGN.md §3): stop adding taints when too many GPU nodes are already tainted.
+
+A detector that taints on a bad driver push or a false positive can empty a whole GPU fleet; the brake
+bounds that blast radius by a fraction of the GPU nodes and, optionally, an absolute count (anchors §11
+item 6). It is consulted only when a node is about to *gain* our taint, never to keep or remove one.
+
+The inequality (refuse when *already* at or above the limit, this node not counted):
+
+    refuse  iff  tainted_now >= max_fraction * total      (exact rational arithmetic)
+            or   (max_nodes > 0 and tainted_now >= max_nodes)
+
+so with 10 GPU nodes and 0.2 at most 2 are tainted, and on a small pool (3 nodes) the first failing
+node can always be tainted (a fixed "after adding" rule would block repair on every pool < 5 nodes).
+`max_fraction >= 1` turns the fraction limit off; `max_fraction <= 0` forbids every new taint.
+
+Counting lists Node *metadata only* (PartialObjectMetadataList, paged 500 at a time) with label
+selectors: all GPU nodes (`selector`) and the ones we tainted (`selector,<prefix>/tainted=true`; the
+writer keeps that label exactly while its taint is on). A refusal is cached for `cache_seconds` (the
+engine asks again every cycle while a node fails); an "allowed" answer is never cached, so the count is
+read fresh right before every new taint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+PAGE = 500
+REQUEST_TIMEOUT = (5, 30)
+
+
+def brake_decision(tainted_now: int, total: int, max_fraction: float, max_nodes: int = 0) -> tuple[bool, str]:
+    """Pure: may one more node be tainted? (see the module docstring for the inequality)."""
+    total = max(total, 1)
+    if max_nodes > 0 and tainted_now >= max_nodes:
+        return False, f"{tainted_now} GPU nodes already tainted, at the limit maxTaintedNodes={max_nodes}"
+    frac = Fraction(str(max_fraction))
+    if frac < 1 and tainted_now >= frac * total:
+        return False, (
+            f"{tainted_now}/{total} GPU nodes already tainted, at or above maxTaintedFraction={max_fraction}"
+        )
+    return True, f"{tainted_now}/{total} GPU nodes tainted, below the limit"
+
+
+@dataclass(frozen=True)
+class BrakeState:
+    """The last answer, for metrics and logs."""
+
+    open: bool  # True = refusing new taints
+    tainted: int
+    total: int
+    reason: str
+    at: float  # time.monotonic() of the count
+
+
+class Brake:
+    """Counts our tainted GPU nodes cluster-wide; shared by nothing but its own Node writer."""
+
+    def __init__(
+        self,
+        core: Any,
+        *,
+        selector: str = "nvidia.com/gpu.present=true",
+        max_fraction: float = 0.2,
+        max_nodes: int = 0,
+        prefix: str = "gpu-healthcheck",
+        cache_seconds: float = 10,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._core = core
+        self.selector = selector
+        self.max_fraction = max_fraction
+        self.max_nodes = max_nodes
+        self.prefix = prefix
+        self.cache_seconds = cache_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._state: BrakeState | None = None
+
+    @property
+    def state(self) -> BrakeState | None:
+        """The last count and decision (None before the first one)."""
+        return self._state
+
+    @property
+    def tainted_selector(self) -> str:
+        own = f"{self.prefix}/tainted=true"
+        return f"{self.selector},{own}" if self.selector else own
+
+    def _names(self, label_selector: str) -> list[str]:
+        """Names of the Nodes matching *label_selector*, metadata only, paged."""
+        names: list[str] = []
+        cont: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": PAGE}
+            if cont:
+                kwargs["_continue"] = cont
+            resp = self._core.list_node(
+                **kwargs,
+                _preload_content=False,
+                _headers={"Accept": METADATA_LIST_ACCEPT},
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+            try:
+                doc = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            names.extend(str(i.get("metadata", {}).get("name", "")) for i in doc.get("items") or ())
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                return names
+
+    def count(self, node_name: str | None = None) -> tuple[int, int]:
+        """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
+        all_names = set(self._names(self.selector))
+        tainted = set(self._names(self.tainted_selector))
+        if node_name is not None:
+            tainted.discard(node_name)
+            all_names.add(node_name)
+        return len(tainted), len(all_names)
+
+    def allows_new_taint(self, node_name: str | None = None) -> tuple[bool, str]:
+        """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a
+        transient error neither opens the brake nor taints blindly)."""
+        with self._lock:
+            now = self._clock()
+            st = self._state
+            if st is not None and st.open and now - st.at < self.cache_seconds:
+                return False, st.reason
+            tainted, total = self.count(node_name)
+            ok, reason = brake_decision(tainted, total, self.max_fraction, self.max_nodes)
+            self._state = BrakeState(open=not ok, tainted=tainted, total=total, reason=reason, at=now)
+            return ok, reason
+
+    def forget(self) -> None:
+        """Drop a cached refusal (the node no longer wants a taint)."""
+        with self._lock:
+            self._state = None

@@ -1,0 +1,672 @@
+"""The Node writer: keeps this agent's keys on its own Node equal to the engine's Marks (DESIGN.md §4).
+
+Why it is built this way:
+- Only our keys are touched. Labels and annotations go in a JSON merge patch that names only our keys
+  (null deletes one), so another component's keys are never in the request. Taints are an atomic list
+  in the API, so the patch carries the whole list, rebuilt from the Node we just read with only the
+  exact (key, effect) we own changed, and `metadata.resourceVersion` as precondition: if anyone wrote
+  the Node meanwhile the API server answers 409, and we re-read and retry (tenacity, bounded).
+- The condition goes through `nodes/status` as a strategic-merge patch of just our condition (the
+  conditions list merges by `type`), so kubelet's and others' conditions are untouched.
+- Nothing is written unless one of our keys differs from the last seen Node; one watch of the own
+  Node keeps that copy current, so the steady state costs the API server nothing but that watch.
+- A taint removed by someone while the node still fails is put back (Event TaintRestored); the way to
+  keep the agent from tainting a node is the label `<prefix>/taint=disabled`.
+- API errors never escape apply(): it says so in the ApplyResult and the engine tries again.
+- There is no shutdown hook touching the Node: stopping or rolling out the agent never removes a taint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import tenacity
+
+from agent.reporters.brake import Brake
+from agent.reporters.marks import Marks, NodeEvent
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = (5, 10)
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+CONFLICT_ATTEMPTS = 8
+EVENT_MESSAGE_MAX = 1024
+PENDING_EVENTS_MAX = 64
+WATCH_TIMEOUT_SECONDS = 300
+
+OnWrite = Callable[[str, str], None]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure merge logic (no API): Node dict (API JSON, camelCase) + Marks -> what to write
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _labels(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
+
+
+def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [dict(t) for t in (node.get("spec") or {}).get("taints") or ()]
+
+
+def taint_key(prefix: str) -> str:
+    return f"{prefix}/unhealthy"
+
+
+def find_our_taint(node: Mapping[str, Any], prefix: str, effect: str) -> dict[str, Any] | None:
+    """Ours is exactly (`<prefix>/unhealthy`, our effect); the same key with another effect is not ours."""
+    for t in _taints(node):
+        if t.get("key") == taint_key(prefix) and t.get("effect") == effect:
+            return t
+    return None
+
+
+def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
+    return _labels(node).get(f"{prefix}/taint", "").strip().lower() == "disabled"
+
+
+def desired_labels(marks: Marks, prefix: str, taint_on: bool) -> dict[str, str | None]:
+    """Our labels; None = must be absent."""
+    return {
+        f"{prefix}/status": marks.status.value,
+        f"{prefix}/severity": marks.severity.label,
+        f"{prefix}/tainted": "true" if taint_on else None,
+    }
+
+
+def plan_node_patch(
+    node: Mapping[str, Any], marks: Marks, *, prefix: str, effect: str, taint_on: bool
+) -> dict[str, Any] | None:
+    """The merge patch (without resourceVersion) that makes our metadata and taint match, or None.
+
+    Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed
+    or get a new value, and then it is the Node's own list with only our (key, effect) changed.
+    """
+    labels, annotations = _labels(node), _annotations(node)
+    label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
+    ann_key = f"{prefix}/results"
+    ann_patch = {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
+
+    taints = _taints(node)
+    ours = find_our_taint(node, prefix, effect)
+    new_taints: list[dict[str, Any]] | None = None
+    if taint_on:
+        want = {"key": taint_key(prefix), "value": marks.severity.label, "effect": effect}
+        if ours is None:
+            new_taints = [*taints, want]
+        elif ours.get("value") != want["value"]:
+            new_taints = [want if t is not None and _same_taint(t, ours) else t for t in taints]
+    elif ours is not None:
+        new_taints = [t for t in taints if not _same_taint(t, ours)]
+
+    meta: dict[str, Any] = {}
+    if label_patch:
+        meta["labels"] = label_patch
+    if ann_patch:
+        meta["annotations"] = ann_patch
+    patch: dict[str, Any] = {}
+    if meta:
+        patch["metadata"] = meta
+    if new_taints is not None:
+        patch["spec"] = {"taints": new_taints}
+    return patch or None
+
+
+def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
+
+
+def find_condition(node: Mapping[str, Any], condition_type: str) -> dict[str, Any] | None:
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if c.get("type") == condition_type:
+            return dict(c)
+    return None
+
+
+def plan_condition(
+    node: Mapping[str, Any], marks: Marks, *, condition_type: str, now: str
+) -> dict[str, Any] | None:
+    """Our condition when status/reason/message differ (lastTransitionTime moves only with status)."""
+    cur = find_condition(node, condition_type)
+    want = {
+        "status": marks.condition_status,
+        "reason": marks.condition_reason,
+        "message": marks.condition_message,
+    }
+    if cur is not None and all(cur.get(k) == v for k, v in want.items()):
+        return None
+    transition = now
+    if cur is not None and cur.get("status") == marks.condition_status and cur.get("lastTransitionTime"):
+        transition = str(cur["lastTransitionTime"])
+    return {"type": condition_type, **want, "lastHeartbeatTime": now, "lastTransitionTime": transition}
+
+
+def _rv(node: Mapping[str, Any] | None) -> int:
+    try:
+        return int(((node or {}).get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one apply() did. ok=False: nothing is known to be written; the engine applies again later."""
+
+    ok: bool
+    node_writes: int = 0  # metadata/taint patches that succeeded
+    status_writes: int = 0  # condition patches that succeeded
+    conflicts: int = 0  # 409s retried
+    tainted: bool = False  # our taint is on the Node after this apply
+    brake_open: bool = False  # marks.taint, but the brake refused the taint
+    taint_disabled: bool = False  # marks.taint, but `<prefix>/taint=disabled` is set
+    events: tuple[str, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
+    error: str | None = None
+    dry_run: bool = False
+
+    @property
+    def wrote(self) -> bool:
+        return bool(self.node_writes or self.status_writes)
+
+
+class _Conflict(Exception):
+    pass
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, _Conflict)
+
+
+def _api_status(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _describe(exc: BaseException) -> str:
+    status = _api_status(exc)
+    if status:
+        return f"API error {status} {getattr(exc, 'reason', '') or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+class NodeWriter:
+    """Writes Marks to one Node; see the module docstring for the rules it keeps."""
+
+    def __init__(
+        self,
+        core: Any,
+        node_name: str,
+        *,
+        prefix: str = "gpu-healthcheck",
+        condition_type: str = "GPUHealthy",
+        taint_effect: str = "NoSchedule",
+        brake: Brake | None = None,
+        dry_run: bool = False,
+        on_write: OnWrite | None = None,
+        event_namespace: str = "default",
+        component: str = "gpu-healthcheck",
+        watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+    ) -> None:
+        self.core = core
+        self.node_name = node_name
+        self.prefix = prefix
+        self.condition_type = condition_type
+        self.taint_effect = taint_effect
+        self.brake = brake
+        self.dry_run = dry_run
+        self._on_write = on_write
+        self.event_namespace = event_namespace
+        self.component = component
+        self.watch_timeout_seconds = watch_timeout_seconds
+
+        self._apply_lock = threading.RLock()
+        self._node_lock = threading.Lock()
+        self._node: dict[str, Any] | None = None  # the last seen Node (watch, reads, write responses)
+        self._last_marks: Marks | None = None
+        self._taint_on = False  # after the last successful apply our taint was (to be) on
+        self._brake_open = False
+        self._disabled_noted = False
+        self._pending_events: list[NodeEvent] = []
+
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch: Any = None
+        self._watch_synced = threading.Event()
+        self.restores = 0
+
+    # -- public --------------------------------------------------------------------------------------
+    def apply(self, marks: Marks) -> ApplyResult:
+        """Make the Node show *marks*. Never raises for API trouble; returns ok=False instead.
+
+        `marks.events` are posted once, after the Node writes succeed; if they fail the events are
+        kept and posted with the next successful apply (the engine should not resend them).
+        """
+        return self._apply(marks, marks.events)
+
+    def _apply(self, marks: Marks, new_events: Sequence[NodeEvent]) -> ApplyResult:
+        with self._apply_lock:
+            self._last_marks = marks
+            self._pending_events = [*self._pending_events, *new_events][-PENDING_EVENTS_MAX:]
+            try:
+                return self._apply_locked(marks)
+            except Exception as exc:
+                msg = _describe(exc)
+                log.warning("node %s: writing health marks failed: %s", self.node_name, msg)
+                return ApplyResult(ok=False, error=msg, dry_run=self.dry_run, brake_open=self._brake_open)
+
+    def read_results(self) -> dict[str, Any] | None:
+        """The parsed `<prefix>/results` annotation of the current Node (None if absent or unreadable)."""
+        try:
+            node = self._current(fresh=not self._watch_synced.is_set())
+        except Exception as exc:
+            log.warning("node %s: reading the results annotation failed: %s", self.node_name, _describe(exc))
+            return None
+        raw = _annotations(node).get(f"{self.prefix}/results")
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def start(self) -> None:
+        """Start the watch of the own Node (daemon thread)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._watch_loop, name=f"node-watch-{self.node_name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the watch; returns within *timeout* seconds. Touches nothing on the Node."""
+        self._stop.set()
+        self._watch_synced.clear()
+        w = self._watch
+        if w is not None:
+            with contextlib.suppress(Exception):
+                w.stop()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    @property
+    def node(self) -> dict[str, Any] | None:
+        """A copy of the last seen Node (API JSON)."""
+        with self._node_lock:
+            return json.loads(json.dumps(self._node)) if self._node is not None else None
+
+    @property
+    def brake_open(self) -> bool:
+        return self._brake_open
+
+    # -- API helpers ---------------------------------------------------------------------------------
+    def _note(self, kind: str, outcome: str) -> None:
+        if self._on_write is not None:
+            try:
+                self._on_write(kind, outcome)
+            except Exception:  # a metrics hook must not break writing
+                log.exception("on_write hook failed")
+
+    def _observe(self, node: dict[str, Any]) -> None:
+        with self._node_lock:
+            if self._node is None or _rv(node) >= _rv(self._node):
+                self._node = node
+
+    def _read(self) -> dict[str, Any]:
+        resp = self.core.read_node(self.node_name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        try:
+            node: dict[str, Any] = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        self._observe(node)
+        return node
+
+    def _current(self, *, fresh: bool) -> dict[str, Any]:
+        with self._node_lock:
+            cached = self._node
+        if cached is not None and not fresh:
+            return cached
+        return self._read()
+
+    def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
+        resp = self.core.patch_node(
+            self.node_name,
+            body,
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+            field_manager=self.component,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        try:
+            node: dict[str, Any] = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        self._observe(node)
+        return node
+
+    def _patch_status(self, cond: dict[str, Any]) -> dict[str, Any]:
+        body = {"status": {"conditions": [cond]}}
+        resp = self.core.patch_node_status(
+            self.node_name,
+            body,
+            _content_type=STRATEGIC_MERGE_PATCH,
+            _preload_content=False,
+            field_manager=self.component,
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        try:
+            node: dict[str, Any] = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        self._observe(node)
+        return node
+
+    # -- the write -----------------------------------------------------------------------------------
+    def _decide_taint(self, node: Mapping[str, Any], marks: Marks) -> tuple[bool, bool, bool, str]:
+        """(taint_on, brake_open, disabled, brake_reason) for this Node and Marks."""
+        if not marks.taint:
+            return False, False, False, ""
+        if taint_disabled(node, self.prefix):
+            return False, False, True, ""
+        if find_our_taint(node, self.prefix, self.taint_effect) is not None or self._taint_on:
+            return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
+        if self.brake is None:
+            return True, False, False, ""
+        ok, reason = self.brake.allows_new_taint(self.node_name)
+        return ok, not ok, False, reason
+
+    def _apply_locked(self, marks: Marks) -> ApplyResult:
+        conflicts = 0
+        node_writes = status_writes = 0
+        fresh = not self._watch_synced.is_set()
+        decided: tuple[bool, bool, bool, str] = (False, False, False, "")
+        had_taint = False
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+            retry=tenacity.retry_if_exception(_is_conflict),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                node = self._current(fresh=fresh or attempt.retry_state.attempt_number > 1)
+                decided = self._decide_taint(node, marks)
+                taint_on = decided[0]
+                had_taint = find_our_taint(node, self.prefix, self.taint_effect) is not None
+                patch = plan_node_patch(
+                    node, marks, prefix=self.prefix, effect=self.taint_effect, taint_on=taint_on
+                )
+                if patch is not None:
+                    if self.dry_run:
+                        log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
+                        self._note("node", "skipped")
+                    else:
+                        rv = node["metadata"]["resourceVersion"]
+                        patch.setdefault("metadata", {})["resourceVersion"] = rv
+                        try:
+                            self._patch_node(patch)
+                        except Exception as exc:
+                            if _api_status(exc) == 409:
+                                conflicts += 1
+                                self._note("node", "conflict")
+                                raise _Conflict() from exc
+                            self._note("node", "error")
+                            raise
+                        node_writes += 1
+                        self._note("node", "ok")
+
+        taint_on, brake_open, disabled, _ = decided
+        node = self._current(fresh=False)
+        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_rfc3339())
+        if cond is not None:
+            if self.dry_run:
+                log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
+                self._note("status", "skipped")
+            else:
+                try:
+                    self._patch_status(cond)
+                except Exception:
+                    self._note("status", "error")
+                    raise
+                status_writes += 1
+                self._note("status", "ok")
+
+        events = self._transition_events(marks, decided, had_taint)
+        if not brake_open and self.brake is not None and self._brake_open:
+            self.brake.forget()
+
+        if not self.dry_run:
+            self._taint_on = taint_on
+            self._brake_open = brake_open
+            self._disabled_noted = disabled
+        to_post = [*self._pending_events, *events]
+        self._pending_events = []
+        posted = self._post_events(to_post, node)
+        return ApplyResult(
+            ok=True,
+            node_writes=node_writes,
+            status_writes=status_writes,
+            conflicts=conflicts,
+            tainted=taint_on and not self.dry_run,
+            brake_open=brake_open,
+            taint_disabled=disabled,
+            events=posted,
+            dry_run=self.dry_run,
+        )
+
+    def _transition_events(
+        self, marks: Marks, decided: tuple[bool, bool, bool, str], had_taint: bool
+    ) -> list[NodeEvent]:
+        """The Events our own decisions deserve (taint added/removed/restored, brake, disabled)."""
+        taint_on, brake_open, disabled, brake_reason = decided
+        taint = f"{taint_key(self.prefix)}={marks.severity.label}:{self.taint_effect}"
+        disable_label = f"{self.prefix}/taint=disabled"
+        out: list[NodeEvent] = []
+        if taint_on and not had_taint:
+            if self._taint_on:
+                self.restores += 1
+                out.append(
+                    NodeEvent(
+                        "TaintRestored",
+                        f"Taint {taint} was removed while the node fails; "
+                        f"put it back (to stop tainting this node, label it {disable_label})",
+                        "Warning",
+                    )
+                )
+            else:
+                if self._brake_open:
+                    out.append(
+                        NodeEvent(
+                            "BrakeClosed",
+                            "Tainted GPU nodes are below the brake limit again; tainting this node",
+                        )
+                    )
+                out.append(NodeEvent("TaintAdded", f"Tainted {taint}: {marks.condition_message}", "Warning"))
+        elif not taint_on and had_taint:
+            if disabled:
+                out.append(
+                    NodeEvent(
+                        "TaintDisabled",
+                        f"Removed taint {taint_key(self.prefix)}: label {disable_label} is set",
+                    )
+                )
+            else:
+                out.append(
+                    NodeEvent(
+                        "TaintRemoved", f"Removed taint {taint_key(self.prefix)}: {marks.condition_message}"
+                    )
+                )
+        elif disabled and not self._disabled_noted:
+            out.append(
+                NodeEvent(
+                    "TaintDisabled", f"Not tainting although the node fails: label {disable_label} is set"
+                )
+            )
+        if brake_open and not self._brake_open:
+            out.append(
+                NodeEvent("BrakeOpen", f"Not tainting although the node fails: {brake_reason}", "Warning")
+            )
+        elif self._brake_open and not brake_open and not taint_on:
+            out.append(NodeEvent("BrakeClosed", "The node no longer needs a taint"))
+        return out
+
+    def _post_events(self, events: Sequence[NodeEvent], node: Mapping[str, Any]) -> tuple[str, ...]:
+        posted: list[str] = []
+        uid = (node.get("metadata") or {}).get("uid")
+        for ev in events:
+            if self.dry_run:
+                log.info(
+                    "node %s: dry run, would post Event %s (%s): %s",
+                    self.node_name,
+                    ev.reason,
+                    ev.type,
+                    ev.message,
+                )
+                self._note("event", "skipped")
+                posted.append(ev.reason)
+                continue
+            now = now_rfc3339()
+            body = {
+                "metadata": {"generateName": f"{self.node_name}.", "namespace": self.event_namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": self.node_name,
+                    **({"uid": uid} if uid else {}),
+                },
+                "reason": ev.reason,
+                "message": ev.message[:EVENT_MESSAGE_MAX],
+                "type": ev.type,
+                "source": {"component": self.component, "host": self.node_name},
+                "reportingComponent": self.component,
+                "reportingInstance": self.node_name,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+            try:
+                resp = self.core.create_namespaced_event(
+                    self.event_namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+                )
+                resp.release_conn()
+            except Exception as exc:
+                log.warning("node %s: posting Event %s failed: %s", self.node_name, ev.reason, _describe(exc))
+                self._note("event", "error")
+                continue
+            log.info("node %s: Event %s (%s): %s", self.node_name, ev.reason, ev.type, ev.message)
+            self._note("event", "ok")
+            posted.append(ev.reason)
+        return tuple(posted)
+
+    # -- the watch -----------------------------------------------------------------------------------
+    def _needs_restore(self, node: Mapping[str, Any]) -> bool:
+        marks = self._last_marks
+        return (
+            marks is not None
+            and marks.taint
+            and self._taint_on
+            and not self.dry_run
+            and not taint_disabled(node, self.prefix)
+            and find_our_taint(node, self.prefix, self.taint_effect) is None
+        )
+
+    def _on_node(self, node: dict[str, Any]) -> None:
+        self._observe(node)
+        if self._needs_restore(node):
+            with self._apply_lock:
+                marks = self._last_marks
+                current = self.node
+                if marks is not None and current is not None and self._needs_restore(current):
+                    log.warning(
+                        "node %s: our taint was removed while the node fails; restoring it", self.node_name
+                    )
+                    self._apply(marks, ())
+
+    def _watch_loop(self) -> None:
+        from kubernetes import watch  # imported here: the pure parts of this module need no client
+
+        backoff = 0.5
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    node = self._read()
+                    rv = str(node["metadata"]["resourceVersion"])
+                    self._watch_synced.set()
+                    self._on_node(node)
+                watch_cls: Any = watch.Watch
+                w = watch_cls()
+                self._watch = w
+                if self._stop.is_set():
+                    break
+                for ev in w.stream(
+                    self.core.list_node,
+                    field_selector=f"metadata.name={self.node_name}",
+                    resource_version=rv,
+                    timeout_seconds=self.watch_timeout_seconds,
+                    allow_watch_bookmarks=True,
+                    _request_timeout=(5, self.watch_timeout_seconds + 15),
+                ):
+                    if self._stop.is_set():
+                        break
+                    obj = ev.get("raw_object") or {}
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = str(new_rv)
+                    if ev.get("type") in ("ADDED", "MODIFIED"):
+                        self._on_node(obj)
+                    elif ev.get("type") == "DELETED":
+                        with self._node_lock:
+                            self._node = None
+                        self._watch_synced.clear()
+                        rv = None
+                backoff = 0.5
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                if _api_status(exc) == 410:
+                    log.info("node %s: watch expired (410 Gone); listing again", self.node_name)
+                    rv = None
+                    continue
+                log.warning(
+                    "node %s: watch failed (%s); retrying in %.1fs", self.node_name, _describe(exc), backoff
+                )
+                self._watch_synced.clear()
+                rv = None
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+        self._watch = None
+
+
+__all__ = [
+    "ApplyResult",
+    "NodeWriter",
+    "desired_labels",
+    "find_condition",
+    "find_our_taint",
+    "plan_condition",
+    "plan_node_patch",
+    "taint_disabled",
+]
