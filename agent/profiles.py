@@ -20,6 +20,7 @@ class InstanceProfile:
     nvswitch: bool = False
     nvlink_links_per_gpu: int | None = None
     nic_affinity: str | None = None  # worst acceptable GPU→nearest-NIC path, one of TOPO_LEVELS
+    pcie_width: int | None = None  # healthy link width where the platform wires GPUs narrower than max
 
 
 _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
@@ -30,6 +31,7 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "nvswitch": ("nvswitch", bool),
     "nvlinkLinksPerGpu": ("nvlink_links_per_gpu", int),
     "nicAffinity": ("nic_affinity", str),
+    "pcieWidth": ("pcie_width", int),
 }
 
 

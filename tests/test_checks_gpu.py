@@ -244,3 +244,15 @@ def test_a_rule_severity_can_be_overridden_and_silenced() -> None:
 def test_an_empty_inventory_is_skipped_not_passed() -> None:
     r = gpu.check_ecc(NodeFacts(gpus=GpuInventory(source="nvml")), CFG)
     assert r.status is Status.SKIPPED
+
+
+def test_pcie_x8_is_healthy_where_the_platform_wires_x8() -> None:
+    """Real A10G recording (AWS g5 class) at x8 of x16: a warning on a g5 would be a false alarm."""
+    from agent.probes.nvsmi_xml import parse_nvsmi_xml
+
+    xml = (FIX.parent / "nvidia-smi-xml" / "telegraf-a10g-515.105.01.xml").read_text()
+    inv = parse_nvsmi_xml(xml)
+    g5 = NodeFacts(instance_type="g5.xlarge", profile=CFG.profiles["g5.xlarge"], gpus=inv)
+    assert gpu.check_pcie(g5, CFG).status is Status.PASS
+    unknown_type = NodeFacts(gpus=inv)
+    assert gpu.check_pcie(unknown_type, CFG).status is Status.WARN
