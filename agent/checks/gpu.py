@@ -277,19 +277,24 @@ def check_throttle(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-def _pcie(g: Gpu) -> Iterable[tuple[str, str]]:
-    p = g.pcie
-    if p.width_current is not None and p.width_max is not None and p.width_current < p.width_max:
-        yield "gpu.pcie.width", f"PCIe link x{p.width_current} of x{p.width_max}"
-
-
 def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
-    """Only width: a generation below max at idle is power saving, not a fault."""
+    """Only width: a generation below max at idle is power saving, not a fault. Some platforms wire
+    GPUs narrower than their maximum (AWS g5/g6: x8 of x16); the profile's pcieWidth says so."""
+    wired = facts.profile.pcie_width if facts.profile is not None else None
+
+    def judge(g: Gpu) -> Iterable[tuple[str, str]]:
+        p = g.pcie
+        assert p.width_current is not None and p.width_max is not None
+        expected = min(wired, p.width_max) if wired else p.width_max
+        if p.width_current < expected:
+            why = f" (this instance type runs x{wired})" if wired else ""
+            yield "gpu.pcie.width", f"PCIe link x{p.width_current} of x{p.width_max}{why}"
+
     return _per_gpu(
         "gpu.pcie",
         facts,
         cfg,
-        _pcie,
+        judge,
         lambda g: g.pcie.width_current is not None and g.pcie.width_max is not None,
         not_applicable="PCIe link width not reported",
         ok="PCIe links at full width",
