@@ -57,6 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sys-root", type=Path, default=Path("/sys"))
     s.add_argument("--kmsg", default="/dev/kmsg")
 
+    a = sub.add_parser("agent", help="run the node agent (the DaemonSet process)")
+    a.add_argument("--node", help="this Node's name (default: $NODE_NAME)")
+    a.add_argument("--from-snapshot", metavar="DIR", help="judge a snapshot directory, re-read every tick")
+    a.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    a.add_argument("--config-dir", type=Path, help="config directory (default: /etc/gpu-healthcheck)")
+    a.add_argument("--metrics-port", type=int, default=None, help="metrics/health port (default: config)")
+    a.add_argument(
+        "--dry-run", action="store_true", help="judge and log what would be written; write nothing"
+    )
+    a.add_argument("--no-kube", action="store_true", help="no API server at all: log the marks only")
+    a.add_argument("--once", action="store_true", help="run every tier once, write, and exit")
+
+    st = sub.add_parser("status", help="the GPU nodes' health marks, as a table")
+    st.add_argument("--kubeconfig")
+    st.add_argument("--selector", default="nvidia.com/gpu.present=true")
+    st.add_argument("--prefix", default="gpu-healthcheck")
+
     sub.add_parser("rules", help="list the severity rules and their defaults")
     return p
 
@@ -107,6 +124,25 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from agent.agent_main import main as agent_main
+
+    return agent_main(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from agent.agent_main import kube_core
+    from agent.status_table import render_status
+
+    try:
+        core = kube_core(args.kubeconfig)
+        print(render_status(core, prefix=args.prefix, selector=args.selector))
+    except Exception as exc:  # no cluster, no permission: one clear line
+        print(f"gpu-healthcheck: cannot read the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_rules(_: argparse.Namespace) -> int:
     for rule, (sev, text) in RULES.items():
         print(f"{rule:<34} {sev.label:<8} {text}")
@@ -115,7 +151,13 @@ def cmd_rules(_: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"check": cmd_check, "snapshot": cmd_snapshot, "rules": cmd_rules}
+    handlers = {
+        "check": cmd_check,
+        "snapshot": cmd_snapshot,
+        "agent": cmd_agent,
+        "status": cmd_status,
+        "rules": cmd_rules,
+    }
     try:
         return handlers[args.command](args)
     except UsageError as exc:

@@ -1,0 +1,53 @@
+"""Notice a changed ConfigMap directory within seconds and validate it before it takes effect.
+
+The kubelet updates a ConfigMap volume by swapping a `..data` symlink, so file mtimes are not
+reliable: compare the content of the files instead (they are small).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import Config, ConfigError, load_config_dir
+
+FILES = ("config.yaml", "instance-profiles.yaml", "xid-catalog.yaml", "dcgm-incidents.yaml")
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    config: Config | None  # the new config when accepted
+    error: str | None  # why it was rejected
+
+
+class ConfigWatcher:
+    def __init__(self, directory: Path | None, current: Config) -> None:
+        self.directory = directory
+        self.current = current
+        self._fingerprint = self._digest()
+
+    def _digest(self) -> str:
+        if self.directory is None:
+            return ""
+        h = hashlib.sha256()
+        for name in FILES:
+            path = self.directory / name
+            try:
+                h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+            except OSError:
+                h.update(name.encode() + b"\0-\0")
+        return h.hexdigest()
+
+    def poll(self) -> ReloadOutcome | None:
+        """None when nothing changed; else the accepted config or the rejection reason."""
+        digest = self._digest()
+        if digest == self._fingerprint:
+            return None
+        self._fingerprint = digest
+        try:
+            cfg = load_config_dir(self.directory)
+        except ConfigError as exc:
+            return ReloadOutcome(config=None, error=str(exc))
+        self.current = cfg
+        return ReloadOutcome(config=cfg, error=None)

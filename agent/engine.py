@@ -1,0 +1,362 @@
+"""The agent's engine: tiers on their intervals, the kernel log followed as it is written, latched
+findings per boot, hysteresis before an untaint, and one verdict turned into Marks for the Node.
+
+Each tier refreshes only its own inputs; a check reads the freshest value of every input it needs
+(the xid check maps PCI ids to GPUs with the gpu tier's last inventory, not a new nvidia-smi run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent.checks.registry import CHECKS, run_checks
+from agent.config import Config
+from agent.facts import NodeFacts
+from agent.findings import CheckResult, Finding
+from agent.metrics import Metrics
+from agent.model import NodeObject, RdmaSample
+from agent.probes.result import NotCaptured, Probed, ProbeError
+from agent.reporters.marks import Marks, NodeEvent
+from agent.severity import Severity, Status
+from agent.sources import Source, resolve_instance_type
+from agent.verdict import Verdict, decide, encode, now_iso, results_document
+
+log = logging.getLogger("gpu-healthcheck.engine")
+
+TIER_INPUTS: dict[str, tuple[str, ...]] = {
+    "gpu": ("gpus",),
+    "xid": ("kernel",),
+    "efa": ("rdma",),
+    "topology": ("topo", "nvlink"),
+}
+TIER_INTERVAL = {"gpu": "gpu", "xid": "gpu", "efa": "efa", "topology": "topology"}
+CONDITION = {
+    Status.PASS: ("True", "AllChecksPassed"),
+    Status.WARN: ("True", "ChecksWarn"),
+    Status.FAIL: ("False", "ChecksFailed"),
+    Status.UNKNOWN: ("Unknown", "CouldNotCheck"),
+}
+
+
+@dataclass(frozen=True)
+class Latch:
+    check: str
+    key: str
+    severity: Severity
+    since: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "check": self.check,
+            "key": self.key,
+            "severity": self.severity.label,
+            "since": self.since,
+            "message": self.message,
+        }
+
+
+class Engine:
+    def __init__(
+        self,
+        source: Source,
+        cfg: Config,
+        *,
+        metrics: Metrics | None = None,
+        node_getter: Callable[[], Probed[NodeObject]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.source = source
+        self.cfg = cfg
+        self.metrics = metrics or Metrics()
+        self.node_getter = node_getter
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.inputs: dict[str, Any] = {}
+        self.results: dict[str, CheckResult] = {}
+        self.result_at: dict[str, str] = {}
+        self.last_run: dict[str, float] = {}
+        self.next_due: dict[str, float] = dict.fromkeys(TIER_INPUTS, 0.0)  # first run at start
+        self.latches: dict[str, Latch] = {}
+        self.boot_id: str | None = source.boot_id()
+        self.rdma_previous: RdmaSample | None = None
+        self.taint_wanted = False
+        self.pass_streak = 0
+        self.last_status: Status | None = None
+        self.last_evaluated_at = ""
+        self.heartbeat = clock()
+        self.evaluations = 0
+        self._new_latches: list[Latch] = []
+        self._last_gpu_run_seen = -1.0
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, doc: dict[str, Any] | None) -> None:
+        """Take latches and the taint state back from the Node's results annotation (same boot only)."""
+        if not doc or not isinstance(doc, dict):
+            return
+        same_boot = bool(self.boot_id) and doc.get("bootId") == self.boot_id
+        if same_boot:
+            for item in doc.get("latched") or []:
+                try:
+                    latch = Latch(
+                        str(item["check"]),
+                        str(item["key"]),
+                        Severity.parse(str(item["severity"])),
+                        str(item["since"]),
+                        str(item["message"]),
+                    )
+                except (KeyError, TypeError, ValueError):
+                    continue
+                self.latches[latch.key] = latch
+        if doc.get("status") == Status.FAIL.value:
+            self.taint_wanted = True  # hysteresis survives a restart: recoverAfter passes are needed again
+        try:
+            self.last_status = Status(str(doc.get("status")))
+        except ValueError:
+            self.last_status = None
+        log.info("restored state from the Node", extra={"event": "restore", "status": doc.get("status")})
+        if same_boot and self.latches:
+            log.info(
+                f"restored {len(self.latches)} latched finding(s) of this boot", extra={"event": "restore"}
+            )
+
+    # ------------------------------------------------------------------ scheduling
+
+    def interval(self, tier: str) -> float:
+        return float(self.cfg.get(f"intervals.{TIER_INTERVAL[tier]}"))
+
+    def reschedule_all(self) -> None:
+        """After a config change: a shorter interval takes effect at once."""
+        for tier in TIER_INPUTS:
+            if tier in self.last_run:
+                self.next_due[tier] = min(self.next_due[tier], self.last_run[tier] + self.interval(tier))
+
+    def due_tiers(self, now: float) -> list[str]:
+        return [t for t, due in self.next_due.items() if due <= now]
+
+    def seconds_to_next(self, now: float) -> float:
+        return max(0.0, min(self.next_due.values()) - now)
+
+    # ------------------------------------------------------------------ running
+
+    def _read(self, name: str) -> Any:
+        reader = {
+            "gpus": self.source.gpus,
+            "kernel": self.source.kernel,
+            "rdma": self.source.rdma,
+            "topo": self.source.topo,
+            "nvlink": self.source.nvlink,
+        }[name]
+        try:
+            value = reader()
+        except Exception as exc:  # a probe bug must not stop the loop: record "could not look"
+            log.exception("probe failed", extra={"tier": name})
+            value = ProbeError(
+                name,
+                __import__("agent.probes.result", fromlist=["x"]).ProbeErrorKind.UNREADABLE,
+                f"internal error: {type(exc).__name__}: {exc}",
+            )
+        if isinstance(value, ProbeError):
+            self.metrics.probe_errors.labels(name, value.kind.value).inc()
+        return value
+
+    def run_tier(self, tier: str) -> list[CheckResult]:
+        started = self.clock()
+        if tier == "efa":
+            prev = self.inputs.get("rdma")
+            self.rdma_previous = prev if isinstance(prev, RdmaSample) else self.rdma_previous
+        for name in TIER_INPUTS[tier]:
+            self.inputs[name] = self._read(name)
+        if tier == "gpu":
+            boot = self.source.boot_id()
+            if boot and self.boot_id and boot != self.boot_id:
+                log.info(
+                    "boot id changed: latched findings of the old boot dropped", extra={"event": "reboot"}
+                )
+                self.latches.clear()
+            self.boot_id = boot or self.boot_id
+        specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
+        results = run_checks(specs, self.facts(), self.cfg)
+        stamp = now_iso()
+        for res in results:
+            self.results[res.name] = res
+            self.result_at[res.name] = stamp
+            self._latch(res, stamp)
+            log.debug(res.message, extra={"check": res.name, "status": res.status.value, "tier": tier})
+        for spec in CHECKS:  # a check switched off in config no longer counts
+            if not self.cfg.enabled(spec.name):
+                self.results.pop(spec.name, None)
+        self.metrics.record_results(results)
+        now = self.clock()
+        self.last_run[tier] = now
+        jitter = self.interval(tier) * float(self.cfg.get("jitterFraction")) * self.rng.random()
+        self.next_due[tier] = now + self.interval(tier) + jitter
+        self.metrics.tier_last_run.labels(tier).set(time.time())
+        self.metrics.tier_runs.labels(tier).inc()
+        log.info(
+            f"tier {tier}: {len(results)} check(s) in {(now - started) * 1000:.1f} ms",
+            extra={"tier": tier, "durationMs": round((now - started) * 1000, 1)},
+        )
+        return results
+
+    def facts(self) -> NodeFacts:
+        node: Probed[NodeObject] = self.node_getter() if self.node_getter else self.source.node()
+        itype, itype_source = resolve_instance_type(self.source, self.cfg, node, None)
+        gpus = self.inputs.get("gpus", NotCaptured("nvidia-smi"))
+        return NodeFacts(
+            instance_type=itype,
+            instance_type_source=itype_source,
+            profile=self.cfg.profiles.get(itype) if itype else None,
+            boot_id=self.boot_id,
+            gpus=gpus,
+            topo=self.inputs.get("topo", NotCaptured("nvidia-smi topo -m")),
+            nvlink=self.inputs.get("nvlink", NotCaptured("nvidia-smi nvlink -s")),
+            kernel=self.inputs.get("kernel", NotCaptured("kernel log")),
+            rdma=self.inputs.get("rdma", NotCaptured("sysfs infiniband")),
+            rdma_previous=self.rdma_previous,
+            node=node,
+        )
+
+    def _latch(self, res: CheckResult, stamp: str) -> list[Latch]:
+        new = []
+        for f in res.findings:
+            if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
+                latch = Latch(f.check, f.key, f.severity, stamp, f.message)
+                self.latches[f.key] = latch
+                new.append(latch)
+                if f.check == "xid" and f.key.startswith("xid/"):
+                    self.metrics.xid_total.labels(f.key.split("/")[1]).inc()
+        self._new_latches.extend(new)
+        return new
+
+    def clear_latches(self, keys: list[str] | None = None) -> int:
+        """An operator cleared latched findings (all when keys is None)."""
+        before = len(self.latches)
+        if keys is None:
+            self.latches.clear()
+        else:
+            for k in keys:
+                self.latches.pop(k, None)
+        return before - len(self.latches)
+
+    # ------------------------------------------------------------------ verdict
+
+    def current_results(self) -> list[CheckResult]:
+        """Latest results, with latched findings whose evidence is gone kept in their check."""
+        order = [s.name for s in CHECKS]
+        results = {name: res for name, res in self.results.items()}
+        for latch in self.latches.values():
+            res = results.get(latch.check) or CheckResult(latch.check)
+            if any(f.key == latch.key for f in res.findings):
+                continue
+            kept = Finding(
+                check=latch.check,
+                rule=f"{latch.check}.latched",
+                severity=latch.severity,
+                message=f"{latch.message} (latched since {latch.since})",
+                key=latch.key,
+                latched=True,
+            )
+            results[latch.check] = replace(res, findings=(*res.findings, kept))
+        return sorted(results.values(), key=lambda r: order.index(r.name) if r.name in order else len(order))
+
+    def evaluate(self) -> tuple[Verdict, Marks]:
+        results = self.current_results()
+        verdict = decide(results)
+        self.metrics.record_verdict(verdict.status, results)
+        # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
+        if verdict.status is Status.FAIL:
+            self.taint_wanted, self.pass_streak = True, 0
+        elif self.taint_wanted and self._gpu_cycle_completed():
+            self.pass_streak += 1
+            if self.pass_streak >= int(self.cfg.get("node.recoverAfter")):
+                self.taint_wanted, self.pass_streak = False, 0
+        self.metrics.tainted.set(1 if self.taint_wanted else 0)
+        events = self._events(verdict)
+        self.last_status = verdict.status
+        self.evaluations += 1
+        self.heartbeat = self.clock()
+        stamp = now_iso()
+        doc = results_document(
+            verdict,
+            checked_at=stamp,
+            boot_id=self.boot_id,
+            instance_type=self.facts_instance_type(),
+            latched=[latch.as_dict() for latch in self.latches.values()],
+            check_times=self.result_at,
+        )
+        cond_status, reason = CONDITION[verdict.status]
+        worst = verdict.worst
+        message = f"{verdict.status.value}: " + (
+            f"{worst.check}: {worst.message}"
+            if worst is not None and worst.severity > Severity.NONE
+            else "; ".join(f"{r.name}: {r.message}" for r in results if r.status is Status.UNKNOWN)
+            or "all checks passed"
+        )
+        marks = Marks(
+            status=verdict.status,
+            severity=verdict.severity,
+            results_json=encode(doc),
+            taint=self.taint_wanted,
+            condition_status=cond_status,
+            condition_reason=reason,
+            condition_message=message[:1024],
+            events=events,
+        )
+        return verdict, marks
+
+    def _gpu_cycle_completed(self) -> bool:
+        ran = self.last_run.get("gpu", -1.0)
+        if ran != self._last_gpu_run_seen:
+            self._last_gpu_run_seen = ran
+            return True
+        return False
+
+    def facts_instance_type(self) -> str | None:
+        node: Probed[NodeObject] = self.node_getter() if self.node_getter else self.source.node()
+        return resolve_instance_type(self.source, self.cfg, node, None)[0]
+
+    def _events(self, verdict: Verdict) -> tuple[NodeEvent, ...]:
+        events: list[NodeEvent] = []
+        if verdict.status is not self.last_status:
+            worst = verdict.worst
+            detail = f": {worst.check}: {worst.message}" if worst is not None else ""
+            was = self.last_status.value if self.last_status else "none"
+            kind = "Warning" if verdict.status in (Status.FAIL, Status.UNKNOWN) else "Normal"
+            events.append(
+                NodeEvent("GPUHealthChanged", f"{was} → {verdict.status.value}{detail}"[:1000], kind)
+            )
+        for latch in self._new_latches:
+            events.append(
+                NodeEvent("LatchedFinding", f"{latch.severity.label}: {latch.message}"[:1000], "Warning")
+            )
+        self._new_latches = []
+        return tuple(events)
+
+
+def fingerprint(marks: Marks) -> str:
+    """What makes a write necessary: everything but timestamps and durations."""
+    doc = json.loads(marks.results_json)
+    doc.pop("checkedAt", None)
+    for c in doc.get("checks", []):
+        c.pop("at", None)
+        c.pop("durationMs", None)
+    return "|".join(
+        (
+            marks.status.value,
+            marks.severity.label,
+            str(marks.taint),
+            marks.condition_status,
+            marks.condition_reason,
+            marks.condition_message,
+            encode(doc),
+        )
+    )

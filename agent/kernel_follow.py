@@ -1,0 +1,77 @@
+"""Follow the kernel log as it is written, so a new Xid reaches the Node in a fraction of a second.
+
+Live: a blocking read of /dev/kmsg from its end. Snapshot: the kmsg.log file is polled every 50 ms
+(tests append to it). Either way the follower only wakes the engine; the engine re-reads the log.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+TRIGGERS = (b"Xid", b"fallen off the bus", b"SXid")
+POLL_SECONDS = 0.05
+
+
+class KernelFollower(threading.Thread):
+    def __init__(self, path: Path, wake: threading.Event, *, device: bool) -> None:
+        super().__init__(name="kernel-follower", daemon=True)
+        self.path = path
+        self.wake = wake
+        self.device = device
+        self.stopped = threading.Event()
+        self.lines_seen = 0
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def run(self) -> None:
+        try:
+            self._follow_device() if self.device else self._follow_file()
+        except Exception:  # the follower must never take the agent down; the tier still polls
+            log.exception("kernel log follower stopped; Xids are still read on every gpu tier run")
+
+    def _hit(self, data: bytes) -> None:
+        self.lines_seen += data.count(b"\n")
+        if any(t in data for t in TRIGGERS):
+            self.wake.set()
+
+    def _follow_file(self) -> None:
+        offset = self.path.stat().st_size if self.path.exists() else 0
+        while not self.stopped.wait(POLL_SECONDS):
+            try:
+                size = self.path.stat().st_size
+            except OSError:
+                continue
+            if size < offset:  # truncated or replaced: start over
+                offset = 0
+                self.wake.set()
+            if size == offset:
+                continue
+            with self.path.open("rb") as fh:
+                fh.seek(offset)
+                data = fh.read(size - offset)
+            offset += len(data)
+            self._hit(data)
+
+    def _follow_device(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.lseek(fd, 0, os.SEEK_END)
+            while not self.stopped.is_set():
+                try:
+                    record = os.read(fd, 8192)  # one record per read; blocks until the next one
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:  # we fell behind and records were overwritten
+                        self.wake.set()
+                        continue
+                    raise
+                if not record:
+                    break
+                self._hit(record)
+        finally:
+            os.close(fd)
