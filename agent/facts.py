@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.dcgm.report import DiagReport, HealthReport
 from agent.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
 from agent.probes.result import NotCaptured, Probed
 from agent.profiles import InstanceProfile
@@ -22,3 +23,5 @@ class NodeFacts:
     rdma: Probed[RdmaSample] = NotCaptured("sysfs infiniband")
     rdma_previous: RdmaSample | None = None  # the agent's previous read, for counter rates
     node: Probed[NodeObject] = NotCaptured("node.json")
+    dcgm_diag: Probed[DiagReport] = NotCaptured("dcgm-diag.json")
+    dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")

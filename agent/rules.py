@@ -44,6 +44,15 @@ RULES: dict[str, tuple[Severity, str]] = {
     "efa.count": (ISO, "EFA device count differs from the profile"),
     "efa.port-down": (RB, "an EFA port is not ACTIVE"),
     "efa.counter-rate": (M, "an EFA error counter grows faster than its limit"),
+    "dcgm-diag.fail-isolate": (ISO, "a DCGM diag test failed with an ISOLATE-severity error"),
+    "dcgm-diag.fail-reset": (RS, "a DCGM diag test failed with a RESET-severity error"),
+    "dcgm-diag.fail": (
+        ISO,
+        "a DCGM diag test failed, no reset/isolate severity (TRIAGE, UNKNOWN, 3.x)",
+    ),
+    "dcgm-diag.warn": (M, "a DCGM diag test warned (or failed only with monitor/config-severity errors)"),
+    "dcgm-health.unlisted-fail": (RS, "a DCGM health FAIL incident not in config/dcgm-incidents.yaml"),
+    "dcgm-health.unlisted-warn": (M, "a DCGM health WARN incident not in config/dcgm-incidents.yaml"),
 }
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from agent.config import Config
+from agent.dcgm.diag_json import parse_dcgm_diag_json
+from agent.dcgm.report import DiagReport
 from agent.facts import NodeFacts
 from agent.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
 from agent.probes.command import CommandOutput, run_command
@@ -41,6 +43,7 @@ XML, TEXT, TOPO, NVLINK = (
     "nvidia-smi-nvlink-s.txt",
 )
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
+DCGM_DIAG = "dcgm-diag.json"
 COMMANDS: dict[str, list[str]] = {
     XML: ["nvidia-smi", "-q", "-x"],
     TOPO: ["nvidia-smi", "topo", "-m"],
@@ -68,6 +71,7 @@ class Source(Protocol):
     def kernel(self) -> Probed[KernelLog]: ...
     def rdma(self) -> Probed[RdmaSample]: ...
     def node(self) -> Probed[NodeObject]: ...
+    def dcgm_diag(self) -> Probed[DiagReport]: ...
     def boot_id(self) -> str | None: ...
     def instance_type(self) -> str | None: ...
 
@@ -139,6 +143,9 @@ class SnapshotSource:
 
     def node(self) -> Probed[NodeObject]:
         return parse_with(NODE, self.text(NODE), parse_node_json)
+
+    def dcgm_diag(self) -> Probed[DiagReport]:
+        return parse_with(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
 
     def _line(self, name: str) -> str | None:
         text = self.text(name)
@@ -235,6 +242,9 @@ class LiveSource:
             return NotCaptured("Node object (no API access)")
         return self.node_loader()
 
+    def dcgm_diag(self) -> Probed[DiagReport]:
+        return NotCaptured("dcgm diag (runs in the agent's dcgm-diag tier)")
+
     def boot_id(self) -> str | None:
         try:
             return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
@@ -299,4 +309,5 @@ def gather_facts(
         rdma=source.rdma() if only("rdma") else NotCaptured("sysfs infiniband"),
         rdma_previous=rdma_previous,
         node=node,
+        dcgm_diag=source.dcgm_diag() if only("dcgm_diag") else NotCaptured("dcgm-diag.json"),
     )

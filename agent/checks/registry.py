@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from agent.checks import CheckFn, efa, gpu, nvlink, topology, xid
+from agent.checks import CheckFn, dcgm, efa, gpu, nvlink, topology, xid
 from agent.config import Config
 from agent.facts import NodeFacts
 from agent.findings import CheckResult
@@ -36,6 +36,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("nvlink", nvlink.check_nvlink, ("nvlink",), "topology"),
     CheckSpec("topology", topology.check_topology, ("topo",), "topology"),
     CheckSpec("efa", efa.check_efa, ("rdma",), "efa"),
+    CheckSpec("dcgm-health", dcgm.check_dcgm_health, ("dcgm_health",), "dcgm-health"),
+    CheckSpec("dcgm-diag", dcgm.check_dcgm_diag, ("dcgm_diag",), "dcgm-diag"),
 )
 BY_NAME = {spec.name: spec for spec in CHECKS}
 

@@ -1,0 +1,159 @@
+"""The DCGM checks: `dcgm-diag` (the latest diagnostic run, latched) and `dcgm-health` (health watches).
+
+dcgm-diag: FAIL maps to the error's DCGM severity (ISOLATE → dcgm-diag.fail-isolate, RESET →
+dcgm-diag.fail-reset, anything else → dcgm-diag.fail), WARN → dcgm-diag.warn. A run that could not
+run, or a test that failed only with errors not tied to a GPU (an NVVS internal error), is `unknown`,
+never pass. dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
+"""
+
+from __future__ import annotations
+
+import re
+
+from agent.checks import input_gap
+from agent.config import Config
+from agent.dcgm.incidents import SINGLE_NODE_NVSWITCH, cached_incident_table, system_name
+from agent.dcgm.report import (
+    DCGM_ERROR_ISOLATE,
+    DCGM_ERROR_RESET,
+    DiagReport,
+    DiagResult,
+    DiagStatus,
+    HealthIncident,
+    HealthReport,
+)
+from agent.facts import NodeFacts
+from agent.findings import CheckResult, Finding
+from agent.severity import Severity
+
+DIAG, HEALTH = "dcgm-diag", "dcgm-health"
+MAX_TEXT = 200
+_ENTITY_GROUPS = {1: "GPU", 2: "VGPU", 3: "NVSwitch", 4: "GPU-I", 5: "GPU-CI", 6: "link", 7: "CPU"}
+
+
+def _slug(test: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", test.lower()).strip("-") or "test"
+
+
+def _entity(gpu: str) -> str:
+    if gpu == "all":
+        return "all GPUs"
+    return f"GPU {gpu}" if gpu.isdigit() else gpu
+
+
+def _diag_rule(r: DiagResult) -> str:
+    sevs = {e.severity for e in r.errors}
+    if DCGM_ERROR_ISOLATE in sevs:
+        return "dcgm-diag.fail-isolate"
+    if DCGM_ERROR_RESET in sevs:
+        return "dcgm-diag.fail-reset"
+    return "dcgm-diag.fail"
+
+
+def _why(r: DiagResult) -> str:
+    text = "; ".join(e.message for e in r.errors if e.message) or f"status {r.reported or r.status.value}"
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+
+
+def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
+    gap = input_gap(DIAG, facts.dcgm_diag)
+    if gap is not None:
+        return gap
+    report = facts.dcgm_diag
+    assert isinstance(report, DiagReport)
+    findings: list[Finding] = []
+    infra: list[str] = []
+    for r in report.results:
+        if r.status in (DiagStatus.PASS, DiagStatus.SKIP, DiagStatus.NOT_RUN):
+            continue
+        hardware = any(e.severity in (DCGM_ERROR_ISOLATE, DCGM_ERROR_RESET) for e in r.errors)
+        if r.gpu == "node" and not hardware:
+            infra.append(f"{r.test}: {_why(r)}")
+            continue
+        if r.status is DiagStatus.WARN:
+            rule, verb = "dcgm-diag.warn", "warned"
+        else:
+            rule, verb = _diag_rule(r), "failed"
+        where = _entity(r.gpu)
+        findings.append(
+            Finding(
+                check=DIAG,
+                rule=rule,
+                severity=cfg.severity(rule),
+                message=f"DCGM diag {r.test} {verb} on {where}: {_why(r)}",
+                entities=(where,),
+                key=f"dcgm-diag/{_slug(r.test)}/{r.gpu}",
+                latched=True,
+            )
+        )
+    findings = [f for f in findings if f.severity > Severity.NONE]
+    unknown = None
+    if report.runtime_error:
+        unknown = f"DCGM diag could not run: {report.runtime_error[:MAX_TEXT]}"
+    elif infra:
+        unknown = "DCGM diag failed with errors not tied to a GPU (retry): " + "; ".join(infra)[:MAX_TEXT]
+    elif not report.results:
+        unknown = "DCGM diag report holds no test results"
+    tested = report.gpus()
+    ran = {r.test for r in report.results if r.status is not DiagStatus.SKIP}
+    version = f" {report.version}" if report.version else ""
+    note = f"{len(ran)} test(s) on {len(tested) or 'all'} GPU(s) passed ({report.source}{version})"
+    return CheckResult(DIAG, findings=tuple(findings), unknown=unknown, note=note)
+
+
+def _health_entity(i: HealthIncident) -> str:
+    return f"{_ENTITY_GROUPS.get(i.entity_group, f'entity-group {i.entity_group}')} {i.entity_id}"
+
+
+def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
+    gap = input_gap(HEALTH, facts.dcgm_health)
+    if gap is not None:
+        return gap
+    report = facts.dcgm_health
+    assert isinstance(report, HealthReport)
+    from agent.config import default_config_dir
+
+    try:
+        table = cached_incident_table(str(default_config_dir())).with_overrides(
+            cfg.get("dcgm.incidentOverrides")
+        )
+    except (ValueError, OSError) as exc:
+        return CheckResult(HEALTH, unknown=f"DCGM incident table unusable: {exc}")
+    merged: dict[str, Finding] = {}
+    ignored = 0
+    for inc in report.incidents:
+        row = table.lookup(inc.system, inc.code)
+        if row is not None and SINGLE_NODE_NVSWITCH in row.ignore_on and report.single_node_nvswitch:
+            ignored += 1
+            continue
+        if row is not None:
+            rule, sev, name = f"dcgm-health.{row.system}.{row.code}", row.severity, row.name
+        else:
+            rule = "dcgm-health.unlisted-fail" if inc.health >= 20 else "dcgm-health.unlisted-warn"
+            sev, name = cfg.severity(rule), f"DCGM_FR code {inc.code}"
+        if sev <= Severity.NONE:
+            ignored += 1
+            continue
+        where = _health_entity(inc)
+        key = f"dcgm-health/{system_name(inc.system)}/{inc.code}/{inc.entity_group}-{inc.entity_id}"
+        msg = (inc.message or name).strip()
+        msg = msg if len(msg) <= MAX_TEXT else msg[: MAX_TEXT - 1] + "…"
+        if key in merged:  # several incidents of one kind on one entity: one finding
+            old = merged[key]
+            if msg not in old.message:
+                merged[key] = Finding(
+                    HEALTH, old.rule, old.severity, f"{old.message}; {msg}", old.entities, key
+                )
+            continue
+        merged[key] = Finding(
+            HEALTH,
+            rule,
+            sev,
+            f"DCGM health {system_name(inc.system)} on {where}: {name}: {msg}",
+            (where,),
+            key,
+        )
+    note = "DCGM health watches report no incident"
+    if ignored:
+        note += f" ({ignored} ignored by the incident table)"
+    return CheckResult(HEALTH, findings=tuple(merged.values()), note=note)

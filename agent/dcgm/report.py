@@ -1,0 +1,91 @@
+"""What the DCGM tiers produce: a diagnostic report and a health report (pure data, no DCGM import).
+
+Both the live API path (agent/dcgm/diag.py, health.py) and the snapshot path (`dcgmi diag -j` in
+dcgm-diag.json) produce these, so the checks judge one shape.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# dcgm_errors.py severities (dcgmErrorSeverity_t) and the one category we downgrade on.
+DCGM_ERROR_NONE, DCGM_ERROR_MONITOR, DCGM_ERROR_ISOLATE, DCGM_ERROR_UNKNOWN = 0, 1, 2, 3
+DCGM_ERROR_TRIAGE, DCGM_ERROR_CONFIG, DCGM_ERROR_RESET = 4, 5, 6
+DCGM_FR_EC_SOFTWARE_CONFIG = 3
+
+
+class DiagStatus(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"
+    SKIP = "skip"
+    NOT_RUN = "not-run"
+
+
+@dataclass(frozen=True)
+class DiagError:
+    """One error/warning of a test; code/category/severity: DCGM_FR_* / DCGM_FR_EC_* / DCGM_ERROR_*."""
+
+    message: str
+    code: int | None = None
+    category: int | None = None
+    severity: int | None = None
+
+
+@dataclass(frozen=True)
+class DiagResult:
+    """One test's verdict for one entity. gpu is the DCGM GPU id as text, or "all" (3.x results
+    without gpu_ids, which cover every GPU) or "node" (errors not tied to a GPU).
+
+    `reported` keeps what the tool said before any WARN downgrade ("Fail" for a -j WARN)."""
+
+    test: str
+    gpu: str
+    status: DiagStatus
+    category: str = ""
+    errors: tuple[DiagError, ...] = ()
+    info: tuple[str, ...] = ()
+    reported: str = ""
+
+
+@dataclass(frozen=True)
+class DiagReport:
+    """One diagnostic run. runtime_error: the run itself failed (then results may be empty).
+
+    source: "dcgmi diag -j (3.x)", "dcgmi diag -j (4.x)" or "DCGM API"."""
+
+    results: tuple[DiagResult, ...] = ()
+    source: str = ""
+    version: str | None = None
+    level: int | None = None
+    runtime_error: str | None = None
+    finished_at: float | None = None  # wall clock (time.time()) of the end of the run, when known
+    notes: tuple[str, ...] = ()  # how the parser read the document (downgrades, degraded input)
+
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.gpu for r in self.results if r.gpu not in ("all", "node")))
+
+
+@dataclass(frozen=True)
+class HealthIncident:
+    """One DCGM health incident: system bit (DCGM_HEALTH_WATCH_*), health 10 WARN / 20 FAIL,
+    DCGM_FR_* code, entity (group id 1 = GPU, 3 = NVSwitch)."""
+
+    system: int
+    health: int
+    code: int
+    message: str
+    entity_group: int = 1
+    entity_id: int = 0
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """One dcgmHealthCheck answer (overall 0 PASS / 10 WARN / 20 FAIL) plus facts the table needs."""
+
+    overall: int = 0
+    incidents: tuple[HealthIncident, ...] = ()
+    single_node_nvswitch: bool = False  # NVSwitch system without a multi-node NVLink domain (IMEX is noise)
+    polled_at: float | None = None
+    engine: str = ""  # the address we read it from
