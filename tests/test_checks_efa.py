@@ -102,7 +102,7 @@ def test_counter_reset_is_not_growth(tmp_path: Path) -> None:
     before = efa_sample(tmp_path / "a", taken_at=0.0, counters={"rdmap79s0": {"rx_drops": 10**9}})
     after = efa_sample(tmp_path / "b", taken_at=10.0)
     result = run(after, "p5.48xlarge", previous=before)
-    assert result.status == Status.PASS and "counter rates over 10 s within limits" in result.note
+    assert result.status == Status.PASS and "counter rates within limits" in result.note
 
 
 def test_severity_comes_from_config(tmp_path: Path) -> None:

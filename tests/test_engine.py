@@ -1,0 +1,174 @@
+"""The engine on a snapshot: latches per boot, restore after restart, hysteresis, config reload, follower."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config_dir, parse_config
+from agent.config_watch import ConfigWatcher
+from agent.engine import Engine, fingerprint
+from agent.kernel_follow import KernelFollower
+from agent.severity import Severity, Status
+from agent.sources import SnapshotSource
+
+ROOT = Path(__file__).parent.parent
+HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
+XID_LINE = (
+    "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', "
+    "name=<unknown>, GPU has fallen off the bus.\n"
+)
+
+
+@pytest.fixture
+def snap(tmp_path: Path) -> Path:
+    dest = tmp_path / "snap"
+    shutil.copytree(HEALTHY, dest, symlinks=True)
+    return dest
+
+
+def engine_for(snap: Path, **cfg_doc: object) -> Engine:
+    cfg = load_config_dir(ROOT / "config")
+    if cfg_doc:
+        base = parse_config(cfg_doc)
+        cfg = type(cfg)(
+            raw=base.raw,
+            profiles=cfg.profiles,
+            xid_catalog=cfg.xid_catalog,
+            severity_overrides=base.severity_overrides,
+        )
+    return Engine(SnapshotSource(snap), cfg)
+
+
+def run_all(engine: Engine) -> None:
+    for tier in ("gpu", "xid", "efa", "topology"):
+        engine.run_tier(tier)
+
+
+def test_healthy_snapshot_passes_without_taint(snap: Path) -> None:
+    eng = engine_for(snap)
+    run_all(eng)
+    verdict, marks = eng.evaluate()
+    assert verdict.status is Status.PASS and not marks.taint
+    assert marks.condition_status == "True" and marks.condition_reason == "AllChecksPassed"
+    assert json.loads(marks.results_json)["status"] == "pass"
+
+
+def test_an_appended_xid_latches_until_reboot(snap: Path) -> None:
+    eng = engine_for(snap)
+    run_all(eng)
+    eng.evaluate()
+    with (snap / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+    eng.run_tier("xid")
+    verdict, marks = eng.evaluate()
+    assert verdict.status is Status.FAIL and verdict.severity is Severity.REBOOT and marks.taint
+    assert [e.reason for e in marks.events] == ["GPUHealthChanged", "LatchedFinding"]
+    assert marks.condition_status == "False" and "Xid 79" in marks.condition_message
+    doc = json.loads(marks.results_json)
+    assert [item["key"] for item in doc["latched"]] == ["xid/79/0000:97:00.0"]
+
+    # The ring buffer rotates the line away: the latch keeps the node failing.
+    shutil.copy(HEALTHY / "kmsg.log", snap / "kmsg.log")
+    eng.run_tier("xid")
+    verdict, marks = eng.evaluate()
+    assert verdict.status is Status.FAIL and "latched since" in marks.condition_message
+    assert marks.events == ()  # nothing new to say
+
+    # A reboot (new boot id) drops the latch; the taint stays until recoverAfter passing gpu cycles.
+    (snap / "boot_id").write_text("another-boot\n")
+    eng.run_tier("gpu")
+    verdict, marks = eng.evaluate()
+    assert verdict.status is Status.PASS and eng.latches == {}
+    assert marks.taint, "hysteresis: one passing cycle is not enough"
+    for _ in range(2):
+        eng.run_tier("gpu")
+        _, marks = eng.evaluate()
+    assert not marks.taint
+
+
+def test_latches_are_restored_from_the_node_annotation_of_the_same_boot(snap: Path) -> None:
+    eng = engine_for(snap)
+    with (snap / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+    run_all(eng)
+    _, marks = eng.evaluate()
+    saved = json.loads(marks.results_json)
+
+    shutil.copy(HEALTHY / "kmsg.log", snap / "kmsg.log")  # the line is gone from the ring
+    restarted = engine_for(snap)
+    restarted.restore(saved)
+    run_all(restarted)
+    verdict, marks = restarted.evaluate()
+    assert verdict.status is Status.FAIL and marks.taint
+    assert "xid/79/0000:97:00.0" in restarted.latches
+
+    other_boot = dict(saved, bootId="some-other-boot")
+    fresh = engine_for(snap)
+    fresh.restore(other_boot)
+    assert fresh.latches == {}
+    assert fresh.taint_wanted  # the Node was failing: untaint only after recoverAfter passes
+
+
+def test_steady_state_marks_do_not_change(snap: Path) -> None:
+    eng = engine_for(snap)
+    run_all(eng)  # the first EFA read has no previous sample to compute counter rates from
+    eng.evaluate()
+    run_all(eng)
+    _, first = eng.evaluate()
+    run_all(eng)
+    _, second = eng.evaluate()
+    assert fingerprint(first) == fingerprint(second)
+
+
+def test_unreadable_kernel_log_makes_the_node_unknown_not_failed(snap: Path) -> None:
+    (snap / "kmsg.log").write_bytes(b"\x00" * 4096)
+    eng = engine_for(snap)
+    run_all(eng)
+    verdict, marks = eng.evaluate()
+    assert verdict.status is Status.UNKNOWN and not marks.taint
+    assert marks.condition_status == "Unknown" and "xid" in marks.condition_message
+
+
+def test_a_shorter_interval_takes_effect_at_once(snap: Path) -> None:
+    eng = engine_for(snap)
+    run_all(eng)
+    due_before = eng.next_due["gpu"]
+    eng.cfg = engine_for(snap, intervals={"gpu": 5}).cfg
+    eng.reschedule_all()
+    assert eng.next_due["gpu"] <= eng.last_run["gpu"] + 5 < due_before
+
+
+def test_config_watcher_accepts_good_and_rejects_bad_edits(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("intervals:\n  gpu: 60\n")
+    cfg = load_config_dir(tmp_path)
+    watcher = ConfigWatcher(tmp_path, cfg)
+    assert watcher.poll() is None
+    (tmp_path / "config.yaml").write_text("intervals:\n  gpu: 10\n")
+    outcome = watcher.poll()
+    assert outcome is not None and outcome.config is not None and outcome.config.get("intervals.gpu") == 10
+    (tmp_path / "config.yaml").write_text("intervals:\n  gpu: ten\n")
+    outcome = watcher.poll()
+    assert outcome is not None and outcome.config is None and "intervals.gpu" in (outcome.error or "")
+    assert watcher.current.get("intervals.gpu") == 10  # the last good config stays
+
+
+def test_the_follower_wakes_on_an_appended_xid_line(snap: Path) -> None:
+    wake = threading.Event()
+    follower = KernelFollower(snap / "kmsg.log", wake, device=False)
+    follower.start()
+    try:
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write("kern  :info  : 2025-01-21T03:12:40,0+00:00 eth0: link up\n")
+        assert not wake.wait(0.3)
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+        assert wake.wait(10)
+    finally:
+        follower.stop()
+        follower.join(2)
