@@ -222,11 +222,11 @@ def kube_core(kubeconfig: str | None) -> Any:
     from kubernetes import client, config
 
     if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
+        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
-        config.load_kube_config()
+        config.load_kube_config()  # type: ignore[no-untyped-call]
     return client.CoreV1Api()
 
 
