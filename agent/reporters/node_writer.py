@@ -570,6 +570,7 @@ class NodeWriter:
                 resp = self.core.create_namespaced_event(
                     self.event_namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
                 )
+                _ = resp.data  # drain before the connection goes back to the pool
                 resp.release_conn()
             except Exception as exc:
                 log.warning("node %s: posting Event %s failed: %s", self.node_name, ev.reason, _describe(exc))
