@@ -1,0 +1,143 @@
+"""The taint brake: its inequality (pure) and its hold across many writers on a real API server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from agent.reporters.brake import Brake, brake_decision
+from agent.reporters.marks import Marks
+from agent.reporters.node_writer import NodeWriter
+from agent.severity import Severity, Status
+from tests.kubeenv import unique_name
+
+P = "gpu-healthcheck"
+TAINT = f"{P}/unhealthy"
+
+
+def _marks(fail: bool) -> Marks:
+    status, sev = (Status.FAIL, Severity.RESET) if fail else (Status.PASS, Severity.NONE)
+    doc = {"version": 1, "status": status.value, "severity": sev.label, "checks": [], "latched": []}
+    return Marks(
+        status=status,
+        severity=sev,
+        results_json=json.dumps(doc),
+        taint=fail,
+        condition_status="False" if fail else "True",
+        condition_reason="GPUFailed" if fail else "AllChecksPassed",
+        condition_message="GPU 0: double-bit ECC error" if fail else "all checks passed",
+    )
+
+
+@pytest.mark.parametrize(
+    ("tainted", "total", "fraction", "max_nodes", "allowed"),
+    [
+        (0, 10, 0.2, 0, True),
+        (1, 10, 0.2, 0, True),
+        (2, 10, 0.2, 0, False),  # at the fraction: refuse
+        (3, 10, 0.2, 0, False),
+        (0, 3, 0.2, 0, True),  # small pool: the first failing node can still be tainted
+        (1, 3, 0.2, 0, False),
+        (2, 30, 0.1, 0, True),
+        (3, 30, 0.1, 0, False),  # exact arithmetic: 0.1 * 30 is 3, not 3.0000000000000004
+        (5, 100, 0.5, 5, False),  # the absolute cap bites first
+        (4, 100, 0.5, 5, True),
+        (50, 100, 1.0, 0, True),  # fraction 1: off
+        (0, 100, 0.0, 0, False),  # fraction 0: never a new taint
+        (0, 0, 0.2, 0, True),  # no GPU nodes counted (this node is counted as one)
+    ],
+)
+def test_brake_inequality(tainted: int, total: int, fraction: float, max_nodes: int, allowed: bool) -> None:
+    ok, reason = brake_decision(tainted, total, fraction, max_nodes)
+    assert ok is allowed
+    assert reason
+
+
+@pytest.fixture
+def core(kube: Any) -> Iterator[k8s.CoreV1Api]:
+    with kube.api_client() as api:
+        yield k8s.CoreV1Api(api)
+
+
+def _ours(core: k8s.CoreV1Api, name: str) -> bool:
+    return any(t.key == TAINT for t in core.read_node(name).spec.taints or ())
+
+
+@pytest.mark.kube
+def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    """10 GPU nodes, maxTaintedFraction 0.2: 5 fail, 2 are tainted, 3 labelled only (BrakeOpen);
+    when the 2 recover the brake closes and the others get tainted, never more than 2 at once."""
+    pool = unique_name("pool")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(10)]
+    writers = {
+        n: NodeWriter(core, n, brake=Brake(core, selector=selector, max_fraction=0.2, cache_seconds=0))
+        for n in names
+    }
+    failing = names[:5]
+    for n in names:
+        writers[n].apply(_marks(n in failing))
+    for _ in range(3):  # several cycles: nobody gets through once the brake is open
+        results = {n: writers[n].apply(_marks(True)) for n in failing}
+    tainted = [n for n in names if _ours(core, n)]
+    assert len(tainted) == 2
+    held = [n for n in failing if n not in tainted]
+    for n in held:
+        assert results[n].ok and results[n].brake_open and not results[n].tainted
+        labels = core.read_node(n).metadata.labels
+        assert labels[f"{P}/status"] == "fail" and f"{P}/tainted" not in labels  # labelled, not tainted
+        reasons = [
+            e.reason
+            for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
+        ]
+        assert reasons.count("BrakeOpen") == 1  # said once, not every cycle
+    st = writers[held[0]].brake.state  # type: ignore[union-attr]
+    assert st is not None and st.open and (st.tainted, st.total) == (2, 10)
+
+    for n in tainted:  # the two tainted nodes recover
+        assert not writers[n].apply(_marks(False)).tainted
+    for n in held:
+        writers[n].apply(_marks(True))
+        assert sum(_ours(core, m) for m in names) <= 2
+    now_tainted = [n for n in names if _ours(core, n)]
+    assert len(now_tainted) == 2 and set(now_tainted) <= set(held)
+    for n in now_tainted:
+        reasons = [
+            e.reason
+            for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
+        ]
+        assert "BrakeClosed" in reasons and "TaintAdded" in reasons
+
+
+@pytest.mark.kube
+def test_absolute_cap(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    pool = unique_name("cap")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(4)]
+    brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1)
+    res = [NodeWriter(core, n, brake=brake).apply(_marks(True)) for n in names]
+    assert [r.tainted for r in res] == [True, False, False, False]
+    assert all(r.brake_open for r in res[1:])
+    assert sum(_ours(core, n) for n in names) == 1
+
+
+@pytest.mark.kube
+def test_count_lists_metadata_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    """The count asks for PartialObjectMetadataList: no spec/status of 10,000 nodes on the wire."""
+    from agent.reporters.brake import METADATA_LIST_ACCEPT
+
+    pool = unique_name("meta")
+    name = gpu_node(labels={"test.example/pool": pool}).metadata.name
+    resp = core.list_node(
+        label_selector=f"test.example/pool={pool}",
+        _preload_content=False,
+        _headers={"Accept": METADATA_LIST_ACCEPT},
+    )
+    doc = json.loads(resp.data)
+    assert doc["kind"] == "PartialObjectMetadataList"
+    assert [i["metadata"]["name"] for i in doc["items"]] == [name] and "spec" not in doc["items"][0]
+    assert Brake(core, selector=f"test.example/pool={pool}").count() == (0, 1)
