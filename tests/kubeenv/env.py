@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import secrets
+import ssl
 import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -128,6 +133,36 @@ class KubeEnv:
         if check and proc.returncode != 0:
             raise KubectlError(proc.returncode, argv, proc.stdout, proc.stderr)
         return proc
+
+    def request(self, method: str, path: str, body: Any = None, *, query: Mapping[str, str] | None = None,
+                token: str | None = None, content_type: str = "application/json",
+                timeout: float = 30) -> tuple[int, Any]:
+        """A raw HTTPS call to the apiserver, as admin or with bearer *token*: no client-side
+        validation in the way. Returns (HTTP status, decoded JSON body — or text if not JSON)."""
+        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        req = urllib.request.Request(url, data=data, method=method.upper())
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        else:
+            assert self.plane.pki is not None
+            ctx.load_cert_chain(str(self.plane.pki.admin_cert), str(self.plane.pki.admin_key))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=ctx))
+        try:
+            with opener.open(req, timeout=timeout) as resp:
+                status, raw = int(resp.status), resp.read()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
 
     # -- objects --------------------------------------------------------------------------------
     def ensure_namespace(self, name: str) -> None:
