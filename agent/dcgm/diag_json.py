@@ -18,15 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.dcgm.report import (
-    DCGM_ERROR_CONFIG,
-    DCGM_ERROR_MONITOR,
-    DCGM_FR_EC_SOFTWARE_CONFIG,
-    DiagError,
-    DiagReport,
-    DiagResult,
-    DiagStatus,
-)
+from agent.dcgm.report import DiagError, DiagReport, DiagResult, DiagStatus, effective_status
 from agent.probes.result import ParseError
 
 V4_KEY, V3_KEY = "DCGM Diagnostic", "DCGM GPU Diagnostic"
@@ -43,7 +35,6 @@ _STATUS = {
     "not_run": DiagStatus.NOT_RUN,
     "notrun": DiagStatus.NOT_RUN,
 }
-_WARN_SEVERITIES = (DCGM_ERROR_MONITOR, DCGM_ERROR_CONFIG)
 
 
 def parse_dcgm_diag_json(text: str) -> DiagReport:
@@ -155,19 +146,11 @@ def _status(raw: Any, test: str) -> DiagStatus:
 
 
 def _judge(status: DiagStatus, errors: tuple[DiagError, ...], test: str, notes: list[str]) -> DiagStatus:
-    if status is DiagStatus.FAIL and errors and all(_is_warning(e) for e in errors):
-        notes.append(f"{test}: 'Fail' downgraded to warn (all errors have monitor/config severity)")
-        return DiagStatus.WARN
-    if status is DiagStatus.PASS and errors:
-        notes.append(f"{test}: 'Pass' with errors read as warn")
-        return DiagStatus.WARN
-    return status
-
-
-def _is_warning(err: DiagError) -> bool:
-    return err.severity in _WARN_SEVERITIES or (
-        err.severity is None and err.category == DCGM_FR_EC_SOFTWARE_CONFIG
-    )
+    final = effective_status(status, errors)
+    if final is not status:
+        why = "all errors have monitor/config severity" if status is DiagStatus.FAIL else "it carries errors"
+        notes.append(f"{test}: '{status.value}' read as {final.value} ({why})")
+    return final
 
 
 def _int(value: Any) -> int | None:

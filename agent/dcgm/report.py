@@ -33,6 +33,23 @@ class DiagError:
     severity: int | None = None
 
 
+def is_warning(err: DiagError) -> bool:
+    """An error that only asks for monitoring or a config change (dcgm.md §2.4)."""
+    return err.severity in (DCGM_ERROR_MONITOR, DCGM_ERROR_CONFIG) or (
+        err.severity is None and err.category == DCGM_FR_EC_SOFTWARE_CONFIG
+    )
+
+
+def effective_status(status: DiagStatus, errors: tuple[DiagError, ...]) -> DiagStatus:
+    """FAIL with only warning-class errors → WARN (dcgmi -j prints WARN as Fail); PASS with errors → WARN
+    (DCGM#284: memory PASS while reporting DCGM_FR_MEMORY_ALLOC)."""
+    if status is DiagStatus.FAIL and errors and all(is_warning(e) for e in errors):
+        return DiagStatus.WARN
+    if status is DiagStatus.PASS and errors:
+        return DiagStatus.WARN
+    return status
+
+
 @dataclass(frozen=True)
 class DiagResult:
     """One test's verdict for one entity. gpu is the DCGM GPU id as text, or "all" (3.x results

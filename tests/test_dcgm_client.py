@@ -1,0 +1,278 @@
+"""The DCGM client, health poller, diag runner and idle gate against a fake DCGM bindings package.
+
+The fake (tests/fakes/dcgm) is imported through agent.dcgm.bindings exactly like the real bindings.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
+from agent.config import parse_config
+from agent.dcgm.bindings import DEFAULT_DIRS, ENV, BindingsUnavailable, load_bindings
+from agent.dcgm.client import DcgmClient, EngineUnavailable
+from agent.dcgm.diag import DiagRunner
+from agent.dcgm.health import HealthPoller
+from agent.dcgm.idle import IdleGate
+from agent.dcgm.report import DiagReport, DiagStatus, HealthReport
+from agent.facts import NodeFacts
+from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
+from agent.severity import Severity, Status
+
+FIX = Path(__file__).parent / "fixtures" / "dcgm"
+FAKE = Path(__file__).parent / "fakes" / "dcgm"
+CFG = parse_config({})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.setenv(ENV, str(FAKE))
+    load_bindings()
+    import fake_engine  # type: ignore[import-not-found]
+
+    fake_engine.reset()
+    yield fake_engine
+    fake_engine.diag_release.set()
+    fake_engine.reset()
+
+
+def client(clock: Clock | None = None, grace: float = 120.0) -> DcgmClient:
+    return DcgmClient("nvidia-dcgm.gpu-healthcheck.svc:5555", 5.0, grace, clock=clock or Clock())
+
+
+def test_bindings_found_through_the_env_override_else_a_clear_error(engine: Any) -> None:
+    b = load_bindings({ENV: str(FAKE)})
+    assert b.path == str(FAKE) and hasattr(b.pydcgm, "DcgmHandle")
+    if not any(d.exists() for d in DEFAULT_DIRS):  # a machine with real DCGM would find them
+        with pytest.raises(BindingsUnavailable, match="not found"):
+            load_bindings({ENV: "/nonexistent"})
+
+
+def test_connects_to_the_address_with_timeout_and_never_embedded(engine: Any) -> None:
+    c = client()
+    c.handle()
+    assert engine.connects == [
+        {
+            "ipAddress": "nvidia-dcgm.gpu-healthcheck.svc:5555",
+            "timeoutMs": 5000,
+            "persistAfterDisconnect": False,
+        }
+    ]
+    assert c.state == "connected" and c.generation == 1
+    with pytest.raises(ValueError):
+        DcgmClient("  ")
+
+
+def test_unreachable_at_start_is_unknown_in_grace_then_unknown_with_reason(engine: Any) -> None:
+    engine.up = False
+    clock = Clock()
+    c = client(clock, grace=120)
+    poller = HealthPoller(c)
+    first = poller.poll()
+    assert isinstance(first, ProbeError) and first.kind is ProbeErrorKind.UNAVAILABLE
+    assert c.state == "starting" and "grace" in first.message
+    res = check_dcgm_health(NodeFacts(dcgm_health=first), CFG)
+    assert res.status is Status.UNKNOWN  # never fail
+    clock.now += 121
+    later = poller.poll()
+    assert isinstance(later, ProbeError) and c.state == "unreachable"
+    assert "unreachable" in later.message and "not valid" in later.message
+    assert check_dcgm_health(NodeFacts(dcgm_health=later), CFG).status is Status.UNKNOWN
+
+
+def test_engine_restart_rebuilds_groups_and_watches(engine: Any) -> None:
+    c = client()
+    poller = HealthPoller(c)
+    assert isinstance(poller.poll(), HealthReport)
+    assert engine.groups_created == 1 and len(engine.health_sets) == 1
+    engine.restart()  # old connection now answers -21
+    lost = poller.poll()
+    assert isinstance(lost, ProbeError) and c.state == "lost" and "reconnecting" in lost.message
+    engine.incidents = [
+        dict(system=0x10, health=20, code=4, msg="Detected 1 volatile DBE in GPU 1.", group=1, id=1)
+    ]
+    again = poller.poll()
+    assert isinstance(again, HealthReport) and c.generation == 2
+    assert engine.groups_created == 2 and len(engine.health_sets) == 2  # watches set again
+    assert [i.code for i in again.incidents] == [4]
+
+
+def test_health_watches_all_systems_and_incidents_map_through_the_table(engine: Any) -> None:
+    engine.gpus = [0, 1, 2]
+    engine.incidents = [
+        dict(system=0x2, health=20, code=14, msg="GPU 2's NvLink link 4 is currently down", group=1, id=2),
+        dict(
+            system=0x1, health=10, code=3, msg="Detected more than 8 PCIe replays per minute", group=1, id=0
+        ),
+    ]
+    poller = HealthPoller(client())
+    rep = poller.poll()
+    assert isinstance(rep, HealthReport)
+    mask, interval, keep = engine.health_sets[0]
+    assert mask == 0xFFFFFFFF and interval == 30_000_000 and keep == 600.0
+    res = check_dcgm_health(NodeFacts(dcgm_health=rep), CFG)
+    sev = {f.entities[0]: f.severity for f in res.findings}
+    assert sev == {"GPU 2": Severity.RESET, "GPU 0": Severity.MONITOR}
+    assert res.status is Status.FAIL and "NvLink link 4" in res.message
+
+
+def test_incidents_deduplicated_across_polls(engine: Any) -> None:
+    engine.incidents = [dict(system=0x10, health=20, code=4, msg="DBE", group=1, id=0)]
+    poller = HealthPoller(client())
+    poller.poll()
+    assert len(poller.new_keys) == 1
+    poller.poll()
+    assert poller.new_keys == ()  # the same incident again is not new
+    engine.incidents.append(dict(system=0x2, health=20, code=14, msg="down", group=1, id=1))
+    poller.poll()
+    assert len(poller.new_keys) == 1
+
+
+def test_imex_on_an_nvswitch_node_is_ignored(engine: Any) -> None:
+    engine.switches = [0, 1]
+    engine.incidents = [dict(system=0x2, health=20, code=122, msg="IMEX daemon status is -3", group=1, id=0)]
+    rep = HealthPoller(client()).poll()
+    assert isinstance(rep, HealthReport) and rep.single_node_nvswitch
+    assert check_dcgm_health(NodeFacts(dcgm_health=rep), CFG).status is Status.PASS
+
+
+# --------------------------------------------------------------------------- diag
+
+
+def runner(c: DcgmClient, gate: IdleGate | None = None, **kw: Any) -> DiagRunner:
+    return DiagRunner(c, gate or IdleGate(lambda: {0: 0, 1: 0}, lambda: []), **kw)
+
+
+def test_diag_runs_level_2_with_timeout_and_heartbeat_and_latches(engine: Any) -> None:
+    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json"))
+    r = runner(client(), level=2, timeout_s=900)
+    assert isinstance(r.latest, NotCaptured)
+    assert r.run_if_idle().idle
+    assert engine.diag_calls == [{"testNamesStr": "2", "timeout": 900, "heartbeat": True}]
+    rep = r.latest
+    assert isinstance(rep, DiagReport) and rep.source == "DCGM API" and rep.level == 2
+    st = {(x.test, x.gpu): x.status for x in rep.results}
+    assert st[("diagnostic", "3")] is DiagStatus.FAIL and st[("diagnostic", "0")] is DiagStatus.PASS
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG)
+    assert res.status is Status.FAIL and res.findings[0].rule == "dcgm-diag.fail-isolate"
+    assert "GPU 3" in res.findings[0].message
+    # latched: a later postponed run leaves the result in place
+    busy = runner(client(), IdleGate(lambda: {0: 1}, lambda: []))
+    busy.latest = rep
+    assert not busy.run_if_idle().idle and busy.latest is rep
+
+
+def test_diag_node_level_error_and_config_warning_from_the_api(engine: Any) -> None:
+    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-pcie-node-error-software-warn.json"))
+    r = runner(client())
+    r.run_if_idle()
+    rep = r.latest
+    assert isinstance(rep, DiagReport)
+    st = {(x.test, x.gpu): x.status for x in rep.results}
+    assert st[("pcie", "node")] is DiagStatus.FAIL
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG)
+    assert res.status is Status.UNKNOWN and "not tied to a GPU" in (res.unknown or "")
+
+
+def test_diag_past_its_timeout_is_unknown_and_heartbeats_stop(engine: Any) -> None:
+    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    engine.diag_hold.set()
+    c = client()
+    beat = threading.Event()
+    import dcgm_agent  # type: ignore[import-not-found]
+
+    real = dcgm_agent.dcgmDiagSendHeartbeat
+
+    def counting(handle: object) -> None:
+        real(handle)
+        beat.set()
+
+    dcgm_agent.dcgmDiagSendHeartbeat = counting
+    try:
+        r = DiagRunner(c, IdleGate(None, None), timeout_s=0.0, heartbeat_s=0.001, watchdog_margin_s=0.0)
+        # the watchdog gives up at once; wait until at least one heartbeat was sent by a held diag
+        done = threading.Thread(target=r.run_if_idle)
+        done.start()
+        done.join()
+    finally:
+        dcgm_agent.dcgmDiagSendHeartbeat = real
+    out = r.latest
+    assert isinstance(out, ProbeError) and out.kind is ProbeErrorKind.TIMEOUT
+    assert "did not finish" in out.message and not r.in_progress
+    assert c.state == "lost"  # the handle is dropped; the next run reconnects
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=out), CFG)
+    assert res.status is Status.UNKNOWN
+
+
+def test_diag_already_running_or_engine_down_is_unknown(engine: Any) -> None:
+    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    engine.diag_error = -39
+    r = runner(client())
+    r.run_if_idle()
+    assert isinstance(r.latest, ProbeError) and "already running" in r.latest.message
+    engine.up = False
+    r2 = runner(client())
+    r2.run_if_idle()
+    assert isinstance(r2.latest, ProbeError) and r2.latest.kind is ProbeErrorKind.UNAVAILABLE
+    assert check_dcgm_diag(NodeFacts(dcgm_diag=r2.latest), CFG).status is Status.UNKNOWN
+
+
+def test_diag_progress_is_visible_while_running(engine: Any) -> None:
+    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    engine.diag_hold.set()
+    r = runner(client(), timeout_s=30)
+    t = threading.Thread(target=r.run_if_idle)
+    t.start()
+    while not engine.diag_calls:
+        threading.Event().wait(0.001)
+    assert r.in_progress and "in progress" in r.progress()
+    engine.diag_release.set()
+    t.join()
+    assert not r.in_progress and isinstance(r.latest, DiagReport)
+    assert check_dcgm_diag(NodeFacts(dcgm_diag=r.latest), CFG).status is Status.PASS
+
+
+# --------------------------------------------------------------------------- idle gating
+
+
+def test_idle_gate_busy_gpu_blocks_the_diag(engine: Any) -> None:
+    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    r = runner(client(), IdleGate(lambda: {0: 0, 1: 2}, lambda: []))
+    v = r.run_if_idle()
+    assert not v.idle and "GPU(s) 1" in v.reason
+    assert engine.diag_calls == [] and "postponed" in r.progress()
+
+
+def test_idle_gate_gpu_pod_on_the_node_blocks_the_diag(engine: Any) -> None:
+    r = runner(client(), IdleGate(lambda: {0: 0}, lambda: ["team-a/train-0"]))
+    v = r.run_if_idle()
+    assert not v.idle and "team-a/train-0" in v.reason and engine.diag_calls == []
+
+
+def test_idle_gate_unreadable_means_busy() -> None:
+    def broken() -> dict[int, int]:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    v = IdleGate(broken, lambda: []).check()
+    assert not v.idle and "NVML" in v.reason
+    assert IdleGate(lambda: {0: 0}, lambda: []).check().idle
+
+
+def test_engine_unavailable_message_from_client(engine: Any) -> None:
+    engine.up = False
+    with pytest.raises(EngineUnavailable, match="not reachable yet"):
+        client().handle()
