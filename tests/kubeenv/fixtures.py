@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, NoReturn
 
 import pytest
 
 from .binaries import (
+    UNAVAILABLE,
     KubeBinaries,
     KubeUnavailable,
     build_binaries,
@@ -41,6 +42,7 @@ __all__ = [
     "kube_node_name",
     "pytest_collection_finish",
     "pytest_configure",
+    "pytest_runtest_makereport",
     "pytest_terminal_summary",
 ]
 
@@ -108,6 +110,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                                                             else ""))
     for line in lines:
         terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Report every "kube-apiserver not available" skip at one place, so ``-ra`` shows ONE line."""
+    rep: pytest.TestReport = yield
+    if rep.skipped and isinstance(rep.longrepr, tuple) and UNAVAILABLE in str(rep.longrepr[2]):
+        rep.longrepr = (__file__, _unavailable.__code__.co_firstlineno, rep.longrepr[2])
+    return rep
 
 
 def _unavailable(reason: str) -> NoReturn:
