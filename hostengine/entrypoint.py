@@ -1,0 +1,117 @@
+"""The node-local DCGM host engine container: nv-hostengine in the foreground, one per node.
+
+Runs `nv-hostengine -n -b <bind> -p <port> --log-level <level> -f -`, forwards its log lines to stdout,
+terminates it on SIGTERM/SIGINT, and refuses to start (exit 3, one clear log line) when another engine
+already serves this node: the port already accepts connections, or an nv-hostengine process is running
+(a second engine breaks the exporter's modules and splits the view of the GPUs, dcgm.md §7.4).
+Settings: flags, else env HOSTENGINE_BIND (ALL), HOSTENGINE_PORT (5555), HOSTENGINE_LOG_LEVEL (ERROR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+EXIT_ALREADY_SERVED = 3
+LEVELS = ("NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG")
+
+
+def log(msg: str) -> None:
+    print(f"hostengine: {msg}", flush=True)
+
+
+def port_answers(port: int, host: str = "127.0.0.1", timeout_s: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def running_engines(proc: Path = Path("/proc"), name: str = "nv-hostengine") -> list[int]:
+    """PIDs of processes named nv-hostengine (needs hostPID to see the host's; the pod's otherwise)."""
+    pids = []
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == name[:15]:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def build_command(binary: str, bind: str, port: int, level: str) -> list[str]:
+    return [binary, "-n", "-b", bind, "-p", str(port), "--log-level", level, "-f", "-"]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="python -m hostengine", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--bind", default=env.get("HOSTENGINE_BIND", "ALL"), help="-b of nv-hostengine (ALL, an IP)"
+    )
+    p.add_argument("--port", type=int, default=int(env.get("HOSTENGINE_PORT", "5555")))
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        default=env.get("HOSTENGINE_LOG_LEVEL", "ERROR").upper(),
+        choices=LEVELS,
+    )
+    p.add_argument("--binary", default=env.get("HOSTENGINE_BINARY", "nv-hostengine"))
+    p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if port_answers(args.port):
+        log(
+            f"refusing to start: something already answers on port {args.port} on this node "
+            "(another DCGM host engine?); point clients at it instead of starting a second engine"
+        )
+        return EXIT_ALREADY_SERVED
+    others = running_engines(Path(args.proc), Path(args.binary).name)
+    if others:
+        log(
+            "refusing to start: nv-hostengine already running on this node "
+            f"(pid {', '.join(map(str, others))})"
+        )
+        return EXIT_ALREADY_SERVED
+    cmd = build_command(args.binary, args.bind, args.port, args.log_level)
+    log(f"starting: {' '.join(cmd)}")
+    try:
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    except OSError as exc:
+        log(f"cannot start {args.binary}: {exc.strerror or exc}")
+        return 127
+    stopping = False
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        log(f"signal {signal.Signals(signum).name}: stopping nv-hostengine (pid {child.pid})")
+        child.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    assert child.stdout is not None
+    for line in child.stdout:  # forward the engine's log
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    try:
+        rc = child.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        rc = child.wait()
+    log(f"nv-hostengine exited with {rc}")
+    return 0 if stopping else (rc if rc > 0 else 1)
