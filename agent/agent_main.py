@@ -278,7 +278,7 @@ def main(args: Any) -> int:
         )
 
         def node_getter() -> Probed[NodeObject]:
-            current = writer.current_node() if hasattr(writer, "current_node") else None
+            current = writer.node
             if current is None:
                 return NotCaptured("Node object (not read yet)")
             return node_from_dict(current)

@@ -1,0 +1,160 @@
+"""The agent process end to end against a real kube-apiserver, on a snapshot-backed node."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.kube
+
+ROOT = Path(__file__).parent.parent
+HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+XID_LINE = (
+    "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', "
+    "name=<unknown>, GPU has fallen off the bus.\n"
+)
+TAINT = "gpu-healthcheck/unhealthy"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what or predicate}")
+
+
+class AgentProcess:
+    def __init__(self, kube: Any, node: str, snap: Path, config_dir: Path, log: Path) -> None:
+        self.log = log
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "agent",
+                "--node",
+                node,
+                "--from-snapshot",
+                str(snap),
+                "--kubeconfig",
+                str(kube.kubeconfig),
+                "--config-dir",
+                str(config_dir),
+                "--metrics-port",
+                "0",
+            ],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
+
+    def stop(self, sig: int = signal.SIGTERM) -> float:
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return time.monotonic() - started
+
+
+@pytest.fixture
+def world(kube: Any, gpu_node: Callable[..., Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text("intervals:\n  gpu: 30\n")
+    agent = AgentProcess(kube, node, snap, cfg, tmp_path / "agent.log")
+    yield {"node": node, "snap": snap, "cfg": cfg, "agent": agent, "core": kube.api_client(), "kube": kube}
+    agent.stop(signal.SIGKILL)
+    if agent.proc.returncode not in (0, -9):
+        print((tmp_path / "agent.log").read_text()[-4000:])
+
+
+def node_dict(world: dict[str, Any]) -> dict[str, Any]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(world["core"])
+    obj = core.read_node(world["node"])
+    return world["core"].sanitize_for_serialization(obj)  # type: ignore[no-any-return]
+
+
+def our_taint(node: dict[str, Any]) -> dict[str, Any] | None:
+    return next((t for t in node["spec"].get("taints") or [] if t["key"] == TAINT), None)
+
+
+def events(world: dict[str, Any]) -> list[str]:
+    out = (
+        world["kube"]
+        .kubectl(
+            "get", "events", "-A", "--field-selector", f"involvedObject.name={world['node']}", "-o", "json"
+        )
+        .stdout
+    )
+    return [e["reason"] for e in json.loads(out)["items"]]
+
+
+def test_contract_xid_taint_sigterm(world: dict[str, Any]) -> None:
+    labels = wait_for(
+        lambda: (
+            node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status") == "pass"
+            and node_dict(world)["metadata"]["labels"]
+        ),
+        what="status=pass",
+    )
+    assert labels["gpu-healthcheck/severity"] == "none"
+    node = node_dict(world)
+    assert our_taint(node) is None
+    doc = json.loads(node["metadata"]["annotations"]["gpu-healthcheck/results"])
+    assert doc["status"] == "pass" and doc["instanceType"] == "p5.48xlarge"
+    cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+    assert cond["status"] == "True"
+    assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"  # the fixture's labels survive
+
+    # A kernel Xid 79 line taints the node without waiting for the 30 s tier interval.
+    with (world["snap"] / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+    taint = wait_for(lambda: our_taint(node_dict(world)), timeout=15, what="taint after Xid 79")
+    assert taint["value"] == "reboot" and taint["effect"] == "NoSchedule"
+    node = node_dict(world)
+    assert node["metadata"]["labels"]["gpu-healthcheck/status"] == "fail"
+    cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+    assert cond["status"] == "False" and "Xid 79" in cond["message"]
+    wait_for(lambda: "LatchedFinding" in events(world), what="LatchedFinding event")
+
+    # SIGTERM: the agent exits quickly and leaves the taint in place.
+    seconds = world["agent"].stop()
+    assert world["agent"].proc.returncode == 0 and seconds < 5
+    assert our_taint(node_dict(world)) is not None
+
+
+def test_config_reload_and_rejection(world: dict[str, Any]) -> None:
+    wait_for(
+        lambda: node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status"), what="first verdict"
+    )
+    (world["cfg"] / "config.yaml").write_text("intervals:\n  gpu: 5\n")
+    wait_for(lambda: "ConfigReloaded" in events(world), what="ConfigReloaded")
+    (world["cfg"] / "config.yaml").write_text("intervals:\n  gpu: soon\n")
+    wait_for(lambda: "ConfigRejected" in events(world), what="ConfigRejected")
+    assert world["agent"].proc.poll() is None  # a bad edit never stops the agent
+    log = world["agent"].log.read_text()
+    assert "config rejected" in log and "intervals.gpu" in log
