@@ -431,7 +431,9 @@ class NodeWriter:
                             if _api_status(exc) == 409:
                                 conflicts += 1
                                 self._note("node", "conflict")
-                                raise _Conflict() from exc
+                                raise _Conflict(
+                                    f"409 Conflict: the Node kept changing ({CONFLICT_ATTEMPTS} attempts)"
+                                ) from exc
                             self._note("node", "error")
                             raise
                         node_writes += 1
