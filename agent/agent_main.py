@@ -151,8 +151,9 @@ class Agent:
             self.last_fingerprint, self.pending_events = fp, []
             return
         result = self.writer.apply(marks)
+        self.pending_events = []  # the writer keeps unsent Events and posts them with its next success
         if bool(getattr(result, "ok", True)):
-            self.last_fingerprint, self.pending_events = fp, []
+            self.last_fingerprint = fp
             self.retry_at, self.retry_delay = 0.0, 1.0
             self.metrics.brake_open.set(1 if getattr(result, "brake_open", False) else 0)
         else:

@@ -158,3 +158,47 @@ def test_config_reload_and_rejection(world: dict[str, Any]) -> None:
     assert world["agent"].proc.poll() is None  # a bad edit never stops the agent
     log = world["agent"].log.read_text()
     assert "config rejected" in log and "intervals.gpu" in log
+
+
+def test_an_api_outage_mid_run_converges_after_it_ends(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    from urllib.parse import urlparse
+
+    import yaml
+
+    from tests.tcp_proxy import CuttableProxy
+
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    url = urlparse(kube.url)
+    proxy = CuttableProxy(url.hostname or "127.0.0.1", url.port or 443)
+    kubeconfig = yaml.safe_load(Path(kube.kubeconfig).read_text())
+    for cluster in kubeconfig["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    proxied = tmp_path / "proxied.kubeconfig"
+    proxied.write_text(yaml.safe_dump(kubeconfig))
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    proxy_kube = type("K", (), {"kubeconfig": proxied})()
+    agent = AgentProcess(proxy_kube, node, snap, cfg, tmp_path / "agent.log")
+    world = {"node": node, "core": kube.api_client(), "kube": kube}
+    try:
+        wait_for(
+            lambda: node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status") == "pass",
+            what="first verdict",
+        )
+        proxy.cut()
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+        time.sleep(3)  # the agent sees the Xid while the API server is unreachable
+        assert agent.proc.poll() is None, "the agent must survive an API outage"
+        assert our_taint(node_dict(world)) is None
+        proxy.resume()
+        taint = wait_for(lambda: our_taint(node_dict(world)), timeout=60, what="taint after the outage")
+        assert taint["value"] == "reboot"
+        assert "Node write failed" in agent.log.read_text()
+    finally:
+        agent.stop(signal.SIGKILL)
+        proxy.close()
