@@ -22,7 +22,7 @@ DEFAULT = Path(__file__).resolve().parent.parent / "examples" / "snapshots" / "p
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:
@@ -39,13 +39,18 @@ def main() -> None:
         t1 = time.process_time()
         results = run_checks(CHECKS, facts, cfg)
         t2 = time.process_time()
-        results_document(decide(results), checked_at="x", boot_id=facts.boot_id, instance_type=facts.instance_type)
+        results_document(
+            decide(results), checked_at="x", boot_id=facts.boot_id, instance_type=facts.instance_type
+        )
         t3 = time.process_time()
         if i == 0:
             continue  # warm-up: imports, regex compilation, page cache
         for name, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t3 - t0), strict=True):
             phases[name].append(value * 1000.0)
-    print(f"snapshot: {args.snapshot}  runs: {args.runs}  python {platform.python_version()}  {platform.machine()}")
+    print(
+        f"snapshot: {args.snapshot}  runs: {args.runs}  "
+        f"python {platform.python_version()}  {platform.machine()}"
+    )
     print(f"{'phase':<14} {'median ms':>10} {'p95 ms':>8} {'max ms':>8}")
     for name, values in phases.items():
         print(f"{name:<14} {statistics.median(values):>10.2f} {pct(values, 0.95):>8.2f} {max(values):>8.2f}")
