@@ -35,8 +35,8 @@ def free_port() -> int:
 FAKE_ENGINE = """#!{py}
 import signal, sys, time
 print("fake nv-hostengine args: " + " ".join(sys.argv[1:]), flush=True)
-print("Started host engine version 4.6.0 using port number: 5555", flush=True)
 signal.signal(signal.SIGTERM, lambda *a: (print("fake engine: got SIGTERM", flush=True), sys.exit(0)))
+print("Started host engine version 4.6.0 using port number: 5555", flush=True)
 while True:
     time.sleep(0.05)
 """

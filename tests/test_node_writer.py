@@ -502,7 +502,10 @@ def test_watch_relists_after_node_recreated_and_read_results(
         wait_for(lambda: w.node is None, "the watch to see the delete")
         kube.make_gpu_node(kube_node_name)
         wait_for(lambda: w.node is not None, "the watch to see the new Node")
-        assert w.read_results() is None
+        # The recreated Node starts bare; the watch may already have restored our taint onto it
+        # (the last Marks still fail), so read_results is either None or our own document again.
+        again = w.read_results()
+        assert again is None or again["status"] == "fail"
         assert w.apply(PASS).wrote
     finally:
         w.stop()
