@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--selector", default="nvidia.com/gpu.present=true")
     st.add_argument("--prefix", default="gpu-healthcheck")
 
+    inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
+    inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    km = inj_sub.add_parser("kmsg", help="write a realistic NVRM Xid line into the kernel log")
+    km.add_argument("--xid", type=int, required=True)
+    km.add_argument("--gpu", required=True, metavar="PCI_ID", help="e.g. 0000:53:00.0")
+    km.add_argument("--kmsg", default="/dev/kmsg")
+    km.add_argument("--yes", action="store_true", help="required: every reader of the kernel log sees it")
+
     sub.add_parser("rules", help="list the severity rules and their defaults")
     return p
 
@@ -143,6 +151,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inject(args: argparse.Namespace) -> int:
+    from agent.inject_kmsg import InjectRefused, write_xid_line
+
+    try:
+        line = write_xid_line(args.kmsg, args.xid, args.gpu, args.yes)
+    except InjectRefused as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        print(f"gpu-healthcheck: cannot write {args.kmsg}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"wrote: {line}")
+    return 0
+
+
 def cmd_rules(_: argparse.Namespace) -> int:
     for rule, (sev, text) in RULES.items():
         print(f"{rule:<34} {sev.label:<8} {text}")
@@ -156,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "snapshot": cmd_snapshot,
         "agent": cmd_agent,
         "status": cmd_status,
+        "inject": cmd_inject,
         "rules": cmd_rules,
     }
     try:

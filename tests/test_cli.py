@@ -149,3 +149,16 @@ def test_demo_runs() -> None:
     proc = subprocess.run([sys.executable, "-m", "agent.demo"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "status=pass" in proc.stdout and "status=fail severity=reboot" in proc.stdout
+
+
+def test_inject_kmsg_needs_yes_and_writes_a_line_our_parser_reads(tmp_path: Path) -> None:
+    from agent.probes.kernel_log import parse_kernel_log
+    from agent.xid import extract_xids
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    assert main(["inject", "kmsg", "--xid", "79", "--gpu", "0000:53:00.0", "--kmsg", str(kmsg)]) == 64
+    assert kmsg.read_text() == ""
+    assert main(["inject", "kmsg", "--xid", "79", "--gpu", "0000:53:00.0", "--kmsg", str(kmsg), "--yes"]) == 0
+    events = extract_xids(parse_kernel_log(kmsg.read_text()))
+    assert [(e.code, e.pci) for e in events] == [(79, "00000000:53:00.0")]
