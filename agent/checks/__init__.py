@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from agent.config import Config
 from agent.facts import NodeFacts
-from agent.findings import CheckResult
+from agent.findings import CheckResult, Finding
 from agent.probes.result import NotCaptured, ProbeError
 
 CheckFn = Callable[[NodeFacts, Config], CheckResult]
@@ -21,3 +21,17 @@ def input_gap(name: str, probed: object) -> CheckResult | None:
     if isinstance(probed, ProbeError):
         return CheckResult(name, unknown=f"could not read {probed.source}: {probed.message}")
     return None
+
+
+def rule_finding(
+    cfg: Config, check: str, rule: str, message: str, entities: tuple[str, ...] = (), key: str = ""
+) -> Finding:
+    """A level-triggered finding whose severity is the configured one for `rule`; key `rule/<key>`."""
+    return Finding(
+        check=check,
+        rule=rule,
+        severity=cfg.severity(rule),
+        message=message,
+        entities=entities,
+        key=f"{rule}/{key}" if key else rule,
+    )

@@ -6,7 +6,7 @@ links down halves the bandwidth and usually clears with a GPU reset.
 
 from __future__ import annotations
 
-from agent.checks import input_gap
+from agent.checks import input_gap, rule_finding
 from agent.config import Config
 from agent.facts import NodeFacts
 from agent.findings import CheckResult, Finding
@@ -21,9 +21,7 @@ def _finding(cfg: Config, rule: str, message: str, gpu: NvlinkGpu | None) -> Fin
     if gpu is not None:
         entities = tuple(e for e in (f"GPU {gpu.index}", gpu.uuid) if e)
         key = f"{rule}/{gpu.uuid or gpu.index}"
-    return Finding(
-        check=NAME, rule=rule, severity=cfg.severity(rule), message=message, entities=entities, key=key
-    )
+    return rule_finding(cfg, NAME, rule, message, entities, key.removeprefix(rule).lstrip("/"))
 
 
 def _judge(cfg: Config, gpu: NvlinkGpu, expected: int | None) -> Finding | None:

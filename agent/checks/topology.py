@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from agent.checks import input_gap
+from agent.checks import input_gap, rule_finding
 from agent.config import Config
 from agent.facts import NodeFacts
 from agent.findings import CheckResult, Finding
@@ -24,14 +24,7 @@ _ALIASES = {"SOC": "SYS"}
 
 
 def _finding(cfg: Config, rule: str, message: str, entities: tuple[str, ...], key: str) -> Finding:
-    return Finding(
-        check=NAME,
-        rule=rule,
-        severity=cfg.severity(rule),
-        message=message,
-        entities=entities,
-        key=f"{rule}/{key}",
-    )
+    return rule_finding(cfg, NAME, rule, message, entities, key)
 
 
 def _rank(cell: str) -> int | None:
