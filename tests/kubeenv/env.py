@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -83,9 +84,12 @@ class KubeEnv:
     def workdir(self) -> Path:
         return self.plane.workdir
 
-    @property
+    @functools.cached_property
     def version(self) -> str:
-        return pinned_k8s_version() if self.binaries.source == "built" else "unknown"
+        """The kube-apiserver's version, e.g. ``v1.34.4``."""
+        out = subprocess.run([str(self.binaries.kube_apiserver), "--version"], capture_output=True,
+                             text=True, check=False).stdout.split()
+        return out[-1] if out and out[-1].startswith("v") else pinned_k8s_version()
 
     @property
     def start_seconds(self) -> float:
@@ -121,22 +125,37 @@ class KubeEnv:
         path = path or self.workdir / "kubeconfigs" / f"token-{next(self._kubeconfig_seq)}.kubeconfig"
         return write_kubeconfig(path, server=self.url, ca_cert=self.ca_cert, user={"token": token})
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, check: bool = True,
-                input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        check: bool = True,
+        input: str | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the real kubectl (admin kubeconfig unless *kubeconfig*); raises KubectlError if *check*
         and it exits non-zero."""
         argv = [str(self.binaries.kubectl), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         env["HOME"] = str(self.workdir / "home")
-        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout,
-                              env=env, check=False)
+        proc = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
         if check and proc.returncode != 0:
             raise KubectlError(proc.returncode, argv, proc.stdout, proc.stderr)
         return proc
 
-    def request(self, method: str, path: str, body: Any = None, *, query: Mapping[str, str] | None = None,
-                token: str | None = None, content_type: str = "application/json",
-                timeout: float = 30) -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        token: str | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30,
+    ) -> tuple[int, Any]:
         """A raw HTTPS call to the apiserver, as admin or with bearer *token*: no client-side
         validation in the way. Returns (HTTP status, decoded JSON body — or text if not JSON)."""
         url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
@@ -151,8 +170,9 @@ class KubeEnv:
         else:
             assert self.plane.pki is not None
             ctx.load_cert_chain(str(self.plane.pki.admin_cert), str(self.plane.pki.admin_key))
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                             urllib.request.HTTPSHandler(context=ctx))
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+        )
         try:
             with opener.open(req, timeout=timeout) as resp:
                 status, raw = int(resp.status), resp.read()
@@ -180,14 +200,22 @@ class KubeEnv:
         with self.api_client() as api:
             try:
                 k8s.CoreV1Api(api).create_namespaced_service_account(
-                    namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=name)))
+                    namespace, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=name))
+                )
             except k8s.ApiException as exc:
                 if exc.status != 409:
                     raise
 
-    def token_for(self, namespace: str, service_account: str, *, bound_node: str | None = None,
-                  expiration: int = 3600, audiences: Sequence[str] | None = None,
-                  create: bool = True) -> str:
+    def token_for(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        bound_node: str | None = None,
+        expiration: int = 3600,
+        audiences: Sequence[str] | None = None,
+        create: bool = True,
+    ) -> str:
         """Mint a token for ServiceAccount *namespace*/*service_account* with the TokenRequest API.
 
         With *bound_node* the token is bound to that Node object (it must exist): its claims carry
@@ -202,17 +230,28 @@ class KubeEnv:
             if bound_node is not None:
                 node = core.read_node(bound_node)
                 spec.bound_object_ref = k8s.V1BoundObjectReference(
-                    kind="Node", api_version="v1", name=bound_node,
-                    uid=node.metadata.uid if node.metadata else None)
+                    kind="Node",
+                    api_version="v1",
+                    name=bound_node,
+                    uid=node.metadata.uid if node.metadata else None,
+                )
             resp = core.create_namespaced_service_account_token(
-                service_account, namespace, k8s.AuthenticationV1TokenRequest(spec=spec))
+                service_account, namespace, k8s.AuthenticationV1TokenRequest(spec=spec)
+            )
             assert resp.status is not None and resp.status.token
             return str(resp.status.token)
 
-    def make_gpu_node(self, name: str, instance_type: str = "p5.48xlarge", gpus: int = 8,
-                      labels: Mapping[str, str] | None = None,
-                      taints: Iterable[Mapping[str, str]] | None = None, *, ready: bool = True,
-                      capacity: Mapping[str, str] | None = None) -> Any:
+    def make_gpu_node(
+        self,
+        name: str,
+        instance_type: str = "p5.48xlarge",
+        gpus: int = 8,
+        labels: Mapping[str, str] | None = None,
+        taints: Iterable[Mapping[str, str]] | None = None,
+        *,
+        ready: bool = True,
+        capacity: Mapping[str, str] | None = None,
+    ) -> Any:
         """Create a Node that looks like a GPU node (GFD/NFD labels, ``nvidia.com/gpu`` capacity and
         allocatable set through the status subresource, a Ready condition). Returns the V1Node.
 
@@ -229,14 +268,28 @@ class KubeEnv:
             "nvidia.com/gpu.product": GPU_PRODUCTS.get(instance_type, "NVIDIA-H100-80GB-HBM3"),
             **(labels or {}),
         }
-        body: dict[str, Any] = {"metadata": {"name": name, "labels": all_labels},
-                                "spec": {"taints": [dict(t) for t in taints or ()]}}
-        res = {"cpu": "192", "memory": "2097152Mi", "pods": "110", "ephemeral-storage": "7500Gi",
-               "nvidia.com/gpu": str(gpus), **(capacity or {})}
+        body: dict[str, Any] = {
+            "metadata": {"name": name, "labels": all_labels},
+            "spec": {"taints": [dict(t) for t in taints or ()]},
+        }
+        res = {
+            "cpu": "192",
+            "memory": "2097152Mi",
+            "pods": "110",
+            "ephemeral-storage": "7500Gi",
+            "nvidia.com/gpu": str(gpus),
+            **(capacity or {}),
+        }
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         conditions = [
-            {"type": t, "status": s, "reason": r, "message": "set by the test fixture",
-             "lastHeartbeatTime": now, "lastTransitionTime": now}
+            {
+                "type": t,
+                "status": s,
+                "reason": r,
+                "message": "set by the test fixture",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
             for t, s, r in (
                 ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
                 ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
@@ -244,14 +297,26 @@ class KubeEnv:
                 ("Ready", "True" if ready else "False", "KubeletReady" if ready else "KubeletNotReady"),
             )
         ]
-        status = {"status": {
-            "capacity": res, "allocatable": res, "conditions": conditions,
-            "addresses": [{"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": self.version, "kubeProxyVersion": "", "osImage": "test",
-                         "kernelVersion": "6.8.0", "operatingSystem": "linux", "architecture": "amd64",
-                         "containerRuntimeVersion": "containerd://2.0.0", "machineID": "",
-                         "systemUUID": "", "bootID": ""},
-        }}
+        status = {
+            "status": {
+                "capacity": res,
+                "allocatable": res,
+                "conditions": conditions,
+                "addresses": [{"type": "Hostname", "address": name}],
+                "nodeInfo": {
+                    "kubeletVersion": self.version,
+                    "kubeProxyVersion": "",
+                    "osImage": "test",
+                    "kernelVersion": "6.8.0",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                    "containerRuntimeVersion": "containerd://2.0.0",
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                },
+            }
+        }
         with self.api_client() as api:
             core = k8s.CoreV1Api(api)
             core.create_node(_raw(body))

@@ -83,8 +83,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
     capman = config.pluginmanager.get_plugin("capturemanager")
     if tr is not None:
-        tr.write_line("kube tests selected: building etcd, kube-apiserver, kube-controller-manager and "
-                      "kubectl from the Go module proxy (one-off per machine) ...", yellow=True)
+        tr.write_line(
+            "kube tests selected: building etcd, kube-apiserver, kube-controller-manager and "
+            "kubectl from the Go module proxy (one-off per machine) ...",
+            yellow=True,
+        )
     t0 = time.monotonic()
     try:
         if capman is not None:
@@ -105,9 +108,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     env = config.stash.get(_ENV, None)
     if env is not None:
         cm = env.plane.controller_manager_start_seconds
-        lines.append(f"kube: etcd + kube-apiserver {env.version} ({env.binaries.source}, {env.binaries.dir}) "
-                     f"ready in {env.start_seconds:.1f}s" + (f"; kube-controller-manager in {cm:.1f}s" if cm
-                                                            else ""))
+        lines.append(
+            f"kube: etcd + kube-apiserver {env.version} ({env.binaries.source}, {env.binaries.dir}) "
+            f"ready in {env.start_seconds:.1f}s" + (f"; kube-controller-manager in {cm:.1f}s" if cm else "")
+        )
     for line in lines:
         terminalreporter.write_line(line)
 
@@ -125,8 +129,9 @@ def pytest_runtest_makereport(
 
 def _unavailable(reason: str) -> NoReturn:
     if _in_ci():
-        pytest.fail(f"{reason} (CI=true: a Kubernetes API server that cannot start is a failure)",
-                    pytrace=False)
+        pytest.fail(
+            f"{reason} (CI=true: a Kubernetes API server that cannot start is a failure)", pytrace=False
+        )
     pytest.skip(reason)
 
 

@@ -82,15 +82,28 @@ _LIVE_LOCK = threading.Lock()
 class ManagedProcess:
     """One child process with a log file; stopped by its PID."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.popen = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         with _LIVE_LOCK:
             _LIVE.add(self)
@@ -144,8 +157,9 @@ def _stop_all() -> None:
             p.stop(grace=2.0)
 
 
-def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: dict[str, str],
-                     name: str = "gpuhc-test") -> Path:
+def write_kubeconfig(
+    path: Path, *, server: str, ca_cert: Path, user: dict[str, str], name: str = "gpuhc-test"
+) -> Path:
     """A kubeconfig (JSON, which is YAML) for one cluster/user/context."""
     cfg: dict[str, Any] = {
         "apiVersion": "v1",
@@ -178,16 +192,23 @@ def _wait(what: str, proc: ManagedProcess, ok: Callable[[], bool], timeout: floa
 class ControlPlane:
     """etcd + kube-apiserver on 127.0.0.1 free ports, in a temp dir, with fresh certificates."""
 
-    def __init__(self, binaries: KubeBinaries, *, workdir: Path | None = None,
-                 extra_apiserver_args: Sequence[str] = (), start_timeout: float | None = None,
-                 keep_workdir: bool | None = None) -> None:
+    def __init__(
+        self,
+        binaries: KubeBinaries,
+        *,
+        workdir: Path | None = None,
+        extra_apiserver_args: Sequence[str] = (),
+        start_timeout: float | None = None,
+        keep_workdir: bool | None = None,
+    ) -> None:
         self.binaries = binaries
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuhc-kube-"))
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.start_timeout = start_timeout or float(os.environ.get("GPUHC_KUBE_START_TIMEOUT", "90"))
-        self.keep_workdir = (os.environ.get("GPUHC_KUBE_KEEP_TMP", "") == "1"
-                             if keep_workdir is None else keep_workdir)
+        self.keep_workdir = (
+            os.environ.get("GPUHC_KUBE_KEEP_TMP", "") == "1" if keep_workdir is None else keep_workdir
+        )
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.controller_manager: ManagedProcess | None = None
@@ -232,46 +253,62 @@ class ControlPlane:
         self.etcd_port = etcd_client
         home = self.workdir / "home"
         home.mkdir(parents=True, exist_ok=True)
-        self.etcd = ManagedProcess("etcd", [
-            str(self.binaries.etcd),
-            "--name=gpuhc-test",
-            f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-cluster=gpuhc-test=http://127.0.0.1:{etcd_peer}",
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ], self.workdir / "etcd.log", env=self._env(), cwd=self.workdir)
+        self.etcd = ManagedProcess(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name=gpuhc-test",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=gpuhc-test=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+            self.workdir / "etcd.log",
+            env=self._env(),
+            cwd=self.workdir,
+        )
         # Certificates are made while etcd starts.
         self.pki = pki = make_pki(self.workdir / "pki")
-        write_kubeconfig(self.admin_kubeconfig, server=self.url, ca_cert=pki.ca_cert,
-                         user={"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)})
+        write_kubeconfig(
+            self.admin_kubeconfig,
+            server=self.url,
+            ca_cert=pki.ca_cert,
+            user={"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)},
+        )
         _wait("healthy", self.etcd, self._etcd_healthy, self.start_timeout)
 
-        self.apiserver = ManagedProcess("kube-apiserver", [
-            str(self.binaries.kube_apiserver),
-            f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={self.port}",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.serving_cert}",
-            f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_cert}",
-            "--authorization-mode=Node,RBAC",
-            # Added to the default admission plugins, as kubeadm clusters run it.
-            "--enable-admission-plugins=NodeRestriction",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            "--allow-privileged=true",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            "--profiling=false",
-            *self.extra_apiserver_args,
-        ], self.workdir / "kube-apiserver.log", env=self._env(), cwd=self.workdir)
+        self.apiserver = ManagedProcess(
+            "kube-apiserver",
+            [
+                str(self.binaries.kube_apiserver),
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--authorization-mode=Node,RBAC",
+                # Added to the default admission plugins, as kubeadm clusters run it.
+                "--enable-admission-plugins=NodeRestriction",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--api-audiences={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--allow-privileged=true",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--profiling=false",
+                *self.extra_apiserver_args,
+            ],
+            self.workdir / "kube-apiserver.log",
+            env=self._env(),
+            cwd=self.workdir,
+        )
         _wait("ready (/readyz)", self.apiserver, self._apiserver_ready, self.start_timeout)
 
     def start_controller_manager(self) -> None:
@@ -285,27 +322,41 @@ class ControlPlane:
         pki = self.pki
         t0 = time.monotonic()
         kubeconfig = write_kubeconfig(
-            self.workdir / "kube-controller-manager.kubeconfig", server=self.url, ca_cert=pki.ca_cert,
-            user={"client-certificate": str(pki.controller_manager_cert),
-                  "client-key": str(pki.controller_manager_key)})
+            self.workdir / "kube-controller-manager.kubeconfig",
+            server=self.url,
+            ca_cert=pki.ca_cert,
+            user={
+                "client-certificate": str(pki.controller_manager_cert),
+                "client-key": str(pki.controller_manager_key),
+            },
+        )
         (port,) = free_ports(1)
-        self.controller_manager = ManagedProcess("kube-controller-manager", [
-            str(kcm),
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--cert-dir={self.workdir / 'kcm-certs'}",
-            "--leader-elect=false",
-            f"--controllers={','.join(CONTROLLERS)}",
-            "--use-service-account-credentials=true",
-            f"--root-ca-file={pki.ca_cert}",
-        ], self.workdir / "kube-controller-manager.log", env=self._env(), cwd=self.workdir)
+        self.controller_manager = ManagedProcess(
+            "kube-controller-manager",
+            [
+                str(kcm),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'kcm-certs'}",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki.ca_cert}",
+            ],
+            self.workdir / "kube-controller-manager.log",
+            env=self._env(),
+            cwd=self.workdir,
+        )
         try:
-            _wait("creating the default ServiceAccount", self.controller_manager,
-                  lambda: self._get_ok("/api/v1/namespaces/default/serviceaccounts/default"),
-                  self.start_timeout)
+            _wait(
+                "creating the default ServiceAccount",
+                self.controller_manager,
+                lambda: self._get_ok("/api/v1/namespaces/default/serviceaccounts/default"),
+                self.start_timeout,
+            )
         except BaseException:
             self.controller_manager.stop()
             self.controller_manager = None
