@@ -202,3 +202,35 @@ def test_an_api_outage_mid_run_converges_after_it_ends(
     finally:
         agent.stop(signal.SIGKILL)
         proxy.close()
+
+
+def test_dry_run_writes_nothing(kube: Any, gpu_node: Callable[..., Any], tmp_path: Path) -> None:
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--node",
+            node,
+            "--from-snapshot",
+            str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"),
+            "--kubeconfig",
+            str(kube.kubeconfig),
+            "--metrics-port",
+            "0",
+            "--dry-run",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    world = {"node": node, "core": kube.api_client(), "kube": kube}
+    current = node_dict(world)
+    assert not any(k.startswith("gpu-healthcheck/") for k in current["metadata"]["labels"])
+    assert our_taint(current) is None
+    assert "dry" in proc.stdout.lower()

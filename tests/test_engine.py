@@ -172,3 +172,42 @@ def test_the_follower_wakes_on_an_appended_xid_line(snap: Path) -> None:
     finally:
         follower.stop()
         follower.join(2)
+
+
+def test_metrics_and_health_endpoints(snap: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    from agent.agent_main import Agent, serve_http
+
+    cfg = load_config_dir(ROOT / "config")
+    agent = Agent(
+        SnapshotSource(snap),
+        cfg,
+        config_dir=None,
+        writer=None,
+        node_getter=None,
+        kernel_path=None,
+        kernel_is_device=False,
+    )
+    assert serve_http(agent, 0) is None  # port 0 means: no endpoint
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = serve_http(agent, port)
+    assert server is not None
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert err.value.code == 503  # no verdict yet
+        agent.run(once=True)
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'gpu_healthcheck_check_status{check="xid",status="pass"} 1.0' in text
+        assert 'gpu_healthcheck_node_status{status="pass"} 1.0' in text
+        assert 'gpu_healthcheck_tier_runs_total{tier="gpu"} 1.0' in text
+    finally:
+        server.shutdown()
