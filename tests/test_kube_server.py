@@ -74,8 +74,13 @@ def test_service_account_without_role_is_forbidden(
     # Granting a ClusterRole through RBAC makes the same token work: authn is real, authz is RBAC.
     role = unique_name("node-reader")
     kube.kubectl("create", "clusterrole", role, "--verb=get,list", "--resource=nodes")
-    kube.kubectl("create", "clusterrolebinding", role, f"--clusterrole={role}",
-                 f"--serviceaccount={kube_namespace}:no-rights")
+    kube.kubectl(
+        "create",
+        "clusterrolebinding",
+        role,
+        f"--clusterrole={role}",
+        f"--serviceaccount={kube_namespace}:no-rights",
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -124,16 +129,24 @@ def test_validating_admission_policy_is_enforced(kube: KubeEnv, gpu_node: Callab
                 "metadata": {"name": policy},
                 "spec": {
                     "failurePolicy": "Fail",
-                    "matchConstraints": {"resourceRules": [{
-                        "apiGroups": [""], "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"], "resources": ["nodes"],
-                    }]},
-                    "validations": [{
-                        "expression": f"!has(object.metadata.labels) || "
-                                      f"!('{STATUS_LABEL}' in object.metadata.labels) || "
-                                      f"object.metadata.labels['{STATUS_LABEL}'] in ['healthy', 'unhealthy']",
-                        "message": f"{STATUS_LABEL} must be healthy or unhealthy",
-                    }],
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE", "UPDATE"],
+                                "resources": ["nodes"],
+                            }
+                        ]
+                    },
+                    "validations": [
+                        {
+                            "expression": f"!has(object.metadata.labels) || "
+                            f"!('{STATUS_LABEL}' in object.metadata.labels) || "
+                            f"object.metadata.labels['{STATUS_LABEL}'] in ['healthy', 'unhealthy']",
+                            "message": f"{STATUS_LABEL} must be healthy or unhealthy",
+                        }
+                    ],
                 },
             },
             {
@@ -166,8 +179,13 @@ def test_validating_admission_policy_is_enforced(kube: KubeEnv, gpu_node: Callab
             k8s.CoreV1Api(api).patch_node(name, {"metadata": {"labels": {STATUS_LABEL: "meh"}}})
         assert err.value.status == 422
     finally:
-        kube.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", policy,
-                     "--ignore-not-found", check=False)
+        kube.kubectl(
+            "delete",
+            "validatingadmissionpolicybinding,validatingadmissionpolicy",
+            policy,
+            "--ignore-not-found",
+            check=False,
+        )
 
 
 def test_kubectl_prints_status_label_column(kube: KubeEnv, gpu_node: Callable[..., Any]) -> None:
@@ -179,8 +197,9 @@ def test_kubectl_prints_status_label_column(kube: KubeEnv, gpu_node: Callable[..
     assert row[0] == name and row[1] == "Ready" and row[-1] == "unhealthy", out
 
 
-def test_node_bound_service_account_token(kube: KubeEnv, kube_namespace: str,
-                                          gpu_node: Callable[..., Any]) -> None:
+def test_node_bound_service_account_token(
+    kube: KubeEnv, kube_namespace: str, gpu_node: Callable[..., Any]
+) -> None:
     node = gpu_node(instance_type="p4d.24xlarge", gpus=8)
     assert node.metadata.labels["nvidia.com/gpu.present"] == "true"
     assert node.status.capacity["nvidia.com/gpu"] == "8"
@@ -192,8 +211,15 @@ def test_node_bound_service_account_token(kube: KubeEnv, kube_namespace: str,
     assert claims["serviceaccount"]["name"] == "agent"
 
     # `kubectl create token` goes through the same TokenRequest API.
-    proc = kube.kubectl("create", "token", "agent", "-n", kube_namespace, "--bound-object-kind=Node",
-                        f"--bound-object-name={node.metadata.name}")
+    proc = kube.kubectl(
+        "create",
+        "token",
+        "agent",
+        "-n",
+        kube_namespace,
+        "--bound-object-kind=Node",
+        f"--bound-object-name={node.metadata.name}",
+    )
     assert _jwt_claims(proc.stdout.strip())["kubernetes.io"]["node"]["name"] == node.metadata.name
 
     with kube.api_client_for_token(token) as api:  # authenticates: refused by RBAC, not by authn
@@ -208,8 +234,9 @@ def test_controller_manager_creates_default_service_account(kube_controllers: Ku
     deadline = time.monotonic() + 30
     while True:  # the serviceaccount and root-CA publisher controllers fill the new namespace
         sa = kube_controllers.kubectl("get", "serviceaccount", "default", "-n", ns, check=False)
-        cm = kube_controllers.kubectl("get", "configmap", "kube-root-ca.crt", "-n", ns, "-o", "json",
-                                      check=False)
+        cm = kube_controllers.kubectl(
+            "get", "configmap", "kube-root-ca.crt", "-n", ns, "-o", "json", check=False
+        )
         if (sa.returncode == 0 and cm.returncode == 0) or time.monotonic() > deadline:
             break
         time.sleep(0.2)

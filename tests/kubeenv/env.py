@@ -87,8 +87,9 @@ class KubeEnv:
     @functools.cached_property
     def version(self) -> str:
         """The kube-apiserver's version, e.g. ``v1.34.4``."""
-        out = subprocess.run([str(self.binaries.kube_apiserver), "--version"], capture_output=True,
-                             text=True, check=False).stdout.split()
+        out = subprocess.run(
+            [str(self.binaries.kube_apiserver), "--version"], capture_output=True, text=True, check=False
+        ).stdout.split()
         return out[-1] if out and out[-1].startswith("v") else pinned_k8s_version()
 
     @property
