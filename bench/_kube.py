@@ -1,0 +1,291 @@
+"""Shared helpers for the benchmarks that need the real API server (outside pytest).
+
+Starts the same etcd + kube-apiserver as the tests (tests/kubeenv, binaries from .cache/kube-bins or
+$KUBEBUILDER_ASSETS), creates GPU-looking Nodes, runs agent processes on snapshot-backed nodes,
+reads the API server's own request counters (`apiserver_request_total` from its /metrics) and the
+agent's metrics port, and watches a Node from the benchmark process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
+TAINT = "gpu-healthcheck/unhealthy"
+XID_LINE = (
+    "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', "
+    "name=<unknown>, GPU has fallen off the bus.\n"
+)
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def machine() -> str:
+    """One line: CPU count, architecture, memory, Python."""
+    mem = ""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kb = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB"
+    return f"{os.cpu_count()}-core {platform.machine()}{mem}, Python {platform.python_version()}"
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+# ---------------------------------------------------------------------------------------- API server
+
+
+def start_kube(extra_apiserver_args: list[str] | None = None) -> Any:
+    """A started KubeEnv (etcd + kube-apiserver on loopback). Exits with a hint when no binaries."""
+    from tests.kubeenv.binaries import KubeUnavailable, find_binaries, unavailable_message
+    from tests.kubeenv.env import KubeEnv
+    from tests.kubeenv.server import ControlPlane
+
+    try:
+        found = find_binaries()
+    except KubeUnavailable as exc:
+        raise SystemExit(unavailable_message(str(exc))) from exc
+    if found is None:
+        raise SystemExit(unavailable_message("no binaries in .cache/kube-bins"))
+    plane = ControlPlane(found, extra_apiserver_args=extra_apiserver_args or [])
+    plane.start()
+    return KubeEnv(plane)
+
+
+@contextlib.contextmanager
+def kube_env(extra_apiserver_args: list[str] | None = None) -> Iterator[Any]:
+    env = start_kube(extra_apiserver_args)
+    try:
+        yield env
+    finally:
+        env.stop()
+
+
+def core_api(env: Any, pool: int = 16) -> Any:
+    """An admin CoreV1Api whose connection pool holds *pool* connections."""
+    from kubernetes import client
+
+    api = env.api_client()
+    api.configuration.connection_pool_maxsize = pool
+    api.rest_client.pool_manager.connection_pool_kw["maxsize"] = pool
+    return client.CoreV1Api(api)
+
+
+RequestKey = tuple[str, str, str]  # (resource, verb, code)
+
+
+def apiserver_requests(env: Any, resources: tuple[str, ...] = ("nodes", "events")) -> dict[RequestKey, float]:
+    """`apiserver_request_total` from the API server's own /metrics, for *resources*."""
+    status, text = env.request("GET", "/metrics", timeout=60)
+    if status != 200 or not isinstance(text, str):
+        raise RuntimeError(f"GET /metrics answered {status}")
+    out: dict[RequestKey, float] = defaultdict(float)
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "apiserver_request":
+            continue
+        for s in fam.samples:
+            if not s.name.endswith("_total"):
+                continue
+            res = s.labels.get("resource", "")
+            if res in resources:
+                key = (res + ("/" + s.labels["subresource"] if s.labels.get("subresource") else ""),)
+                out[(key[0], s.labels.get("verb", ""), s.labels.get("code", ""))] += s.value
+    return dict(out)
+
+
+def diff(after: dict[RequestKey, float], before: dict[RequestKey, float]) -> dict[RequestKey, float]:
+    keys = set(after) | set(before)
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+    return {k: v for k, v in d.items() if v}
+
+
+def longrunning_watches(env: Any, resource: str = "nodes") -> float:
+    """Open WATCH requests on *resource* right now (`apiserver_longrunning_requests`)."""
+    status, text = env.request("GET", "/metrics", timeout=60)
+    total = 0.0
+    for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
+        if fam.name == "apiserver_longrunning_requests":
+            for s in fam.samples:
+                if s.labels.get("resource") == resource and s.labels.get("verb") == "WATCH":
+                    total += s.value
+    return total
+
+
+# ---------------------------------------------------------------------------------------- nodes / agent
+
+
+def snapshot_copy(dest: Path, src: Path = HEALTHY) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def write_config(dest: Path, yaml_text: str) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.yaml").write_text(yaml_text)
+    return dest
+
+
+class AgentProcess:
+    """`gpu-healthcheck agent` on a snapshot-backed node, as a child process (stopped by PID)."""
+
+    def __init__(
+        self, env: Any, node: str, snap: Path, config_dir: Path, log: Path, metrics_port: int = 0
+    ) -> None:
+        self.log = log
+        self.metrics_port = metrics_port
+        argv = [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--node",
+            node,
+            "--from-snapshot",
+            str(snap),
+            "--kubeconfig",
+            str(env.kubeconfig),
+            "--config-dir",
+            str(config_dir),
+            "--metrics-port",
+            str(metrics_port),
+        ]
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", GPU_HEALTHCHECK_LOG_LEVEL="warning"),
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def metrics(self) -> dict[str, float]:
+        """The agent's /metrics as {'name{label=value,...}': value}."""
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[f"{s.name}{{{labels}}}"] = s.value
+        return out
+
+
+def metric_sum(metrics: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith(prefix))
+
+
+def our_taint(node: dict[str, Any]) -> dict[str, Any] | None:
+    return next((t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") == TAINT), None)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class NodeWatch:
+    """Watches one Node from the benchmark process; each event is queued with its perf_counter()
+    receipt time, so latency is measured on the benchmark's own clock."""
+
+    def __init__(self, core: Any, name: str) -> None:
+        self.core = core
+        self.name = name
+        self.events: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue()
+        self._stop = threading.Event()
+        self._w: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"bench-watch-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            try:
+                self._w = watch.Watch()
+                for ev in self._w.stream(
+                    self.core.list_node,
+                    field_selector=f"metadata.name={self.name}",
+                    timeout_seconds=600,
+                    _request_timeout=(5, 630),
+                ):
+                    t = time.perf_counter()
+                    if ev.get("type") in ("ADDED", "MODIFIED"):
+                        self.events.put((t, ev.get("raw_object") or {}))
+            except Exception:
+                if not self._stop.is_set():
+                    time.sleep(0.2)
+
+    def drain(self) -> dict[str, Any] | None:
+        """Drop queued events; return the newest Node seen (None if none queued)."""
+        last = None
+        while True:
+            try:
+                last = self.events.get_nowait()[1]
+            except queue.Empty:
+                return last
+
+    def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float) -> float:
+        """perf_counter() at receipt of the first event whose Node satisfies *pred*."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching watch event for {self.name} in {timeout:.0f} s")
+            try:
+                t, node = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if pred(node):
+                return t
+
+    def stop(self) -> None:
+        self._stop.set()
+        w = self._w
+        if w is not None:
+            with contextlib.suppress(Exception):
+                w.stop()
