@@ -123,7 +123,7 @@ def diff(after: dict[RequestKey, float], before: dict[RequestKey, float]) -> dic
 
 def longrunning_watches(env: Any, resource: str = "nodes") -> float:
     """Open WATCH requests on *resource* right now (`apiserver_longrunning_requests`)."""
-    status, text = env.request("GET", "/metrics", timeout=60)
+    _status, text = env.request("GET", "/metrics", timeout=60)
     total = 0.0
     for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
         if fam.name == "apiserver_longrunning_requests":
