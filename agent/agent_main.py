@@ -23,7 +23,7 @@ from agent.kernel_follow import KernelFollower
 from agent.metrics import Metrics
 from agent.model import NodeObject
 from agent.probes.node_object import node_from_dict
-from agent.probes.result import NotCaptured, Probed
+from agent.probes.result import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
 from agent.reporters.marks import Marks, NodeEvent
 from agent.sources import KMSG, LiveSource, SnapshotSource, Source
 
@@ -96,6 +96,7 @@ class Agent:
                 if self.watcher is not None and now >= next_reload:
                     ran |= self._reload()
                     next_reload = now + float(self.cfg.get("configPollSeconds"))
+                ran |= self._clear_requested()
                 if ran or self.pending_events or (self.retry_at and now >= self.retry_at):
                     self._publish()
                 if once:
@@ -163,6 +164,12 @@ class Agent:
                 extra={"event": "write"},
             )
             self.retry_delay = min(self.retry_delay * 2, 30.0)
+
+    def _clear_requested(self) -> bool:
+        """An operator annotated the Node to clear latched findings: act now, not at the next tick."""
+        getter = self.engine.node_getter
+        node = getter() if getter else None
+        return isinstance(node, NodeObject) and f"{self.cfg.get('prefix')}/clear-latched" in node.annotations
 
     def healthy(self) -> bool:
         limit = max(60.0, 3 * float(self.cfg.get("intervals.gpu")))
@@ -282,7 +289,10 @@ def main(args: Any) -> int:
             current = writer.node
             if current is None:
                 return NotCaptured("Node object (not read yet)")
-            return node_from_dict(current)
+            try:
+                return node_from_dict(current)
+            except ParseError as exc:
+                return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
     else:
         metrics = Metrics()
     agent = Agent(

@@ -94,6 +94,9 @@ class Engine:
         self.heartbeat = clock()
         self.evaluations = 0
         self._new_latches: list[Latch] = []
+        # Findings an operator cleared, with the message they had: hidden until the evidence changes.
+        self.cleared: dict[str, str] = {}
+        self.operator_cleared = False
         self._last_gpu_run_seen = -1.0
 
     # ------------------------------------------------------------------ restore
@@ -182,6 +185,7 @@ class Engine:
                     "boot id changed: latched findings of the old boot dropped", extra={"event": "reboot"}
                 )
                 self.latches.clear()
+                self.cleared.clear()
             self.boot_id = boot or self.boot_id
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
         results = run_checks(specs, self.facts(), self.cfg)
@@ -228,6 +232,8 @@ class Engine:
     def _latch(self, res: CheckResult, stamp: str) -> list[Latch]:
         new = []
         for f in res.findings:
+            if self.cleared.get(f.key) == f.message:
+                continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
                 latch = Latch(f.check, f.key, f.severity, stamp, f.message)
                 self.latches[f.key] = latch
@@ -237,22 +243,47 @@ class Engine:
         self._new_latches.extend(new)
         return new
 
-    def clear_latches(self, keys: list[str] | None = None) -> int:
-        """An operator cleared latched findings (all when keys is None)."""
-        before = len(self.latches)
-        if keys is None:
-            self.latches.clear()
-        else:
-            for k in keys:
-                self.latches.pop(k, None)
-        return before - len(self.latches)
+    def take_clear_request(self, node: Probed[NodeObject]) -> tuple[str | None, NodeEvent | None]:
+        """An operator's `<prefix>/clear-latched` annotation ("all" or comma-separated keys).
+
+        Returns the annotation key to remove and an Event. Cleared findings stay hidden until their
+        evidence changes (a new Xid line changes the count), so a cleared Xid still in the kernel
+        ring does not come straight back.
+        """
+        if not isinstance(node, NodeObject):
+            return None, None
+        ann = f"{self.cfg.get('prefix')}/clear-latched"
+        value = node.annotations.get(ann)
+        if value is None:
+            return None, None
+        wanted = [k.strip() for k in value.split(",") if k.strip()]
+        keys = (
+            list(self.latches) if value.strip().lower() == "all" else [k for k in wanted if k in self.latches]
+        )
+        for key in keys:
+            self.cleared[key] = self.latches.pop(key).message
+        for res in self.results.values():
+            for f in res.findings:
+                if f.key in keys:
+                    self.cleared[f.key] = f.message
+        self.operator_cleared = True
+        msg = f"cleared {len(keys)} latched finding(s): {', '.join(keys) or 'none matched ' + value!r}"
+        log.info(msg, extra={"event": "clear-latched"})
+        return ann, NodeEvent("LatchesCleared", msg[:1000])
 
     # ------------------------------------------------------------------ verdict
 
     def current_results(self) -> list[CheckResult]:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
         order = [s.name for s in CHECKS]
-        results = {name: res for name, res in self.results.items()}
+        results = {
+            name: replace(
+                res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.message)
+            )
+            if self.cleared
+            else res
+            for name, res in self.results.items()
+        }
         for latch in self.latches.values():
             res = results.get(latch.check) or CheckResult(latch.check)
             if any(f.key == latch.key for f in res.findings):
@@ -269,18 +300,23 @@ class Engine:
         return sorted(results.values(), key=lambda r: order.index(r.name) if r.name in order else len(order))
 
     def evaluate(self) -> tuple[Verdict, Marks]:
+        node = self.node_getter() if self.node_getter else NotCaptured("node")
+        drop, clear_event = self.take_clear_request(node)
         results = self.current_results()
         verdict = decide(results)
         self.metrics.record_verdict(verdict.status, results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
         if verdict.status is Status.FAIL:
             self.taint_wanted, self.pass_streak = True, 0
+        elif self.operator_cleared:
+            self.taint_wanted, self.pass_streak = False, 0  # the operator said it is fixed: no hysteresis
         elif self.taint_wanted and self._gpu_cycle_completed():
             self.pass_streak += 1
             if self.pass_streak >= int(self.cfg.get("node.recoverAfter")):
                 self.taint_wanted, self.pass_streak = False, 0
+        self.operator_cleared = False
         self.metrics.tainted.set(1 if self.taint_wanted else 0)
-        events = self._events(verdict)
+        events = self._events(verdict) + ((clear_event,) if clear_event else ())
         self.last_status = verdict.status
         self.evaluations += 1
         self.heartbeat = self.clock()
@@ -310,6 +346,7 @@ class Engine:
             condition_reason=reason,
             condition_message=message[:1024],
             events=events,
+            drop_annotations=(drop,) if drop else (),
         )
         return verdict, marks
 

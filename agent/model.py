@@ -279,3 +279,4 @@ class NodeObject:
     allocatable_gpus: int | None  # status.allocatable["nvidia.com/gpu"]; None if absent
     capacity_gpus: int | None
     boot_id: str | None = None  # status.nodeInfo.bootID
+    annotations: dict[str, str] = field(default_factory=dict)

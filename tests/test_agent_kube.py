@@ -234,3 +234,34 @@ def test_dry_run_writes_nothing(kube: Any, gpu_node: Callable[..., Any], tmp_pat
     assert not any(k.startswith("gpu-healthcheck/") for k in current["metadata"]["labels"])
     assert our_taint(current) is None
     assert "dry" in proc.stdout.lower()
+
+
+def test_an_operator_clears_a_latched_xid(world: dict[str, Any]) -> None:
+    wait_for(
+        lambda: node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status") == "pass",
+        what="first verdict",
+    )
+    with (world["snap"] / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+    wait_for(lambda: our_taint(node_dict(world)), timeout=15, what="taint after Xid 79")
+    world["kube"].kubectl("annotate", "node", world["node"], "gpu-healthcheck/clear-latched=all")
+    wait_for(
+        lambda: "gpu-healthcheck/clear-latched" not in node_dict(world)["metadata"]["annotations"],
+        what="the agent to consume the request",
+    )
+    wait_for(lambda: "LatchesCleared" in events(world), what="LatchesCleared event")
+    node = node_dict(world)
+    assert node["metadata"]["labels"]["gpu-healthcheck/status"] == "pass"
+    assert json.loads(node["metadata"]["annotations"]["gpu-healthcheck/results"])["latched"] == []
+    wait_for(lambda: our_taint(node_dict(world)) is None, what="the taint to go with the cleared finding")
+    # The same Xid line is still in the kernel log: cleared means it does not come back by itself...
+    time.sleep(1.5)
+    assert node_dict(world)["metadata"]["labels"]["gpu-healthcheck/status"] == "pass"
+    # ...but a new Xid does.
+    with (world["snap"] / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+    wait_for(
+        lambda: node_dict(world)["metadata"]["labels"]["gpu-healthcheck/status"] == "fail",
+        timeout=15,
+        what="fail after a new Xid",
+    )

@@ -56,6 +56,8 @@ def node_from_dict(obj: Mapping[str, Any]) -> NodeObject:
     if not isinstance(labels_raw, Mapping):
         raise ParseError("metadata.labels is not a mapping")
     labels = {str(k): str(v) for k, v in labels_raw.items()}
+    ann_raw = meta.get("annotations") or {}
+    annotations = {str(k): str(v) for k, v in ann_raw.items()} if isinstance(ann_raw, Mapping) else {}
     status = obj.get("status")
     status = {} if status is None else status
     if not isinstance(status, Mapping):
@@ -68,6 +70,7 @@ def node_from_dict(obj: Mapping[str, Any]) -> NodeObject:
     return NodeObject(
         name=name,
         labels=labels,
+        annotations=annotations,
         allocatable_gpus=_gpus(status.get("allocatable"), "status.allocatable"),
         capacity_gpus=_gpus(status.get("capacity"), "status.capacity"),
         boot_id=boot_id if isinstance(boot_id, str) and boot_id else None,

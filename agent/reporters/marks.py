@@ -32,3 +32,4 @@ class Marks:
     condition_reason: str  # CamelCase, e.g. "GPUFailed", "AllChecksPassed"
     condition_message: str
     events: tuple[NodeEvent, ...] = field(default=())
+    drop_annotations: tuple[str, ...] = field(default=())  # our annotations to remove (consumed requests)

@@ -101,7 +101,12 @@ def plan_node_patch(
     labels, annotations = _labels(node), _annotations(node)
     label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
     ann_key = f"{prefix}/results"
-    ann_patch = {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
+    ann_patch: dict[str, str | None] = (
+        {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
+    )
+    for key in marks.drop_annotations:
+        if key.startswith(f"{prefix}/") and key in annotations:
+            ann_patch[key] = None  # a merge patch null deletes the key
 
     taints = _taints(node)
     ours = find_our_taint(node, prefix, effect)
