@@ -50,10 +50,19 @@ class Agent:
         kernel_path: Path | None,
         kernel_is_device: bool,
         metrics: Metrics | None = None,
+        extra_inputs: dict[str, Callable[[], Any]] | None = None,
+        progress: Callable[[], str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics or Metrics()
-        self.engine = Engine(source, cfg, metrics=self.metrics, node_getter=node_getter)
+        self.engine = Engine(
+            source,
+            cfg,
+            metrics=self.metrics,
+            node_getter=node_getter,
+            extra_inputs=extra_inputs,
+            progress=progress,
+        )
         self.writer = writer
         self.watcher = ConfigWatcher(config_dir, cfg) if config_dir is not None else None
         self.stop_event = threading.Event()
@@ -295,6 +304,12 @@ def main(args: Any) -> int:
                 return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
     else:
         metrics = Metrics()
+    extra_inputs, progress = None, None
+    if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
+        from agent.dcgm_tiers import DcgmTiers, gpu_pods_on_node, pods_unknown
+
+        dcgm = DcgmTiers(cfg, gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown)
+        extra_inputs, progress = dcgm.inputs(), dcgm.progress
     agent = Agent(
         source,
         cfg,
@@ -304,6 +319,8 @@ def main(args: Any) -> int:
         kernel_path=kernel_path if kernel_path.exists() else None,
         kernel_is_device=device,
         metrics=metrics,
+        extra_inputs=extra_inputs,
+        progress=progress,
     )
     server = serve_http(
         agent, args.metrics_port if args.metrics_port is not None else int(cfg.get("metrics.port"))

@@ -34,8 +34,17 @@ TIER_INPUTS: dict[str, tuple[str, ...]] = {
     "xid": ("kernel",),
     "efa": ("rdma",),
     "topology": ("topo", "nvlink"),
+    "dcgm-health": ("dcgm_health",),
+    "dcgm-diag": ("dcgm_diag",),
 }
-TIER_INTERVAL = {"gpu": "gpu", "xid": "gpu", "efa": "efa", "topology": "topology"}
+TIER_INTERVAL = {
+    "gpu": "gpu",
+    "xid": "gpu",
+    "efa": "efa",
+    "topology": "topology",
+    "dcgm-health": "dcgmHealth",
+    "dcgm-diag": "dcgmDiag",
+}
 CONDITION = {
     Status.PASS: ("True", "AllChecksPassed"),
     Status.WARN: ("True", "ChecksWarn"),
@@ -72,11 +81,17 @@ class Engine:
         node_getter: Callable[[], Probed[NodeObject]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        extra_inputs: dict[str, Callable[[], Any]] | None = None,
+        progress: Callable[[], str] | None = None,
     ) -> None:
+        """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);
+        progress() adds a line to the condition message (a DCGM diag in progress)."""
         self.source = source
         self.cfg = cfg
         self.metrics = metrics or Metrics()
         self.node_getter = node_getter
+        self.extra_inputs = extra_inputs or {}
+        self.progress = progress
         self.clock = clock
         self.rng = rng or random.Random()
         self.inputs: dict[str, Any] = {}
@@ -151,13 +166,17 @@ class Engine:
     # ------------------------------------------------------------------ running
 
     def _read(self, name: str) -> Any:
-        reader = {
+        readers: dict[str, Callable[[], Any]] = {
             "gpus": self.source.gpus,
             "kernel": self.source.kernel,
             "rdma": self.source.rdma,
             "topo": self.source.topo,
             "nvlink": self.source.nvlink,
-        }[name]
+            "dcgm_diag": self.source.dcgm_diag,
+            "dcgm_health": lambda: NotCaptured("dcgm health (no host engine configured)"),
+            **self.extra_inputs,
+        }
+        reader = readers[name]
         try:
             value = reader()
         except Exception as exc:  # a probe bug must not stop the loop: record "could not look"
@@ -227,6 +246,8 @@ class Engine:
             rdma=self.inputs.get("rdma", NotCaptured("sysfs infiniband")),
             rdma_previous=self.rdma_previous,
             node=node,
+            dcgm_diag=self.inputs.get("dcgm_diag", NotCaptured("dcgm-diag.json")),
+            dcgm_health=self.inputs.get("dcgm_health", NotCaptured("dcgm health")),
         )
 
     def _latch(self, res: CheckResult, stamp: str) -> list[Latch]:
@@ -337,6 +358,9 @@ class Engine:
             else "; ".join(f"{r.name}: {r.message}" for r in results if r.status is Status.UNKNOWN)
             or "all checks passed"
         )
+        doing = self.progress() if self.progress else ""
+        if doing and doing != "idle":
+            message = f"{message} ({doing})"
         marks = Marks(
             status=verdict.status,
             severity=verdict.severity,

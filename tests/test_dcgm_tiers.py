@@ -1,0 +1,131 @@
+"""The agent's DCGM tiers through the engine, on the fake DCGM bindings: a diag runs in the background
+(the loop never waits for it), its result latches, and a GPU pod on the node postpones it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from agent.config import load_config_dir
+from agent.dcgm.bindings import ENV, load_bindings
+from agent.dcgm.idle import IdleGate
+from agent.dcgm_tiers import DcgmTiers, gpu_pods_on_node, pods_unknown
+from agent.engine import Engine
+from agent.severity import Severity, Status
+from agent.sources import LiveSource, SnapshotSource
+
+ROOT = Path(__file__).parent.parent
+FAKE = Path(__file__).parent / "fakes" / "dcgm"
+FAIL_DOC = (
+    Path(__file__).parent / "fixtures" / "dcgm" / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json"
+)
+CFG = load_config_dir(ROOT / "config")
+
+
+@pytest.fixture
+def engine_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    monkeypatch.setenv(ENV, str(FAKE))
+    load_bindings()
+    import fake_engine  # type: ignore[import-not-found]
+
+    fake_engine.reset()
+    yield fake_engine
+    fake_engine.diag_release.set()
+    fake_engine.reset()
+
+
+def tiers_with(pods: Any) -> DcgmTiers:
+    tiers = DcgmTiers(CFG, pods)
+    tiers.runner.idle = IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods)
+    return tiers
+
+
+def engine_for(tiers: DcgmTiers, tmp_path: Path) -> Engine:
+    snap = tmp_path / "snap"
+    shutil.copytree(ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy", snap, symlinks=True)
+    return Engine(SnapshotSource(snap), CFG, extra_inputs=tiers.inputs(), progress=tiers.progress)
+
+
+def test_a_failing_diag_runs_in_the_background_and_latches(engine_fake: Any, tmp_path: Path) -> None:
+    engine_fake.diag_doc = json.loads(FAIL_DOC.read_text())
+    engine_fake.diag_hold.set()
+    tiers = tiers_with(lambda: [])
+    eng = engine_for(tiers, tmp_path)
+    eng.run_tier("dcgm-diag")  # starts the diag, does not wait for it
+    assert eng.results["dcgm-diag"].status is Status.SKIPPED
+    assert tiers._thread is not None and tiers._thread.is_alive()
+    eng.run_tier("xid")  # the loop goes on while the diag runs
+    _, marks = eng.evaluate()
+    assert "DCGM diag level 2 running since" in marks.condition_message
+
+    engine_fake.diag_release.set()
+    tiers._thread.join(30)
+    eng.run_tier("dcgm-diag")
+    verdict, marks = eng.evaluate()
+    assert eng.results["dcgm-diag"].status is Status.FAIL
+    assert verdict.severity is Severity.ISOLATE and marks.taint
+    assert any(k.startswith("dcgm-diag/") for k in eng.latches)
+    assert engine_fake.diag_calls and engine_fake.diag_calls[0].get("heartbeat") is True
+    tiers._thread.join(30)  # the second tier run started the next diag: let it end inside this test
+
+
+def test_a_gpu_pod_postpones_the_diag(engine_fake: Any, tmp_path: Path) -> None:
+    tiers = tiers_with(lambda: ["team-a/train-0"])
+    eng = engine_for(tiers, tmp_path)
+    eng.run_tier("dcgm-diag")
+    assert tiers._thread is not None
+    tiers._thread.join(30)
+    assert engine_fake.diag_calls == []
+    assert "team-a/train-0" in tiers.progress()
+
+
+def test_without_api_access_the_gpus_are_never_called_idle() -> None:
+    with pytest.raises(RuntimeError):
+        pods_unknown()
+    assert IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods_unknown).check().idle is False
+
+
+def test_health_tier_reports_engine_incidents(engine_fake: Any, tmp_path: Path) -> None:
+    tiers = tiers_with(lambda: [])
+    eng = engine_for(tiers, tmp_path)
+    eng.run_tier("dcgm-health")
+    assert eng.results["dcgm-health"].status is Status.PASS
+
+
+def test_live_source_dcgm_diag_is_not_captured() -> None:
+    assert LiveSource().dcgm_diag().__class__.__name__ == "NotCaptured"
+
+
+@pytest.mark.kube
+def test_gpu_pods_on_node_reads_the_real_api(kube: Any, gpu_node: Any, kube_namespace: str) -> None:
+    from kubernetes import client
+
+    node = gpu_node().metadata.name
+    kube.create_service_account(kube_namespace, "default")  # no controller-manager makes it here
+    core = client.CoreV1Api(kube.api_client())
+    pods = gpu_pods_on_node(core, node)
+    assert pods() == []
+
+    def pod(name: str, gpus: str | None) -> None:
+        resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+        core.create_namespaced_pod(
+            kube_namespace,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "c", "image": "busybox", "resources": resources}],
+                },
+            },
+        )
+
+    pod("cpu-only", None)
+    assert pods() == []
+    pod("trainer", "1")
+    assert pods() == [f"{kube_namespace}/trainer"]
