@@ -308,7 +308,8 @@ def main(args: Any) -> int:
     if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
         from agent.dcgm_tiers import DcgmTiers, gpu_pods_on_node, pods_unknown
 
-        dcgm = DcgmTiers(cfg, gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown)
+        pods = gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown
+        dcgm = DcgmTiers(cfg, pods, metrics)
         extra_inputs, progress = dcgm.inputs(), dcgm.progress
     agent = Agent(
         source,

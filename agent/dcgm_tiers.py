@@ -19,13 +19,20 @@ from agent.dcgm.diag import DiagRunner
 from agent.dcgm.health import HealthPoller
 from agent.dcgm.idle import IdleGate
 from agent.dcgm.report import DiagReport
+from agent.metrics import Metrics
 from agent.probes.result import Probed
 
 log = logging.getLogger("gpu-healthcheck.dcgm")
 
 
 class DcgmTiers:
-    def __init__(self, cfg: Config, pods_requesting_gpus: Callable[[], list[str]] | None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        pods_requesting_gpus: Callable[[], list[str]] | None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.metrics = metrics
         address = str(cfg.get("dcgm.address"))
         timeout, grace = float(cfg.get("dcgm.connectTimeout")), float(cfg.get("dcgm.graceSeconds"))
         self.health = HealthPoller(DcgmClient(address, timeout, grace))
@@ -52,6 +59,8 @@ class DcgmTiers:
     def _run(self) -> None:
         self.running_since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         started = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.dcgm_diag_running.set(1)
         try:
             verdict = self.runner.run_if_idle()
             if verdict.idle:
@@ -62,6 +71,8 @@ class DcgmTiers:
             log.exception("DCGM diag failed")
         finally:
             self.running_since = ""
+            if self.metrics is not None:
+                self.metrics.dcgm_diag_running.set(0)
 
     def progress(self) -> str:
         """A stable text for the condition message (no running seconds: no write every cycle)."""

@@ -45,6 +45,9 @@ class Metrics:
         self.probe_errors = Counter(
             f"{NS}_probe_errors_total", "inputs that could not be read", ["input", "kind"], registry=r
         )
+        self.dcgm_diag_running = Gauge(
+            f"{NS}_dcgm_diag_running", "1 while a DCGM diagnostic runs", registry=r
+        )
         self.tainted = Gauge(
             f"{NS}_node_tainted", "1 while this agent's taint is wanted on its Node", registry=r
         )
