@@ -1,0 +1,136 @@
+"""Steady-state cost of a healthy node: API requests by verb (counted at the API server) and Node writes.
+
+Usage: python -m bench.steady_state [--minutes 3] [--gpu-interval 5]
+
+A real etcd + kube-apiserver, one GPU Node, one agent process on the healthy p5.48xlarge snapshot.
+After the first verdict and a warm-up, the benchmark reads the API server's `apiserver_request_total`
+(its own /metrics, admin client) for resources nodes and events, waits --minutes, reads it again, and
+prints the difference by resource, verb and code; also the agent's `gpu_healthcheck_node_writes_total`
+(its metrics port) and its tier runs. Nothing else touches Nodes or Events during the window (the
+benchmark only GETs /metrics, a non-resource URL), so the counts are the agent's, plus any the API
+server makes itself (a "no agent" baseline of the same length is measured first to show them).
+
+Intervals are shortened (gpu --gpu-interval s; efa and topology 5x that, the default 1:5 ratio) so a
+short window holds many cycles. Figures are given three ways: measured in the window; per gpu cycle;
+and per node-hour at the default 60 s gpu interval = per-cycle x 60 for tier-driven requests. A WATCH
+is a long-running request whose count does not follow the tiers (the agent's watch ends after 300 s
+and is re-opened): its per-hour figure is wall-clock (measured count x 3600 / window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from bench._kube import (
+    AgentProcess,
+    apiserver_requests,
+    core_api,
+    diff,
+    kube_env,
+    longrunning_watches,
+    machine,
+    metric_sum,
+    snapshot_copy,
+    wait_for,
+    write_config,
+)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=3.0, help="measurement window (>= 10 for the full run)")
+    ap.add_argument("--gpu-interval", type=float, default=5.0, help="intervals.gpu in seconds (default 60)")
+    ap.add_argument("--baseline-seconds", type=float, default=30.0, help="no-agent window first (0 = skip)")
+    args = ap.parse_args()
+    window = args.minutes * 60
+    with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp, kube_env() as env:
+        work = Path(tmp)
+        node = "bench-steady-node"
+        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+        core = core_api(env)
+
+        baseline: dict[tuple[str, str, str], float] = {}
+        watches_before = longrunning_watches(env)
+        if args.baseline_seconds > 0:
+            b0 = apiserver_requests(env)
+            time.sleep(args.baseline_seconds)
+            baseline = diff(apiserver_requests(env), b0)
+
+        snap = snapshot_copy(work / "snap")
+        g = args.gpu_interval
+        cfg = write_config(
+            work / "config", f"intervals:\n  gpu: {g:g}\n  efa: {5 * g:g}\n  topology: {5 * g:g}\n"
+        )
+        port = free_port()
+        agent = AgentProcess(env, node, snap, cfg, work / "agent.log", metrics_port=port)
+        try:
+            wait_for(
+                lambda: (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status") == "pass",
+                60,
+                "first verdict",
+            )
+            # Warm-up: the first writes and Events, and the one write after the second efa run (its
+            # message changes from "no previous sample" to counter rates), are done.
+            time.sleep(6 * g + 5)
+            a0, m0, t0 = apiserver_requests(env), agent.metrics(), time.monotonic()
+            time.sleep(window)
+            a1, m1, t1 = apiserver_requests(env), agent.metrics(), time.monotonic()
+            open_watches = longrunning_watches(env)
+        finally:
+            agent.stop()
+        measured = t1 - t0
+        got = diff(a1, a0)
+        cycles = metric_sum(m1, "gpu_healthcheck_tier_runs_total{tier=gpu") - metric_sum(
+            m0, "gpu_healthcheck_tier_runs_total{tier=gpu"
+        )
+        writes = {
+            k.split("{", 1)[1].rstrip("}"): m1[k] - m0.get(k, 0.0)
+            for k in m1
+            if k.startswith("gpu_healthcheck_node_writes_total{")
+        }
+        print(f"steady_state  machine: {machine()}  apiserver: {env.version}")
+        print(
+            f"parameters: window={measured:.0f}s  intervals gpu={g:g}s efa={5 * g:g}s topology={5 * g:g}s  "
+            f"gpu cycles in window={cycles:.0f}  "
+            f"scale to the default 60 s gpu interval: x{60 / g:g} (tier-driven)"
+        )
+        if args.baseline_seconds > 0:
+            base = ", ".join(f"{r} {v} {c}: {n:.0f}" for (r, v, c), n in sorted(baseline.items())) or "none"
+            print(f"baseline without agent ({args.baseline_seconds:.0f}s, nodes/events): {base}")
+        head = f"{'resource':<14} {'verb':<8} {'code':<5} {'in window':>9} {'per cycle':>9}"
+        print(f"{head} {'per node-hour':>14}")
+        if not got:
+            print(f"{'nodes/events':<14} {'(any)':<8} {'':<5} {0:>9} {0:>9.2f} {0:>14.1f}")
+        for (res, verb, code), n in sorted(got.items()):
+            per_cycle = n / cycles if cycles else 0.0
+            per_hour = n * 3600 / measured if verb == "WATCH" else per_cycle * 60
+            note = " (wall clock)" if verb == "WATCH" else ""
+            print(f"{res:<14} {verb:<8} {code:<5} {n:>9.0f} {per_cycle:>9.2f} {per_hour:>14.1f}{note}")
+        polling = sum(n for (_, v, _), n in got.items() if v in ("GET", "LIST"))
+        mutating = sum(n for (_, v, _), n in got.items() if v in ("PATCH", "PUT", "POST", "UPDATE", "CREATE"))
+        print(
+            f"open WATCHes on nodes: {watches_before:.0f} before the agent (the API server's own), "
+            f"{open_watches:.0f} at the end of the window"
+        )
+        agent_writes = {k: v for k, v in writes.items() if v}
+        print(f"agent gpu_healthcheck_node_writes_total in window: {agent_writes or 'none (0)'}")
+        print(
+            f"target 0 writes and no polling reads: writes={mutating:.0f} reads(GET/LIST)={polling:.0f} -> "
+            f"{'met' if not mutating and not polling else 'MISSED'}"
+        )
+
+
+if __name__ == "__main__":
+    main()
