@@ -165,7 +165,10 @@ class Agent:
         if bool(getattr(result, "ok", True)):
             self.last_fingerprint = fp
             self.retry_at, self.retry_delay = 0.0, 1.0
-            self.metrics.brake_open.set(1 if getattr(result, "brake_open", False) else 0)
+            braked = bool(getattr(result, "brake_open", False))
+            self.metrics.brake_open.set(1 if braked else 0)
+            if braked:  # the brake closes by itself: ask again (only braked nodes pay this list)
+                self.retry_at = time.monotonic() + min(30.0, float(self.cfg.get("intervals.gpu")))
         else:
             self.retry_at = time.monotonic() + self.retry_delay
             log.warning(

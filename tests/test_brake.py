@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.reporters.brake import Brake, brake_decision
+from agent.reporters.brake import Brake, brake_cap, brake_decision, must_back_off
 from agent.reporters.marks import Marks
 from agent.reporters.node_writer import NodeWriter
 from agent.severity import Severity, Status
@@ -141,3 +141,68 @@ def test_count_lists_metadata_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     assert doc["kind"] == "PartialObjectMetadataList"
     assert [i["metadata"]["name"] for i in doc["items"]] == [name] and "spec" not in doc["items"][0]
     assert Brake(core, selector=f"test.example/pool={pool}").count() == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("total", "fraction", "max_nodes", "cap"),
+    [
+        (10, 0.2, 0, 2),
+        (3, 0.2, 0, 1),
+        (30, 0.1, 0, 3),
+        (11, 0.2, 0, 3),
+        (100, 0.5, 5, 5),
+        (10, 1.0, 0, 10),
+        (10, 0.0, 0, 0),
+    ],
+)
+def test_brake_cap_is_the_end_state_of_the_inequality(
+    total: int, fraction: float, max_nodes: int, cap: int
+) -> None:
+    assert brake_cap(total, fraction, max_nodes) == cap
+    # One more taint is allowed exactly while fewer than `cap` others are tainted.
+    assert brake_decision(cap - 1, total, fraction, max_nodes)[0] or cap == 0
+    assert not brake_decision(cap, total, fraction, max_nodes)[0] or fraction >= 1
+
+
+def test_must_back_off_is_the_same_answer_everywhere() -> None:
+    tainted = ["n3", "n1", "n2", "n4"]
+    yielding = [n for n in tainted if must_back_off(n, tainted, 2)]
+    assert yielding == ["n3", "n4"]
+    assert not any(must_back_off(n, ["n1", "n2"], 2) for n in ("n1", "n2"))
+
+
+@pytest.mark.kube
+def test_a_race_of_simultaneous_taints_settles_at_the_limit(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    """10 GPU nodes, 0.2: 5 agents taint at the same instant (all see 0 tainted); the post-taint
+    re-count makes the ones beyond the limit yield, by name order, without a lock."""
+    import threading
+    import time
+
+    pool = unique_name("race")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(10)]
+    writers = {
+        n: NodeWriter(core, n, brake=Brake(core, selector=selector, max_fraction=0.2, cache_seconds=0))
+        for n in names
+    }
+    for w in writers.values():
+        w.verify_delay_s = 0.5
+    for n in names:
+        writers[n].apply(_marks(False))
+    failing = names[:5]
+    start = threading.Barrier(len(failing))
+
+    def go(n: str) -> None:
+        start.wait()
+        writers[n].apply(_marks(True))
+
+    threads = [threading.Thread(target=go, args=(n,)) for n in failing]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and sum(_ours(core, n) for n in names) > 2:
+        time.sleep(0.2)
+    tainted = sorted(n for n in names if _ours(core, n))
+    assert 1 <= len(tainted) <= 2, tainted

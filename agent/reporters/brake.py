@@ -23,6 +23,7 @@ read fresh right before every new taint.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,24 @@ def brake_decision(tainted_now: int, total: int, max_fraction: float, max_nodes:
             f"{tainted_now}/{total} GPU nodes already tainted, at or above maxTaintedFraction={max_fraction}"
         )
     return True, f"{tainted_now}/{total} GPU nodes tainted, below the limit"
+
+
+def brake_cap(total: int, max_fraction: float, max_nodes: int = 0) -> int:
+    """Pure: the most nodes brake_decision lets be tainted at once (its inequality, solved for the end
+    state): a taint is allowed while the others are < fraction × total, so at most ceil(fraction × total)."""
+    total = max(total, 1)
+    frac = Fraction(str(max_fraction))
+    cap = total if frac >= 1 else max(0, math.ceil(frac * total))  # exact: Fraction, no float error
+    if max_nodes > 0:
+        cap = min(cap, max_nodes)
+    return cap
+
+
+def must_back_off(node_name: str, tainted: list[str], cap: int) -> bool:
+    """Pure: after a race put more than `cap` taints on, which nodes yield? The names after the first
+    `cap` in sorted order: every agent computes the same answer from the same list, without a lock."""
+    ranked = sorted(set(tainted))
+    return len(ranked) > cap and node_name in ranked[cap:]
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,20 @@ class Brake:
             ok, reason = brake_decision(tainted, total, self.max_fraction, self.max_nodes)
             self._state = BrakeState(open=not ok, tainted=tainted, total=total, reason=reason, at=now)
             return ok, reason
+
+    def overshoot(self, node_name: str) -> tuple[bool, str]:
+        """After our taint landed: must this node yield because racing agents tainted too many?"""
+        tainted = self._names(self.tainted_selector)
+        total = len(set(self._names(self.selector)) | {node_name})
+        cap = brake_cap(total, self.max_fraction, self.max_nodes)
+        if must_back_off(node_name, tainted, cap):
+            reason = f"{len(set(tainted))} GPU nodes were tainted at once, above the limit of {cap}: yielding"
+            with self._lock:
+                self._state = BrakeState(
+                    open=True, tainted=len(tainted) - 1, total=total, reason=reason, at=self._clock()
+                )
+            return True, reason
+        return False, ""
 
     def forget(self) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -250,6 +251,8 @@ class NodeWriter:
         self._brake_open = False
         self._disabled_noted = False
         self._pending_events: list[NodeEvent] = []
+        self._yield_reason = ""  # set when a post-taint check found a race over the brake limit
+        self.verify_delay_s = 2.0  # racing agents' writes land within this; then the count is settled
 
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -394,6 +397,8 @@ class NodeWriter:
             return False, False, False, ""
         if taint_disabled(node, self.prefix):
             return False, False, True, ""
+        if self._yield_reason:
+            return False, True, False, self._yield_reason
         if find_our_taint(node, self.prefix, self.taint_effect) is not None or self._taint_on:
             return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
         if self.brake is None:
@@ -468,6 +473,10 @@ class NodeWriter:
             self._taint_on = taint_on
             self._brake_open = brake_open
             self._disabled_noted = disabled
+        if taint_on and not had_taint and not self.dry_run and self.brake is not None:
+            self._schedule_verify()
+        if self._yield_reason and brake_open:
+            self._yield_reason = ""  # yielded; from now on the brake is asked again as usual
         to_post = [*self._pending_events, *events]
         self._pending_events = []
         posted = self._post_events(to_post, node)
@@ -482,6 +491,25 @@ class NodeWriter:
             events=posted,
             dry_run=self.dry_run,
         )
+
+    def _schedule_verify(self) -> None:
+        """Check, once racing agents' writes have landed, that our new taint did not break the limit."""
+        timer = threading.Timer(self.verify_delay_s * (1 + random.random()), self._verify)
+        timer.daemon = True
+        timer.start()
+
+    def _verify(self) -> None:
+        if self.brake is None or self._stop.is_set():
+            return
+        try:
+            yield_now, reason = self.brake.overshoot(self.node_name)
+        except Exception as exc:  # API trouble: keep the taint; the next new taint counts again
+            log.warning("node %s: brake re-count failed: %s", self.node_name, _describe(exc))
+            return
+        if yield_now and self._last_marks is not None:
+            log.warning("node %s: %s", self.node_name, reason)
+            self._yield_reason = reason
+            self._apply(self._last_marks, ())
 
     def _transition_events(
         self, marks: Marks, decided: tuple[bool, bool, bool, str], had_taint: bool
