@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from agent.facts import NodeFacts
 from agent.findings import CheckResult, Finding
 from agent.metrics import Metrics
 from agent.model import NodeObject, RdmaSample
-from agent.probes.result import NotCaptured, Probed, ProbeError
+from agent.probes.result import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.reporters.marks import Marks, NodeEvent
 from agent.severity import Severity, Status
 from agent.sources import Source, resolve_instance_type
@@ -112,6 +113,7 @@ class Engine:
         # Findings an operator cleared, with the message they had: hidden until the evidence changes.
         self.cleared: dict[str, str] = {}
         self.operator_cleared = False
+        self._stuck: dict[str, threading.Thread] = {}
         self._last_gpu_run_seen = -1.0
 
     # ------------------------------------------------------------------ restore
@@ -176,19 +178,41 @@ class Engine:
             "dcgm_health": lambda: NotCaptured("dcgm health (no host engine configured)"),
             **self.extra_inputs,
         }
-        reader = readers[name]
-        try:
-            value = reader()
-        except Exception as exc:  # a probe bug must not stop the loop: record "could not look"
-            log.exception("probe failed", extra={"tier": name})
-            value = ProbeError(
-                name,
-                __import__("agent.probes.result", fromlist=["x"]).ProbeErrorKind.UNREADABLE,
-                f"internal error: {type(exc).__name__}: {exc}",
-            )
+        value = self._bounded(name, readers[name])
         if isinstance(value, ProbeError):
             self.metrics.probe_errors.labels(name, value.kind.value).inc()
         return value
+
+    def _bounded(self, name: str, reader: Callable[[], Any]) -> Any:
+        """Read one input within `timeouts.check`: a probe stuck in the kernel (a sysfs read of a dying
+        device) costs one parked thread and an `unknown`, never the loop. A read still stuck from
+        last time is not started again."""
+        limit = float(self.cfg.get("timeouts.check"))
+        stuck = self._stuck.get(name)
+        if stuck is not None and stuck.is_alive():
+            return ProbeError(
+                name, ProbeErrorKind.TIMEOUT, f"still stuck from an earlier read (> {limit:g} s)"
+            )
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = reader()
+            except Exception as exc:  # a probe bug must not stop the loop: record "could not look"
+                log.exception("probe failed", extra={"tier": name})
+                box["value"] = ProbeError(
+                    name, ProbeErrorKind.UNREADABLE, f"internal error: {type(exc).__name__}: {exc}"
+                )
+
+        worker = threading.Thread(target=work, name=f"probe-{name}", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            self._stuck[name] = worker
+            log.error(f"probe {name} did not finish in {limit:g} s", extra={"tier": name})
+            return ProbeError(name, ProbeErrorKind.TIMEOUT, f"did not finish in {limit:g} s")
+        self._stuck.pop(name, None)
+        return box["value"]
 
     def run_tier(self, tier: str) -> list[CheckResult]:
         started = self.clock()

@@ -211,3 +211,19 @@ def test_metrics_and_health_endpoints(snap: Path) -> None:
         assert 'gpu_healthcheck_tier_runs_total{tier="gpu"} 1.0' in text
     finally:
         server.shutdown()
+
+
+def test_a_probe_stuck_past_the_check_timeout_is_unknown_and_does_not_stall(snap: Path) -> None:
+    release = threading.Event()
+    eng = engine_for(snap, timeouts={"check": 1})
+    eng.extra_inputs = {"rdma": lambda: release.wait(60)}  # a sysfs read that never returns
+    try:
+        results = eng.run_tier("efa")
+        assert results[0].status is Status.UNKNOWN and "did not finish in 1 s" in results[0].message
+        again = eng.run_tier("efa")  # not started a second time while the first is stuck
+        assert "still stuck" in again[0].message
+        eng.run_tier("gpu")
+        verdict, marks = eng.evaluate()
+        assert verdict.status is Status.UNKNOWN and not marks.taint
+    finally:
+        release.set()
