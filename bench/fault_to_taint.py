@@ -68,9 +68,11 @@ def main() -> None:
                 (snap / "boot_id").write_text(str(uuid.uuid4()) + "\n")
                 (snap / "kmsg.log").write_bytes(healthy_kmsg)
                 wait_for(
-                    lambda: our_taint(core.api_client.sanitize_for_serialization(core.read_node(node)))
-                    is None
-                    and (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status") == "pass",
+                    lambda: (
+                        our_taint(core.api_client.sanitize_for_serialization(core.read_node(node))) is None
+                        and (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status")
+                        == "pass"
+                    ),
                     60,
                     f"trial {i}: untainted and pass",
                 )

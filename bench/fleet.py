@@ -1,0 +1,354 @@
+"""Fleet scale: N simulated agents against one real API server; steady state, then a fault on 40 %.
+
+Usage: python -m bench.fleet [--nodes 100] [--steady-seconds 60] [--fault-fraction 0.4] [--workers 32]
+
+What is simulated (one process, many node identities): for each of N GPU Nodes, the agent's real
+Node-side code, `agent.reporters.node_writer.NodeWriter` with its own `agent.reporters.brake.Brake`
+(default config: maxTaintedFraction 0.2), all sharing one kubernetes ApiClient whose connection pool
+holds N + 32 connections. Each NodeWriter runs its own watch of its own Node (one thread and one
+long-running WATCH per node, as each agent process has). What is not run per node: the engine and the
+checks. Their output is taken from a real Engine: the Marks of the healthy p5.48xlarge snapshot and
+of the Xid 79 snapshot, computed once and given to every writer (with the Events the agent posts with
+them). The agent loop calls apply() only when its Marks change and, after a failed apply, again with
+backoff 1, 2, 4 ... 30 s; the simulation does the same.
+
+Phases:
+1. start: create N Nodes, start N watches, apply the healthy Marks on every node (W workers).
+2. steady state (--steady-seconds): nothing changes; `apiserver_request_total` (nodes, events) is read
+   before and after; printed by verb with the rate per node-hour.
+3. fault: --fault-fraction of the nodes get the failing Marks at the same moment (W workers at once).
+   Each simulated agent then does what the agent loop does: retry a failed apply with backoff, and
+   while the brake holds its taint back ask again every min(30 s, intervals.gpu) (--reask-seconds).
+   The writers' own post-taint re-count (a racing agent beyond the limit yields) runs as in the agent.
+   Reported over --observe-seconds: taints (vs the brake's limit), nodes labelled fail, requests by
+   verb, API errors (non-2xx counted at the server; failed applies and writer warnings counted in the
+   process), and the time until the fleet's marks are stable: the last change of any of our keys
+   (labels, taint, condition, results annotation) on any Node, seen by one watch of all Nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agent.config import load_config_dir
+from agent.engine import Engine
+from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
+from agent.reporters.marks import Marks
+from agent.reporters.node_writer import NodeWriter
+from agent.sources import SnapshotSource
+from bench._kube import HEALTHY, XID79, apiserver_requests, core_api, diff, kube_env, machine
+
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+PREFIX = "gpu-healthcheck/"
+
+
+class Counted(logging.Handler):
+    """Counts the writers' warnings (failed writes, failed watches)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+        self.yields = 0
+        self.samples: list[str] = []
+        self._lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._lock:
+            self.count += 1
+            if "yielding" in record.getMessage():
+                self.yields += 1  # the post-taint re-count working as designed, not an error
+            elif len(self.samples) < 5:
+                self.samples.append(record.getMessage()[:200])
+
+
+def marks_of(snapshot: Path) -> Marks:
+    engine = Engine(SnapshotSource(snapshot), load_config_dir())
+    for tier in ("gpu", "xid", "efa", "topology"):
+        engine.run_tier(tier)
+    return engine.evaluate()[1]
+
+
+def create_node(core: Any, name: str) -> None:
+    labels = {
+        "kubernetes.io/hostname": name,
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.product": GPU_PRODUCT,
+    }
+    core.create_node({"metadata": {"name": name, "labels": labels}})
+    res = {"cpu": "192", "memory": "2097152Mi", "pods": "110", "nvidia.com/gpu": "8"}
+    core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res}})
+
+
+def count_nodes(core: Any, selector: str) -> int:
+    total, cont = 0, None
+    while True:
+        kwargs: dict[str, Any] = {"label_selector": selector, "limit": 500}
+        if cont:
+            kwargs["_continue"] = cont
+        resp = core.list_node(**kwargs, _preload_content=False, _headers={"Accept": METADATA_LIST_ACCEPT})
+        doc = json.loads(resp.data)
+        resp.release_conn()
+        total += len(doc.get("items") or ())
+        cont = (doc.get("metadata") or {}).get("continue")
+        if not cont:
+            return total
+
+
+def tainted_nodes(core: Any) -> int:
+    resp = core.list_node(_preload_content=False)
+    doc = json.loads(resp.data)
+    resp.release_conn()
+    return sum(
+        1
+        for n in doc.get("items") or ()
+        if any(t.get("key") == "gpu-healthcheck/unhealthy" for t in n["spec"].get("taints") or ())
+    )
+
+
+class MarksWatch:
+    """One watch of all Nodes in the benchmark: when did our keys last change on any Node?"""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.last_change = 0.0
+        self.changes = 0
+        self._seen: dict[str, tuple[Any, ...]] = {}
+        self._w: Any = None
+        self._stop = threading.Event()
+        resp = core.list_node(_preload_content=False)
+        doc = json.loads(resp.data)
+        resp.release_conn()
+        for node in doc.get("items") or ():
+            self._seen[node["metadata"]["name"]] = self.signature(node)
+        self._rv = doc["metadata"]["resourceVersion"]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    @staticmethod
+    def signature(node: dict[str, Any]) -> tuple[Any, ...]:
+        meta = node.get("metadata") or {}
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(PREFIX)}
+        taints = [t for t in (node.get("spec") or {}).get("taints") or () if t["key"].startswith(PREFIX)]
+        cond = [
+            (c.get("status"), c.get("reason"))
+            for c in (node.get("status") or {}).get("conditions") or ()
+            if c.get("type") == "GPUHealthy"
+        ]
+        results = (meta.get("annotations") or {}).get("gpu-healthcheck/results", "")
+        return (sorted(labels.items()), json.dumps(taints, sort_keys=True), cond, hash(results))
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        self._w = watch.Watch()
+        with contextlib.suppress(Exception):  # ends with the API server at teardown
+            for ev in self._w.stream(
+                self.core.list_node,
+                resource_version=self._rv,
+                timeout_seconds=3600,
+                _request_timeout=(5, 3700),
+            ):
+                if self._stop.is_set():
+                    return
+                node = ev.get("raw_object") or {}
+                name = (node.get("metadata") or {}).get("name", "")
+                sig = self.signature(node)
+                if self._seen.get(name) != sig:
+                    self._seen[name] = sig
+                    self.changes += 1
+                    self.last_change = time.perf_counter()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._w is not None:
+            self._w.stop()
+
+
+def by_verb(d: dict[tuple[str, str, str], float]) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for (res, verb, _code), n in d.items():
+        out[(res, verb)] = out.get((res, verb), 0.0) + n
+    return out
+
+
+def errors_of(d: dict[tuple[str, str, str], float]) -> dict[str, float]:
+    return {f"{r} {v} {c}": n for (r, v, c), n in d.items() if not c.startswith("2")}
+
+
+def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int]) -> float:
+    """The agent loop's behaviour: apply; on failure retry with backoff. Returns perf_counter at ok."""
+    delay = 1.0
+    while True:
+        res = writer.apply(marks)
+        if res.ok:
+            return time.perf_counter()
+        failures.append(1)
+        time.sleep(delay)
+        delay = min(delay * 2, 30.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--steady-seconds", type=float, default=60.0)
+    ap.add_argument("--fault-fraction", type=float, default=0.4)
+    ap.add_argument("--workers", type=int, default=32, help="concurrent applies (start and fault)")
+    ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
+    ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    n = args.nodes
+    threading.stack_size(512 * 1024)
+    counted = Counted()
+    for name in ("agent.reporters.node_writer", "agent.reporters.brake"):
+        logging.getLogger(name).addHandler(counted)
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+
+    healthy, failing = marks_of(HEALTHY), marks_of(XID79)
+    assert not healthy.taint and failing.taint
+    cfg = load_config_dir()
+    with kube_env() as env:
+        core = core_api(env, pool=n + 32)
+        names = [f"gpu-{i:05d}" for i in range(n)]
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.workers) as ex:
+            list(ex.map(lambda name: create_node(core, name), names))
+        created = time.monotonic() - t0
+
+        writers = [
+            NodeWriter(
+                core,
+                name,
+                brake=Brake(
+                    core,
+                    selector=str(cfg.get("node.gpuNodeSelector")),
+                    max_fraction=float(cfg.get("node.maxTaintedFraction")),
+                    max_nodes=int(cfg.get("node.maxTaintedNodes")),
+                ),
+            )
+            for name in names
+        ]
+        a_start = apiserver_requests(env)
+        t0 = time.monotonic()
+        for w in writers:
+            w.start()
+        start_failures: list[int] = []
+        with ThreadPoolExecutor(args.workers) as ex:
+            list(ex.map(lambda w: apply_until_ok(w, healthy, start_failures), writers))
+        started = time.monotonic() - t0
+        time.sleep(3)  # the watches of the last writes arrive
+
+        a0 = apiserver_requests(env)
+        w0 = counted.count
+        time.sleep(args.steady_seconds)
+        a1 = apiserver_requests(env)
+        steady = diff(a1, a0)
+        steady_warnings = counted.count - w0
+        start_reqs = diff(a0, a_start)
+
+        rng = random.Random(args.seed)
+        bad = rng.sample(writers, round(n * args.fault_fraction))
+        fault_failures: list[int] = []
+        go, stop = threading.Event(), threading.Event()
+        changes = MarksWatch(core)
+        time.sleep(1)
+
+        def agent_loop(w: NodeWriter) -> None:
+            """What the agent loop does after its Marks turn failing: apply; retry a failed apply with
+            backoff; while the brake holds the taint back, ask again every min(30 s, intervals.gpu)."""
+            go.wait()
+            delay = 1.0
+            while not stop.is_set():
+                res = w.apply(failing)
+                if not res.ok:
+                    fault_failures.append(1)
+                    stop.wait(delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+                delay = 1.0
+                if not res.brake_open:
+                    return
+                stop.wait(args.reask_seconds * (1 + 0.1 * rng.random()))
+
+        w1 = counted.count
+        threads = [threading.Thread(target=agent_loop, args=(w,), daemon=True) for w in bad]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        t_fault = time.perf_counter()
+        go.set()
+        time.sleep(args.observe_seconds)
+        a2 = apiserver_requests(env)
+        stop.set()
+        for t in threads:
+            t.join(5)
+        changes.stop()
+        last_change = changes.last_change
+        stable_s = last_change - t_fault if last_change > t_fault else 0.0
+        fault_reqs = diff(a2, a1)
+        fault_warnings = counted.count - w1
+        quiet_from = t_fault + stable_s
+
+        tainted = tainted_nodes(core)
+        labelled_fail = count_nodes(core, "gpu-healthcheck/status=fail")
+        labelled_tainted = count_nodes(core, "gpu-healthcheck/tainted=true")
+        brake_open = sum(1 for w in bad if w.brake_open)
+        for w in writers:
+            w.stop(timeout=0.05)
+
+    frac = float(cfg.get("node.maxTaintedFraction"))
+    limit = math.ceil(frac * n)  # refuse when tainted_now >= frac * n: at most ceil(frac * n) taints
+    hours = args.steady_seconds / 3600
+    print(f"fleet  machine: {machine()}  apiserver: {env.version}")
+    print(
+        f"parameters: nodes={n} (one process: {n} NodeWriter+Brake, {n} watches, one shared ApiClient) "
+        f"fault on {len(bad)} nodes ({args.fault_fraction:.0%}) workers={args.workers} "
+        f"maxTaintedFraction={frac}"
+    )
+    print(f"start: {n} Nodes created in {created:.1f} s; first marks on all in {started:.1f} s; ", end="")
+    print(f"requests {sum(start_reqs.values()):.0f}, failed applies {len(start_failures)}")
+    print(f"steady state ({args.steady_seconds:.0f} s):")
+    print(f"  {'resource':<14} {'verb':<8} {'in window':>9} {'per node-hour':>14}")
+    if not steady:
+        print(f"  {'nodes/events':<14} {'(any)':<8} {0:>9} {0:>14.2f}")
+    for (res, verb), cnt in sorted(by_verb(steady).items()):
+        print(f"  {res:<14} {verb:<8} {cnt:>9.0f} {cnt / n / hours:>14.2f}")
+    total_rate = sum(steady.values()) / args.steady_seconds
+    print(f"  total {total_rate:.3f} requests/s for the fleet; writer warnings {steady_warnings}")
+    print(f"fault on {len(bad)} nodes:")
+    print(f"  time until the fleet's marks are stable (last change of our keys): {stable_s:.2f} s")
+    print(
+        f"  tainted {tainted} (label tainted=true: {labelled_tainted}); brake limit {limit} "
+        f"(ceil({frac} x {n})); labelled fail {labelled_fail}; writers holding back (brake open) {brake_open}"
+    )
+    print(f"  requests in the {args.observe_seconds:.0f} s from the fault (braked agents re-ask meanwhile):")
+    print(f"  {'resource':<14} {'verb':<8} {'requests':>9}")
+    for (res, verb), cnt in sorted(by_verb(fault_reqs).items()):
+        print(f"  {res:<14} {verb:<8} {cnt:>9.0f}")
+    errs = {**errors_of(fault_reqs), **errors_of(steady), **errors_of(start_reqs)}
+    print(
+        f"  API errors: non-2xx at the server {sum(errs.values()):.0f} {errs or ''}; failed applies "
+        f"{len(fault_failures) + len(start_failures)}; writer warnings {fault_warnings} "
+        f"(of which 'yielding' after the post-taint re-count: {counted.yields})"
+        + (f" e.g. {counted.samples}" if counted.samples else "")
+    )
+    print(
+        f"  marks changes seen by a watch of all Nodes: {changes.changes}; the last one "
+        f"{stable_s:.2f} s after the fault, then none for {t_fault + args.observe_seconds - quiet_from:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
