@@ -265,3 +265,51 @@ def test_an_operator_clears_a_latched_xid(world: dict[str, Any]) -> None:
         timeout=15,
         what="fail after a new Xid",
     )
+
+
+def test_status_command_shows_the_fleet(kube: Any, gpu_node: Callable[..., Any]) -> None:
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "agent",
+            "--node",
+            node,
+            "--from-snapshot",
+            str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"),
+            "--kubeconfig",
+            str(kube.kubeconfig),
+            "--metrics-port",
+            "0",
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "status", "--kubeconfig", str(kube.kubeconfig)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    line = next(row for row in status.stdout.splitlines() if row.startswith(node))
+    assert "fail" in line and "reboot" in line and "0000:97:00.0" in line
+    broken = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "status", "--kubeconfig", "/nonexistent/kubeconfig"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert (
+        broken.returncode == 2
+        and "Traceback" not in broken.stderr
+        and "cannot read the cluster" in broken.stderr
+    )
