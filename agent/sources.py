@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -121,10 +122,20 @@ class SnapshotSource:
         return data.decode("utf-8", errors="replace")
 
     def gpus(self) -> Probed[GpuInventory]:
+        """The XML view, with GPUs that the text view reports lost (only it prints them) merged in."""
         xml = self.text(XML)
-        if not isinstance(xml, NotCaptured):
-            return parse_with(XML, xml, parse_nvsmi_xml)
-        return parse_with(TEXT, self.text(TEXT), parse_nvsmi_text)
+        text = self.text(TEXT)
+        if isinstance(xml, NotCaptured):
+            return parse_with(TEXT, text, parse_nvsmi_text)
+        inv = parse_with(XML, xml, parse_nvsmi_xml)
+        if not isinstance(inv, GpuInventory) or not isinstance(text, str):
+            return inv
+        other = parse_with(TEXT, text, parse_nvsmi_text)
+        if not isinstance(other, GpuInventory):
+            return inv
+        known = {g.pci_bus_id for g in inv.gpus} | {lost.pci_bus_id for lost in inv.lost}
+        extra = tuple(lost for lost in other.lost if lost.pci_bus_id not in known)
+        return replace(inv, lost=(*inv.lost, *extra)) if extra else inv
 
     def topo(self) -> Probed[TopoMatrix]:
         return parse_with(TOPO, self.text(TOPO), parse_topo)

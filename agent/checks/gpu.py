@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from agent.checks import input_gap
+from agent.checks import input_gap, rule_finding
 from agent.config import Config
 from agent.facts import NodeFacts
 from agent.findings import CheckResult, Finding
@@ -114,6 +114,20 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
                 message=f"{where} does not answer: {lost.message}",
                 entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
                 key=f"gpu.responsive.lost/{lost.pci_bus_id or '?'}",
+            )
+        )
+    described = len(probed.gpus) + len(probed.lost)
+    if probed.attached_gpus is not None and probed.attached_gpus > described:
+        # The driver counts GPUs the tool then could not describe (nvidia-smi -q -x prints the lost
+        # GPU's error on stderr only): a GPU that does not answer, not a short file.
+        findings.append(
+            rule_finding(
+                cfg,
+                name,
+                "gpu.responsive.lost",
+                f"{probed.attached_gpus} GPU(s) attached but only {described} described by {probed.source}: "
+                f"{probed.attached_gpus - described} GPU(s) do not answer",
+                key="attached",
             )
         )
     return CheckResult(
