@@ -278,8 +278,8 @@ def test_a_snapshot_merges_lost_gpus_from_the_text_view_into_the_xml_view(tmp_pa
     xml_dir = FIX.parent / "nvidia-smi-xml"
     (tmp_path / "nvidia-smi-q.xml").write_text((xml_dir / "telegraf-a10g-515.105.01.xml").read_text())
     (tmp_path / "nvidia-smi-q.txt").write_text(
-        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  Reboot the system to recover "
-        "this GPU\n"
+        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  "
+        "Reboot the system to recover this GPU\n"
     )
     inv = SnapshotSource(tmp_path).gpus()
     assert isinstance(inv, GpuInventory) and len(inv.gpus) == 1
