@@ -65,6 +65,27 @@ def parse_with(source: str, text: str | ProbeError | NotCaptured, parser: Callab
         return ProbeError(source, ProbeErrorKind.UNREADABLE, str(exc) or "malformed output")
 
 
+class ParseMemo:
+    """Re-parse a tool's output only when its text changed: in steady state a snapshot's files (and
+    most live outputs) are identical from one tick to the next. Parsed values are immutable."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, object]] = {}
+
+    def parse(
+        self, source: str, text: str | ProbeError | NotCaptured, parser: Callable[[str], T]
+    ) -> Probed[T]:
+        if not isinstance(text, str):
+            self._last.pop(source, None)
+            return text
+        hit = self._last.get(source)
+        if hit is not None and hit[0] == text:
+            return hit[1]  # type: ignore[return-value]
+        value = parse_with(source, text, parser)
+        self._last[source] = (text, value)
+        return value
+
+
 class Source(Protocol):
     def gpus(self) -> Probed[GpuInventory]: ...
     def topo(self) -> Probed[TopoMatrix]: ...
@@ -90,6 +111,7 @@ class SnapshotSource:
         if not root.is_dir():
             raise SnapshotError(f"{root} is not a directory")
         self.root = root
+        self.memo = ParseMemo()
 
     def _errors(self) -> dict[str, Any]:
         path = self.root / ERRORS
@@ -126,11 +148,11 @@ class SnapshotSource:
         xml = self.text(XML)
         text = self.text(TEXT)
         if isinstance(xml, NotCaptured):
-            return parse_with(TEXT, text, parse_nvsmi_text)
-        inv = parse_with(XML, xml, parse_nvsmi_xml)
+            return self.memo.parse(TEXT, text, parse_nvsmi_text)
+        inv = self.memo.parse(XML, xml, parse_nvsmi_xml)
         if not isinstance(inv, GpuInventory) or not isinstance(text, str):
             return inv
-        other = parse_with(TEXT, text, parse_nvsmi_text)
+        other = self.memo.parse(TEXT, text, parse_nvsmi_text)
         if not isinstance(other, GpuInventory):
             return inv
         known = {g.pci_bus_id for g in inv.gpus} | {lost.pci_bus_id for lost in inv.lost}
@@ -138,13 +160,13 @@ class SnapshotSource:
         return replace(inv, lost=(*inv.lost, *extra)) if extra else inv
 
     def topo(self) -> Probed[TopoMatrix]:
-        return parse_with(TOPO, self.text(TOPO), parse_topo)
+        return self.memo.parse(TOPO, self.text(TOPO), parse_topo)
 
     def nvlink(self) -> Probed[NvlinkReport]:
-        return parse_with(NVLINK, self.text(NVLINK), parse_nvlink)
+        return self.memo.parse(NVLINK, self.text(NVLINK), parse_nvlink)
 
     def kernel(self) -> Probed[KernelLog]:
-        return parse_with(KMSG, self.text(KMSG), parse_kernel_log)
+        return self.memo.parse(KMSG, self.text(KMSG), parse_kernel_log)
 
     def rdma(self) -> Probed[RdmaSample]:
         class_dir = self.root / "sys" / "class" / "infiniband"
@@ -153,10 +175,10 @@ class SnapshotSource:
         return _read_rdma(class_dir, self.root / "sys" / "bus" / "pci" / "devices")
 
     def node(self) -> Probed[NodeObject]:
-        return parse_with(NODE, self.text(NODE), parse_node_json)
+        return self.memo.parse(NODE, self.text(NODE), parse_node_json)
 
     def dcgm_diag(self) -> Probed[DiagReport]:
-        return parse_with(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
+        return self.memo.parse(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
 
     def _line(self, name: str) -> str | None:
         text = self.text(name)
@@ -203,6 +225,7 @@ class LiveSource:
         self.use_nvml = use_nvml
         self.node_loader = node_loader
         self._instance_type = instance_type
+        self.memo = ParseMemo()
 
     def run(self, name: str) -> CommandOutput | ProbeError:
         return run_command(COMMANDS[name], self.timeout_s)
@@ -221,13 +244,13 @@ class LiveSource:
             nvml = _read_nvml(self.timeout_s)
             if not (isinstance(nvml, ProbeError) and nvml.kind is ProbeErrorKind.UNAVAILABLE):
                 return nvml
-        return parse_with(_source_name(XML), self.text(XML), parse_nvsmi_xml)
+        return self.memo.parse(_source_name(XML), self.text(XML), parse_nvsmi_xml)
 
     def topo(self) -> Probed[TopoMatrix]:
-        return parse_with(_source_name(TOPO), self.text(TOPO), parse_topo)
+        return self.memo.parse(_source_name(TOPO), self.text(TOPO), parse_topo)
 
     def nvlink(self) -> Probed[NvlinkReport]:
-        return parse_with(_source_name(NVLINK), self.text(NVLINK), parse_nvlink)
+        return self.memo.parse(_source_name(NVLINK), self.text(NVLINK), parse_nvlink)
 
     def kernel(self) -> Probed[KernelLog]:
         try:

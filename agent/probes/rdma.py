@@ -26,36 +26,46 @@ def _natural(name: str) -> tuple[object, ...]:
     return tuple((0, int(p), "") if i % 2 else (1, 0, p) for i, p in enumerate(parts))
 
 
-def _read(path: Path) -> str | None:
+# Plain str paths and os calls: a p5 has 32 devices × ~30 counters, and pathlib's per-object cost
+# was most of this probe's time (8 ms → see bench/footprint.py).
+_J = os.path.join
+
+
+def _read(path: str) -> str | None:
     try:
-        return path.read_bytes().decode("utf-8", errors="replace").strip()
+        fd = os.open(path, os.O_RDONLY)
     except (OSError, ValueError):
         return None
-
-
-def _readlink_base(path: Path) -> str | None:
     try:
-        if not path.is_symlink():
-            return None
+        return os.read(fd, 65536).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _readlink_base(path: str) -> str | None:
+    try:
         target = os.readlink(path)
     except (OSError, ValueError):
-        return None
+        return None  # absent, or not a link
     base = target.rstrip("/").rsplit("/", 1)[-1]
     return base or None
 
 
-def _is_dir(path: Path) -> bool:
+def _is_dir(path: str) -> bool:
     try:
-        return path.is_dir()
+        return os.path.isdir(path)
     except (OSError, ValueError):
         return False
 
 
-def _listdir(path: Path) -> list[str]:
+def _listdir(path: str, ordered: bool = True) -> list[str]:
     try:
-        return sorted(os.listdir(path), key=_natural)
+        names = os.listdir(path)
     except (OSError, ValueError):
         return []
+    return sorted(names, key=_natural) if ordered else names
 
 
 def _after_colon(text: str | None) -> str | None:
@@ -68,33 +78,33 @@ def _after_colon(text: str | None) -> str | None:
     return text or None
 
 
-def _counters(port_dir: Path) -> dict[str, int]:
+def _counters(port_dir: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for sub in ("counters", "hw_counters"):
-        folder = port_dir / sub
-        for name in _listdir(folder):
-            text = _read(folder / name)
+        folder = _J(port_dir, sub)
+        for name in _listdir(folder, ordered=False):
+            text = _read(_J(folder, name))
             if text is not None and _INT.match(text):
                 out[name] = int(text)
     return out
 
 
-def _port(port_dir: Path, number: int) -> RdmaPort:
+def _port(port_dir: str, number: int) -> RdmaPort:
     return RdmaPort(
         number=number,
-        state=_after_colon(_read(port_dir / "state")),
-        phys_state=_after_colon(_read(port_dir / "phys_state")),
-        rate=_read(port_dir / "rate") or None,
-        link_layer=_read(port_dir / "link_layer") or None,
+        state=_after_colon(_read(_J(port_dir, "state"))),
+        phys_state=_after_colon(_read(_J(port_dir, "phys_state"))),
+        rate=_read(_J(port_dir, "rate")) or None,
+        link_layer=_read(_J(port_dir, "link_layer")) or None,
         counters=_counters(port_dir),
     )
 
 
-def _pci_of(dev_dir: Path) -> str | None:
-    base = _readlink_base(dev_dir / "device")
+def _pci_of(dev_dir: str) -> str | None:
+    base = _readlink_base(_J(dev_dir, "device"))
     if base and _PCI.match(base):
         return normalize_pci(base)
-    uevent = _read(dev_dir / "device" / "uevent")
+    uevent = _read(_J(dev_dir, "device", "uevent"))
     for line in (uevent or "").splitlines():
         key, _, value = line.partition("=")
         if key.strip() == "PCI_SLOT_NAME" and _PCI.match(value.strip()):
@@ -111,21 +121,21 @@ def _vendor(text: str | None) -> str | None:
     return text if re.match(r"^0x[0-9a-f]{1,4}$", text) else None
 
 
-def _device(dev_dir: Path, name: str, pci_devices_dir: Path | None) -> RdmaDevice:
+def _device(dev_dir: str, name: str, pci_devices_dir: str | None) -> RdmaDevice:
     pci = _pci_of(dev_dir)
-    vendor = _vendor(_read(dev_dir / "device" / "vendor"))
-    driver = _readlink_base(dev_dir / "device" / "driver")
+    vendor = _vendor(_read(_J(dev_dir, "device", "vendor")))
+    driver = _readlink_base(_J(dev_dir, "device", "driver"))
     if pci_devices_dir is not None and pci is not None:
-        pci_dir = pci_devices_dir / short_pci(pci)
-        vendor = vendor or _vendor(_read(pci_dir / "vendor"))
-        driver = driver or _readlink_base(pci_dir / "driver")
+        pci_dir = _J(pci_devices_dir, short_pci(pci))
+        vendor = vendor or _vendor(_read(_J(pci_dir, "vendor")))
+        driver = driver or _readlink_base(_J(pci_dir, "driver"))
     if vendor is None and driver is None and _EFA_NAME.match(name):
         driver = "efa"  # the name is the only witness left (copied tree without links)
     ports: list[RdmaPort] = []
-    ports_dir = dev_dir / "ports"
+    ports_dir = _J(dev_dir, "ports")
     for entry in _listdir(ports_dir):
-        if entry.isascii() and entry.isdigit() and _is_dir(ports_dir / entry):
-            ports.append(_port(ports_dir / entry, int(entry)))
+        if entry.isascii() and entry.isdigit() and _is_dir(_J(ports_dir, entry)):
+            ports.append(_port(_J(ports_dir, entry), int(entry)))
     return RdmaDevice(name=name, pci=pci, vendor=vendor, driver=driver, ports=tuple(ports))
 
 
@@ -137,8 +147,8 @@ def read_rdma(
     stamp = time.monotonic() if taken_at is None else taken_at
     if not class_dir.exists():
         raise FileNotFoundError(f"{class_dir} does not exist")
-    names = sorted(os.listdir(class_dir), key=_natural)
-    devices = tuple(
-        _device(class_dir / name, name, pci_devices_dir) for name in names if _is_dir(class_dir / name)
-    )
+    base = str(class_dir)
+    pci_base = str(pci_devices_dir) if pci_devices_dir is not None else None
+    names = sorted(os.listdir(base), key=_natural)
+    devices = tuple(_device(_J(base, name), name, pci_base) for name in names if _is_dir(_J(base, name)))
     return RdmaSample(devices=devices, taken_at=stamp)
