@@ -7,6 +7,7 @@ reliable: compare the content of the files instead (they are small).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class ConfigWatcher:
         self.directory = directory
         self.current = current
         self._fingerprint = self._digest()
+        self._last_stamp = self._stamp()
 
     def _digest(self) -> str:
         if self.directory is None:
@@ -39,8 +41,26 @@ class ConfigWatcher:
                 h.update(name.encode() + b"\0-\0")
         return h.hexdigest()
 
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        """Cheap change detector (inode, mtime, size through the kubelet's symlinks); the content
+        hash decides."""
+        if self.directory is None:
+            return ()
+        out = []
+        for name in FILES:
+            try:
+                st = os.stat(os.path.join(self.directory, name))
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((0, 0, -1))
+        return tuple(out)
+
     def poll(self) -> ReloadOutcome | None:
         """None when nothing changed; else the accepted config or the rejection reason."""
+        stamp = self._stamp()
+        if stamp == self._last_stamp:
+            return None
+        self._last_stamp = stamp
         digest = self._digest()
         if digest == self._fingerprint:
             return None

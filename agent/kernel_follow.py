@@ -41,10 +41,14 @@ class KernelFollower(threading.Thread):
             self.wake.set()
 
     def _follow_file(self) -> None:
-        offset = self.path.stat().st_size if self.path.exists() else 0
+        path = str(self.path)  # os.stat on a str: this runs 20 times a second
+        try:
+            offset = os.stat(path).st_size
+        except OSError:
+            offset = 0
         while not self.stopped.wait(POLL_SECONDS):
             try:
-                size = self.path.stat().st_size
+                size = os.stat(path).st_size
             except OSError:
                 continue
             if size < offset:  # truncated or replaced: start over
