@@ -173,6 +173,9 @@ def _rv(node: Mapping[str, Any] | None) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
+VERIFY_ROUNDS = (1.0, 3.0, 8.0, 15.0)  # post-taint re-counts, in units of verify_delay_s
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What one apply() did. ok=False: nothing is known to be written; the engine applies again later."""
@@ -492,24 +495,31 @@ class NodeWriter:
             dry_run=self.dry_run,
         )
 
-    def _schedule_verify(self) -> None:
-        """Check, once racing agents' writes have landed, that our new taint did not break the limit."""
-        timer = threading.Timer(self.verify_delay_s * (1 + random.random()), self._verify)
+    def _schedule_verify(self, round_: int = 0) -> None:
+        """Re-count, once racing agents' writes have landed, that our new taint did not break the
+        limit. Several rounds (about 1×, 3×, 8× and 15× verify_delay_s after the taint): under a
+        fleet-wide burst some racers' writes land after an early re-count."""
+        if round_ >= len(VERIFY_ROUNDS):
+            return
+        delay = self.verify_delay_s * VERIFY_ROUNDS[round_] * (1 + 0.5 * random.random())
+        timer = threading.Timer(delay, self._verify, args=(round_,))
         timer.daemon = True
         timer.start()
 
-    def _verify(self) -> None:
-        if self.brake is None or self._stop.is_set():
-            return
+    def _verify(self, round_: int = 0) -> None:
+        if self.brake is None or self._stop.is_set() or not self._taint_on:
+            return  # stopped, or the taint is already gone: nothing to yield
         try:
             yield_now, reason = self.brake.overshoot(self.node_name)
-        except Exception as exc:  # API trouble: keep the taint; the next new taint counts again
+        except Exception as exc:  # API trouble: keep the taint; try the next round
             log.warning("node %s: brake re-count failed: %s", self.node_name, _describe(exc))
-            return
+            yield_now, reason = False, ""
         if yield_now and self._last_marks is not None:
             log.warning("node %s: %s", self.node_name, reason)
             self._yield_reason = reason
             self._apply(self._last_marks, ())
+            return
+        self._schedule_verify(round_ + 1)
 
     def _transition_events(
         self, marks: Marks, decided: tuple[bool, bool, bool, str], had_taint: bool
