@@ -36,6 +36,26 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = ""
     raise AssertionError(f"timed out waiting for {what or predicate}")
 
 
+def run_agent_once(kube: Any, node: str, snapshot: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "agent.cli",
+        "agent",
+        "--node",
+        node,
+        "--from-snapshot",
+        str(ROOT / "examples" / "snapshots" / snapshot),
+        "--kubeconfig",
+        str(kube.kubeconfig),
+        "--metrics-port",
+        "0",
+        "--once",
+        *extra,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
 class AgentProcess:
     def __init__(self, kube: Any, node: str, snap: Path, config_dir: Path, log: Path) -> None:
         self.log = log
@@ -206,28 +226,7 @@ def test_an_api_outage_mid_run_converges_after_it_ends(
 
 def test_dry_run_writes_nothing(kube: Any, gpu_node: Callable[..., Any], tmp_path: Path) -> None:
     node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "agent",
-            "--node",
-            node,
-            "--from-snapshot",
-            str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"),
-            "--kubeconfig",
-            str(kube.kubeconfig),
-            "--metrics-port",
-            "0",
-            "--dry-run",
-            "--once",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    proc = run_agent_once(kube, node, "p5.48xlarge-xid79", "--dry-run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     world = {"node": node, "core": kube.api_client(), "kube": kube}
     current = node_dict(world)
@@ -269,27 +268,7 @@ def test_an_operator_clears_a_latched_xid(world: dict[str, Any]) -> None:
 
 def test_status_command_shows_the_fleet(kube: Any, gpu_node: Callable[..., Any]) -> None:
     node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "agent",
-            "--node",
-            node,
-            "--from-snapshot",
-            str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"),
-            "--kubeconfig",
-            str(kube.kubeconfig),
-            "--metrics-port",
-            "0",
-            "--once",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    run = run_agent_once(kube, node, "p5.48xlarge-xid79")
     assert run.returncode == 0, run.stdout + run.stderr
     status = subprocess.run(
         [sys.executable, "-m", "agent.cli", "status", "--kubeconfig", str(kube.kubeconfig)],

@@ -360,6 +360,16 @@ class NodeWriter:
             return cached
         return self._read()
 
+    def _observe_response(self, resp: Any) -> dict[str, Any]:
+        """Decode a raw Node response (always draining it: a half-read one breaks the pooled
+        connection) and remember it as the latest Node."""
+        try:
+            node: dict[str, Any] = json.loads(resp.data)
+        finally:
+            resp.release_conn()
+        self._observe(node)
+        return node
+
     def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
         resp = self.core.patch_node(
             self.node_name,
@@ -369,12 +379,7 @@ class NodeWriter:
             field_manager=self.component,
             _request_timeout=REQUEST_TIMEOUT,
         )
-        try:
-            node: dict[str, Any] = json.loads(resp.data)
-        finally:
-            resp.release_conn()
-        self._observe(node)
-        return node
+        return self._observe_response(resp)
 
     def _patch_status(self, cond: dict[str, Any]) -> dict[str, Any]:
         body = {"status": {"conditions": [cond]}}
@@ -386,12 +391,7 @@ class NodeWriter:
             field_manager=self.component,
             _request_timeout=REQUEST_TIMEOUT,
         )
-        try:
-            node: dict[str, Any] = json.loads(resp.data)
-        finally:
-            resp.release_conn()
-        self._observe(node)
-        return node
+        return self._observe_response(resp)
 
     # -- the write -----------------------------------------------------------------------------------
     def _decide_taint(self, node: Mapping[str, Any], marks: Marks) -> tuple[bool, bool, bool, str]:
