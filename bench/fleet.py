@@ -1,11 +1,18 @@
 """Fleet scale: N simulated agents against one real API server; steady state, then a fault on 40 %.
 
-Usage: python -m bench.fleet [--nodes 100] [--steady-seconds 60] [--fault-fraction 0.4] [--workers 32]
+Usage: python -m bench.fleet [--nodes 100] [--processes 1] [--steady-seconds 60] [--fault-fraction 0.4]
+       [--workers 32]
 
-What is simulated (one process, many node identities): for each of N GPU Nodes, the agent's real
-Node-side code, `agent.reporters.node_writer.NodeWriter` with its own `agent.reporters.brake.Brake`
-(default config: maxTaintedFraction 0.2), all sharing one kubernetes ApiClient whose connection pool
-holds N + 32 connections. Each NodeWriter runs its own watch of its own Node (one thread and one
+What is simulated (--processes K simulator processes, each with N/K node identities): for each of N GPU
+Nodes, the agent's real Node-side code, `agent.reporters.node_writer.NodeWriter` with its own
+`agent.reporters.brake.Brake` (default config: maxTaintedFraction 0.2); the identities of one process
+share its kubernetes ApiClient, whose connection pool holds its share + 32 connections. The parent
+process runs the API server, creates the Nodes, picks the faulty ones, tells the processes when the
+fault happens and merges their counts. --workers concurrent applies are split over the processes, and
+each process opens its watches that many at a time (the next batch once the last one has read its Nodes)
+so that the API server, not thousands of simultaneous TLS handshakes in one process, paces the start.
+At N=2000 one process does not fit a 2-core machine (see bench/README.md); use --processes 4.
+Each NodeWriter runs its own watch of its own Node (one thread and one
 long-running WATCH per node, as each agent process has). What is not run per node: the engine and the
 checks. Their output is taken from a real Engine: the Marks of the healthy p5.48xlarge snapshot and
 of the Xid 79 snapshot, computed once and given to every writer (with the Events the agent posts with
@@ -33,6 +40,7 @@ import contextlib
 import json
 import logging
 import math
+import multiprocessing
 import random
 import threading
 import time
@@ -198,127 +206,255 @@ def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int]) -> flo
         delay = min(delay * 2, 30.0)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", type=int, default=100)
-    ap.add_argument("--steady-seconds", type=float, default=60.0)
-    ap.add_argument("--fault-fraction", type=float, default=0.4)
-    ap.add_argument("--workers", type=int, default=32, help="concurrent applies (start and fault)")
-    ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
-    ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
-    ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args()
-    n = args.nodes
+def new_writer(core: Any, name: str, cfg: Any) -> NodeWriter:
+    brake = Brake(
+        core,
+        selector=str(cfg.get("node.gpuNodeSelector")),
+        max_fraction=float(cfg.get("node.maxTaintedFraction")),
+        max_nodes=int(cfg.get("node.maxTaintedNodes")),
+    )
+    return NodeWriter(core, name, brake=brake)
+
+
+def start_watches(writers: list[NodeWriter], batch: int, timeout: float = 120.0) -> None:
+    """Start the writers' watches *batch* at a time, each batch once its Nodes have been read (the
+    watch's first step), so the start is paced by the API server rather than by thousands of
+    simultaneous TLS handshakes in one process."""
+    for i in range(0, len(writers), batch):
+        group = writers[i : i + batch]
+        for w in group:
+            w.start()
+        deadline = time.monotonic() + timeout
+        for w in group:
+            while w.node is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+
+def shard(
+    idx: int,
+    kubeconfig: str,
+    names: list[str],
+    bad: list[str],
+    workers: int,
+    reask_s: float,
+    seed: int,
+    results: Any,
+    go_mp: Any,
+    stop_mp: Any,
+) -> None:
+    """One simulator process: its share of the node identities, with its own ApiClient (pool share + 32).
+    Reports ("ready", ...) after the first marks are on all its Nodes and ("done", ...) after the fault."""
+    from kubernetes import config as kconfig
+    from kubernetes.client import CoreV1Api
+
     threading.stack_size(512 * 1024)
     counted = Counted()
     for name in ("agent.reporters.node_writer", "agent.reporters.brake"):
         logging.getLogger(name).addHandler(counted)
         logging.getLogger(name).setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    healthy, failing = marks_of(HEALTHY), marks_of(XID79)
+    cfg = load_config_dir()
+    new_client: Any = kconfig.new_client_from_config
+    api = new_client(config_file=kubeconfig)
+    pool = len(names) + 32
+    api.configuration.connection_pool_maxsize = pool
+    api.rest_client.pool_manager.connection_pool_kw["maxsize"] = pool
+    core = CoreV1Api(api)
+    writers = [new_writer(core, name, cfg) for name in names]
+    t0 = time.monotonic()
+    start_watches(writers, workers)
+    watched = time.monotonic() - t0
+    start_failures: list[int] = []
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(lambda w: apply_until_ok(w, healthy, start_failures), writers))
+    results.put(("ready", idx, {"watched_s": watched, "started_s": time.monotonic() - t0}))
+    w_ready = counted.count
+
+    rng = random.Random(seed + idx)
+    go, stop = threading.Event(), threading.Event()
+    fault_failures: list[int] = []
+    bad_set = set(bad)
+    bad_writers = [w for w in writers if w.node_name in bad_set]
+
+    def agent_loop(w: NodeWriter) -> None:
+        """What the agent loop does after its Marks turn failing: apply; retry a failed apply with
+        backoff; while the brake holds the taint back, ask again every min(30 s, intervals.gpu)."""
+        go.wait()
+        delay = 1.0
+        while not stop.is_set():
+            res = w.apply(failing)
+            if not res.ok:
+                fault_failures.append(1)
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            delay = 1.0
+            if not res.brake_open:
+                return
+            stop.wait(reask_s * (1 + 0.1 * rng.random()))
+
+    threads = [threading.Thread(target=agent_loop, args=(w,), daemon=True) for w in bad_writers]
+    for t in threads:
+        t.start()
+    go_mp.wait()
+    go.set()
+    w_fault = counted.count
+    stop_mp.wait()
+    stop.set()
+    for t in threads:
+        t.join(5)
+    results.put(
+        (
+            "done",
+            idx,
+            {
+                "start_failures": len(start_failures),
+                "fault_failures": len(fault_failures),
+                "steady_warnings": w_fault - w_ready,
+                "fault_warnings": counted.count - w_fault,
+                "yields": counted.yields,
+                "samples": counted.samples,
+                "brake_open": sum(1 for w in bad_writers if w.brake_open),
+                "vmhwm_kb": peak_rss_kb(),
+            },
+        )
+    )
+    for w in writers:
+        w.stop(timeout=0.05)
+
+
+def peak_rss_kb() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def collect(results: Any, kind: str, k: int, timeout: float) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < k:
+        got, idx, payload = results.get(timeout=max(1.0, deadline - time.monotonic()))
+        if got != kind:
+            raise RuntimeError(f"shard {idx} sent {got!r}, expected {kind!r}")
+        out[idx] = payload
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--processes", type=int, default=1, help="simulator processes sharing the identities")
+    ap.add_argument("--steady-seconds", type=float, default=60.0)
+    ap.add_argument("--fault-fraction", type=float, default=0.4)
+    ap.add_argument(
+        "--workers", type=int, default=32, help="concurrent applies (start and fault), all processes"
+    )
+    ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
+    ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    n, k = args.nodes, max(1, args.processes)
+    per_proc = max(1, args.workers // k)
 
     healthy, failing = marks_of(HEALTHY), marks_of(XID79)
     assert not healthy.taint and failing.taint
     cfg = load_config_dir()
+    mp = multiprocessing.get_context("spawn")
     with kube_env() as env:
-        core = core_api(env, pool=n + 32)
+        core = core_api(env, pool=64)
         names = [f"gpu-{i:05d}" for i in range(n)]
         t0 = time.monotonic()
         with ThreadPoolExecutor(args.workers) as ex:
             list(ex.map(lambda name: create_node(core, name), names))
         created = time.monotonic() - t0
 
-        writers = [
-            NodeWriter(
-                core,
-                name,
-                brake=Brake(
-                    core,
-                    selector=str(cfg.get("node.gpuNodeSelector")),
-                    max_fraction=float(cfg.get("node.maxTaintedFraction")),
-                    max_nodes=int(cfg.get("node.maxTaintedNodes")),
-                ),
-            )
-            for name in names
-        ]
+        rng = random.Random(args.seed)
+        bad = rng.sample(names, round(n * args.fault_fraction))
+        results, go_mp, stop_mp = mp.Queue(), mp.Event(), mp.Event()
         a_start = apiserver_requests(env)
         t0 = time.monotonic()
-        for w in writers:
-            w.start()
-        start_failures: list[int] = []
-        with ThreadPoolExecutor(args.workers) as ex:
-            list(ex.map(lambda w: apply_until_ok(w, healthy, start_failures), writers))
+        procs = [
+            mp.Process(
+                target=shard,
+                args=(
+                    i,
+                    str(env.kubeconfig),
+                    names[i::k],
+                    [b for b in bad if b in set(names[i::k])],
+                    per_proc,
+                    args.reask_seconds,
+                    args.seed,
+                    results,
+                    go_mp,
+                    stop_mp,
+                ),
+                daemon=True,
+            )
+            for i in range(k)
+        ]
+        for p in procs:
+            p.start()
+        ready = collect(results, "ready", k, timeout=3600)
         started = time.monotonic() - t0
         time.sleep(3)  # the watches of the last writes arrive
 
         a0 = apiserver_requests(env)
-        w0 = counted.count
         time.sleep(args.steady_seconds)
         a1 = apiserver_requests(env)
         steady = diff(a1, a0)
-        steady_warnings = counted.count - w0
         start_reqs = diff(a0, a_start)
 
-        rng = random.Random(args.seed)
-        bad = rng.sample(writers, round(n * args.fault_fraction))
-        fault_failures: list[int] = []
-        go, stop = threading.Event(), threading.Event()
         changes = MarksWatch(core)
-        time.sleep(1)
-
-        def agent_loop(w: NodeWriter) -> None:
-            """What the agent loop does after its Marks turn failing: apply; retry a failed apply with
-            backoff; while the brake holds the taint back, ask again every min(30 s, intervals.gpu)."""
-            go.wait()
-            delay = 1.0
-            while not stop.is_set():
-                res = w.apply(failing)
-                if not res.ok:
-                    fault_failures.append(1)
-                    stop.wait(delay)
-                    delay = min(delay * 2, 30.0)
-                    continue
-                delay = 1.0
-                if not res.brake_open:
-                    return
-                stop.wait(args.reask_seconds * (1 + 0.1 * rng.random()))
-
-        w1 = counted.count
-        threads = [threading.Thread(target=agent_loop, args=(w,), daemon=True) for w in bad]
-        for t in threads:
-            t.start()
-        time.sleep(0.5)
+        time.sleep(1.5)  # every shard's agent threads are waiting for the go
         t_fault = time.perf_counter()
-        go.set()
+        go_mp.set()
         time.sleep(args.observe_seconds)
         a2 = apiserver_requests(env)
-        stop.set()
-        for t in threads:
-            t.join(5)
+        stop_mp.set()
+        done = collect(results, "done", k, timeout=120)
+        for p in procs:
+            p.join(30)
         changes.stop()
         last_change = changes.last_change
         stable_s = last_change - t_fault if last_change > t_fault else 0.0
         fault_reqs = diff(a2, a1)
-        fault_warnings = counted.count - w1
         quiet_from = t_fault + stable_s
 
         tainted = tainted_nodes(core)
         labelled_fail = count_nodes(core, "gpu-healthcheck/status=fail")
         labelled_tainted = count_nodes(core, "gpu-healthcheck/tainted=true")
-        brake_open = sum(1 for w in bad if w.brake_open)
-        for w in writers:
-            w.stop(timeout=0.05)
 
+    def total(key: str) -> int:
+        return sum(int(d[key]) for d in done.values())
+
+    start_failures, fault_failures = total("start_failures"), total("fault_failures")
+    steady_warnings, fault_warnings, yields = (
+        total("steady_warnings"),
+        total("fault_warnings"),
+        total("yields"),
+    )
+    brake_open = total("brake_open")
+    samples = [s for d in done.values() for s in d["samples"]][:5]
     frac = float(cfg.get("node.maxTaintedFraction"))
     limit = math.ceil(frac * n)  # refuse when tainted_now >= frac * n: at most ceil(frac * n) taints
     hours = args.steady_seconds / 3600
     print(f"fleet  machine: {machine()}  apiserver: {env.version}")
     print(
-        f"parameters: nodes={n} (one process: {n} NodeWriter+Brake, {n} watches, one shared ApiClient) "
-        f"fault on {len(bad)} nodes ({args.fault_fraction:.0%}) workers={args.workers} "
+        f"parameters: nodes={n} ({k} simulator process{'es' if k > 1 else ''}, each with its own ApiClient: "
+        f"{n} NodeWriter+Brake, {n} watches in all) fault on {len(bad)} nodes ({args.fault_fraction:.0%}) "
+        f"workers={args.workers} "
         f"maxTaintedFraction={frac}"
     )
     print(f"start: {n} Nodes created in {created:.1f} s; first marks on all in {started:.1f} s; ", end="")
-    print(f"requests {sum(start_reqs.values()):.0f}, failed applies {len(start_failures)}")
+    print(f"requests {sum(start_reqs.values()):.0f}, failed applies {start_failures}")
+    watched = max(d["watched_s"] for d in ready.values())
+    peak = ", ".join(f"{d['vmhwm_kb'] / 1024:.0f}" for _i, d in sorted(done.items()))
+    print(
+        f"  (all watches open after {watched:.1f} s in the slowest process; peak RSS per process MiB: {peak})"
+    )
     print(f"steady state ({args.steady_seconds:.0f} s):")
     print(f"  {'resource':<14} {'verb':<8} {'in window':>9} {'per node-hour':>14}")
     if not steady:
@@ -340,9 +476,9 @@ def main() -> None:
     errs = {**errors_of(fault_reqs), **errors_of(steady), **errors_of(start_reqs)}
     print(
         f"  API errors: non-2xx at the server {sum(errs.values()):.0f} {errs or ''}; failed applies "
-        f"{len(fault_failures) + len(start_failures)}; writer warnings {fault_warnings} "
-        f"(of which 'yielding' after the post-taint re-count: {counted.yields})"
-        + (f" e.g. {counted.samples}" if counted.samples else "")
+        f"{fault_failures + start_failures}; writer warnings {fault_warnings} "
+        f"(of which 'yielding' after the post-taint re-count: {yields})"
+        + (f" e.g. {samples}" if samples else "")
     )
     print(
         f"  marks changes seen by a watch of all Nodes: {changes.changes}; the last one "
