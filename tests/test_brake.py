@@ -206,3 +206,21 @@ def test_a_race_of_simultaneous_taints_settles_at_the_limit(core: k8s.CoreV1Api,
         time.sleep(0.2)
     tainted = sorted(n for n in names if _ours(core, n))
     assert 1 <= len(tainted) <= 2, tainted
+
+
+@pytest.mark.kube
+def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """The total (a list of every GPU node, annotations and all) is the heavy request: cached."""
+    pool = unique_name("cache")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    now = [1000.0]
+    brake = Brake(core, selector=selector, clock=lambda: now[0], total_cache_seconds=300)
+    names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3)]
+    assert brake.count() == (0, 3)
+    gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"})
+    assert brake.count() == (1, 3)  # a new tainted node is seen at once; the total is the cached one
+    now[0] += 301
+    assert brake.count() == (1, 4)
+    assert len(names) == 3

@@ -91,6 +91,7 @@ class Brake:
         prefix: str = "gpu-healthcheck",
         cache_seconds: float = 10,
         clock: Callable[[], float] = time.monotonic,
+        total_cache_seconds: float = 300,
     ) -> None:
         self._core = core
         self.selector = selector
@@ -101,6 +102,8 @@ class Brake:
         self._clock = clock
         self._lock = threading.Lock()
         self._state: BrakeState | None = None
+        self.total_cache_seconds = total_cache_seconds
+        self._total_cache: tuple[float, set[str]] | None = None
 
     @property
     def state(self) -> BrakeState | None:
@@ -135,9 +138,21 @@ class Brake:
             if not cont:
                 return names
 
+    def _gpu_nodes(self) -> set[str]:
+        """All GPU nodes, cached for total_cache_seconds: a fleet's size changes slowly, and every
+        item of this list carries a Node's annotations (our results among them), so at thousands of
+        nodes it is by far the heaviest request the agent makes. Only tainted nodes are re-listed."""
+        now = self._clock()
+        cached = self._total_cache
+        if cached is not None and now - cached[0] < self.total_cache_seconds:
+            return cached[1]
+        names = set(self._names(self.selector))
+        self._total_cache = (now, names)
+        return names
+
     def count(self, node_name: str | None = None) -> tuple[int, int]:
         """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
-        all_names = set(self._names(self.selector))
+        all_names = set(self._gpu_nodes())
         tainted = set(self._names(self.tainted_selector))
         if node_name is not None:
             tainted.discard(node_name)
@@ -160,7 +175,7 @@ class Brake:
     def overshoot(self, node_name: str) -> tuple[bool, str]:
         """After our taint landed: must this node yield because racing agents tainted too many?"""
         tainted = self._names(self.tainted_selector)
-        total = len(set(self._names(self.selector)) | {node_name})
+        total = len(self._gpu_nodes() | {node_name})
         cap = brake_cap(total, self.max_fraction, self.max_nodes)
         if must_back_off(node_name, tainted, cap):
             reason = f"{len(set(tainted))} GPU nodes were tainted at once, above the limit of {cap}: yielding"
