@@ -6,9 +6,7 @@ The fake (tests/fakes/dcgm) is imported through agent.dcgm.bindings exactly like
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -38,23 +36,11 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.setenv(ENV, str(FAKE))
-    load_bindings()
-    import fake_engine  # type: ignore[import-not-found]
-
-    fake_engine.reset()
-    yield fake_engine
-    fake_engine.diag_release.set()
-    fake_engine.reset()
-
-
 def client(clock: Clock | None = None, grace: float = 120.0) -> DcgmClient:
     return DcgmClient("nvidia-dcgm.gpu-healthcheck.svc:5555", 5.0, grace, clock=clock or Clock())
 
 
-def test_bindings_found_through_the_env_override_else_a_clear_error(engine: Any) -> None:
+def test_bindings_found_through_the_env_override_else_a_clear_error(fake_dcgm: Any) -> None:
     b = load_bindings({ENV: str(FAKE)})
     assert b.path == str(FAKE) and hasattr(b.pydcgm, "DcgmHandle")
     if not any(d.exists() for d in DEFAULT_DIRS):  # a machine with real DCGM would find them
@@ -62,10 +48,10 @@ def test_bindings_found_through_the_env_override_else_a_clear_error(engine: Any)
             load_bindings({ENV: "/nonexistent"})
 
 
-def test_connects_to_the_address_with_timeout_and_never_embedded(engine: Any) -> None:
+def test_connects_to_the_address_with_timeout_and_never_embedded(fake_dcgm: Any) -> None:
     c = client()
     c.handle()
-    assert engine.connects == [
+    assert fake_dcgm.connects == [
         {
             "ipAddress": "nvidia-dcgm.gpu-healthcheck.svc:5555",
             "timeoutMs": 5000,
@@ -77,8 +63,8 @@ def test_connects_to_the_address_with_timeout_and_never_embedded(engine: Any) ->
         DcgmClient("  ")
 
 
-def test_unreachable_at_start_is_unknown_in_grace_then_unknown_with_reason(engine: Any) -> None:
-    engine.up = False
+def test_unreachable_at_start_is_unknown_in_grace_then_unknown_with_reason(fake_dcgm: Any) -> None:
+    fake_dcgm.up = False
     clock = Clock()
     c = client(clock, grace=120)
     poller = HealthPoller(c)
@@ -94,26 +80,26 @@ def test_unreachable_at_start_is_unknown_in_grace_then_unknown_with_reason(engin
     assert check_dcgm_health(NodeFacts(dcgm_health=later), CFG).status is Status.UNKNOWN
 
 
-def test_engine_restart_rebuilds_groups_and_watches(engine: Any) -> None:
+def test_engine_restart_rebuilds_groups_and_watches(fake_dcgm: Any) -> None:
     c = client()
     poller = HealthPoller(c)
     assert isinstance(poller.poll(), HealthReport)
-    assert engine.groups_created == 1 and len(engine.health_sets) == 1
-    engine.restart()  # old connection now answers -21
+    assert fake_dcgm.groups_created == 1 and len(fake_dcgm.health_sets) == 1
+    fake_dcgm.restart()  # old connection now answers -21
     lost = poller.poll()
     assert isinstance(lost, ProbeError) and c.state == "lost" and "reconnecting" in lost.message
-    engine.incidents = [
+    fake_dcgm.incidents = [
         dict(system=0x10, health=20, code=4, msg="Detected 1 volatile DBE in GPU 1.", group=1, id=1)
     ]
     again = poller.poll()
     assert isinstance(again, HealthReport) and c.generation == 2
-    assert engine.groups_created == 2 and len(engine.health_sets) == 2  # watches set again
+    assert fake_dcgm.groups_created == 2 and len(fake_dcgm.health_sets) == 2  # watches set again
     assert [i.code for i in again.incidents] == [4]
 
 
-def test_health_watches_all_systems_and_incidents_map_through_the_table(engine: Any) -> None:
-    engine.gpus = [0, 1, 2]
-    engine.incidents = [
+def test_health_watches_all_systems_and_incidents_map_through_the_table(fake_dcgm: Any) -> None:
+    fake_dcgm.gpus = [0, 1, 2]
+    fake_dcgm.incidents = [
         dict(system=0x2, health=20, code=14, msg="GPU 2's NvLink link 4 is currently down", group=1, id=2),
         dict(
             system=0x1, health=10, code=3, msg="Detected more than 8 PCIe replays per minute", group=1, id=0
@@ -122,7 +108,7 @@ def test_health_watches_all_systems_and_incidents_map_through_the_table(engine: 
     poller = HealthPoller(client())
     rep = poller.poll()
     assert isinstance(rep, HealthReport)
-    mask, interval, keep = engine.health_sets[0]
+    mask, interval, keep = fake_dcgm.health_sets[0]
     assert mask == 0xFFFFFFFF and interval == 30_000_000 and keep == 600.0
     res = check_dcgm_health(NodeFacts(dcgm_health=rep), CFG)
     sev = {f.entities[0]: f.severity for f in res.findings}
@@ -130,21 +116,23 @@ def test_health_watches_all_systems_and_incidents_map_through_the_table(engine: 
     assert res.status is Status.FAIL and "NvLink link 4" in res.message
 
 
-def test_incidents_deduplicated_across_polls(engine: Any) -> None:
-    engine.incidents = [dict(system=0x10, health=20, code=4, msg="DBE", group=1, id=0)]
+def test_incidents_deduplicated_across_polls(fake_dcgm: Any) -> None:
+    fake_dcgm.incidents = [dict(system=0x10, health=20, code=4, msg="DBE", group=1, id=0)]
     poller = HealthPoller(client())
     poller.poll()
     assert len(poller.new_keys) == 1
     poller.poll()
     assert poller.new_keys == ()  # the same incident again is not new
-    engine.incidents.append(dict(system=0x2, health=20, code=14, msg="down", group=1, id=1))
+    fake_dcgm.incidents.append(dict(system=0x2, health=20, code=14, msg="down", group=1, id=1))
     poller.poll()
     assert len(poller.new_keys) == 1
 
 
-def test_imex_on_an_nvswitch_node_is_ignored(engine: Any) -> None:
-    engine.switches = [0, 1]
-    engine.incidents = [dict(system=0x2, health=20, code=122, msg="IMEX daemon status is -3", group=1, id=0)]
+def test_imex_on_an_nvswitch_node_is_ignored(fake_dcgm: Any) -> None:
+    fake_dcgm.switches = [0, 1]
+    fake_dcgm.incidents = [
+        dict(system=0x2, health=20, code=122, msg="IMEX daemon status is -3", group=1, id=0)
+    ]
     rep = HealthPoller(client()).poll()
     assert isinstance(rep, HealthReport) and rep.single_node_nvswitch
     assert check_dcgm_health(NodeFacts(dcgm_health=rep), CFG).status is Status.PASS
@@ -157,12 +145,12 @@ def runner(c: DcgmClient, gate: IdleGate | None = None, **kw: Any) -> DiagRunner
     return DiagRunner(c, gate or IdleGate(lambda: {0: 0, 1: 0}, lambda: []), **kw)
 
 
-def test_diag_runs_level_2_with_timeout_and_heartbeat_and_latches(engine: Any) -> None:
-    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json"))
+def test_diag_runs_level_2_with_timeout_and_heartbeat_and_latches(fake_dcgm: Any) -> None:
+    fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json"))
     r = runner(client(), level=2, timeout_s=900)
     assert isinstance(r.latest, NotCaptured)
     assert r.run_if_idle().idle
-    assert engine.diag_calls == [{"testNamesStr": "2", "timeout": 900, "heartbeat": True}]
+    assert fake_dcgm.diag_calls == [{"testNamesStr": "2", "timeout": 900, "heartbeat": True}]
     rep = r.latest
     assert isinstance(rep, DiagReport) and rep.source == "DCGM API" and rep.level == 2
     st = {(x.test, x.gpu): x.status for x in rep.results}
@@ -176,8 +164,8 @@ def test_diag_runs_level_2_with_timeout_and_heartbeat_and_latches(engine: Any) -
     assert not busy.run_if_idle().idle and busy.latest is rep
 
 
-def test_diag_node_level_error_and_config_warning_from_the_api(engine: Any) -> None:
-    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-pcie-node-error-software-warn.json"))
+def test_diag_node_level_error_and_config_warning_from_the_api(fake_dcgm: Any) -> None:
+    fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-pcie-node-error-software-warn.json"))
     r = runner(client())
     r.run_if_idle()
     rep = r.latest
@@ -188,9 +176,9 @@ def test_diag_node_level_error_and_config_warning_from_the_api(engine: Any) -> N
     assert res.status is Status.UNKNOWN and "not tied to a GPU" in (res.unknown or "")
 
 
-def test_diag_past_its_timeout_is_unknown_and_heartbeats_stop(engine: Any) -> None:
-    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
-    engine.diag_hold.set()
+def test_diag_past_its_timeout_is_unknown_and_heartbeats_stop(fake_dcgm: Any) -> None:
+    fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    fake_dcgm.diag_hold.set()
     c = client()
     beat = threading.Event()
     import dcgm_agent  # type: ignore[import-not-found]
@@ -218,29 +206,29 @@ def test_diag_past_its_timeout_is_unknown_and_heartbeats_stop(engine: Any) -> No
     assert res.status is Status.UNKNOWN
 
 
-def test_diag_already_running_or_engine_down_is_unknown(engine: Any) -> None:
-    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
-    engine.diag_error = -39
+def test_diag_already_running_or_engine_down_is_unknown(fake_dcgm: Any) -> None:
+    fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    fake_dcgm.diag_error = -39
     r = runner(client())
     r.run_if_idle()
     assert isinstance(r.latest, ProbeError) and "already running" in r.latest.message
-    engine.up = False
+    fake_dcgm.up = False
     r2 = runner(client())
     r2.run_if_idle()
     assert isinstance(r2.latest, ProbeError) and r2.latest.kind is ProbeErrorKind.UNAVAILABLE
     assert check_dcgm_diag(NodeFacts(dcgm_diag=r2.latest), CFG).status is Status.UNKNOWN
 
 
-def test_diag_progress_is_visible_while_running(engine: Any) -> None:
-    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
-    engine.diag_hold.set()
+def test_diag_progress_is_visible_while_running(fake_dcgm: Any) -> None:
+    fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+    fake_dcgm.diag_hold.set()
     r = runner(client(), timeout_s=30)
     t = threading.Thread(target=r.run_if_idle)
     t.start()
-    while not engine.diag_calls:
+    while not fake_dcgm.diag_calls:
         threading.Event().wait(0.001)
     assert r.in_progress and "in progress" in r.progress()
-    engine.diag_release.set()
+    fake_dcgm.diag_release.set()
     t.join()
     assert not r.in_progress and isinstance(r.latest, DiagReport)
     assert check_dcgm_diag(NodeFacts(dcgm_diag=r.latest), CFG).status is Status.PASS
@@ -249,18 +237,18 @@ def test_diag_progress_is_visible_while_running(engine: Any) -> None:
 # --------------------------------------------------------------------------- idle gating
 
 
-def test_idle_gate_busy_gpu_blocks_the_diag(engine: Any) -> None:
-    engine.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
+def test_idle_gate_busy_gpu_blocks_the_diag(fake_dcgm: Any) -> None:
+    fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"))
     r = runner(client(), IdleGate(lambda: {0: 0, 1: 2}, lambda: []))
     v = r.run_if_idle()
     assert not v.idle and "GPU(s) 1" in v.reason
-    assert engine.diag_calls == [] and "postponed" in r.progress()
+    assert fake_dcgm.diag_calls == [] and "postponed" in r.progress()
 
 
-def test_idle_gate_gpu_pod_on_the_node_blocks_the_diag(engine: Any) -> None:
+def test_idle_gate_gpu_pod_on_the_node_blocks_the_diag(fake_dcgm: Any) -> None:
     r = runner(client(), IdleGate(lambda: {0: 0}, lambda: ["team-a/train-0"]))
     v = r.run_if_idle()
-    assert not v.idle and "team-a/train-0" in v.reason and engine.diag_calls == []
+    assert not v.idle and "team-a/train-0" in v.reason and fake_dcgm.diag_calls == []
 
 
 def test_idle_gate_unreadable_means_busy() -> None:
@@ -272,7 +260,7 @@ def test_idle_gate_unreadable_means_busy() -> None:
     assert IdleGate(lambda: {0: 0}, lambda: []).check().idle
 
 
-def test_engine_unavailable_message_from_client(engine: Any) -> None:
-    engine.up = False
+def test_engine_unavailable_message_from_client(fake_dcgm: Any) -> None:
+    fake_dcgm.up = False
     with pytest.raises(EngineUnavailable, match="not reachable yet"):
         client().handle()

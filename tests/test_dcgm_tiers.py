@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from agent.config import load_config_dir
-from agent.dcgm.bindings import ENV, load_bindings
 from agent.dcgm.idle import IdleGate
 from agent.dcgm_tiers import DcgmTiers, gpu_pods_on_node, pods_unknown
 from agent.engine import Engine
@@ -28,18 +25,6 @@ FAIL_DOC = (
 CFG = load_config_dir(ROOT / "config")
 
 
-@pytest.fixture
-def engine_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.setenv(ENV, str(FAKE))
-    load_bindings()
-    import fake_engine  # type: ignore[import-not-found]
-
-    fake_engine.reset()
-    yield fake_engine
-    fake_engine.diag_release.set()
-    fake_engine.reset()
-
-
 def tiers_with(pods: Any) -> DcgmTiers:
     tiers = DcgmTiers(CFG, pods)
     tiers.runner.idle = IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods)
@@ -52,9 +37,9 @@ def engine_for(tiers: DcgmTiers, tmp_path: Path) -> Engine:
     return Engine(SnapshotSource(snap), CFG, extra_inputs=tiers.inputs(), progress=tiers.progress)
 
 
-def test_a_failing_diag_runs_in_the_background_and_latches(engine_fake: Any, tmp_path: Path) -> None:
-    engine_fake.diag_doc = json.loads(FAIL_DOC.read_text())
-    engine_fake.diag_hold.set()
+def test_a_failing_diag_runs_in_the_background_and_latches(fake_dcgm: Any, tmp_path: Path) -> None:
+    fake_dcgm.diag_doc = json.loads(FAIL_DOC.read_text())
+    fake_dcgm.diag_hold.set()
     tiers = tiers_with(lambda: [])
     eng = engine_for(tiers, tmp_path)
     eng.run_tier("dcgm-diag")  # starts the diag, does not wait for it
@@ -64,24 +49,24 @@ def test_a_failing_diag_runs_in_the_background_and_latches(engine_fake: Any, tmp
     _, marks = eng.evaluate()
     assert "DCGM diag level 2 running since" in marks.condition_message
 
-    engine_fake.diag_release.set()
+    fake_dcgm.diag_release.set()
     tiers._thread.join(30)
     eng.run_tier("dcgm-diag")
     verdict, marks = eng.evaluate()
     assert eng.results["dcgm-diag"].status is Status.FAIL
     assert verdict.severity is Severity.ISOLATE and marks.taint
     assert any(k.startswith("dcgm-diag/") for k in eng.latches)
-    assert engine_fake.diag_calls and engine_fake.diag_calls[0].get("heartbeat") is True
+    assert fake_dcgm.diag_calls and fake_dcgm.diag_calls[0].get("heartbeat") is True
     tiers._thread.join(30)  # the second tier run started the next diag: let it end inside this test
 
 
-def test_a_gpu_pod_postpones_the_diag(engine_fake: Any, tmp_path: Path) -> None:
+def test_a_gpu_pod_postpones_the_diag(fake_dcgm: Any, tmp_path: Path) -> None:
     tiers = tiers_with(lambda: ["team-a/train-0"])
     eng = engine_for(tiers, tmp_path)
     eng.run_tier("dcgm-diag")
     assert tiers._thread is not None
     tiers._thread.join(30)
-    assert engine_fake.diag_calls == []
+    assert fake_dcgm.diag_calls == []
     assert "team-a/train-0" in tiers.progress()
 
 
@@ -91,7 +76,7 @@ def test_without_api_access_the_gpus_are_never_called_idle() -> None:
     assert IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods_unknown).check().idle is False
 
 
-def test_health_tier_reports_engine_incidents(engine_fake: Any, tmp_path: Path) -> None:
+def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) -> None:
     tiers = tiers_with(lambda: [])
     eng = engine_for(tiers, tmp_path)
     eng.run_tier("dcgm-health")

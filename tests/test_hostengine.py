@@ -10,13 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.dcgm.bindings import ENV, load_bindings
 from agent.inject_kmsg import InjectRefused, write_xid_line, xid_line
 from agent.probes.kernel_log import parse_kernel_log
 from agent.xid import extract_xids
@@ -106,24 +104,13 @@ def test_entrypoint_refuses_when_another_engine_process_runs(
 # --------------------------------------------------------------------------- probe (fake bindings)
 
 
-@pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv(ENV, str(FAKE))
-    load_bindings()
-    import fake_engine  # type: ignore[import-not-found]
-
-    fake_engine.reset()
-    yield fake_engine
-    fake_engine.reset()
-
-
-def test_probe_lists_gpus_and_fails_when_unreachable_or_empty(engine: Any) -> None:
+def test_probe_lists_gpus_and_fails_when_unreachable_or_empty(fake_dcgm: Any) -> None:
     ok, msg = probe.probe("127.0.0.1:5555")
     assert ok and "2 GPU(s)" in msg
-    engine.gpus = []
+    fake_dcgm.gpus = []
     assert not probe.probe("127.0.0.1:5555")[0]
     assert probe.probe("127.0.0.1:5555", allow_no_gpu=True)[0]
-    engine.up = False
+    fake_dcgm.up = False
     ok, msg = probe.probe("127.0.0.1:5555")
     assert not ok and "unreachable" in msg
     assert probe.main(["--address", "127.0.0.1:5555"]) == 1
