@@ -14,6 +14,7 @@ import platform
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -289,3 +290,11 @@ class NodeWatch:
         if w is not None:
             with contextlib.suppress(Exception):
                 w.stop()
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port

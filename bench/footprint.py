@@ -25,7 +25,6 @@ import cProfile
 import io
 import os
 import pstats
-import socket
 import statistics
 import tempfile
 import time
@@ -38,6 +37,7 @@ from bench._kube import (
     HEALTHY,
     AgentProcess,
     core_api,
+    free_port,
     kube_env,
     machine,
     metric_sum,
@@ -99,14 +99,6 @@ def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     rest = stat[stat.rindex(")") + 2 :].split()
     return (int(rest[11]) + int(rest[12])) / TICK  # utime, stime (fields 14, 15)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def process(cycles: int, interval: float, warmup: float) -> None:

@@ -20,7 +20,6 @@ and is re-opened): its per-hour figure is wall-clock (measured count x 3600 / wi
 from __future__ import annotations
 
 import argparse
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from bench._kube import (
     apiserver_requests,
     core_api,
     diff,
+    free_port,
     kube_env,
     longrunning_watches,
     machine,
@@ -38,14 +38,6 @@ from bench._kube import (
     wait_for,
     write_config,
 )
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def main() -> None:

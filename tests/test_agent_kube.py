@@ -36,8 +36,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = ""
     raise AssertionError(f"timed out waiting for {what or predicate}")
 
 
-def run_agent_once(kube: Any, node: str, snapshot: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = [
+def agent_argv(kubeconfig: Path, node: str, snapshot: Path, *extra: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "agent.cli",
@@ -45,42 +45,29 @@ def run_agent_once(kube: Any, node: str, snapshot: str, *extra: str) -> subproce
         "--node",
         node,
         "--from-snapshot",
-        str(ROOT / "examples" / "snapshots" / snapshot),
+        str(snapshot),
         "--kubeconfig",
-        str(kube.kubeconfig),
+        str(kubeconfig),
         "--metrics-port",
         "0",
-        "--once",
         *extra,
     ]
+
+
+def run_agent_once(kube: Any, node: str, snapshot: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = agent_argv(kube.kubeconfig, node, ROOT / "examples" / "snapshots" / snapshot, "--once", *extra)
     return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 class AgentProcess:
     def __init__(self, kube: Any, node: str, snap: Path, config_dir: Path, log: Path) -> None:
         self.log = log
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agent.cli",
-                "agent",
-                "--node",
-                node,
-                "--from-snapshot",
-                str(snap),
-                "--kubeconfig",
-                str(kube.kubeconfig),
-                "--config-dir",
-                str(config_dir),
-                "--metrics-port",
-                "0",
-            ],
+            agent_argv(kube.kubeconfig, node, snap, "--config-dir", str(config_dir)),
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env=env,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> float:
