@@ -74,9 +74,14 @@ class Agent:
         self.retry_delay = 1.0
         self.follower: KernelFollower | None = None
         if kernel_path is not None:
-            self.follower = _XidFollower(kernel_path, self, device=kernel_is_device)
+            self.follower = KernelFollower(kernel_path, self._xid_seen, device=kernel_is_device)
 
     # ------------------------------------------------------------------ lifecycle
+
+    def _xid_seen(self) -> None:
+        """The follower saw an Xid-like line: run the xid tier now, not at the next tick."""
+        self.xid_pending.set()
+        self.poke.set()
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -189,19 +194,6 @@ class Agent:
 
     def ready(self) -> bool:
         return self.engine.evaluations > 0
-
-
-class _XidFollower(KernelFollower):
-    """Wakes the agent's loop for an immediate xid tier run."""
-
-    def __init__(self, path: Path, agent: Agent, *, device: bool) -> None:
-        self._agent = agent
-        super().__init__(path, agent.xid_pending, device=device)
-
-    def _hit(self, data: bytes) -> None:
-        super()._hit(data)
-        if self._agent.xid_pending.is_set():
-            self._agent.poke.set()
 
 
 def serve_http(agent: Agent, port: int) -> ThreadingHTTPServer | None:

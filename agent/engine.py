@@ -254,8 +254,12 @@ class Engine:
         )
         return results
 
+    def _node(self) -> Probed[NodeObject]:
+        """The Node: the writer's watched copy in the agent, the snapshot's node.json otherwise."""
+        return self.node_getter() if self.node_getter else self.source.node()
+
     def facts(self) -> NodeFacts:
-        node: Probed[NodeObject] = self.node_getter() if self.node_getter else self.source.node()
+        node = self._node()
         itype, itype_source = resolve_instance_type(self.source, self.cfg, node, None)
         gpus = self.inputs.get("gpus", NotCaptured("nvidia-smi"))
         return NodeFacts(
@@ -345,7 +349,7 @@ class Engine:
         return sorted(results.values(), key=lambda r: order.index(r.name) if r.name in order else len(order))
 
     def evaluate(self) -> tuple[Verdict, Marks]:
-        node = self.node_getter() if self.node_getter else NotCaptured("node")
+        node = self._node()
         drop, clear_event = self.take_clear_request(node)
         results = self.current_results()
         verdict = decide(results)
@@ -370,7 +374,7 @@ class Engine:
             verdict,
             checked_at=stamp,
             boot_id=self.boot_id,
-            instance_type=self.facts_instance_type(),
+            instance_type=resolve_instance_type(self.source, self.cfg, node, None)[0],
             latched=[latch.as_dict() for latch in self.latches.values()],
             check_times=self.result_at,
         )
@@ -404,10 +408,6 @@ class Engine:
             self._last_gpu_run_seen = ran
             return True
         return False
-
-    def facts_instance_type(self) -> str | None:
-        node: Probed[NodeObject] = self.node_getter() if self.node_getter else self.source.node()
-        return resolve_instance_type(self.source, self.cfg, node, None)[0]
 
     def _events(self, verdict: Verdict) -> tuple[NodeEvent, ...]:
         events: list[NodeEvent] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent.severity import Severity, Status
 
@@ -34,7 +34,6 @@ class CheckResult:
     skipped: str | None = None  # reason the check does not apply / input not captured
     note: str = ""  # a short pass message ("8 GPUs, ECC clean")
     duration_ms: float = 0.0
-    entities: tuple[str, ...] = field(default=())
 
     @property
     def severity(self) -> Severity:
@@ -69,7 +68,8 @@ class CheckResult:
         return self.note or "ok"
 
     def all_entities(self) -> tuple[str, ...]:
-        seen: dict[str, None] = dict.fromkeys(self.entities)
+        """The GPUs / devices named by the findings, in order, once each."""
+        seen: dict[str, None] = {}
         for f in self.findings:
             seen.update(dict.fromkeys(f.entities))
         return tuple(seen)

@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -18,10 +19,10 @@ POLL_SECONDS = 0.05
 
 
 class KernelFollower(threading.Thread):
-    def __init__(self, path: Path, wake: threading.Event, *, device: bool) -> None:
+    def __init__(self, path: Path, on_trigger: Callable[[], None], *, device: bool) -> None:
         super().__init__(name="kernel-follower", daemon=True)
         self.path = path
-        self.wake = wake
+        self.on_trigger = on_trigger
         self.device = device
         self.stopped = threading.Event()
         self.lines_seen = 0
@@ -38,7 +39,7 @@ class KernelFollower(threading.Thread):
     def _hit(self, data: bytes) -> None:
         self.lines_seen += data.count(b"\n")
         if any(t in data for t in TRIGGERS):
-            self.wake.set()
+            self.on_trigger()
 
     def _follow_file(self) -> None:
         path = str(self.path)  # os.stat on a str: this runs 20 times a second
@@ -53,7 +54,7 @@ class KernelFollower(threading.Thread):
                 continue
             if size < offset:  # truncated or replaced: start over
                 offset = 0
-                self.wake.set()
+                self.on_trigger()
             if size == offset:
                 continue
             with self.path.open("rb") as fh:
@@ -71,7 +72,7 @@ class KernelFollower(threading.Thread):
                     record = os.read(fd, 8192)  # one record per read; blocks until the next one
                 except OSError as exc:
                     if exc.errno == errno.EPIPE:  # we fell behind and records were overwritten
-                        self.wake.set()
+                        self.on_trigger()
                         continue
                     raise
                 if not record:

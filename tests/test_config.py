@@ -68,3 +68,10 @@ def test_invalid_profiles_are_rejected(tmp_path: Path) -> None:
 
 def test_every_rule_default_is_a_real_severity() -> None:
     assert all(isinstance(sev, Severity) and sev > Severity.NONE for sev, _ in RULES.values())
+
+
+def test_every_registered_check_can_be_switched_in_config() -> None:
+    from agent.checks.registry import CHECKS
+    from agent.config import CHECK_NAMES
+
+    assert sorted(s.name for s in CHECKS) == sorted(CHECK_NAMES)

@@ -160,7 +160,7 @@ def test_config_watcher_accepts_good_and_rejects_bad_edits(tmp_path: Path) -> No
 
 def test_the_follower_wakes_on_an_appended_xid_line(snap: Path) -> None:
     wake = threading.Event()
-    follower = KernelFollower(snap / "kmsg.log", wake, device=False)
+    follower = KernelFollower(snap / "kmsg.log", wake.set, device=False)
     follower.start()
     try:
         with (snap / "kmsg.log").open("a") as fh:
