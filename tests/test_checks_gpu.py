@@ -10,7 +10,7 @@ from agent.checks import gpu
 from agent.config import Config, load_config_dir, parse_config
 from agent.facts import NodeFacts
 from agent.findings import CheckResult
-from agent.model import GpuInventory, NodeObject
+from agent.model import ClockEvents, EccErrors, Fabric, GpuInventory, NodeObject
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
 from agent.severity import Severity, Status
@@ -284,3 +284,63 @@ def test_a_snapshot_merges_lost_gpus_from_the_text_view_into_the_xml_view(tmp_pa
     inv = SnapshotSource(tmp_path).gpus()
     assert isinstance(inv, GpuInventory) and len(inv.gpus) == 1
     assert [lost.pci_bus_id for lost in inv.lost] == ["00000000:3b:00.0"]
+
+
+@pytest.mark.parametrize(
+    ("gpu_fields", "check", "rule", "severity"),
+    [
+        (
+            {"recovery_action": "Node Reboot Required"},
+            gpu.check_recovery_action,
+            "gpu.recovery-action.reboot",
+            Severity.REBOOT,
+        ),
+        (
+            {"recovery_action": "Drain and Reset"},
+            gpu.check_recovery_action,
+            "gpu.recovery-action.drain",
+            Severity.RESET,
+        ),
+        (
+            {"recovery_action": "None", "reset_required": True},
+            gpu.check_recovery_action,
+            "gpu.recovery-action.reset",
+            Severity.RESET,
+        ),
+        (
+            {"ecc": EccErrors(sram_threshold_exceeded=True)},
+            gpu.check_ecc,
+            "gpu.ecc.sram-threshold",
+            Severity.ISOLATE,
+        ),
+        (
+            {"ecc": EccErrors(volatile_double_bit_total=1)},
+            gpu.check_ecc,
+            "gpu.ecc.dram-uncorrectable",
+            Severity.RESET,
+        ),
+        (
+            {"clock_events": ClockEvents(hw_slowdown=True)},
+            gpu.check_throttle,
+            "gpu.throttle.hw-slowdown",
+            Severity.MONITOR,
+        ),
+        (
+            {"fabric": Fabric(state="Completed", status="Failure")},
+            gpu.check_fabric,
+            "gpu.fabric.incomplete",
+            Severity.RESET,
+        ),
+    ],
+)
+def test_each_remaining_rule_fires_for_its_cause(
+    gpu_fields: dict[str, object], check: object, rule: str, severity: Severity
+) -> None:
+    """Rules no real recording shows: one GPU with just that fault (checks are pure functions)."""
+    from agent.model import Gpu
+
+    inv = GpuInventory(
+        source="nvml", attached_gpus=1, gpus=(Gpu(index=0, pci_bus_id="00000000:53:00.0", **gpu_fields),)
+    )  # type: ignore[arg-type]
+    result = check(NodeFacts(gpus=inv), CFG)  # type: ignore[operator]
+    only_finding(result, rule, severity, "0000:53:00.0")
