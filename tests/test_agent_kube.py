@@ -133,7 +133,13 @@ def test_contract_xid_taint_sigterm(world: dict[str, Any]) -> None:
     assert our_taint(node) is None
     doc = json.loads(node["metadata"]["annotations"]["gpu-healthcheck/results"])
     assert doc["status"] == "pass" and doc["instanceType"] == "p5.48xlarge"
-    cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+    # The condition is a second request (nodes/status) after the labels: wait for it too.
+    cond = wait_for(
+        lambda: next(
+            (c for c in node_dict(world)["status"]["conditions"] if c["type"] == "GPUHealthy"), None
+        ),
+        what="GPUHealthy condition",
+    )
     assert cond["status"] == "True"
     assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"  # the fixture's labels survive
 
@@ -144,8 +150,18 @@ def test_contract_xid_taint_sigterm(world: dict[str, Any]) -> None:
     assert taint["value"] == "reboot" and taint["effect"] == "NoSchedule"
     node = node_dict(world)
     assert node["metadata"]["labels"]["gpu-healthcheck/status"] == "fail"
-    cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
-    assert cond["status"] == "False" and "Xid 79" in cond["message"]
+    cond = wait_for(
+        lambda: next(
+            (
+                c
+                for c in node_dict(world)["status"]["conditions"]
+                if c["type"] == "GPUHealthy" and c["status"] == "False"
+            ),
+            None,
+        ),
+        what="GPUHealthy=False",
+    )
+    assert "Xid 79" in cond["message"]
     wait_for(lambda: "LatchedFinding" in events(world), what="LatchedFinding event")
 
     # SIGTERM: the agent exits quickly and leaves the taint in place.
