@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.reporters.brake import Brake, brake_cap, brake_decision, must_back_off
+from agent.reporters.brake import Brake, brake_cap, brake_decision, must_back_off, names_in_list
 from agent.reporters.marks import Marks
 from agent.reporters.node_writer import NodeWriter
 from agent.severity import Severity, Status
@@ -126,21 +126,53 @@ def test_absolute_cap(core: k8s.CoreV1Api, gpu_node: Any) -> None:
 
 
 @pytest.mark.kube
-def test_count_lists_metadata_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
-    """The count asks for PartialObjectMetadataList: no spec/status of 10,000 nodes on the wire."""
-    from agent.reporters.brake import METADATA_LIST_ACCEPT
-
+def test_count_lists_names_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    """The count asks for Table rows without objects: no annotations, managedFields, spec or status of
+    10,000 nodes on the wire, only their names."""
     pool = unique_name("meta")
-    name = gpu_node(labels={"test.example/pool": pool}).metadata.name
-    resp = core.list_node(
-        label_selector=f"test.example/pool={pool}",
-        _preload_content=False,
-        _headers={"Accept": METADATA_LIST_ACCEPT},
-    )
-    doc = json.loads(resp.data)
-    assert doc["kind"] == "PartialObjectMetadataList"
-    assert [i["metadata"]["name"] for i in doc["items"]] == [name] and "spec" not in doc["items"][0]
-    assert Brake(core, selector=f"test.example/pool={pool}").count() == (0, 1)
+    names = sorted(gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3))
+    brake = Brake(core, selector=f"test.example/pool={pool}")
+    for cached_ok in (False, True):
+        doc = brake.list_doc(f"test.example/pool={pool}", cached_ok=cached_ok)
+        assert doc["kind"] == "Table"
+        assert all(row.get("object") is None for row in doc["rows"])
+        assert sorted(names_in_list(doc)) == names
+    assert brake.count() == (0, 3)
+    assert brake.count(names[0]) == (0, 3)
+
+
+def test_names_in_list_reads_every_form_the_server_may_choose() -> None:
+    table = {
+        "kind": "Table",
+        "columnDefinitions": [{"name": "Status", "format": ""}, {"name": "Name", "format": "name"}],
+        "rows": [{"cells": ["Ready", "gpu-a"]}, {"cells": ["Ready", "gpu-b"], "object": None}],
+    }
+    assert names_in_list(table) == ["gpu-a", "gpu-b"]
+    with_objects = {
+        "kind": "Table",
+        "columnDefinitions": [],
+        "rows": [{"cells": [], "object": {"metadata": {"name": "gpu-c"}}}],
+    }
+    assert names_in_list(with_objects) == ["gpu-c"]
+    meta = {"kind": "PartialObjectMetadataList", "items": [{"metadata": {"name": "gpu-d"}}]}
+    assert names_in_list(meta) == ["gpu-d"]
+    assert names_in_list({"kind": "NodeList", "items": None}) == []
+    assert names_in_list({"kind": "Table", "columnDefinitions": [], "rows": None}) == []
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"kind": "Status", "status": "Failure"},  # an error body answered with 200 by a proxy
+        {"items": []},  # no kind at all
+        {"kind": "Table", "columnDefinitions": [{"format": "name"}], "rows": [{"cells": []}]},
+        {"kind": "Table", "columnDefinitions": [{"format": "name"}], "rows": [{"cells": [""]}]},
+    ],
+)
+def test_names_in_list_refuses_what_it_cannot_read(doc: dict[str, Any]) -> None:
+    """'Could not count' (an error, the agent retries) is never '0 tainted' (a taint allowed)."""
+    with pytest.raises(ValueError):
+        names_in_list(doc)
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,21 @@ so with 10 GPU nodes and 0.2 at most 2 are tainted, and on a small pool (3 nodes
 node can always be tainted (a fixed "after adding" rule would block repair on every pool < 5 nodes).
 `max_fraction >= 1` turns the fraction limit off; `max_fraction <= 0` forbids every new taint.
 
-Counting lists Node *metadata only* (PartialObjectMetadataList, paged 500 at a time) with label
-selectors: all GPU nodes (`selector`) and the ones we tainted (`selector,<prefix>/tainted=true`; the
-writer keeps that label exactly while its taint is on). A refusal is cached for `cache_seconds` (the
-engine asks again every cycle while a node fails); an "allowed" answer is never cached, so the count is
-read fresh right before every new taint.
+Counting lists Node *names only* with label selectors: all GPU nodes (`selector`) and the ones we
+tainted (`selector,<prefix>/tainted=true`; the writer keeps that label exactly while its taint is on).
+Names come as server-side Table rows without objects (`as=Table`, `includeObject=None`, what `kubectl
+get` asks for): about 150 bytes a Node, where PartialObjectMetadata carries every Node's annotations
+(our results among them) and managedFields, about 5.6 KiB a Node. That difference is what a fleet-wide
+fault costs: 800 agents counting 2,000 Nodes at once asked the API server for 9 GB of metadata
+(bench/fleet.py). PartialObjectMetadataList and a plain list are accepted as fallbacks.
+
+The GPU-node total is read with resourceVersion=0 (the API server's watch cache on every version; it
+may lag by milliseconds, which a fleet's size does not notice) and cached for `total_cache_seconds`.
+The tainted list is a consistent read (no resourceVersion: served from the watch cache after it has
+caught up, on Kubernetes >= 1.31), so an agent sees the taints that landed just before it asks. Neither
+is paged: a `limit` sends an unversioned list to etcd on API servers before 1.34, and names are small.
+A refusal is cached for `cache_seconds` (the engine asks again every cycle while a node fails); an
+"allowed" answer is never cached, so the count is read fresh right before every new taint.
 """
 
 from __future__ import annotations
@@ -26,13 +36,13 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-PAGE = 500
+NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
 REQUEST_TIMEOUT = (5, 30)
 
 
@@ -65,6 +75,31 @@ def must_back_off(node_name: str, tainted: list[str], cap: int) -> bool:
     `cap` in sorted order: every agent computes the same answer from the same list, without a lock."""
     ranked = sorted(set(tainted))
     return len(ranked) > cap and node_name in ranked[cap:]
+
+
+def names_in_list(doc: Mapping[str, Any]) -> list[str]:
+    """Pure: the object names in a list response, whichever form the server chose: a Table (the
+    column whose format is "name", else the first; or a row's object when one was included), a
+    PartialObjectMetadataList or a plain list. Raises ValueError on anything else, so that a proxy
+    answering with something unexpected is "could not count", never "0 tainted"."""
+    kind = doc.get("kind")
+    if kind == "Table":
+        cols = doc.get("columnDefinitions") or []
+        idx = next((i for i, c in enumerate(cols) if c.get("format") == "name"), 0)
+        names = []
+        for row in doc.get("rows") or ():
+            obj = row.get("object") or {}
+            name = (obj.get("metadata") or {}).get("name")
+            if not name:
+                cells = row.get("cells") or []
+                name = cells[idx] if idx < len(cells) else None
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a Table row without a name: {str(row)[:200]}")
+            names.append(name)
+        return names
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items") or [], list):
+        return [str((i.get("metadata") or {}).get("name", "")) for i in doc.get("items") or ()]
+    raise ValueError(f"not a list response: kind={kind!r}")
 
 
 @dataclass(frozen=True)
@@ -115,28 +150,36 @@ class Brake:
         own = f"{self.prefix}/tainted=true"
         return f"{self.selector},{own}" if self.selector else own
 
-    def _names(self, label_selector: str) -> list[str]:
-        """Names of the Nodes matching *label_selector*, metadata only, paged."""
-        names: list[str] = []
-        cont: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": PAGE}
-            if cont:
-                kwargs["_continue"] = cont
-            resp = self._core.list_node(
-                **kwargs,
-                _preload_content=False,
-                _headers={"Accept": METADATA_LIST_ACCEPT},
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-            try:
-                doc = json.loads(resp.data)
-            finally:
-                resp.release_conn()
-            names.extend(str(i.get("metadata", {}).get("name", "")) for i in doc.get("items") or ())
-            cont = (doc.get("metadata") or {}).get("continue")
-            if not cont:
-                return names
+    def _names(self, label_selector: str, *, cached_ok: bool = False) -> list[str]:
+        """Names of the Nodes matching *label_selector* (Table rows, no objects; see the module doc).
+        *cached_ok*: resourceVersion=0, served from the watch cache on every API server version."""
+        return names_in_list(self.list_doc(label_selector, cached_ok=cached_ok))
+
+    def list_doc(self, label_selector: str, *, cached_ok: bool = False) -> dict[str, Any]:
+        """The raw list response the count reads (public for tests and benchmarks)."""
+        api = self._core.api_client
+        query: list[tuple[str, str]] = [("labelSelector", label_selector), ("includeObject", "None")]
+        if cached_ok:
+            query.append(("resourceVersion", "0"))
+        method, url, headers, body, post = api.param_serialize(
+            "GET",
+            "/api/v1/nodes",
+            query_params=query,
+            header_params={"Accept": NAMES_LIST_ACCEPT},
+            auth_settings=["BearerToken"],
+        )
+        resp = api.call_api(
+            method, url, header_params=headers, body=body, post_params=post, _request_timeout=REQUEST_TIMEOUT
+        )
+        data = resp.read()
+        if not 200 <= resp.status <= 299:
+            from kubernetes.client.exceptions import ApiException
+
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError(f"not a list response: {str(doc)[:200]}")
+        return doc
 
     def _gpu_nodes(self) -> set[str]:
         """All GPU nodes, cached for total_cache_seconds: a fleet's size changes slowly, and every
@@ -146,7 +189,7 @@ class Brake:
         cached = self._total_cache
         if cached is not None and now - cached[0] < self.total_cache_seconds:
             return cached[1]
-        names = set(self._names(self.selector))
+        names = set(self._names(self.selector, cached_ok=True))
         self._total_cache = (now, names)
         return names
 
