@@ -134,6 +134,94 @@ def longrunning_watches(env: Any, resource: str = "nodes") -> float:
     return total
 
 
+def node_list_sources(env: Any) -> dict[str, float]:
+    """Where the API server served Node LISTs from: its watch cache (`apiserver_cache_list_total`) or
+    etcd (`etcd_requests_total{operation="list"}`), and how many objects it read from etcd for them."""
+    _status, text = env.request("GET", "/metrics", timeout=60)
+    out = {"cache": 0.0, "etcd": 0.0, "etcd_objects": 0.0}
+    wanted = {
+        "apiserver_cache_list_total": "cache",
+        "etcd_requests_total": "etcd",
+        "apiserver_storage_list_fetched_objects_total": "etcd_objects",
+    }
+    for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
+        for s in fam.samples:
+            key = wanted.get(s.name)
+            if key is None or s.labels.get("resource") != "nodes" or s.labels.get("group", "") != "":
+                continue
+            if key == "etcd" and s.labels.get("operation") != "list":
+                continue
+            out[key] += s.value
+    return out
+
+
+def mem_available_kb() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
+
+
+def proc_rss_kb(pid: int) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of *pid* (all threads), 0 when it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+class MemoryGuard:
+    """Samples the RSS of named processes and the machine's MemAvailable; when MemAvailable falls
+    below *floor_mib* it calls *on_trip* once (the benchmark stops its load) instead of letting the
+    kernel's OOM killer pick a victim. Peaks are kept for the report."""
+
+    def __init__(self, floor_mib: int, on_trip: Callable[[], None], interval: float = 0.5) -> None:
+        self.floor_kb = floor_mib * 1024
+        self.on_trip = on_trip
+        self.interval = interval
+        self.pids: dict[str, list[int]] = {}
+        self.peak_kb: dict[str, int] = {}
+        self.min_available_kb = mem_available_kb()
+        self.tripped = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-guard", daemon=True)
+
+    def watch(self, name: str, pid: int) -> None:
+        self.pids.setdefault(name, []).append(pid)
+
+    def start(self) -> MemoryGuard:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for name, pids in list(self.pids.items()):
+                rss = sum(proc_rss_kb(p) for p in pids)
+                self.peak_kb[name] = max(self.peak_kb.get(name, 0), rss)
+            avail = mem_available_kb()
+            self.min_available_kb = min(self.min_available_kb, avail)
+            if avail and avail < self.floor_kb and not self.tripped.is_set():
+                self.tripped.set()
+                self.on_trip()
+
+    def report(self) -> str:
+        peaks = ", ".join(f"{n} {kb / 1024:.0f}" for n, kb in self.peak_kb.items())
+        return f"peak RSS MiB: {peaks}; lowest MemAvailable {self.min_available_kb / 1024:.0f} MiB"
+
+
 # ---------------------------------------------------------------------------------------- nodes / agent
 
 

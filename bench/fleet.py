@@ -54,7 +54,18 @@ from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
 from agent.reporters.marks import Marks
 from agent.reporters.node_writer import NodeWriter
 from agent.sources import SnapshotSource
-from bench._kube import HEALTHY, XID79, apiserver_requests, core_api, diff, kube_env, machine
+from bench._kube import (
+    HEALTHY,
+    XID79,
+    MemoryGuard,
+    apiserver_requests,
+    core_api,
+    diff,
+    kube_env,
+    machine,
+    node_list_sources,
+    proc_cpu_s,
+)
 
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 PREFIX = "gpu-healthcheck/"
@@ -332,11 +343,23 @@ def peak_rss_kb() -> int:
     return 0
 
 
-def collect(results: Any, kind: str, k: int, timeout: float) -> dict[int, dict[str, Any]]:
+def collect(
+    results: Any, kind: str, k: int, timeout: float, abort: threading.Event
+) -> dict[int, dict[str, Any]]:
+    """The shards' *kind* reports; returns early (incomplete) once *abort* is set."""
+    import queue
+
     out: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while len(out) < k:
-        got, idx, payload = results.get(timeout=max(1.0, deadline - time.monotonic()))
+        if abort.is_set():
+            return out
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(out)} of {k} shards sent {kind!r} in {timeout:.0f} s")
+        try:
+            got, idx, payload = results.get(timeout=1.0)
+        except queue.Empty:
+            continue
         if got != kind:
             raise RuntimeError(f"shard {idx} sent {got!r}, expected {kind!r}")
         out[idx] = payload
@@ -355,6 +378,12 @@ def main() -> None:
     ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
     ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--memory-floor-mib",
+        type=int,
+        default=1536,
+        help="stop the run (and say so) when the machine's MemAvailable falls below this",
+    )
     args = ap.parse_args()
     n, k = args.nodes, max(1, args.processes)
     per_proc = max(1, args.workers // k)
@@ -363,7 +392,27 @@ def main() -> None:
     assert not healthy.taint and failing.taint
     cfg = load_config_dir()
     mp = multiprocessing.get_context("spawn")
+    procs: list[Any] = []
+
+    def kill_simulators() -> None:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.kill()
+
     with kube_env() as env:
+        guard = MemoryGuard(args.memory_floor_mib, kill_simulators)
+        plane = {"kube-apiserver": env.plane.apiserver.pid, "etcd": env.plane.etcd.pid}
+        for name, pid in plane.items():
+            guard.watch(name, pid)
+        guard.start()
+
+        def check_memory(phase: str) -> None:
+            if guard.tripped.is_set():
+                raise SystemExit(
+                    f"fleet: STOPPED during {phase}: MemAvailable fell below {args.memory_floor_mib} MiB "
+                    f"(simulators killed). {guard.report()}"
+                )
+
         core = core_api(env, pool=64)
         names = [f"gpu-{i:05d}" for i in range(n)]
         t0 = time.monotonic()
@@ -376,7 +425,7 @@ def main() -> None:
         results, go_mp, stop_mp = mp.Queue(), mp.Event(), mp.Event()
         a_start = apiserver_requests(env)
         t0 = time.monotonic()
-        procs = [
+        procs[:] = [
             mp.Process(
                 target=shard,
                 args=(
@@ -397,7 +446,9 @@ def main() -> None:
         ]
         for p in procs:
             p.start()
-        ready = collect(results, "ready", k, timeout=3600)
+            guard.watch("simulators", p.pid)
+        ready = collect(results, "ready", k, timeout=3600, abort=guard.tripped)
+        check_memory("the start")
         started = time.monotonic() - t0
         time.sleep(3)  # the watches of the last writes arrive
 
@@ -409,12 +460,19 @@ def main() -> None:
 
         changes = MarksWatch(core)
         time.sleep(1.5)  # every shard's agent threads are waiting for the go
+        lists0 = node_list_sources(env)
+        cpu0 = {name: proc_cpu_s(pid) for name, pid in plane.items()}
         t_fault = time.perf_counter()
         go_mp.set()
-        time.sleep(args.observe_seconds)
+        guard.tripped.wait(args.observe_seconds)
+        check_memory("the fault")
         a2 = apiserver_requests(env)
+        lists1 = node_list_sources(env)
+        lists = {key: lists1[key] - lists0[key] for key in lists0}
+        cpu = {name: proc_cpu_s(pid) - cpu0[name] for name, pid in plane.items()}
         stop_mp.set()
-        done = collect(results, "done", k, timeout=120)
+        done = collect(results, "done", k, timeout=120, abort=guard.tripped)
+        check_memory("the end of the fault")
         for p in procs:
             p.join(30)
         changes.stop()
@@ -426,6 +484,7 @@ def main() -> None:
         tainted = tainted_nodes(core)
         labelled_fail = count_nodes(core, "gpu-healthcheck/status=fail")
         labelled_tainted = count_nodes(core, "gpu-healthcheck/tainted=true")
+        guard.stop()
 
     def total(key: str) -> int:
         return sum(int(d[key]) for d in done.values())
@@ -480,6 +539,12 @@ def main() -> None:
         f"(of which 'yielding' after the post-taint re-count: {yields})"
         + (f" e.g. {samples}" if samples else "")
     )
+    print(
+        f"  Node LISTs served from the watch cache {lists['cache']:.0f}, from etcd {lists['etcd']:.0f} "
+        f"({lists['etcd_objects']:.0f} objects read from etcd); CPU seconds in the window: "
+        f"kube-apiserver {cpu['kube-apiserver']:.1f}, etcd {cpu['etcd']:.1f}"
+    )
+    print(f"  memory over the whole run: {guard.report()}")
     print(
         f"  marks changes seen by a watch of all Nodes: {changes.changes}; the last one "
         f"{stable_s:.2f} s after the fault, then none for {t_fault + args.observe_seconds - quiet_from:.0f} s"
