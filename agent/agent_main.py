@@ -20,6 +20,7 @@ from agent.config import Config, default_config_dir, load_config_dir
 from agent.config_watch import ConfigWatcher
 from agent.engine import Engine, fingerprint
 from agent.kernel_follow import KernelFollower
+from agent.kube_rest import KubeRest
 from agent.metrics import Metrics
 from agent.model import NodeObject
 from agent.probes.node_object import node_from_dict
@@ -230,8 +231,10 @@ def serve_http(agent: Agent, port: int) -> ThreadingHTTPServer | None:
     return server
 
 
-def kube_core(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
+def kube_core(kubeconfig: str | None) -> KubeRest:
+    """The API client: raw JSON over the official client's ApiClient (kube_rest says why)."""
+    from kubernetes import config
+    from kubernetes.client import ApiClient
 
     if kubeconfig:
         config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
@@ -239,7 +242,7 @@ def kube_core(kubeconfig: str | None) -> Any:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.CoreV1Api()
+    return KubeRest(ApiClient())
 
 
 def main(args: Any) -> int:

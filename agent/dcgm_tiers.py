@@ -19,6 +19,7 @@ from agent.dcgm.diag import DiagRunner
 from agent.dcgm.health import HealthPoller
 from agent.dcgm.idle import IdleGate
 from agent.dcgm.report import DiagReport
+from agent.kube_rest import KubeRest
 from agent.metrics import Metrics
 from agent.probes.result import Probed
 
@@ -83,23 +84,30 @@ class DcgmTiers:
 
 def gpu_pods_on_node(core: Any, node_name: str) -> Callable[[], list[str]]:
     """Pods on this node that request nvidia.com/gpu and have not finished (idle gating)."""
+    rest = KubeRest.of(core)
+    selector = f"spec.nodeName={node_name},status.phase!=Succeeded,status.phase!=Failed"
 
     def pods() -> list[str]:
-        listing = core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node_name},status.phase!=Succeeded,status.phase!=Failed",
-            _request_timeout=(5, 15),
-        )
-        out = []
-        for pod in listing.items:
-            for c in [*(pod.spec.containers or []), *(pod.spec.init_containers or [])]:
-                res = c.resources
-                wanted = {**((res.requests or {}) if res else {}), **((res.limits or {}) if res else {})}
-                if str(wanted.get("nvidia.com/gpu", "0")) not in ("0", ""):
-                    out.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
-                    break
-        return out
+        listing = rest.json("GET", "/api/v1/pods", query={"fieldSelector": selector}, timeout=(5, 15))
+        return gpu_pod_names(listing)
 
     return pods
+
+
+def gpu_pod_names(listing: dict[str, Any]) -> list[str]:
+    """Pure: namespace/name of the pods in a PodList whose containers or init containers request or
+    limit nvidia.com/gpu."""
+    out = []
+    for pod in listing.get("items") or ():
+        spec = pod.get("spec") or {}
+        for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+            res = c.get("resources") or {}
+            wanted = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+            if str(wanted.get("nvidia.com/gpu", "0")) not in ("0", ""):
+                meta = pod.get("metadata") or {}
+                out.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+                break
+    return out
 
 
 def pods_unknown() -> list[str]:

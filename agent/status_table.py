@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from agent.kube_rest import KubeRest
 from agent.severity import Severity
 
 HEADER = ("NODE", "STATUS", "SEVERITY", "WORST FINDING", "LAST CHECK AGE")
@@ -107,17 +108,12 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
 
 def list_nodes(core: Any, selector: str) -> list[dict[str, Any]]:
     """All Nodes matching *selector* as API JSON (paged)."""
+    rest = KubeRest.of(core)
     nodes: list[dict[str, Any]] = []
     cont: str | None = None
     while True:
-        kwargs: dict[str, Any] = {"label_selector": selector, "limit": 500}
-        if cont:
-            kwargs["_continue"] = cont
-        resp = core.list_node(**kwargs, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        try:
-            doc = json.loads(resp.data)
-        finally:
-            resp.release_conn()
+        query = {"labelSelector": selector, "limit": 500, "continue": cont}
+        doc = rest.json("GET", "/api/v1/nodes", query=query, timeout=REQUEST_TIMEOUT)
         nodes.extend(doc.get("items") or ())
         cont = (doc.get("metadata") or {}).get("continue")
         if not cont:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from agent.kube_rest import KubeRest, node_path
 from agent.reporters.marks import Marks, NodeEvent
 from agent.reporters.node_writer import (
     ApplyResult,
@@ -412,13 +413,14 @@ def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> N
         real = k8s.CoreV1Api(api)
         sneaked: list[int] = []
 
-        class Sneaky(k8s.CoreV1Api):  # type: ignore[misc]
-            def read_node(self, name: str, **kw: Any) -> Any:
-                out = real.read_node(name, **kw)
-                if len(sneaked) < 2:
+        class Sneaky(KubeRest):
+            def json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+                out = super().json(method, path, **kw)
+                if method == "GET" and path == node_path(kube_node_name) and len(sneaked) < 2:
                     sneaked.append(1)
                     real.patch_node(
-                        name, {"metadata": {"labels": {"other.example/sneak": str(len(sneaked))}}}
+                        kube_node_name,
+                        {"metadata": {"labels": {"other.example/sneak": str(len(sneaked))}}},
                     )
                 return out
 

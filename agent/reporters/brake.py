@@ -32,7 +32,6 @@ A refusal is cached for `cache_seconds` (the engine asks again every cycle while
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -40,6 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+from agent.kube_rest import KubeRest
 
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
@@ -128,7 +129,7 @@ class Brake:
         clock: Callable[[], float] = time.monotonic,
         total_cache_seconds: float = 300,
     ) -> None:
-        self._core = core
+        self._rest = KubeRest.of(core)
         self.selector = selector
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
@@ -157,29 +158,12 @@ class Brake:
 
     def list_doc(self, label_selector: str, *, cached_ok: bool = False) -> dict[str, Any]:
         """The raw list response the count reads (public for tests and benchmarks)."""
-        api = self._core.api_client
-        query: list[tuple[str, str]] = [("labelSelector", label_selector), ("includeObject", "None")]
+        query = {"labelSelector": label_selector, "includeObject": "None"}
         if cached_ok:
-            query.append(("resourceVersion", "0"))
-        method, url, headers, body, post = api.param_serialize(
-            "GET",
-            "/api/v1/nodes",
-            query_params=query,
-            header_params={"Accept": NAMES_LIST_ACCEPT},
-            auth_settings=["BearerToken"],
+            query["resourceVersion"] = "0"
+        return self._rest.json(
+            "GET", "/api/v1/nodes", query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
         )
-        resp = api.call_api(
-            method, url, header_params=headers, body=body, post_params=post, _request_timeout=REQUEST_TIMEOUT
-        )
-        data = resp.read()
-        if not 200 <= resp.status <= 299:
-            from kubernetes.client.exceptions import ApiException
-
-            raise ApiException.from_response(http_resp=resp, body=None, data=None)
-        doc = json.loads(data)
-        if not isinstance(doc, dict):
-            raise ValueError(f"not a list response: {str(doc)[:200]}")
-        return doc
 
     def _gpu_nodes(self) -> set[str]:
         """All GPU nodes, cached for total_cache_seconds: a fleet's size changes slowly, and every

@@ -30,14 +30,13 @@ from typing import Any
 
 import tenacity
 
+from agent.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, node_path
 from agent.reporters.brake import Brake
 from agent.reporters.marks import Marks, NodeEvent
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 10)
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 CONFLICT_ATTEMPTS = 8
 EVENT_MESSAGE_MAX = 1024
 PENDING_EVENTS_MAX = 64
@@ -234,7 +233,7 @@ class NodeWriter:
         component: str = "gpu-healthcheck",
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
-        self.core = core
+        self.rest = KubeRest.of(core)
         self.node_name = node_name
         self.prefix = prefix
         self.condition_type = condition_type
@@ -345,11 +344,7 @@ class NodeWriter:
                 self._node = node
 
     def _read(self) -> dict[str, Any]:
-        resp = self.core.read_node(self.node_name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        try:
-            node: dict[str, Any] = json.loads(resp.data)
-        finally:
-            resp.release_conn()
+        node = self.rest.json("GET", node_path(self.node_name), timeout=REQUEST_TIMEOUT)
         self._observe(node)
         return node
 
@@ -360,38 +355,24 @@ class NodeWriter:
             return cached
         return self._read()
 
-    def _observe_response(self, resp: Any) -> dict[str, Any]:
-        """Decode a raw Node response (always draining it: a half-read one breaks the pooled
-        connection) and remember it as the latest Node."""
-        try:
-            node: dict[str, Any] = json.loads(resp.data)
-        finally:
-            resp.release_conn()
+    def _patch(self, subresource: str, body: dict[str, Any], content_type: str) -> dict[str, Any]:
+        """Patch the Node (or its status) and remember the answer as the latest Node."""
+        node = self.rest.json(
+            "PATCH",
+            node_path(self.node_name, subresource),
+            body=body,
+            content_type=content_type,
+            query={"fieldManager": self.component},
+            timeout=REQUEST_TIMEOUT,
+        )
         self._observe(node)
         return node
 
     def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
-        resp = self.core.patch_node(
-            self.node_name,
-            body,
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-            field_manager=self.component,
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-        return self._observe_response(resp)
+        return self._patch("", body, MERGE_PATCH)
 
     def _patch_status(self, cond: dict[str, Any]) -> dict[str, Any]:
-        body = {"status": {"conditions": [cond]}}
-        resp = self.core.patch_node_status(
-            self.node_name,
-            body,
-            _content_type=STRATEGIC_MERGE_PATCH,
-            _preload_content=False,
-            field_manager=self.component,
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-        return self._observe_response(resp)
+        return self._patch("status", {"status": {"conditions": [cond]}}, STRATEGIC_MERGE_PATCH)
 
     # -- the write -----------------------------------------------------------------------------------
     def _decide_taint(self, node: Mapping[str, Any], marks: Marks) -> tuple[bool, bool, bool, str]:
@@ -612,11 +593,12 @@ class NodeWriter:
                 "count": 1,
             }
             try:
-                resp = self.core.create_namespaced_event(
-                    self.event_namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+                self.rest.json(
+                    "POST",
+                    f"/api/v1/namespaces/{self.event_namespace}/events",
+                    body=body,
+                    timeout=REQUEST_TIMEOUT,
                 )
-                _ = resp.data  # drain before the connection goes back to the pool
-                resp.release_conn()
             except Exception as exc:
                 log.warning("node %s: posting Event %s failed: %s", self.node_name, ev.reason, _describe(exc))
                 self._note("event", "error")
@@ -668,7 +650,7 @@ class NodeWriter:
                 if self._stop.is_set():
                     break
                 for ev in w.stream(
-                    self.core.list_node,
+                    self.rest.lister("/api/v1/nodes"),
                     field_selector=f"metadata.name={self.node_name}",
                     resource_version=rv,
                     timeout_seconds=self.watch_timeout_seconds,
