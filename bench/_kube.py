@@ -9,6 +9,7 @@ agent's metrics port, and watches a Node from the benchmark process.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import queue
@@ -386,3 +387,71 @@ def free_port() -> int:
     port = int(s.getsockname()[1])
     s.close()
     return port
+
+
+TRACE_FAMILIES = (
+    "apiserver_watch_cache_consistent_read",
+    "apiserver_cache_list",
+    "etcd_requests",
+    "apiserver_storage_list_fetched_objects",
+    "apiserver_current_inflight_requests",
+    "apiserver_flowcontrol_current_inqueue_requests",
+    "apiserver_longrunning_requests",
+    "go_memstats_heap_inuse_bytes",
+    "apiserver_watch_events",
+    "apiserver_watch_events_sizes",
+    "apiserver_request",
+)
+
+
+class ApiserverTrace:
+    """Every *interval* seconds, one line of the API server's own metrics that explain its load
+    (where LISTs are served from, consistent-read fallbacks to etcd, requests in flight, watch event
+    volume, Go heap) plus the RSS of the control plane, to *path*: what to read when a run grows."""
+
+    def __init__(self, env: Any, path: Path, pids: dict[str, int], interval: float = 5.0) -> None:
+        self.env = env
+        self.path = path
+        self.pids = pids
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="apiserver-trace", daemon=True)
+        self._t0 = time.monotonic()
+
+    def start(self) -> ApiserverTrace:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def sample(self) -> dict[str, float]:
+        _status, text = self.env.request("GET", "/metrics", timeout=30)
+        out: dict[str, float] = defaultdict(float)
+        for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
+            if fam.name not in TRACE_FAMILIES:
+                continue
+            for s in fam.samples:
+                res = s.labels.get("resource", "")
+                if res not in ("", "nodes", "events"):
+                    continue
+                if s.name.endswith(("_bucket", "_created")):
+                    continue
+                keep = ("resource", "verb", "operation", "fallback", "success", "code", "request_kind")
+                labels = ",".join(f"{k}={s.labels[k]}" for k in keep if s.labels.get(k))
+                out[f"{s.name}{{{labels}}}"] += s.value
+        return dict(out)
+
+    def _run(self) -> None:
+        with self.path.open("a") as f:
+            while not self._stop.wait(self.interval):
+                try:
+                    sample = self.sample()
+                except Exception as exc:  # an overloaded server: note it and go on
+                    sample = {"error": 1.0}
+                    f.write(f"# {time.monotonic() - self._t0:.0f}s sample failed: {exc}\n")
+                rss = {n: proc_rss_kb(p) // 1024 for n, p in self.pids.items()}
+                line = {"t": round(time.monotonic() - self._t0, 1), "rss_mib": rss, "metrics": sample}
+                f.write(json.dumps(line) + "\n")
+                f.flush()

@@ -50,6 +50,7 @@ from typing import Any
 
 from agent.config import load_config_dir
 from agent.engine import Engine
+from agent.kube_rest import KubeRest
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
 from agent.reporters.marks import Marks
 from agent.reporters.node_writer import NodeWriter
@@ -57,6 +58,7 @@ from agent.sources import SnapshotSource
 from bench._kube import (
     HEALTHY,
     XID79,
+    ApiserverTrace,
     MemoryGuard,
     apiserver_requests,
     core_api,
@@ -378,6 +380,13 @@ def main() -> None:
     ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
     ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--trace", type=Path, help="append the API server's load metrics every 5 s here")
+    ap.add_argument(
+        "--heap-profile",
+        type=Path,
+        help="run kube-apiserver with --profiling and save its Go heap profile here when the memory "
+        "guard trips or after the fault (read it with: go tool pprof -top -sample_index=inuse_space FILE)",
+    )
     ap.add_argument(
         "--memory-floor-mib",
         type=int,
@@ -394,17 +403,31 @@ def main() -> None:
     mp = multiprocessing.get_context("spawn")
     procs: list[Any] = []
 
+    heap_env: list[Any] = []
+
+    def save_heap(tag: str) -> None:
+        if args.heap_profile is None or not heap_env:
+            return
+        with contextlib.suppress(Exception):
+            rest = KubeRest.of(core_api(heap_env[0]))
+            data = rest.request("GET", "/debug/pprof/heap", accept="*/*", timeout=(5, 60)).data
+            args.heap_profile.write_bytes(data)
+            print(f"fleet: kube-apiserver heap profile ({tag}) saved to {args.heap_profile}", flush=True)
+
     def kill_simulators() -> None:
+        save_heap("memory guard")
         for p in procs:
             with contextlib.suppress(Exception):
                 p.kill()
 
-    with kube_env() as env:
+    with kube_env(["--profiling=true"] if args.heap_profile else None) as env:
+        heap_env.append(env)
         guard = MemoryGuard(args.memory_floor_mib, kill_simulators)
         plane = {"kube-apiserver": env.plane.apiserver.pid, "etcd": env.plane.etcd.pid}
         for name, pid in plane.items():
             guard.watch(name, pid)
         guard.start()
+        trace = ApiserverTrace(env, args.trace, plane).start() if args.trace else None
 
         def check_memory(phase: str) -> None:
             if guard.tripped.is_set():
@@ -467,6 +490,7 @@ def main() -> None:
         guard.tripped.wait(args.observe_seconds)
         check_memory("the fault")
         a2 = apiserver_requests(env)
+        save_heap("end of the fault window")
         lists1 = node_list_sources(env)
         lists = {key: lists1[key] - lists0[key] for key in lists0}
         cpu = {name: proc_cpu_s(pid) - cpu0[name] for name, pid in plane.items()}
@@ -485,6 +509,8 @@ def main() -> None:
         labelled_fail = count_nodes(core, "gpu-healthcheck/status=fail")
         labelled_tainted = count_nodes(core, "gpu-healthcheck/tainted=true")
         guard.stop()
+        if trace is not None:
+            trace.stop()
 
     def total(key: str) -> int:
         return sum(int(d[key]) for d in done.values())

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.reporters.brake import Brake, brake_cap, brake_decision, must_back_off, names_in_list
+from agent.reporters.brake import (
+    Brake,
+    brake_cap,
+    brake_decision,
+    must_back_off,
+    names_in_list,
+    rank_decision,
+)
 from agent.reporters.marks import Marks
 from agent.reporters.node_writer import NodeWriter
 from agent.severity import Severity, Status
@@ -205,8 +212,9 @@ def test_must_back_off_is_the_same_answer_everywhere() -> None:
 
 @pytest.mark.kube
 def test_a_race_of_simultaneous_taints_settles_at_the_limit(core: k8s.CoreV1Api, gpu_node: Any) -> None:
-    """10 GPU nodes, 0.2: 5 agents taint at the same instant (all see 0 tainted); the post-taint
-    re-count makes the ones beyond the limit yield, by name order, without a lock."""
+    """10 GPU nodes, 0.2: 5 agents taint at the same instant. They take turns by name among the
+    failing nodes they see; what one could not see (a write in flight) the post-taint re-count
+    settles: the ones beyond the limit yield, by name order, without a lock."""
     import threading
     import time
 
@@ -256,3 +264,63 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     now[0] += 301
     assert brake.count() == (1, 4)
     assert len(names) == 3
+
+
+@pytest.mark.parametrize(
+    ("node", "tainted", "total", "contenders", "allowed"),
+    [
+        ("n1", 0, 10, ["n1"], True),  # alone: the usual case
+        ("n1", 0, 10, ["n1", "n2", "n3"], True),  # 2 free slots: n1 and n2 go
+        ("n2", 0, 10, ["n1", "n2", "n3"], True),
+        ("n3", 0, 10, ["n1", "n2", "n3"], False),  # two ahead of it want the 2 slots
+        ("n3", 1, 10, ["n1", "n3"], False),  # one taint on, one slot: n1's turn
+        ("n1", 1, 10, ["n1", "n3"], True),
+        ("n3", 0, 10, ["n1", "n2"], False),  # its own label not seen yet: it still counts itself
+        ("n1", 2, 10, ["n1"], False),  # the count refuses first
+        ("n9", 0, 100, [f"n{i}" for i in range(10)], True),  # 20 slots, 10 contenders: all go
+    ],
+)
+def test_rank_decision_shares_the_free_slots_in_name_order(
+    node: str, tainted: int, total: int, contenders: list[str], allowed: bool
+) -> None:
+    ok, reason = rank_decision(node, tainted, total, contenders, 0.2)
+    assert ok is allowed
+    if not ok and tainted < 2:
+        assert "ahead of this one" in reason
+
+
+def test_rank_decision_every_view_of_one_burst_fills_the_limit_exactly() -> None:
+    """Agents that see the same contenders agree: exactly the free slots are taken."""
+    contenders = [f"gpu-{i:04d}" for i in range(800)]
+    allowed = [n for n in contenders if rank_decision(n, 0, 2000, contenders, 0.2)[0]]
+    assert allowed == contenders[:400]
+
+
+@pytest.mark.kube
+def test_a_contender_that_never_takes_its_slot_does_not_hold_a_node_back(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """A failing node whose agent is gone keeps its `status=fail` label and ranks first; after
+    rank_patience_s of rank refusals with slots still free, the plain count lets this node go."""
+    pool = unique_name("stale")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    labels = {"test.example/pool": pool}
+    gpu_node(name=f"a-{pool}", labels={**labels, f"{P}/status": "fail"})  # no agent, never tainted
+    me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
+    gpu_node(name=f"c-{pool}", labels=labels)
+    now = [1000.0]
+    brake = Brake(
+        core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, clock=lambda: now[0]
+    )
+    writer = NodeWriter(core, me, brake=brake)
+    res = writer.apply(_marks(True))
+    assert res.ok and not res.tainted and res.brake_open
+    node = core.read_node(me)
+    assert node.metadata.labels[f"{P}/status"] == "fail"  # it shows itself as a contender
+    assert "ahead of this one" in (brake.state.reason if brake.state else "")
+    now[0] += 60
+    assert not writer.apply(_marks(True)).tainted  # still within the patience
+    now[0] += 31
+    res = writer.apply(_marks(True))
+    assert res.ok and res.tainted and not res.brake_open
+    assert _ours(core, me)

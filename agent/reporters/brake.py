@@ -26,6 +26,15 @@ may lag by milliseconds, which a fleet's size does not notice) and cached for `t
 The tainted list is a consistent read (no resourceVersion: served from the watch cache after it has
 caught up, on Kubernetes >= 1.31), so an agent sees the taints that landed just before it asks. Neither
 is paged: a `limit` sends an unversioned list to etcd on API servers before 1.34, and names are small.
+Taking turns: when the count allows a taint, the free slots are shared among the *contenders*
+(failing, untainted GPU nodes that want our taint: `status=fail,tainted!=true,taint!=disabled`) in
+name order (rank_decision). The writer puts its `status=fail` label on the Node before it asks, so
+agents racing in a fleet-wide fault see each other and agree on who goes first without a lock. Before
+this, the agents of a burst counted before each other's taints landed: in bench/fleet.py with 200
+of 500 nodes failing at once, all 200 were tainted (limit 100) until the post-taint re-count
+(NodeWriter) made 100 of them yield a few seconds later. That re-count
+stays as the net under what a racer cannot see (writes in flight during its count).
+
 A refusal is cached for `cache_seconds` (the engine asks again every cycle while a node fails); an
 "allowed" answer is never cached, so the count is read fresh right before every new taint.
 """
@@ -69,6 +78,31 @@ def brake_cap(total: int, max_fraction: float, max_nodes: int = 0) -> int:
     if max_nodes > 0:
         cap = min(cap, max_nodes)
     return cap
+
+
+def rank_decision(
+    node_name: str,
+    tainted_now: int,
+    total: int,
+    contenders: list[str],
+    max_fraction: float,
+    max_nodes: int = 0,
+) -> tuple[bool, str]:
+    """Pure: brake_decision, then share the free slots among the failing, untainted nodes that want
+    one (*contenders*, this node among them) in name order. Agents that see the same contenders
+    agree on who goes first without a lock, so a fleet-wide fault fills the slots instead of every
+    agent seeing "0 tainted" at once and tainting past the limit."""
+    ok, reason = brake_decision(tainted_now, total, max_fraction, max_nodes)
+    if not ok:
+        return ok, reason
+    free = brake_cap(total, max_fraction, max_nodes) - tainted_now
+    rank = sorted(set(contenders) | {node_name}).index(node_name)
+    if rank >= free:
+        return False, (
+            f"{tainted_now}/{total} GPU nodes tainted; {rank} failing nodes ahead of this one (by name) "
+            f"want the {free} free slot(s) under maxTaintedFraction={max_fraction}"
+        )
+    return True, f"{tainted_now}/{total} GPU nodes tainted, below the limit ({free} free, this node's turn)"
 
 
 def must_back_off(node_name: str, tainted: list[str], cap: int) -> bool:
@@ -128,6 +162,7 @@ class Brake:
         cache_seconds: float = 10,
         clock: Callable[[], float] = time.monotonic,
         total_cache_seconds: float = 300,
+        rank_patience_s: float = 90,
     ) -> None:
         self._rest = KubeRest.of(core)
         self.selector = selector
@@ -140,11 +175,20 @@ class Brake:
         self._state: BrakeState | None = None
         self.total_cache_seconds = total_cache_seconds
         self._total_cache: tuple[float, set[str]] | None = None
+        self.rank_patience_s = rank_patience_s
+        self._ranked_out_since: float | None = None
 
     @property
     def state(self) -> BrakeState | None:
         """The last count and decision (None before the first one)."""
         return self._state
+
+    @property
+    def contenders_selector(self) -> str:
+        """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
+        p = self.prefix
+        own = f"{p}/status=fail,{p}/tainted!=true,{p}/taint!=disabled"
+        return f"{self.selector},{own}" if self.selector else own
 
     @property
     def tainted_selector(self) -> str:
@@ -196,8 +240,29 @@ class Brake:
                 return False, st.reason
             tainted, total = self.count(node_name)
             ok, reason = brake_decision(tainted, total, self.max_fraction, self.max_nodes)
+            if not ok:
+                self._ranked_out_since = None  # the count explains the refusal
+            elif node_name is not None:
+                ok, reason = self._take_turn(node_name, tainted, total, now)
             self._state = BrakeState(open=not ok, tainted=tainted, total=total, reason=reason, at=now)
             return ok, reason
+
+    def _take_turn(self, node_name: str, tainted: int, total: int, now: float) -> tuple[bool, str]:
+        """rank_decision over the contenders. A contender that never takes its slot (its agent is
+        gone and its labels stayed) must not hold this node back forever: after `rank_patience_s`
+        of rank refusals while slots stay free, the plain count decides."""
+        contenders = self._names(self.contenders_selector)
+        ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
+        if ok:
+            self._ranked_out_since = None
+            return ok, reason
+        if self._ranked_out_since is None:
+            self._ranked_out_since = now
+        elif now - self._ranked_out_since >= self.rank_patience_s:
+            return True, reason.split(";")[
+                0
+            ] + f"; contenders ahead did not take a slot in {self.rank_patience_s:.0f} s"
+        return ok, reason
 
     def overshoot(self, node_name: str) -> tuple[bool, str]:
         """After our taint landed: must this node yield because racing agents tainted too many?"""

@@ -375,6 +375,17 @@ class NodeWriter:
         return self._patch("status", {"status": {"conditions": [cond]}}, STRATEGIC_MERGE_PATCH)
 
     # -- the write -----------------------------------------------------------------------------------
+    def _asks_brake(self, node: Mapping[str, Any], marks: Marks) -> bool:
+        """Would _decide_taint ask the brake (a new taint) rather than answer by itself?"""
+        return (
+            marks.taint
+            and self.brake is not None
+            and not taint_disabled(node, self.prefix)
+            and not self._yield_reason
+            and find_our_taint(node, self.prefix, self.taint_effect) is None
+            and not self._taint_on
+        )
+
     def _decide_taint(self, node: Mapping[str, Any], marks: Marks) -> tuple[bool, bool, bool, str]:
         """(taint_on, brake_open, disabled, brake_reason) for this Node and Marks."""
         if not marks.taint:
@@ -403,9 +414,37 @@ class NodeWriter:
             retry=tenacity.retry_if_exception(_is_conflict),
             reraise=True,
         )
+
+        def write(node: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+            """One optimistic-concurrency patch; a 409 goes back to the retry loop."""
+            nonlocal conflicts, node_writes
+            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+            try:
+                written = self._patch_node(patch)
+            except Exception as exc:
+                if _api_status(exc) == 409:
+                    conflicts += 1
+                    self._note("node", "conflict")
+                    raise _Conflict(
+                        f"409 Conflict: the Node kept changing ({CONFLICT_ATTEMPTS} attempts)"
+                    ) from exc
+                self._note("node", "error")
+                raise
+            node_writes += 1
+            self._note("node", "ok")
+            return written
+
         for attempt in retrying:
             with attempt:
                 node = self._current(fresh=fresh or attempt.retry_state.attempt_number > 1)
+                if self._asks_brake(node, marks) and not self.dry_run:
+                    # Our failing labels first, without the taint: agents racing for the brake's free
+                    # slots then see this node among the contenders (Brake: taking turns).
+                    first = plan_node_patch(
+                        node, marks, prefix=self.prefix, effect=self.taint_effect, taint_on=False
+                    )
+                    if first is not None:
+                        node = write(node, first)
                 decided = self._decide_taint(node, marks)
                 taint_on = decided[0]
                 had_taint = find_our_taint(node, self.prefix, self.taint_effect) is not None
@@ -417,21 +456,7 @@ class NodeWriter:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
                         self._note("node", "skipped")
                     else:
-                        rv = node["metadata"]["resourceVersion"]
-                        patch.setdefault("metadata", {})["resourceVersion"] = rv
-                        try:
-                            self._patch_node(patch)
-                        except Exception as exc:
-                            if _api_status(exc) == 409:
-                                conflicts += 1
-                                self._note("node", "conflict")
-                                raise _Conflict(
-                                    f"409 Conflict: the Node kept changing ({CONFLICT_ATTEMPTS} attempts)"
-                                ) from exc
-                            self._note("node", "error")
-                            raise
-                        node_writes += 1
-                        self._note("node", "ok")
+                        write(node, patch)
 
         taint_on, brake_open, disabled, _ = decided
         node = self._current(fresh=False)
