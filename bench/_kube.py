@@ -59,7 +59,9 @@ def pct(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------------------------- API server
 
 
-def start_kube(extra_apiserver_args: list[str] | None = None) -> Any:
+def start_kube(
+    extra_apiserver_args: list[str] | None = None, extra_etcd_args: list[str] | None = None
+) -> Any:
     """A started KubeEnv (etcd + kube-apiserver on loopback). Exits with a hint when no binaries."""
     from tests.kubeenv.binaries import KubeUnavailable, find_binaries, unavailable_message
     from tests.kubeenv.env import KubeEnv
@@ -71,14 +73,18 @@ def start_kube(extra_apiserver_args: list[str] | None = None) -> Any:
         raise SystemExit(unavailable_message(str(exc))) from exc
     if found is None:
         raise SystemExit(unavailable_message("no binaries in .cache/kube-bins"))
-    plane = ControlPlane(found, extra_apiserver_args=extra_apiserver_args or [])
+    plane = ControlPlane(
+        found, extra_apiserver_args=extra_apiserver_args or [], extra_etcd_args=extra_etcd_args or []
+    )
     plane.start()
     return KubeEnv(plane)
 
 
 @contextlib.contextmanager
-def kube_env(extra_apiserver_args: list[str] | None = None) -> Iterator[Any]:
-    env = start_kube(extra_apiserver_args)
+def kube_env(
+    extra_apiserver_args: list[str] | None = None, extra_etcd_args: list[str] | None = None
+) -> Iterator[Any]:
+    env = start_kube(extra_apiserver_args, extra_etcd_args)
     try:
         yield env
     finally:

@@ -408,11 +408,21 @@ def main() -> None:
     def save_heap(tag: str) -> None:
         if args.heap_profile is None or not heap_env:
             return
+        import urllib.request
+
         with contextlib.suppress(Exception):
             rest = KubeRest.of(core_api(heap_env[0]))
             data = rest.request("GET", "/debug/pprof/heap", accept="*/*", timeout=(5, 60)).data
             args.heap_profile.write_bytes(data)
             print(f"fleet: kube-apiserver heap profile ({tag}) saved to {args.heap_profile}", flush=True)
+        with contextlib.suppress(Exception):
+            etcd_url = f"http://127.0.0.1:{heap_env[0].plane.etcd_port}/debug/pprof/heap"
+            etcd_file = args.heap_profile.with_name(
+                args.heap_profile.stem + ".etcd" + args.heap_profile.suffix
+            )
+            with urllib.request.urlopen(etcd_url, timeout=60) as resp:
+                etcd_file.write_bytes(resp.read())
+            print(f"fleet: etcd heap profile ({tag}) saved to {etcd_file}", flush=True)
 
     def kill_simulators() -> None:
         save_heap("memory guard")
@@ -420,7 +430,10 @@ def main() -> None:
             with contextlib.suppress(Exception):
                 p.kill()
 
-    with kube_env(["--profiling=true"] if args.heap_profile else None) as env:
+    profiling = args.heap_profile is not None
+    with kube_env(
+        ["--profiling=true"] if profiling else None, ["--enable-pprof"] if profiling else None
+    ) as env:
         heap_env.append(env)
         guard = MemoryGuard(args.memory_floor_mib, kill_simulators)
         plane = {"kube-apiserver": env.plane.apiserver.pid, "etcd": env.plane.etcd.pid}

@@ -139,13 +139,32 @@ def test_count_lists_names_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     pool = unique_name("meta")
     names = sorted(gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3))
     brake = Brake(core, selector=f"test.example/pool={pool}")
-    for cached_ok in (False, True):
-        doc = brake.list_doc(f"test.example/pool={pool}", cached_ok=cached_ok)
+    rv = core.read_node(names[0]).metadata.resource_version
+    for min_rv in (None, rv):
+        doc = brake.list_doc(f"test.example/pool={pool}", min_rv=min_rv)
         assert doc["kind"] == "Table"
         assert all(row.get("object") is None for row in doc["rows"])
         assert sorted(names_in_list(doc)) == names
     assert brake.count() == (0, 3)
     assert brake.count(names[0]) == (0, 3)
+
+
+@pytest.mark.kube
+def test_a_count_not_older_than_a_write_sees_every_write_before_it(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """The brake's lists come from the watch cache, but not older than our own last write: a taint
+    label that landed just before it is always counted (20 write-then-count rounds, no sleep)."""
+    pool = unique_name("fresh")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(20)]
+    brake = Brake(core, selector=selector, max_fraction=1.0)
+    for i, name in enumerate(names):
+        other = core.patch_node(name, {"metadata": {"labels": {f"{P}/tainted": "true"}}})
+        mine = core.patch_node(names[0], {"metadata": {"labels": {"test.example/round": str(i)}}})
+        assert int(mine.metadata.resource_version) > int(other.metadata.resource_version)
+        tainted, total = brake.count(None, mine.metadata.resource_version)
+        assert (tainted, total) == (i + 1, 20)
 
 
 def test_names_in_list_reads_every_form_the_server_may_choose() -> None:

@@ -21,11 +21,15 @@ get` asks for): about 150 bytes a Node, where PartialObjectMetadata carries ever
 fault costs: 800 agents counting 2,000 Nodes at once asked the API server for 9 GB of metadata
 (bench/fleet.py). PartialObjectMetadataList and a plain list are accepted as fallbacks.
 
-The GPU-node total is read with resourceVersion=0 (the API server's watch cache on every version; it
-may lag by milliseconds, which a fleet's size does not notice) and cached for `total_cache_seconds`.
-The tainted list is a consistent read (no resourceVersion: served from the watch cache after it has
-caught up, on Kubernetes >= 1.31), so an agent sees the taints that landed just before it asks. Neither
-is paged: a `limit` sends an unversioned list to etcd on API servers before 1.34, and names are small.
+Every list is served from the API server's watch cache, never from etcd. The GPU-node total with
+resourceVersion=0 (as the cache has it; a fleet's size does not notice milliseconds), cached for
+`total_cache_seconds`. The tainted and contender lists with resourceVersionMatch=NotOlderThan our own
+last write's resourceVersion: the cache answers once it has seen that write, so every write that
+landed before ours is counted. Not consistent reads (no resourceVersion): in bench/fleet.py, 800 agents
+asking at once kept the cache from proving itself fresh in time, the reads fell back to etcd, each one
+a range over all 2,000 Nodes (8.9 MB), and etcd grew past 12 GiB. A cache that lags more than a few
+seconds answers with an error instead; the write fails and is retried with backoff, which is the
+throttle an overloaded API server needs. Lists are not paged: names are small.
 Taking turns: when the count allows a taint, the free slots are shared among the *contenders*
 (failing, untainted GPU nodes that want our taint: `status=fail,tainted!=true,taint!=disabled`) in
 name order (rank_decision). The writer puts its `status=fail` label on the Node before it asks, so
@@ -195,15 +199,20 @@ class Brake:
         own = f"{self.prefix}/tainted=true"
         return f"{self.selector},{own}" if self.selector else own
 
-    def _names(self, label_selector: str, *, cached_ok: bool = False) -> list[str]:
-        """Names of the Nodes matching *label_selector* (Table rows, no objects; see the module doc).
-        *cached_ok*: resourceVersion=0, served from the watch cache on every API server version."""
-        return names_in_list(self.list_doc(label_selector, cached_ok=cached_ok))
+    def _names(self, label_selector: str, *, min_rv: str | None = None) -> list[str]:
+        """Names of the Nodes matching *label_selector* (Table rows, no objects; see the module doc)."""
+        return names_in_list(self.list_doc(label_selector, min_rv=min_rv))
 
-    def list_doc(self, label_selector: str, *, cached_ok: bool = False) -> dict[str, Any]:
-        """The raw list response the count reads (public for tests and benchmarks)."""
+    def list_doc(self, label_selector: str, *, min_rv: str | None = None) -> dict[str, Any]:
+        """The raw list response the count reads (public for tests and benchmarks). Always served
+        from the API server's watch cache: with *min_rv* once the cache has caught up with that
+        resourceVersion (our own last write: every write that landed before it is seen), else as
+        the cache has it (resourceVersion=0). Never a consistent read: under a fleet-wide burst
+        those fall back to etcd, where each one is a range over every Node."""
         query = {"labelSelector": label_selector, "includeObject": "None"}
-        if cached_ok:
+        if min_rv:
+            query.update(resourceVersion=min_rv, resourceVersionMatch="NotOlderThan")
+        else:
             query["resourceVersion"] = "0"
         return self._rest.json(
             "GET", "/api/v1/nodes", query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
@@ -217,20 +226,20 @@ class Brake:
         cached = self._total_cache
         if cached is not None and now - cached[0] < self.total_cache_seconds:
             return cached[1]
-        names = set(self._names(self.selector, cached_ok=True))
+        names = set(self._names(self.selector))
         self._total_cache = (now, names)
         return names
 
-    def count(self, node_name: str | None = None) -> tuple[int, int]:
+    def count(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
         """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
         all_names = set(self._gpu_nodes())
-        tainted = set(self._names(self.tainted_selector))
+        tainted = set(self._names(self.tainted_selector, min_rv=min_rv))
         if node_name is not None:
             tainted.discard(node_name)
             all_names.add(node_name)
         return len(tainted), len(all_names)
 
-    def allows_new_taint(self, node_name: str | None = None) -> tuple[bool, str]:
+    def allows_new_taint(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[bool, str]:
         """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a
         transient error neither opens the brake nor taints blindly)."""
         with self._lock:
@@ -238,20 +247,22 @@ class Brake:
             st = self._state
             if st is not None and st.open and now - st.at < self.cache_seconds:
                 return False, st.reason
-            tainted, total = self.count(node_name)
+            tainted, total = self.count(node_name, min_rv)
             ok, reason = brake_decision(tainted, total, self.max_fraction, self.max_nodes)
             if not ok:
                 self._ranked_out_since = None  # the count explains the refusal
             elif node_name is not None:
-                ok, reason = self._take_turn(node_name, tainted, total, now)
+                ok, reason = self._take_turn(node_name, tainted, total, now, min_rv)
             self._state = BrakeState(open=not ok, tainted=tainted, total=total, reason=reason, at=now)
             return ok, reason
 
-    def _take_turn(self, node_name: str, tainted: int, total: int, now: float) -> tuple[bool, str]:
+    def _take_turn(
+        self, node_name: str, tainted: int, total: int, now: float, min_rv: str | None
+    ) -> tuple[bool, str]:
         """rank_decision over the contenders. A contender that never takes its slot (its agent is
         gone and its labels stayed) must not hold this node back forever: after `rank_patience_s`
         of rank refusals while slots stay free, the plain count decides."""
-        contenders = self._names(self.contenders_selector)
+        contenders = self._names(self.contenders_selector, min_rv=min_rv)
         ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
         if ok:
             self._ranked_out_since = None
@@ -259,14 +270,13 @@ class Brake:
         if self._ranked_out_since is None:
             self._ranked_out_since = now
         elif now - self._ranked_out_since >= self.rank_patience_s:
-            return True, reason.split(";")[
-                0
-            ] + f"; contenders ahead did not take a slot in {self.rank_patience_s:.0f} s"
+            head = reason.split(";")[0]
+            return True, f"{head}; contenders ahead did not take a slot in {self.rank_patience_s:.0f} s"
         return ok, reason
 
-    def overshoot(self, node_name: str) -> tuple[bool, str]:
+    def overshoot(self, node_name: str, min_rv: str | None = None) -> tuple[bool, str]:
         """After our taint landed: must this node yield because racing agents tainted too many?"""
-        tainted = self._names(self.tainted_selector)
+        tainted = self._names(self.tainted_selector, min_rv=min_rv)
         total = len(self._gpu_nodes() | {node_name})
         cap = brake_cap(total, self.max_fraction, self.max_nodes)
         if must_back_off(node_name, tainted, cap):

@@ -199,6 +199,12 @@ class _Conflict(Exception):
     pass
 
 
+def _rv_text(node: Mapping[str, Any]) -> str | None:
+    """The Node's resourceVersion as the API wrote it (None when absent)."""
+    rv = (node.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv else None
+
+
 def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, _Conflict)
 
@@ -254,6 +260,7 @@ class NodeWriter:
         self._disabled_noted = False
         self._pending_events: list[NodeEvent] = []
         self._yield_reason = ""  # set when a post-taint check found a race over the brake limit
+        self._taint_rv: str | None = None  # resourceVersion of the write that added our taint
         self.verify_delay_s = 2.0  # racing agents' writes land within this; then the count is settled
 
         self._stop = threading.Event()
@@ -398,7 +405,7 @@ class NodeWriter:
             return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
         if self.brake is None:
             return True, False, False, ""
-        ok, reason = self.brake.allows_new_taint(self.node_name)
+        ok, reason = self.brake.allows_new_taint(self.node_name, _rv_text(node))
         return ok, not ok, False, reason
 
     def _apply_locked(self, marks: Marks) -> ApplyResult:
@@ -456,7 +463,9 @@ class NodeWriter:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
                         self._note("node", "skipped")
                     else:
-                        write(node, patch)
+                        written = write(node, patch)
+                        if taint_on and not had_taint:
+                            self._taint_rv = _rv_text(written)
 
         taint_on, brake_open, disabled, _ = decided
         node = self._current(fresh=False)
@@ -516,7 +525,7 @@ class NodeWriter:
         if self.brake is None or self._stop.is_set() or not self._taint_on:
             return  # stopped, or the taint is already gone: nothing to yield
         try:
-            yield_now, reason = self.brake.overshoot(self.node_name)
+            yield_now, reason = self.brake.overshoot(self.node_name, self._taint_rv)
         except Exception as exc:  # API trouble: keep the taint; try the next round
             log.warning("node %s: brake re-count failed: %s", self.node_name, _describe(exc))
             yield_now, reason = False, ""

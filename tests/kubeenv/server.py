@@ -198,6 +198,7 @@ class ControlPlane:
         *,
         workdir: Path | None = None,
         extra_apiserver_args: Sequence[str] = (),
+        extra_etcd_args: Sequence[str] = (),
         start_timeout: float | None = None,
         keep_workdir: bool | None = None,
     ) -> None:
@@ -205,6 +206,7 @@ class ControlPlane:
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="gpuhc-kube-"))
         self.extra_apiserver_args = list(extra_apiserver_args)
+        self.extra_etcd_args = list(extra_etcd_args)
         self.start_timeout = start_timeout or float(os.environ.get("GPUHC_KUBE_START_TIMEOUT", "90"))
         self.keep_workdir = (
             os.environ.get("GPUHC_KUBE_KEEP_TMP", "") == "1" if keep_workdir is None else keep_workdir
@@ -266,6 +268,7 @@ class ControlPlane:
                 f"--initial-cluster=gpuhc-test=http://127.0.0.1:{etcd_peer}",
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
+                *self.extra_etcd_args,
             ],
             self.workdir / "etcd.log",
             env=self._env(),
