@@ -146,6 +146,8 @@ class MarksWatch:
         self.last_change = 0.0
         self.changes = 0
         self._seen: dict[str, tuple[Any, ...]] = {}
+        self.tainted: set[str] = set()
+        self.peak_tainted = 0  # the most Nodes carrying our taint at one time, as this watch saw them
         self._w: Any = None
         self._stop = threading.Event()
         resp = core.list_node(_preload_content=False)
@@ -175,7 +177,7 @@ class MarksWatch:
         self._w = watch.Watch()
         with contextlib.suppress(Exception):  # ends with the API server at teardown
             for ev in self._w.stream(
-                self.core.list_node,
+                KubeRest.of(self.core).lister("/api/v1/nodes"),  # raw events: no model decoding
                 resource_version=self._rv,
                 timeout_seconds=3600,
                 _request_timeout=(5, 3700),
@@ -184,6 +186,12 @@ class MarksWatch:
                     return
                 node = ev.get("raw_object") or {}
                 name = (node.get("metadata") or {}).get("name", "")
+                taints = (node.get("spec") or {}).get("taints") or ()
+                if any(t.get("key") == "gpu-healthcheck/unhealthy" for t in taints):
+                    self.tainted.add(name)
+                    self.peak_tainted = max(self.peak_tainted, len(self.tainted))
+                else:
+                    self.tainted.discard(name)
                 sig = self.signature(node)
                 if self._seen.get(name) != sig:
                     self._seen[name] = sig
@@ -567,6 +575,7 @@ def main() -> None:
         f"  tainted {tainted} (label tainted=true: {labelled_tainted}); brake limit {limit} "
         f"(ceil({frac} x {n})); labelled fail {labelled_fail}; writers holding back (brake open) {brake_open}"
     )
+    print(f"  most nodes tainted at one time (seen by a watch of all Nodes): {changes.peak_tainted}")
     print(f"  requests in the {args.observe_seconds:.0f} s from the fault (braked agents re-ask meanwhile):")
     print(f"  {'resource':<14} {'verb':<8} {'requests':>9}")
     for (res, verb), cnt in sorted(by_verb(fault_reqs).items()):

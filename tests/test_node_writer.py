@@ -22,6 +22,7 @@ from agent.reporters.node_writer import (
     plan_node_patch,
 )
 from agent.severity import Severity, Status
+from tests.kubeenv import unique_name
 
 P = "gpu-healthcheck"
 TAINT = f"{P}/unhealthy"
@@ -525,3 +526,50 @@ def test_dry_run_writes_nothing(core: k8s.CoreV1Api, gpu_node: Any, kube_node_na
     assert writes.c[("node", "skipped")] == 1 and writes.c[("status", "skipped")] == 1
     assert core.read_node(kube_node_name).metadata.resource_version == rv
     assert reasons(core, kube_node_name) == []
+
+
+@pytest.mark.kube
+def test_a_taint_whose_answer_was_lost_is_still_recounted(kube: Any, gpu_node: Any) -> None:
+    """The PATCH adding our taint lands but its answer never comes (a read timeout under load). The
+    retry finds the taint on and keeps it, and the post-taint re-count still runs for it: a racer
+    tainted meanwhile, above the limit of 1, and this node (after it by name) yields."""
+    from agent.reporters.brake import Brake
+
+    pool = unique_name("lost")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    first = gpu_node(name=f"a-{pool}", labels={"test.example/pool": pool}).metadata.name
+    me = gpu_node(name=f"b-{pool}", labels={"test.example/pool": pool}).metadata.name
+    lost: list[str] = []
+
+    class LosesTheTaintAnswer(KubeRest):
+        def json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            out = super().json(method, path, **kw)
+            if method == "PATCH" and (kw.get("body") or {}).get("spec", {}).get("taints") and not lost:
+                lost.append(path)
+                raise TimeoutError("read timed out (the write landed)")
+            return out
+
+    with kube.api_client() as api:
+        core = k8s.CoreV1Api(api)
+        brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0)
+        writer = NodeWriter(LosesTheTaintAnswer(api), me, brake=brake)
+        writer.verify_delay_s = 0.2
+        res = writer.apply(FAIL)
+        assert not res.ok and lost == [node_path(me)]
+        assert our_taints(core.read_node(me))  # it landed
+        core.patch_node(  # the racer
+            first,
+            {
+                "metadata": {"labels": {f"{P}/tainted": "true"}},
+                "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]},
+            },
+        )
+        res = writer.apply(FAIL)
+        assert res.ok and res.tainted
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and our_taints(core.read_node(me)):
+            time.sleep(0.1)
+        assert not our_taints(core.read_node(me)), (
+            "the re-count never ran for the taint whose answer was lost"
+        )
+        assert our_taints(core.read_node(first))

@@ -261,6 +261,8 @@ class NodeWriter:
         self._pending_events: list[NodeEvent] = []
         self._yield_reason = ""  # set when a post-taint check found a race over the brake limit
         self._taint_rv: str | None = None  # resourceVersion of the write that added our taint
+        self._verify_scheduled = False  # the post-taint re-count runs for the current taint
+        self._taint_attempted = False  # this writer sent a write adding our taint (answer or not)
         self.verify_delay_s = 2.0  # racing agents' writes land within this; then the count is settled
 
         self._stop = threading.Event()
@@ -463,10 +465,11 @@ class NodeWriter:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
                         self._note("node", "skipped")
                     else:
+                        if taint_on and not had_taint:
+                            self._taint_attempted = True  # stays set if the answer never comes
                         written = write(node, patch)
                         if taint_on and not had_taint:
                             self._taint_rv = _rv_text(written)
-
         taint_on, brake_open, disabled, _ = decided
         node = self._current(fresh=False)
         cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_rfc3339())
@@ -491,7 +494,18 @@ class NodeWriter:
             self._taint_on = taint_on
             self._brake_open = brake_open
             self._disabled_noted = disabled
-        if taint_on and not had_taint and not self.dry_run and self.brake is not None:
+        if not taint_on:
+            self._verify_scheduled = self._taint_attempted = False
+        elif (
+            self._taint_attempted
+            and not self._verify_scheduled
+            and not self.dry_run
+            and self.brake is not None
+        ):
+            # Once per taint this writer added, also when a retry finds it already on: a write
+            # whose answer timed out may have landed. A taint held from before (a restart) is kept
+            # without a re-count: the brake never takes a taint away that it did not just grant.
+            self._verify_scheduled = True
             self._schedule_verify()
         if self._yield_reason and brake_open:
             self._yield_reason = ""  # yielded; from now on the brake is asked again as usual
