@@ -162,6 +162,34 @@ def node_list_sources(env: Any) -> dict[str, float]:
     return out
 
 
+def request_latency_buckets(env: Any, resource: str = "nodes") -> dict[tuple[str, float], float]:
+    """`apiserver_request_duration_seconds` buckets for *resource* by (verb, upper bound): the time the
+    API server spent on each request, whatever the client's own timeouts made of it."""
+    _status, text = env.request("GET", "/metrics", timeout=60)
+    out: dict[tuple[str, float], float] = defaultdict(float)
+    for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
+        if fam.name != "apiserver_request_duration_seconds":
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_bucket") and s.labels.get("resource") == resource:
+                if s.labels.get("subresource"):
+                    continue
+                out[(s.labels.get("verb", ""), float(s.labels["le"]))] += s.value
+    return dict(out)
+
+
+def bucket_quantile(buckets: dict[tuple[str, float], float], verb: str, q: float) -> tuple[float, float]:
+    """(upper bound of the bucket holding quantile *q*, request count) from cumulative buckets."""
+    mine = sorted((le, n) for (v, le), n in buckets.items() if v == verb)
+    if not mine or mine[-1][1] <= 0:
+        return 0.0, 0.0
+    total = mine[-1][1]
+    for le, n in mine:
+        if n >= q * total:
+            return le, total
+    return mine[-1][0], total
+
+
 def mem_available_kb() -> int:
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():

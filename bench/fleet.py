@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import random
 import threading
 import time
@@ -61,12 +62,14 @@ from bench._kube import (
     ApiserverTrace,
     MemoryGuard,
     apiserver_requests,
+    bucket_quantile,
     core_api,
     diff,
     kube_env,
     machine,
     node_list_sources,
     proc_cpu_s,
+    request_latency_buckets,
 )
 
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -258,6 +261,7 @@ def shard(
     bad: list[str],
     workers: int,
     reask_s: float,
+    spread_s: float,
     seed: int,
     results: Any,
     go_mp: Any,
@@ -302,6 +306,8 @@ def shard(
         """What the agent loop does after its Marks turn failing: apply; retry a failed apply with
         backoff; while the brake holds the taint back, ask again every min(30 s, intervals.gpu)."""
         go.wait()
+        if spread_s > 0 and stop.wait(rng.uniform(0, spread_s)):
+            return
         delay = 1.0
         while not stop.is_set():
             res = w.apply(failing)
@@ -387,6 +393,13 @@ def main() -> None:
     )
     ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
     ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
+    ap.add_argument(
+        "--fault-spread-seconds",
+        type=float,
+        default=0.0,
+        help="each failing agent sees the fault at a uniform random time in [0, S] after it happens "
+        "(a periodic check notices within its interval; 0: all at the same moment)",
+    )
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--trace", type=Path, help="append the API server's load metrics every 5 s here")
     ap.add_argument(
@@ -479,6 +492,7 @@ def main() -> None:
                     [b for b in bad if b in set(names[i::k])],
                     per_proc,
                     args.reask_seconds,
+                    args.fault_spread_seconds,
                     args.seed,
                     results,
                     go_mp,
@@ -505,7 +519,9 @@ def main() -> None:
         changes = MarksWatch(core)
         time.sleep(1.5)  # every shard's agent threads are waiting for the go
         lists0 = node_list_sources(env)
-        cpu0 = {name: proc_cpu_s(pid) for name, pid in plane.items()}
+        cpu_pids = {**plane, **{f"simulator {i}": p.pid for i, p in enumerate(procs)}}
+        cpu0 = {name: proc_cpu_s(pid) for name, pid in cpu_pids.items()}
+        lat0 = request_latency_buckets(env)
         t_fault = time.perf_counter()
         go_mp.set()
         guard.tripped.wait(args.observe_seconds)
@@ -514,7 +530,9 @@ def main() -> None:
         save_heap("end of the fault window")
         lists1 = node_list_sources(env)
         lists = {key: lists1[key] - lists0[key] for key in lists0}
-        cpu = {name: proc_cpu_s(pid) - cpu0[name] for name, pid in plane.items()}
+        cpu = {name: proc_cpu_s(pid) - cpu0[name] for name, pid in cpu_pids.items()}
+        lat1 = request_latency_buckets(env)
+        lat = {key: lat1[key] - lat0.get(key, 0.0) for key in lat1}
         stop_mp.set()
         done = collect(results, "done", k, timeout=120, abort=guard.tripped)
         check_memory("the end of the fault")
@@ -569,7 +587,12 @@ def main() -> None:
         print(f"  {res:<14} {verb:<8} {cnt:>9.0f} {cnt / n / hours:>14.2f}")
     total_rate = sum(steady.values()) / args.steady_seconds
     print(f"  total {total_rate:.3f} requests/s for the fleet; writer warnings {steady_warnings}")
-    print(f"fault on {len(bad)} nodes:")
+    spread = (
+        f", seen by each agent within {args.fault_spread_seconds:g} s"
+        if args.fault_spread_seconds
+        else ", seen by all at once"
+    )
+    print(f"fault on {len(bad)} nodes{spread}:")
     print(f"  time until the fleet's marks are stable (last change of our keys): {stable_s:.2f} s")
     print(
         f"  tainted {tainted} (label tainted=true: {labelled_tainted}); brake limit {limit} "
@@ -590,8 +613,18 @@ def main() -> None:
     print(
         f"  Node LISTs served from the watch cache {lists['cache']:.0f}, from etcd {lists['etcd']:.0f} "
         f"({lists['etcd_objects']:.0f} objects read from etcd); CPU seconds in the window: "
-        f"kube-apiserver {cpu['kube-apiserver']:.1f}, etcd {cpu['etcd']:.1f}"
+        f"kube-apiserver {cpu['kube-apiserver']:.1f}, etcd {cpu['etcd']:.1f}, the {k} simulator processes "
+        f"{sum(v for name, v in cpu.items() if name.startswith('simulator')):.1f} "
+        f"(the machine: {os.cpu_count()} cores x {args.observe_seconds:.0f} s)"
     )
+    for verb in ("PATCH", "LIST"):
+        p50, count = bucket_quantile(lat, verb, 0.5)
+        p99, _ = bucket_quantile(lat, verb, 0.99)
+        if count:
+            print(
+                f"  server-side latency of Node {verb} (apiserver_request_duration_seconds, bucket bounds): "
+                f"p50 <= {p50:g} s, p99 <= {p99:g} s over {count:.0f}"
+            )
     print(f"  memory over the whole run: {guard.report()}")
     print(
         f"  marks changes seen by a watch of all Nodes: {changes.changes}; the last one "
