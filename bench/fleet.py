@@ -46,6 +46,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,7 @@ def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int]) -> flo
     delay = 1.0
     while True:
         res = writer.apply(marks)
+        marks = replace(marks, events=())  # the writer keeps unsent Events; the engine sends them once
         if res.ok:
             return time.perf_counter()
         failures.append(1)
@@ -309,8 +311,10 @@ def shard(
         if spread_s > 0 and stop.wait(rng.uniform(0, spread_s)):
             return
         delay = 1.0
+        marks = failing
         while not stop.is_set():
-            res = w.apply(failing)
+            res = w.apply(marks)
+            marks = replace(failing, events=())  # as the agent: the engine's Events go out once
             if not res.ok:
                 fault_failures.append(1)
                 stop.wait(delay)
