@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -28,6 +29,7 @@ from agent.probes.result import NotCaptured, ParseError, Probed, ProbeError, Pro
 from agent.reporters.marks import Marks, NodeEvent
 from agent.sources import KMSG, LiveSource, SnapshotSource, Source
 
+BRAKE_WARM_JITTER_S = 30.0
 log = logging.getLogger("gpu-healthcheck.agent")
 ETC_CONFIG = Path("/etc/gpu-healthcheck")
 
@@ -281,6 +283,9 @@ def main(args: Any) -> int:
             max_nodes=int(cfg.get("node.maxTaintedNodes")),
             prefix=str(cfg.get("prefix")),
         )
+        if not getattr(args, "once", False):
+            # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
+            brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
         writer = NodeWriter(
             core,
             node_name,

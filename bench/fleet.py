@@ -50,6 +50,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agent.agent_main import BRAKE_WARM_JITTER_S
 from agent.config import load_config_dir
 from agent.engine import Engine
 from agent.kube_rest import KubeRest
@@ -295,6 +296,13 @@ def shard(
     start_failures: list[int] = []
     with ThreadPoolExecutor(workers) as ex:
         list(ex.map(lambda w: apply_until_ok(w, healthy, start_failures), writers))
+    # As each agent does at start: read the fleet's GPU-node total after a random delay (the brake
+    # needs it before a first taint); done before "ready", so it is not in the steady-state window.
+    warm_rng = random.Random(seed * 1000 + idx)
+    warming = [w.brake.warm(warm_rng.uniform(0, BRAKE_WARM_JITTER_S)) for w in writers if w.brake]
+    for thread in warming:
+        if thread is not None:
+            thread.join(BRAKE_WARM_JITTER_S + 120)
     results.put(("ready", idx, {"watched_s": watched, "started_s": time.monotonic() - t0}))
     w_ready = counted.count
 

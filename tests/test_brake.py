@@ -271,18 +271,34 @@ def test_a_race_of_simultaneous_taints_settles_at_the_limit(core: k8s.CoreV1Api,
 def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     core: k8s.CoreV1Api, gpu_node: Any
 ) -> None:
-    """The total (a list of every GPU node, annotations and all) is the heavy request: cached."""
+    """The total (a list of every GPU node) is the heavy request: read ahead of need (warm), kept,
+    and when old still used while a background read replaces it; tainted nodes are always fresh."""
+    import time
+
     pool = unique_name("cache")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     now = [1000.0]
-    brake = Brake(core, selector=selector, clock=lambda: now[0], total_cache_seconds=300)
+    brake = Brake(core, selector=selector, clock=lambda: now[0], total_cache_seconds=300, refresh_jitter_s=0)
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3)]
-    assert brake.count() == (0, 3)
+    warm = brake.warm()
+    assert warm is not None
+    warm.join(10)
     gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"})
-    assert brake.count() == (1, 3)  # a new tainted node is seen at once; the total is the cached one
+    assert brake.count() == (1, 3)  # a new tainted node is seen at once; the total is the warm one
     now[0] += 301
+    assert brake.count() == (1, 3)  # old: still answered at once, from the old total ...
+    deadline = time.monotonic() + 10
+    while brake.count() != (1, 4) and time.monotonic() < deadline:  # ... while it is read again
+        time.sleep(0.05)
     assert brake.count() == (1, 4)
     assert len(names) == 3
+
+
+@pytest.mark.kube
+def test_without_a_total_the_first_count_reads_it(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    pool = unique_name("cold")
+    gpu_node(labels={"test.example/pool": pool})
+    assert Brake(core, selector=f"test.example/pool={pool}").count() == (0, 1)
 
 
 @pytest.mark.parametrize(
@@ -343,3 +359,41 @@ def test_a_contender_that_never_takes_its_slot_does_not_hold_a_node_back(
     res = writer.apply(_marks(True))
     assert res.ok and res.tainted and not res.brake_open
     assert _ours(core, me)
+
+
+@pytest.mark.kube
+def test_a_node_that_sees_other_contenders_waits_for_the_burst_to_land(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """b sees c (after it by name) failing too: a burst. It waits settle_s and counts again; a, ahead
+    of it by name, has shown up meanwhile, and the one free slot is a's."""
+    import threading
+
+    pool = unique_name("settle")
+    selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    labels = {"test.example/pool": pool}
+    a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
+    me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
+    gpu_node(name=f"c-{pool}", labels={**labels, f"{P}/status": "fail"})
+    brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, settle_s=1.0)
+    later = threading.Timer(
+        0.3, lambda: core.patch_node(a, {"metadata": {"labels": {f"{P}/status": "fail"}}})
+    )
+    later.start()
+    res = NodeWriter(core, me, brake=brake).apply(_marks(True))
+    later.join()
+    assert res.ok and not res.tainted and res.brake_open
+    assert brake.state is not None and "1 failing nodes ahead of this one" in brake.state.reason
+
+
+@pytest.mark.kube
+def test_a_lone_failing_node_does_not_wait(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    import time
+
+    pool = unique_name("alone")
+    me = gpu_node(labels={"test.example/pool": pool}).metadata.name
+    gpu_node(labels={"test.example/pool": pool})
+    brake = Brake(core, selector=f"test.example/pool={pool}", max_fraction=1.0, settle_s=5.0)
+    t0 = time.monotonic()
+    assert NodeWriter(core, me, brake=brake).apply(_marks(True)).tainted
+    assert time.monotonic() - t0 < 4.0

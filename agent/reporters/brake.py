@@ -22,22 +22,26 @@ fault costs: 800 agents counting 2,000 Nodes at once asked the API server for 9 
 (bench/fleet.py). PartialObjectMetadataList and a plain list are accepted as fallbacks.
 
 Every list is served from the API server's watch cache, never from etcd. The GPU-node total with
-resourceVersion=0 (as the cache has it; a fleet's size does not notice milliseconds), cached for
-`total_cache_seconds`. The tainted and contender lists with resourceVersionMatch=NotOlderThan our own
-last write's resourceVersion: the cache answers once it has seen that write, so every write that
-landed before ours is counted. Not consistent reads (no resourceVersion): in bench/fleet.py, 800 agents
-asking at once kept the cache from proving itself fresh in time, the reads fell back to etcd, each one
-a range over all 2,000 Nodes (8.9 MB), and etcd grew past 12 GiB. A cache that lags more than a few
-seconds answers with an error instead; the write fails and is retried with backoff, which is the
-throttle an overloaded API server needs. Lists are not paged: names are small.
+resourceVersion=0 (as the cache has it; a fleet's size does not notice milliseconds), read ahead of
+need and refreshed in the background (`_gpu_nodes`). The tainted and contender lists with
+resourceVersionMatch=NotOlderThan our own last write's resourceVersion: the cache answers once it
+has seen that write, so every write that landed before ours is counted. Not consistent reads (no
+resourceVersion): in bench/fleet.py, 800 agents asking at once kept the cache from proving itself
+fresh in time, the reads fell back to etcd, each one a range over all 2,000 Nodes (8.9 MB), and etcd
+grew past 12 GiB. A cache that lags more than a few seconds answers with an error instead; the write
+fails and is retried with backoff, which is the throttle an overloaded API server needs. Lists are
+not paged: names are small.
+
 Taking turns: when the count allows a taint, the free slots are shared among the *contenders*
 (failing, untainted GPU nodes that want our taint: `status=fail,tainted!=true,taint!=disabled`) in
 name order (rank_decision). The writer puts its `status=fail` label on the Node before it asks, so
-agents racing in a fleet-wide fault see each other and agree on who goes first without a lock. Before
+agents racing in a fleet-wide fault see each other and agree on who goes first without a lock; an
+agent that sees other contenders waits `settle_s` (1 s) for the burst's labels to land and counts
+again, so that racers decide on the same view. Before
 this, the agents of a burst counted before each other's taints landed: in bench/fleet.py with 200
 of 500 nodes failing at once, all 200 were tainted (limit 100) until the post-taint re-count
-(NodeWriter) made 100 of them yield a few seconds later. That re-count
-stays as the net under what a racer cannot see (writes in flight during its count).
+(NodeWriter) made 100 of them yield a few seconds later. That re-count stays as the net under what
+a racer cannot see (writes in flight during its count).
 
 A refusal is cached for `cache_seconds` (the engine asks again every cycle while a node fails); an
 "allowed" answer is never cached, so the count is read fresh right before every new taint.
@@ -45,7 +49,9 @@ A refusal is cached for `cache_seconds` (the engine asks again every cycle while
 
 from __future__ import annotations
 
+import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +60,8 @@ from fractions import Fraction
 from typing import Any
 
 from agent.kube_rest import KubeRest
+
+log = logging.getLogger(__name__)
 
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
@@ -166,7 +174,9 @@ class Brake:
         cache_seconds: float = 10,
         clock: Callable[[], float] = time.monotonic,
         total_cache_seconds: float = 300,
+        refresh_jitter_s: float = 60,
         rank_patience_s: float = 90,
+        settle_s: float = 1.0,
     ) -> None:
         self._rest = KubeRest.of(core)
         self.selector = selector
@@ -178,8 +188,12 @@ class Brake:
         self._lock = threading.Lock()
         self._state: BrakeState | None = None
         self.total_cache_seconds = total_cache_seconds
+        self.refresh_jitter_s = refresh_jitter_s
+        self._lock_total = threading.Lock()
+        self._total_pending = False
         self._total_cache: tuple[float, set[str]] | None = None
         self.rank_patience_s = rank_patience_s
+        self.settle_s = settle_s
         self._ranked_out_since: float | None = None
 
     @property
@@ -219,16 +233,49 @@ class Brake:
         )
 
     def _gpu_nodes(self) -> set[str]:
-        """All GPU nodes, cached for total_cache_seconds: a fleet's size changes slowly, and every
-        item of this list carries a Node's annotations (our results among them), so at thousands of
-        nodes it is by far the heaviest request the agent makes. Only tainted nodes are re-listed."""
-        now = self._clock()
+        """All GPU nodes. The one list of the whole fleet (11 ms of API server CPU for 2,000 Nodes,
+        ten times a filtered list), so it is kept off the path of a taint: read once ahead of need
+        (warm, at agent start), then served from here; when older than total_cache_seconds it is
+        still used and re-read in the background after a random delay, so that a fleet-wide fault
+        does not make every agent list every Node at the same moment. A fleet's size changes slowly."""
         cached = self._total_cache
-        if cached is not None and now - cached[0] < self.total_cache_seconds:
-            return cached[1]
-        names = set(self._names(self.selector))
-        self._total_cache = (now, names)
-        return names
+        if cached is None:
+            names = set(self._names(self.selector))
+            self._total_cache = (self._clock(), names)
+            return names
+        if self._clock() - cached[0] >= self.total_cache_seconds:
+            self._refresh_total_later(random.uniform(0, self.refresh_jitter_s))
+        return cached[1]
+
+    def warm(self, delay_s: float = 0.0) -> threading.Thread | None:
+        """Read the GPU-node total in the background after *delay_s* (the agent starts with a random
+        delay, so that a DaemonSet rollout spreads these lists). Returns the thread (None if a read
+        is already pending)."""
+        return self._refresh_total_later(delay_s)
+
+    def _refresh_total_later(self, delay_s: float) -> threading.Thread | None:
+        with self._lock_total:
+            if self._total_pending:
+                return None
+            self._total_pending = True
+        thread = threading.Thread(
+            target=self._refresh_total, args=(delay_s,), name="brake-total", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _refresh_total(self, delay_s: float) -> None:
+        try:
+            if delay_s > 0:
+                time.sleep(delay_s)
+            names = set(self._names(self.selector))
+            self._total_cache = (self._clock(), names)
+            log.info("brake: %d GPU nodes (selector %s)", len(names), self.selector)
+        except Exception as exc:  # the next need reads it (synchronously if there is no total yet)
+            log.warning("brake: reading the GPU-node total failed: %s", exc)
+        finally:
+            with self._lock_total:
+                self._total_pending = False
 
     def count(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
         """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
@@ -259,11 +306,20 @@ class Brake:
     def _take_turn(
         self, node_name: str, tainted: int, total: int, now: float, min_rv: str | None
     ) -> tuple[bool, str]:
-        """rank_decision over the contenders. A contender that never takes its slot (its agent is
-        gone and its labels stayed) must not hold this node back forever: after `rank_patience_s`
-        of rank refusals while slots stay free, the plain count decides."""
+        """rank_decision over the contenders. Other contenders in view mean a fault on several nodes
+        at once, whose labels are still landing: wait `settle_s` and count again, so that racers
+        decide on the same view (a lone failing node, the usual case, never waits). A contender that
+        never takes its slot (its agent is gone and its labels stayed) must not hold this node back
+        forever: after `rank_patience_s` of rank refusals while slots stay free, the count decides."""
         contenders = self._names(self.contenders_selector, min_rv=min_rv)
         ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
+        if ok and self.settle_s > 0 and set(contenders) - {node_name}:
+            time.sleep(self.settle_s)
+            tainted = len(set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name})
+            contenders = self._names(self.contenders_selector, min_rv=min_rv)
+            ok, reason = rank_decision(
+                node_name, tainted, total, contenders, self.max_fraction, self.max_nodes
+            )
         if ok:
             self._ranked_out_since = None
             return ok, reason
