@@ -153,6 +153,7 @@ class MarksWatch:
         self._seen: dict[str, tuple[Any, ...]] = {}
         self.tainted: set[str] = set()
         self.peak_tainted = 0  # the most Nodes carrying our taint at one time, as this watch saw them
+        self.restarts = 0  # the watch was closed by the API server and re-listed
         self._w: Any = None
         self._stop = threading.Event()
         resp = core.list_node(_preload_content=False)
@@ -179,29 +180,49 @@ class MarksWatch:
     def _run(self) -> None:
         from kubernetes import watch
 
-        self._w = watch.Watch()
-        with contextlib.suppress(Exception):  # ends with the API server at teardown
-            for ev in self._w.stream(
-                KubeRest.of(self.core).lister("/api/v1/nodes"),  # raw events: no model decoding
-                resource_version=self._rv,
-                timeout_seconds=3600,
-                _request_timeout=(5, 3700),
-            ):
+        rv = self._rv
+        while not self._stop.is_set():
+            self._w = watch.Watch()
+            try:
+                for ev in self._w.stream(
+                    KubeRest.of(self.core).lister("/api/v1/nodes"),  # raw events: no model decoding
+                    resource_version=rv,
+                    timeout_seconds=3600,
+                    _request_timeout=(5, 3700),
+                ):
+                    if self._stop.is_set():
+                        return
+                    node = ev.get("raw_object") or {}
+                    rv = (node.get("metadata") or {}).get("resourceVersion") or rv
+                    if ev.get("type") in ("ADDED", "MODIFIED"):
+                        self._see(node)
+            except Exception:
+                # The API server closes a watch that falls behind a burst ("Response ended
+                # prematurely"): list again (changes missed meanwhile are counted when seen) and go on.
                 if self._stop.is_set():
                     return
-                node = ev.get("raw_object") or {}
-                name = (node.get("metadata") or {}).get("name", "")
-                taints = (node.get("spec") or {}).get("taints") or ()
-                if any(t.get("key") == "gpu-healthcheck/unhealthy" for t in taints):
-                    self.tainted.add(name)
-                    self.peak_tainted = max(self.peak_tainted, len(self.tainted))
-                else:
-                    self.tainted.discard(name)
-                sig = self.signature(node)
-                if self._seen.get(name) != sig:
-                    self._seen[name] = sig
-                    self.changes += 1
-                    self.last_change = time.perf_counter()
+                self.restarts += 1
+                with contextlib.suppress(Exception):
+                    resp = self.core.list_node(_preload_content=False)
+                    doc = json.loads(resp.data)
+                    resp.release_conn()
+                    for node in doc.get("items") or ():
+                        self._see(node)
+                    rv = doc["metadata"]["resourceVersion"]
+
+    def _see(self, node: dict[str, Any]) -> None:
+        name = (node.get("metadata") or {}).get("name", "")
+        taints = (node.get("spec") or {}).get("taints") or ()
+        if any(t.get("key") == "gpu-healthcheck/unhealthy" for t in taints):
+            self.tainted.add(name)
+            self.peak_tainted = max(self.peak_tainted, len(self.tainted))
+        else:
+            self.tainted.discard(name)
+        sig = self.signature(node)
+        if self._seen.get(name) != sig:
+            self._seen[name] = sig
+            self.changes += 1
+            self.last_change = time.perf_counter()
 
     def stop(self) -> None:
         self._stop.set()
@@ -639,7 +660,8 @@ def main() -> None:
             )
     print(f"  memory over the whole run: {guard.report()}")
     print(
-        f"  marks changes seen by a watch of all Nodes: {changes.changes}; the last one "
+        f"  marks changes seen by a watch of all Nodes: {changes.changes} (watch re-opened after a "
+        f"server close: {changes.restarts}x); the last one "
         f"{stable_s:.2f} s after the fault, then none for {t_fault + args.observe_seconds - quiet_from:.0f} s"
     )
 
