@@ -36,8 +36,8 @@ Taking turns: when the count allows a taint, the free slots are shared among the
 (failing, untainted GPU nodes that want our taint: `status=fail,tainted!=true,taint!=disabled`) in
 name order (rank_decision). The writer puts its `status=fail` label on the Node before it asks, so
 agents racing in a fleet-wide fault see each other and agree on who goes first without a lock; an
-agent that sees other contenders waits `settle_s` (1 s) for the burst's labels to land and counts
-again, so that racers decide on the same view. Before
+agent that sees other contenders waits for the burst's labels to land (1 s at a time until no new
+failing node appears, at most 6 s) and counts again, so that racers decide on the same view. Before
 this, the agents of a burst counted before each other's taints landed: in bench/fleet.py with 200
 of 500 nodes failing at once, all 200 were tainted (limit 100) until the post-taint re-count
 (NodeWriter) made 100 of them yield a few seconds later. That re-count stays as the net under what
@@ -177,6 +177,7 @@ class Brake:
         refresh_jitter_s: float = 60,
         rank_patience_s: float = 90,
         settle_s: float = 1.0,
+        settle_max_s: float = 6.0,
     ) -> None:
         self._rest = KubeRest.of(core)
         self.selector = selector
@@ -194,6 +195,7 @@ class Brake:
         self._total_cache: tuple[float, set[str]] | None = None
         self.rank_patience_s = rank_patience_s
         self.settle_s = settle_s
+        self.settle_max_s = settle_max_s
         self._ranked_out_since: float | None = None
 
     @property
@@ -307,19 +309,28 @@ class Brake:
         self, node_name: str, tainted: int, total: int, now: float, min_rv: str | None
     ) -> tuple[bool, str]:
         """rank_decision over the contenders. Other contenders in view mean a fault on several nodes
-        at once, whose labels are still landing: wait `settle_s` and count again, so that racers
-        decide on the same view (a lone failing node, the usual case, never waits). A contender that
-        never takes its slot (its agent is gone and its labels stayed) must not hold this node back
-        forever: after `rank_patience_s` of rank refusals while slots stay free, the count decides."""
+        at once, whose labels are still landing: wait `settle_s` and count again, until no new
+        failing node appears (at most `settle_max_s`: a slow API server lands a burst's writes over
+        seconds), so that racers decide on the same view. A lone failing node never waits.
+        A contender that never takes its slot (its agent is gone and its labels stayed) must not hold
+        this node back forever: after `rank_patience_s` of rank refusals while slots stay free, the
+        count decides."""
         contenders = self._names(self.contenders_selector, min_rv=min_rv)
         ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
         if ok and self.settle_s > 0 and set(contenders) - {node_name}:
-            time.sleep(self.settle_s)
-            tainted = len(set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name})
-            contenders = self._names(self.contenders_selector, min_rv=min_rv)
-            ok, reason = rank_decision(
-                node_name, tainted, total, contenders, self.max_fraction, self.max_nodes
-            )
+            seen: set[str] = set()
+            view = set(contenders) | (set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name})
+            waited = 0.0
+            while ok and view - seen and waited < self.settle_max_s:
+                seen = view
+                time.sleep(self.settle_s)
+                waited += self.settle_s
+                tainted_names = set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name}
+                contenders = self._names(self.contenders_selector, min_rv=min_rv)
+                ok, reason = rank_decision(
+                    node_name, len(tainted_names), total, contenders, self.max_fraction, self.max_nodes
+                )
+                view = set(contenders) | tainted_names  # a contender that got its taint stays in view
         if ok:
             self._ranked_out_since = None
             return ok, reason
