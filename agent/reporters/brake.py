@@ -195,6 +195,7 @@ class Brake:
         self._total_cache: tuple[float, set[str]] | None = None
         self.rank_patience_s = rank_patience_s
         self.settle_s = settle_s
+        self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
         self.settle_max_s = settle_max_s
         self._ranked_out_since: float | None = None
 
@@ -224,12 +225,25 @@ class Brake:
         from the API server's watch cache: with *min_rv* once the cache has caught up with that
         resourceVersion (our own last write: every write that landed before it is seen), else as
         the cache has it (resourceVersion=0). Never a consistent read: under a fleet-wide burst
-        those fall back to etcd, where each one is a range over every Node."""
-        query = {"labelSelector": label_selector, "includeObject": "None"}
+        those fall back to etcd, where each one is a range over every Node. A cache more than ~3 s
+        behind our write answers 504 ("Too large resource version"): then the cache as it is, since
+        the settle loop and the post-taint re-count look again anyway, and a failed write retried
+        with backoff would only add load to a server that is already behind."""
+        query = {"labelSelector": label_selector, "includeObject": "None", "resourceVersion": "0"}
         if min_rv:
-            query.update(resourceVersion=min_rv, resourceVersionMatch="NotOlderThan")
-        else:
-            query["resourceVersion"] = "0"
+            fresh = {**query, "resourceVersion": min_rv, "resourceVersionMatch": "NotOlderThan"}
+            try:
+                return self._list(fresh)
+            except Exception as exc:
+                if getattr(exc, "status", None) != 504:
+                    raise
+                self.stale_reads += 1
+                log.info(
+                    "brake: the API server's cache is behind our write (%s); counting from it as is", exc
+                )
+        return self._list(query)
+
+    def _list(self, query: dict[str, str]) -> dict[str, Any]:
         return self._rest.json(
             "GET", "/api/v1/nodes", query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
         )
