@@ -333,14 +333,16 @@ class Brake:
         ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
         if ok and self.settle_s > 0 and set(contenders) - {node_name}:
             seen: set[str] = set()
-            view = set(contenders) | (set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name})
+            # Re-reads take the cache as it is: they are about the burst landing over time, and
+            # asking it not to be older than our write again would make a lagging server wait 3 s each.
+            view = set(contenders) | (set(self._names(self.tainted_selector)) - {node_name})
             waited = 0.0
             while ok and view - seen and waited < self.settle_max_s:
                 seen = view
                 time.sleep(self.settle_s)
                 waited += self.settle_s
-                tainted_names = set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name}
-                contenders = self._names(self.contenders_selector, min_rv=min_rv)
+                tainted_names = set(self._names(self.tainted_selector)) - {node_name}
+                contenders = self._names(self.contenders_selector)
                 ok, reason = rank_decision(
                     node_name, len(tainted_names), total, contenders, self.max_fraction, self.max_nodes
                 )
