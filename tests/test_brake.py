@@ -410,3 +410,19 @@ def test_a_cache_behind_our_write_is_counted_as_it_is(core: k8s.CoreV1Api, gpu_n
     ahead = str(int(core.read_node(name).metadata.resource_version) + 10_000_000)
     assert brake.count(None, ahead) == (1, 1)
     assert brake.stale_reads == 1
+
+
+@pytest.mark.kube
+def test_at_its_last_recount_a_node_above_the_limit_yields_whatever_its_name(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """a and b are tainted, the limit is 1. b (after a by name) should yield, but its re-counts may
+    be over (a landed late, after a loaded API server held its writes). a's last re-count yields."""
+    pool = unique_name("last")
+    labels = {"test.example/pool": pool, f"{P}/tainted": "true"}
+    a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
+    gpu_node(name=f"b-{pool}", labels=labels)
+    brake = Brake(core, selector=f"test.example/pool={pool}", max_fraction=1.0, max_nodes=1)
+    assert brake.overshoot(a) == (False, "")
+    yielding, reason = brake.overshoot(a, last=True)
+    assert yielding and "above the limit of 1" in reason

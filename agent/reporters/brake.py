@@ -365,12 +365,17 @@ class Brake:
             return True, f"{head}; contenders ahead did not take a slot in {self.rank_patience_s:.0f} s"
         return ok, reason
 
-    def overshoot(self, node_name: str, min_rv: str | None = None) -> tuple[bool, str]:
-        """After our taint landed: must this node yield because racing agents tainted too many?"""
+    def overshoot(self, node_name: str, min_rv: str | None = None, last: bool = False) -> tuple[bool, str]:
+        """After our taint landed: must this node yield because racing agents tainted too many? The
+        ones beyond the limit in name order yield; at its *last* re-count a node still above the
+        limit yields whatever its name, because the ones after it by name may have finished their
+        re-counts before a late racer (one whose writes waited on a loaded API server) landed. That
+        may leave a slot free for a moment; the brake fills it on the next ask (safe side)."""
         tainted = self._names(self.tainted_selector, min_rv=min_rv)
         total = len(self._gpu_nodes() | {node_name})
         cap = brake_cap(total, self.max_fraction, self.max_nodes)
-        if must_back_off(node_name, tainted, cap):
+        over = last and node_name in tainted and len(set(tainted)) > cap
+        if must_back_off(node_name, tainted, cap) or over:
             reason = f"{len(set(tainted))} GPU nodes were tainted at once, above the limit of {cap}: yielding"
             with self._lock:
                 self._state = BrakeState(

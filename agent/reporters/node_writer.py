@@ -539,7 +539,8 @@ class NodeWriter:
         if self.brake is None or self._stop.is_set() or not self._taint_on:
             return  # stopped, or the taint is already gone: nothing to yield
         try:
-            yield_now, reason = self.brake.overshoot(self.node_name, self._taint_rv)
+            last = round_ == len(VERIFY_ROUNDS) - 1
+            yield_now, reason = self.brake.overshoot(self.node_name, self._taint_rv, last=last)
         except Exception as exc:  # API trouble: keep the taint; try the next round
             log.warning("node %s: brake re-count failed: %s", self.node_name, _describe(exc))
             yield_now, reason = False, ""
