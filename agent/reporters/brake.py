@@ -205,13 +205,6 @@ class Brake:
         return self._state
 
     @property
-    def failing_selector(self) -> str:
-        """GPU nodes our agents label failing and that may be tainted (tainted already or not)."""
-        p = self.prefix
-        own = f"{p}/status=fail,{p}/taint!=disabled"
-        return f"{self.selector},{own}" if self.selector else own
-
-    @property
     def contenders_selector(self) -> str:
         """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
         p = self.prefix
@@ -339,22 +332,22 @@ class Brake:
         contenders = self._names(self.contenders_selector, min_rv=min_rv)
         ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
         if ok and self.settle_s > 0 and set(contenders) - {node_name}:
-            # Watch the burst land: one list of the failing nodes (tainted or not) a second, from the
-            # cache as it is (asking it not to be older than our write would make a lagging server
-            # wait 3 s each time), until no new one appears; then count once more and decide.
+            # Watch the burst land, from the cache as it is (asking it not to be older than our
+            # write would make a lagging server wait 3 s each time): count again every second until
+            # no new failing node appears or this node's turn is gone.
             seen: set[str] = set()
-            view = set(self._names(self.failing_selector))
+            view = set(contenders) | (set(self._names(self.tainted_selector)) - {node_name})
             waited = 0.0
-            while view - seen and waited < self.settle_max_s:
+            while ok and view - seen and waited < self.settle_max_s:
                 seen = view
                 time.sleep(self.settle_s)
                 waited += self.settle_s
-                view = set(self._names(self.failing_selector))
-            tainted = len(set(self._names(self.tainted_selector)) - {node_name})
-            contenders = self._names(self.contenders_selector)
-            ok, reason = rank_decision(
-                node_name, tainted, total, contenders, self.max_fraction, self.max_nodes
-            )
+                tainted_names = set(self._names(self.tainted_selector)) - {node_name}
+                contenders = self._names(self.contenders_selector)
+                ok, reason = rank_decision(
+                    node_name, len(tainted_names), total, contenders, self.max_fraction, self.max_nodes
+                )
+                view = set(contenders) | tainted_names  # a contender that got its taint stays in view
         if ok:
             self._ranked_out_since = None
             return ok, reason
