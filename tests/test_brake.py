@@ -139,8 +139,8 @@ def test_count_lists_names_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     pool = unique_name("meta")
     names = sorted(gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3))
     brake = Brake(core, selector=f"test.example/pool={pool}")
-    rv = core.read_node(names[0]).metadata.resource_version
-    for min_rv in (None, rv):
+    rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
+    for min_rv in (str(rv), None):  # the cache as it is: after a read not older than the last write
         doc = brake.list_doc(f"test.example/pool={pool}", min_rv=min_rv)
         assert doc["kind"] == "Table"
         assert all(row.get("object") is None for row in doc["rows"])
@@ -280,11 +280,17 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     now = [1000.0]
     brake = Brake(core, selector=selector, clock=lambda: now[0], total_cache_seconds=300, refresh_jitter_s=0)
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3)]
+    rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
+    brake.list_doc(selector, min_rv=str(rv))  # the cache has seen the 3 Nodes: warm reads it as it is
     warm = brake.warm()
     assert warm is not None
     warm.join(10)
-    gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"})
-    assert brake.count() == (1, 3)  # a new tainted node is seen at once; the total is the warm one
+    late = gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"})
+    late_rv = late.metadata.resource_version
+    assert brake.count(None, late_rv) == (
+        1,
+        3,
+    )  # a new tainted node is seen at once; the total is the warm one
     now[0] += 301
     assert brake.count() == (1, 3)  # old: still answered at once, from the old total ...
     deadline = time.monotonic() + 10
@@ -296,9 +302,11 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
 
 @pytest.mark.kube
 def test_without_a_total_the_first_count_reads_it(core: k8s.CoreV1Api, gpu_node: Any) -> None:
+    """Not older than the write the agent just made: a Node created a moment ago is counted."""
     pool = unique_name("cold")
-    gpu_node(labels={"test.example/pool": pool})
-    assert Brake(core, selector=f"test.example/pool={pool}").count() == (0, 1)
+    node = gpu_node(labels={"test.example/pool": pool})
+    brake = Brake(core, selector=f"test.example/pool={pool}")
+    assert brake.count(None, node.metadata.resource_version) == (0, 1)
 
 
 @pytest.mark.parametrize(
@@ -407,7 +415,9 @@ def test_a_cache_behind_our_write_is_counted_as_it_is(core: k8s.CoreV1Api, gpu_n
     pool = unique_name("behind")
     name = gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"}).metadata.name
     brake = Brake(core, selector=f"test.example/pool={pool}")
-    ahead = str(int(core.read_node(name).metadata.resource_version) + 10_000_000)
+    rv = core.read_node(name).metadata.resource_version
+    assert brake.count(None, rv) == (1, 1)  # the total, read not older than the Node's creation
+    ahead = str(int(rv) + 10_000_000)
     assert brake.count(None, ahead) == (1, 1)
     assert brake.stale_reads == 1
 
@@ -423,6 +433,7 @@ def test_at_its_last_recount_a_node_above_the_limit_yields_whatever_its_name(
     a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
     gpu_node(name=f"b-{pool}", labels=labels)
     brake = Brake(core, selector=f"test.example/pool={pool}", max_fraction=1.0, max_nodes=1)
-    assert brake.overshoot(a) == (False, "")
+    rv = max(int(core.read_node(n).metadata.resource_version) for n in (a, f"b-{pool}"))
+    assert brake.overshoot(a, str(rv)) == (False, "")
     yielding, reason = brake.overshoot(a, last=True)
     assert yielding and "above the limit of 1" in reason

@@ -248,15 +248,15 @@ class Brake:
             "GET", "/api/v1/nodes", query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
         )
 
-    def _gpu_nodes(self) -> set[str]:
+    def _gpu_nodes(self, min_rv: str | None = None) -> set[str]:
         """All GPU nodes. The one list of the whole fleet (11 ms of API server CPU for 2,000 Nodes,
         ten times a filtered list), so it is kept off the path of a taint: read once ahead of need
         (warm, at agent start), then served from here; when older than total_cache_seconds it is
         still used and re-read in the background after a random delay, so that a fleet-wide fault
         does not make every agent list every Node at the same moment. A fleet's size changes slowly."""
         cached = self._total_cache
-        if cached is None:
-            names = set(self._names(self.selector))
+        if cached is None:  # no total yet: read it now, not older than our write when we know it
+            names = set(self._names(self.selector, min_rv=min_rv))
             self._total_cache = (self._clock(), names)
             return names
         if self._clock() - cached[0] >= self.total_cache_seconds:
@@ -295,7 +295,7 @@ class Brake:
 
     def count(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
         """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
-        all_names = set(self._gpu_nodes())
+        all_names = set(self._gpu_nodes(min_rv))
         tainted = set(self._names(self.tainted_selector, min_rv=min_rv))
         if node_name is not None:
             tainted.discard(node_name)
@@ -365,7 +365,7 @@ class Brake:
         re-counts before a late racer (one whose writes waited on a loaded API server) landed. That
         may leave a slot free for a moment; the brake fills it on the next ask (safe side)."""
         tainted = self._names(self.tainted_selector, min_rv=min_rv)
-        total = len(self._gpu_nodes() | {node_name})
+        total = len(self._gpu_nodes(min_rv) | {node_name})
         cap = brake_cap(total, self.max_fraction, self.max_nodes)
         over = last and node_name in tainted and len(set(tainted)) > cap
         if must_back_off(node_name, tainted, cap) or over:
