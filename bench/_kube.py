@@ -22,11 +22,12 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
@@ -104,22 +105,26 @@ def core_api(env: Any, pool: int = 16) -> Any:
 RequestKey = tuple[str, str, str]  # (resource, verb, code)
 
 
-def apiserver_requests(env: Any, resources: tuple[str, ...] = ("nodes", "events")) -> dict[RequestKey, float]:
-    """`apiserver_request_total` from the API server's own /metrics, for *resources*."""
-    status, text = env.request("GET", "/metrics", timeout=60)
+def apiserver_metrics(env: Any, families: Collection[str], timeout: float = 60) -> Iterator[Sample]:
+    """The samples of *families* (names as the Prometheus parser gives them: counters without
+    `_total`) in the API server's own /metrics. Raises when /metrics cannot be read."""
+    status, text = env.request("GET", "/metrics", timeout=timeout)
     if status != 200 or not isinstance(text, str):
         raise RuntimeError(f"GET /metrics answered {status}")
-    out: dict[RequestKey, float] = defaultdict(float)
     for fam in text_string_to_metric_families(text):
-        if fam.name != "apiserver_request":
-            continue
-        for s in fam.samples:
-            if not s.name.endswith("_total"):
-                continue
-            res = s.labels.get("resource", "")
-            if res in resources:
-                key = (res + ("/" + s.labels["subresource"] if s.labels.get("subresource") else ""),)
-                out[(key[0], s.labels.get("verb", ""), s.labels.get("code", ""))] += s.value
+        if fam.name in families:
+            yield from fam.samples
+
+
+def apiserver_requests(env: Any, resources: tuple[str, ...] = ("nodes", "events")) -> dict[RequestKey, float]:
+    """`apiserver_request_total` from the API server's own /metrics, for *resources*."""
+    out: dict[RequestKey, float] = defaultdict(float)
+    for s in apiserver_metrics(env, ("apiserver_request",)):
+        res = s.labels.get("resource", "")
+        if s.name.endswith("_total") and res in resources:
+            sub = s.labels.get("subresource")
+            key = (f"{res}/{sub}" if sub else res, s.labels.get("verb", ""), s.labels.get("code", ""))
+            out[key] += s.value
     return dict(out)
 
 
@@ -131,50 +136,44 @@ def diff(after: dict[RequestKey, float], before: dict[RequestKey, float]) -> dic
 
 def longrunning_watches(env: Any, resource: str = "nodes") -> float:
     """Open WATCH requests on *resource* right now (`apiserver_longrunning_requests`)."""
-    _status, text = env.request("GET", "/metrics", timeout=60)
-    total = 0.0
-    for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
-        if fam.name == "apiserver_longrunning_requests":
-            for s in fam.samples:
-                if s.labels.get("resource") == resource and s.labels.get("verb") == "WATCH":
-                    total += s.value
-    return total
+    return sum(
+        s.value
+        for s in apiserver_metrics(env, ("apiserver_longrunning_requests",))
+        if s.labels.get("resource") == resource and s.labels.get("verb") == "WATCH"
+    )
 
 
 def node_list_sources(env: Any) -> dict[str, float]:
     """Where the API server served Node LISTs from: its watch cache (`apiserver_cache_list_total`) or
     etcd (`etcd_requests_total{operation="list"}`), and how many objects it read from etcd for them."""
-    _status, text = env.request("GET", "/metrics", timeout=60)
     out = {"cache": 0.0, "etcd": 0.0, "etcd_objects": 0.0}
     wanted = {
         "apiserver_cache_list_total": "cache",
         "etcd_requests_total": "etcd",
         "apiserver_storage_list_fetched_objects_total": "etcd_objects",
     }
-    for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
-        for s in fam.samples:
-            key = wanted.get(s.name)
-            if key is None or s.labels.get("resource") != "nodes" or s.labels.get("group", "") != "":
-                continue
-            if key == "etcd" and s.labels.get("operation") != "list":
-                continue
-            out[key] += s.value
+    families = [name.removesuffix("_total") for name in wanted]
+    for s in apiserver_metrics(env, families):
+        key = wanted.get(s.name)
+        if key is None or s.labels.get("resource") != "nodes" or s.labels.get("group", "") != "":
+            continue
+        if key == "etcd" and s.labels.get("operation") != "list":
+            continue
+        out[key] += s.value
     return out
 
 
 def request_latency_buckets(env: Any, resource: str = "nodes") -> dict[tuple[str, float], float]:
     """`apiserver_request_duration_seconds` buckets for *resource* by (verb, upper bound): the time the
     API server spent on each request, whatever the client's own timeouts made of it."""
-    _status, text = env.request("GET", "/metrics", timeout=60)
     out: dict[tuple[str, float], float] = defaultdict(float)
-    for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
-        if fam.name != "apiserver_request_duration_seconds":
-            continue
-        for s in fam.samples:
-            if s.name.endswith("_bucket") and s.labels.get("resource") == resource:
-                if s.labels.get("subresource"):
-                    continue
-                out[(s.labels.get("verb", ""), float(s.labels["le"]))] += s.value
+    for s in apiserver_metrics(env, ("apiserver_request_duration_seconds",)):
+        if (
+            s.name.endswith("_bucket")
+            and s.labels.get("resource") == resource
+            and not s.labels.get("subresource")
+        ):
+            out[(s.labels.get("verb", ""), float(s.labels["le"]))] += s.value
     return dict(out)
 
 
@@ -190,20 +189,22 @@ def bucket_quantile(buckets: dict[tuple[str, float], float], verb: str, q: float
     return mine[-1][0], total
 
 
+def proc_kb(path: str, field: str) -> int:
+    """The `Field:  N kB` line of a /proc file (status, meminfo); 0 when absent or the process is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def mem_available_kb() -> int:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    return 0
+    return proc_kb("/proc/meminfo", "MemAvailable")
 
 
-def proc_rss_kb(pid: int) -> int:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+def proc_rss_kb(pid: int | str, field: str = "VmRSS") -> int:
+    """VmRSS (or another status field, e.g. VmHWM, the peak) of *pid* ("self" for this process)."""
+    return proc_kb(f"/proc/{pid}/status", field)
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -461,20 +462,15 @@ class ApiserverTrace:
         self._thread.join(5)
 
     def sample(self) -> dict[str, float]:
-        _status, text = self.env.request("GET", "/metrics", timeout=30)
         out: dict[str, float] = defaultdict(float)
-        for fam in text_string_to_metric_families(text if isinstance(text, str) else ""):
-            if fam.name not in TRACE_FAMILIES:
+        keep = ("resource", "verb", "operation", "fallback", "success", "code", "request_kind")
+        for s in apiserver_metrics(self.env, TRACE_FAMILIES, timeout=30):
+            if s.labels.get("resource", "") not in ("", "nodes", "events"):
                 continue
-            for s in fam.samples:
-                res = s.labels.get("resource", "")
-                if res not in ("", "nodes", "events"):
-                    continue
-                if s.name.endswith(("_bucket", "_created")):
-                    continue
-                keep = ("resource", "verb", "operation", "fallback", "success", "code", "request_kind")
-                labels = ",".join(f"{k}={s.labels[k]}" for k in keep if s.labels.get(k))
-                out[f"{s.name}{{{labels}}}"] += s.value
+            if s.name.endswith(("_bucket", "_created")):
+                continue
+            labels = ",".join(f"{k}={s.labels[k]}" for k in keep if s.labels.get(k))
+            out[f"{s.name}{{{labels}}}"] += s.value
         return dict(out)
 
     def _run(self) -> None:

@@ -71,6 +71,7 @@ from bench._kube import (
     machine,
     node_list_sources,
     proc_cpu_s,
+    proc_rss_kb,
     request_latency_buckets,
 )
 
@@ -118,24 +119,14 @@ def create_node(core: Any, name: str) -> None:
 
 
 def count_nodes(core: Any, selector: str) -> int:
-    total, cont = 0, None
-    while True:
-        kwargs: dict[str, Any] = {"label_selector": selector, "limit": 500}
-        if cont:
-            kwargs["_continue"] = cont
-        resp = core.list_node(**kwargs, _preload_content=False, _headers={"Accept": METADATA_LIST_ACCEPT})
-        doc = json.loads(resp.data)
-        resp.release_conn()
-        total += len(doc.get("items") or ())
-        cont = (doc.get("metadata") or {}).get("continue")
-        if not cont:
-            return total
+    """Nodes matching *selector* (a consistent read: the run is over)."""
+    query = {"labelSelector": selector}
+    doc = KubeRest.of(core).json("GET", "/api/v1/nodes", query=query, accept=METADATA_LIST_ACCEPT)
+    return len(doc.get("items") or ())
 
 
 def tainted_nodes(core: Any) -> int:
-    resp = core.list_node(_preload_content=False)
-    doc = json.loads(resp.data)
-    resp.release_conn()
+    doc = KubeRest.of(core).json("GET", "/api/v1/nodes")
     return sum(
         1
         for n in doc.get("items") or ()
@@ -147,7 +138,6 @@ class MarksWatch:
     """One watch of all Nodes in the benchmark: when did our keys last change on any Node?"""
 
     def __init__(self, core: Any) -> None:
-        self.core = core
         self.last_change = 0.0
         self.changes = 0
         self._seen: dict[str, tuple[Any, ...]] = {}
@@ -156,9 +146,8 @@ class MarksWatch:
         self.restarts = 0  # the watch was closed by the API server and re-listed
         self._w: Any = None
         self._stop = threading.Event()
-        resp = core.list_node(_preload_content=False)
-        doc = json.loads(resp.data)
-        resp.release_conn()
+        self._rest = KubeRest.of(core)
+        doc = self._rest.json("GET", "/api/v1/nodes")
         for node in doc.get("items") or ():
             self._seen[node["metadata"]["name"]] = self.signature(node)
         self._rv = doc["metadata"]["resourceVersion"]
@@ -185,7 +174,7 @@ class MarksWatch:
             self._w = watch.Watch()
             try:
                 for ev in self._w.stream(
-                    KubeRest.of(self.core).lister("/api/v1/nodes"),  # raw events: no model decoding
+                    self._rest.lister("/api/v1/nodes"),  # raw events: no model decoding
                     resource_version=rv,
                     timeout_seconds=3600,
                     _request_timeout=(5, 3700),
@@ -203,9 +192,7 @@ class MarksWatch:
                     return
                 self.restarts += 1
                 with contextlib.suppress(Exception):
-                    resp = self.core.list_node(_preload_content=False)
-                    doc = json.loads(resp.data)
-                    resp.release_conn()
+                    doc = self._rest.json("GET", "/api/v1/nodes")
                     for node in doc.get("items") or ():
                         self._see(node)
                     rv = doc["metadata"]["resourceVersion"]
@@ -376,20 +363,12 @@ def shard(
                 "yields": counted.yields,
                 "samples": counted.samples,
                 "brake_open": sum(1 for w in bad_writers if w.brake_open),
-                "vmhwm_kb": peak_rss_kb(),
+                "vmhwm_kb": proc_rss_kb("self", "VmHWM"),
             },
         )
     )
     for w in writers:
         w.stop(timeout=0.05)
-
-
-def peak_rss_kb() -> int:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
 
 
 def collect(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import tempfile
@@ -42,13 +41,14 @@ from bench._kube import (
     machine,
     metric_sum,
     pct,
+    proc_cpu_s,
+    proc_rss_kb,
     snapshot_copy,
     wait_for,
     write_config,
 )
 
 TIERS = ("gpu", "xid", "efa", "topology")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def in_process(runs: int, profile: bool) -> None:
@@ -88,17 +88,7 @@ def in_process(runs: int, profile: bool) -> None:
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    rest = stat[stat.rindex(")") + 2 :].split()
-    return (int(rest[11]) + int(rest[12])) / TICK  # utime, stime (fields 14, 15)
+    return proc_rss_kb(pid), proc_rss_kb(pid, "VmHWM")
 
 
 def process(cycles: int, interval: float, warmup: float) -> None:
@@ -124,12 +114,12 @@ def process(cycles: int, interval: float, warmup: float) -> None:
             time.sleep(warmup)
             rss, hwm = rss_kib(agent.pid)
             gpu_runs = "gpu_healthcheck_tier_runs_total{tier=gpu"
-            c0, n0, w0 = cpu_seconds(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
+            c0, n0, w0 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
             time.sleep(cycles * interval)  # scrape rarely: a /metrics scrape costs the agent CPU too
             deadline = time.monotonic() + cycles * interval + 30
             while metric_sum(agent.metrics(), gpu_runs) - n0 < cycles and time.monotonic() < deadline:
                 time.sleep(interval)
-            c1, n1, w1 = cpu_seconds(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
+            c1, n1, w1 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
             rss2, hwm2 = rss_kib(agent.pid)
         finally:
             agent.stop()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from agent.reporters.brake import (
     Brake,
@@ -437,3 +438,19 @@ def test_at_its_last_recount_a_node_above_the_limit_yields_whatever_its_name(
     assert brake.overshoot(a, str(rv)) == (False, "")
     yielding, reason = brake.overshoot(a, last=True)
     assert yielding and "above the limit of 1" in reason
+
+
+@pytest.mark.kube
+def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Api) -> None:
+    """The API server refuses the read (here: a selector it cannot parse, 400): no total is kept,
+    the failure is not a pending read forever, and the next need reads (and fails) in the open."""
+    brake = Brake(core, selector="test.example/pool in (unclosed")
+    first = brake.warm()
+    assert first is not None
+    first.join(10)
+    again = brake.warm()
+    assert again is not None  # not stuck "pending"
+    again.join(10)
+    with pytest.raises(ApiException) as exc:
+        brake.count("gpu-x")
+    assert exc.value.status == 400

@@ -194,10 +194,10 @@ class Brake:
         self._total_pending = False
         self._total_cache: tuple[float, set[str]] | None = None
         self.rank_patience_s = rank_patience_s
-        self.settle_s = settle_s
-        self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
-        self.settle_max_s = settle_max_s
         self._ranked_out_since: float | None = None
+        self.settle_s = settle_s
+        self.settle_max_s = settle_max_s
+        self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
 
     @property
     def state(self) -> BrakeState | None:
@@ -293,14 +293,16 @@ class Brake:
             with self._lock_total:
                 self._total_pending = False
 
+    def _others_tainted(self, node_name: str | None, min_rv: str | None = None) -> set[str]:
+        return set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name or ""}
+
+    def _total(self, node_name: str | None, min_rv: str | None = None) -> int:
+        """GPU nodes, the asking one counted even when the total was read before it existed."""
+        return len(self._gpu_nodes(min_rv) | ({node_name} if node_name else set()))
+
     def count(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
         """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
-        all_names = set(self._gpu_nodes(min_rv))
-        tainted = set(self._names(self.tainted_selector, min_rv=min_rv))
-        if node_name is not None:
-            tainted.discard(node_name)
-            all_names.add(node_name)
-        return len(tainted), len(all_names)
+        return len(self._others_tainted(node_name, min_rv)), self._total(node_name, min_rv)
 
     def allows_new_taint(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[bool, str]:
         """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a
@@ -310,17 +312,28 @@ class Brake:
             st = self._state
             if st is not None and st.open and now - st.at < self.cache_seconds:
                 return False, st.reason
-            tainted, total = self.count(node_name, min_rv)
-            ok, reason = brake_decision(tainted, total, self.max_fraction, self.max_nodes)
+            total = self._total(node_name, min_rv)
+            tainted = self._others_tainted(node_name, min_rv)
+            ok, reason = brake_decision(len(tainted), total, self.max_fraction, self.max_nodes)
             if not ok:
                 self._ranked_out_since = None  # the count explains the refusal
             elif node_name is not None:
                 ok, reason = self._take_turn(node_name, tainted, total, now, min_rv)
-            self._state = BrakeState(open=not ok, tainted=tainted, total=total, reason=reason, at=now)
+            self._state = BrakeState(open=not ok, tainted=len(tainted), total=total, reason=reason, at=now)
             return ok, reason
 
+    def _turn(
+        self, node_name: str, tainted: set[str], total: int, min_rv: str | None = None
+    ) -> tuple[bool, str, set[str]]:
+        """rank_decision over the contenders as listed now; also the view (contenders and tainted)."""
+        contenders = self._names(self.contenders_selector, min_rv=min_rv)
+        ok, reason = rank_decision(
+            node_name, len(tainted), total, contenders, self.max_fraction, self.max_nodes
+        )
+        return ok, reason, set(contenders) | tainted
+
     def _take_turn(
-        self, node_name: str, tainted: int, total: int, now: float, min_rv: str | None
+        self, node_name: str, tainted: set[str], total: int, now: float, min_rv: str | None
     ) -> tuple[bool, str]:
         """rank_decision over the contenders. Other contenders in view mean a fault on several nodes
         at once, whose labels are still landing: wait `settle_s` and count again, until no new
@@ -329,25 +342,19 @@ class Brake:
         A contender that never takes its slot (its agent is gone and its labels stayed) must not hold
         this node back forever: after `rank_patience_s` of rank refusals while slots stay free, the
         count decides."""
-        contenders = self._names(self.contenders_selector, min_rv=min_rv)
-        ok, reason = rank_decision(node_name, tainted, total, contenders, self.max_fraction, self.max_nodes)
-        if ok and self.settle_s > 0 and set(contenders) - {node_name}:
+        ok, reason, view = self._turn(node_name, tainted, total, min_rv)
+        if ok and self.settle_s > 0 and view - tainted - {node_name}:
             # Watch the burst land, from the cache as it is (asking it not to be older than our
             # write would make a lagging server wait 3 s each time): count again every second until
-            # no new failing node appears or this node's turn is gone.
+            # no new failing node appears or this node's turn is gone. A contender that got its
+            # taint meanwhile stays in the view.
             seen: set[str] = set()
-            view = set(contenders) | (set(self._names(self.tainted_selector)) - {node_name})
             waited = 0.0
             while ok and view - seen and waited < self.settle_max_s:
                 seen = view
                 time.sleep(self.settle_s)
                 waited += self.settle_s
-                tainted_names = set(self._names(self.tainted_selector)) - {node_name}
-                contenders = self._names(self.contenders_selector)
-                ok, reason = rank_decision(
-                    node_name, len(tainted_names), total, contenders, self.max_fraction, self.max_nodes
-                )
-                view = set(contenders) | tainted_names  # a contender that got its taint stays in view
+                ok, reason, view = self._turn(node_name, self._others_tainted(node_name), total)
         if ok:
             self._ranked_out_since = None
             return ok, reason
@@ -365,7 +372,7 @@ class Brake:
         re-counts before a late racer (one whose writes waited on a loaded API server) landed. That
         may leave a slot free for a moment; the brake fills it on the next ask (safe side)."""
         tainted = self._names(self.tainted_selector, min_rv=min_rv)
-        total = len(self._gpu_nodes(min_rv) | {node_name})
+        total = self._total(node_name, min_rv)
         cap = brake_cap(total, self.max_fraction, self.max_nodes)
         over = last and node_name in tainted and len(set(tainted)) > cap
         if must_back_off(node_name, tainted, cap) or over:

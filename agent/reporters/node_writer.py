@@ -403,10 +403,8 @@ class NodeWriter:
             return False, False, True, ""
         if self._yield_reason:
             return False, True, False, self._yield_reason
-        if find_our_taint(node, self.prefix, self.taint_effect) is not None or self._taint_on:
+        if not self._asks_brake(node, marks) or self.brake is None:
             return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
-        if self.brake is None:
-            return True, False, False, ""
         ok, reason = self.brake.allows_new_taint(self.node_name, _rv_text(node))
         return ok, not ok, False, reason
 
@@ -465,10 +463,10 @@ class NodeWriter:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
                         self._note("node", "skipped")
                     else:
-                        if taint_on and not had_taint:
-                            self._taint_attempted = True  # stays set if the answer never comes
+                        adding = taint_on and not had_taint
+                        self._taint_attempted |= adding  # stays set if the answer never comes
                         written = write(node, patch)
-                        if taint_on and not had_taint:
+                        if adding:
                             self._taint_rv = _rv_text(written)
         taint_on, brake_open, disabled, _ = decided
         node = self._current(fresh=False)
