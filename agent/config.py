@@ -1,7 +1,9 @@
 """Configuration: defaults in config/config.yaml, validated strictly (unknown keys are errors).
 
-A config directory holds config.yaml, instance-profiles.yaml and xid-catalog.yaml (the ConfigMap
-mounted as a directory). load_config_dir() returns a Config or raises ConfigError saying what is wrong.
+A config directory holds the CONFIG_FILES (the ConfigMap mounted as a directory). A file it lacks
+falls back to the shipped one, read as package data (agent/defaults links to config/), so an
+installed package finds its tables without a source checkout. load_config_dir() returns a Config or
+raises ConfigError saying what is wrong; checks read every table through the Config, no file.
 """
 
 from __future__ import annotations
@@ -9,18 +11,28 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agent.dcgm.incidents import IncidentTable, parse_incident_table
 from agent.profiles import InstanceProfile, parse_profiles
 from agent.rules import RULES
 from agent.severity import Severity
 from agent.xid_catalog import XidCatalog, parse_catalog
 
 CONFIG_ENV = "GPU_HEALTHCHECK_CONFIG_DIR"
-REPO_CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+SHIPPED: Traversable = resources.files("agent") / "defaults"
+CONFIG_YAML, PROFILES_YAML, XID_CATALOG_YAML, DCGM_INCIDENTS_YAML = (
+    "config.yaml",
+    "instance-profiles.yaml",
+    "xid-catalog.yaml",
+    "dcgm-incidents.yaml",
+)
+CONFIG_FILES = (CONFIG_YAML, PROFILES_YAML, XID_CATALOG_YAML, DCGM_INCIDENTS_YAML)
 CHECK_NAMES = (
     "gpu.count",
     "gpu.responsive",
@@ -121,6 +133,7 @@ class Config:
     profiles: dict[str, InstanceProfile] = field(default_factory=dict)
     xid_catalog: XidCatalog = field(default_factory=XidCatalog)
     severity_overrides: dict[str, Severity] = field(default_factory=dict)
+    dcgm_incidents: IncidentTable = field(default_factory=IncidentTable)  # with dcgm.incidentOverrides
 
     def severity(self, rule: str) -> Severity:
         if rule in self.severity_overrides:
@@ -193,8 +206,10 @@ def _leaf_or_section(value: Any, spec: Any, path: str) -> Any:
     return value
 
 
-def parse_config(doc: Any, profiles_doc: Any = None, catalog_doc: Any = None) -> Config:
-    """Validate parsed YAML documents into a Config (raises ConfigError)."""
+def parse_config(
+    doc: Any, profiles_doc: Any = None, catalog_doc: Any = None, incidents_doc: Any = None
+) -> Config:
+    """Validate parsed YAML documents into a Config (raises ConfigError). A table not given is empty."""
     raw = _validate(doc, SCHEMA, "")
     unknown_rules = sorted(set(raw["severities"]) - set(RULES))
     if unknown_rules:
@@ -210,6 +225,9 @@ def parse_config(doc: Any, profiles_doc: Any = None, catalog_doc: Any = None) ->
             if catalog_doc is not None
             else XidCatalog()
         )
+        incidents = (
+            parse_incident_table(incidents_doc) if incidents_doc is not None else IncidentTable()
+        ).with_overrides(raw["dcgm"]["incidentOverrides"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     return Config(
@@ -217,10 +235,11 @@ def parse_config(doc: Any, profiles_doc: Any = None, catalog_doc: Any = None) ->
         profiles=profiles,
         xid_catalog=catalog,
         severity_overrides={k: Severity.parse(v) for k, v in raw["severities"].items()},
+        dcgm_incidents=incidents,
     )
 
 
-def _read_yaml(path: Path) -> Any:
+def _read_yaml(path: Path | Traversable) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -233,39 +252,36 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path.name}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from exc
 
 
-def default_config_dir() -> Path:
+def default_config_dir() -> Path | None:
+    """$GPU_HEALTHCHECK_CONFIG_DIR when set, else None: the shipped defaults alone."""
     env = os.environ.get(CONFIG_ENV)
-    if env:
-        return Path(env)
-    return REPO_CONFIG_DIR
+    return Path(env) if env else None
 
 
 def load_config_dir(directory: Path | None = None) -> Config:
-    """Load config.yaml, instance-profiles.yaml and xid-catalog.yaml from one directory.
+    """Load the CONFIG_FILES from one directory (None: default_config_dir()).
 
-    A missing config.yaml means defaults; missing profiles or catalog files fall back to the
-    shipped ones so that a ConfigMap holding only config.yaml still works.
+    A missing config.yaml means the defaults; any other file it lacks is the shipped one, so that a
+    ConfigMap holding only config.yaml still judges with the shipped profiles and tables.
     """
     directory = directory or default_config_dir()
-    if not directory.is_dir():
+    if directory is not None and not directory.is_dir():
         raise ConfigError(f"config directory {directory} does not exist")
 
-    def pick(name: str) -> Path | None:
-        for base in (directory, REPO_CONFIG_DIR):
-            candidate = base / name
-            if candidate.is_file():
-                return candidate
-        return None
+    def read(name: str) -> Any:
+        own = directory / name if directory is not None else None
+        if own is not None and own.is_file():
+            return _read_yaml(own)
+        shipped = SHIPPED / name
+        return _read_yaml(shipped) if shipped.is_file() else None
 
-    cfg_path = directory / "config.yaml"
-    doc = _read_yaml(cfg_path) if cfg_path.is_file() else {}
-    prof = pick("instance-profiles.yaml")
-    cat = pick("xid-catalog.yaml")
+    where = str(directory) if directory is not None else "shipped config"
     try:
         return parse_config(
-            doc,
-            _read_yaml(prof) if prof else None,
-            _read_yaml(cat) if cat else None,
+            read(CONFIG_YAML) or {},
+            read(PROFILES_YAML),
+            read(XID_CATALOG_YAML),
+            read(DCGM_INCIDENTS_YAML),
         )
     except ConfigError as exc:
-        raise ConfigError(f"{directory}: {exc}") from exc
+        raise ConfigError(f"{where}: {exc}") from exc

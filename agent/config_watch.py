@@ -11,9 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
-
-FILES = ("config.yaml", "instance-profiles.yaml", "xid-catalog.yaml", "dcgm-incidents.yaml")
 
 
 @dataclass(frozen=True)

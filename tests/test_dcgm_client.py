@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
-from agent.config import parse_config
+from agent.config import load_config_dir
 from agent.dcgm.bindings import DEFAULT_DIRS, ENV, BindingsUnavailable, load_bindings
 from agent.dcgm.client import DcgmClient, EngineUnavailable
 from agent.dcgm.diag import DiagRunner
@@ -25,7 +25,7 @@ from agent.severity import Severity, Status
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
 FAKE = Path(__file__).parent / "fakes" / "dcgm"
-CFG = parse_config({})
+CFG = load_config_dir()  # the shipped config and tables
 
 
 class Clock:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
-from agent.config import parse_config
+from agent.config import load_config_dir, parse_config
 from agent.dcgm.diag_json import parse_dcgm_diag_json
 from agent.dcgm.report import DiagReport, DiagStatus, HealthIncident, HealthReport
 from agent.facts import NodeFacts
@@ -20,7 +20,7 @@ from agent.severity import Severity, Status
 from agent.sources import SnapshotSource, gather_facts
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
-CFG = parse_config({})
+CFG = load_config_dir()  # the shipped config and tables
 V31 = "dcgm-repo-8gpu-dcgmi-diag-j-3.1.0-real-output-with-warning-prefix.json"
 V3_R1, V3_R3 = "dcgmi_diag_v3_r1_pass.json", "dcgmi_diag_v3_r3_pass_T4.json"
 MALFORMED = "dcgmi_diag_v3_fail_cuda_lib_MALFORMED_fixture.json"
@@ -307,3 +307,13 @@ def test_health_table_override_in_config() -> None:
     inc = HealthIncident(0x1, 10, 3, "replays", 1, 0)
     res = check_dcgm_health(NodeFacts(dcgm_health=health(inc)), cfg)
     assert res.status is Status.PASS and "ignored" in res.note
+
+
+def test_health_reads_the_incident_table_of_the_loaded_config_directory(tmp_path: Path) -> None:
+    """An edited dcgm-incidents.yaml in the ConfigMap is the table the check judges with."""
+    (tmp_path / "dcgm-incidents.yaml").write_text(
+        "incidents:\n  - {system: pcie, code: 3, name: DCGM_FR_PCI_REPLAY_RATE, severity: reboot}\n"
+    )
+    cfg = load_config_dir(tmp_path)
+    res = check_dcgm_health(NodeFacts(dcgm_health=health(HealthIncident(0x1, 10, 3, "replays", 1, 0))), cfg)
+    assert [f.severity for f in res.findings] == [Severity.REBOOT]

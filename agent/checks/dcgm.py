@@ -12,7 +12,7 @@ import re
 
 from agent.checks import input_gap
 from agent.config import Config
-from agent.dcgm.incidents import SINGLE_NODE_NVSWITCH, cached_incident_table, system_name
+from agent.dcgm.incidents import SINGLE_NODE_NVSWITCH, system_name
 from agent.dcgm.report import (
     DCGM_ERROR_ISOLATE,
     DCGM_ERROR_RESET,
@@ -111,14 +111,7 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
         return gap
     report = facts.dcgm_health
     assert isinstance(report, HealthReport)
-    from agent.config import default_config_dir
-
-    try:
-        table = cached_incident_table(str(default_config_dir())).with_overrides(
-            cfg.get("dcgm.incidentOverrides")
-        )
-    except (ValueError, OSError) as exc:
-        return CheckResult(HEALTH, unknown=f"DCGM incident table unusable: {exc}")
+    table = cfg.dcgm_incidents
     merged: dict[str, Finding] = {}
     ignored = 0
     for inc in report.incidents:

@@ -1,19 +1,15 @@
 """The shipped, overridable DCGM health incident table (config/dcgm-incidents.yaml): system + code → severity.
 
-Loaded once per config directory (static data, like the Xid catalog) so the health check stays pure.
+Parsed by the config loader into Config.dcgm_incidents (validated and reloaded with the ConfigMap), so
+the health check stays pure.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from agent.config import REPO_CONFIG_DIR, default_config_dir
 from agent.severity import Severity
 
 FILE = "dcgm-incidents.yaml"
@@ -104,17 +100,3 @@ def parse_incident_table(doc: Any) -> IncidentTable:
             ignore_on,
         )
     return IncidentTable(rules)
-
-
-def load_incident_table(directory: Path | None = None) -> IncidentTable:
-    """<directory>/dcgm-incidents.yaml, else the shipped one."""
-    for base in (directory or default_config_dir(), REPO_CONFIG_DIR):
-        path = base / FILE
-        if path.is_file():
-            return parse_incident_table(yaml.safe_load(path.read_text(encoding="utf-8")))
-    return IncidentTable()
-
-
-@functools.lru_cache(maxsize=4)
-def cached_incident_table(directory: str) -> IncidentTable:
-    return load_incident_table(Path(directory))
