@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,6 +24,13 @@ XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel unpacked into a directory of its own: the installed layout, without a venv."""
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy, as `COPY . /src` gives the image: setuptools builds in the tree it is given,
+    # and a build/ left there from an older layout would leak stale modules into the wheel.
+    src = out / "src"
+    skip = shutil.ignore_patterns(
+        ".git", ".venv", ".cache", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+    )
+    shutil.copytree(ROOT, src, symlinks=True, ignore=skip)
     subprocess.run(
         [
             sys.executable,
@@ -34,7 +42,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-build-isolation",
             "-w",
             str(out),
-            str(ROOT),
+            str(src),
         ],
         check=True,
         capture_output=True,
