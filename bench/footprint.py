@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from agent.config import load_config_dir
-from agent.engine import Engine, fingerprint
-from agent.sources import SnapshotSource
+from agent.engine.engine import Engine, fingerprint
+from agent.probes.sources import SnapshotSource
 from bench._kube import (
     HEALTHY,
     AgentProcess,

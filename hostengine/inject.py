@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from agent.dcgm.client import DcgmClient, EngineUnavailable
+    from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
 
     client = DcgmClient(a.address, 5.0, grace_s=0.0)
     try:

@@ -11,8 +11,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from agent.dcgm.bindings import DCGM_FE_GPU
-from agent.dcgm.client import DcgmClient, EngineUnavailable
+from agent.probes.dcgm.bindings import DCGM_FE_GPU
+from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
 
 
 def probe(address: str, timeout_s: float = 5.0, allow_no_gpu: bool = False) -> tuple[bool, str]:

@@ -15,7 +15,7 @@ FAKE_DCGM = Path(__file__).parent / "fakes" / "dcgm"
 def fake_dcgm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The fake DCGM bindings (tests/fakes/dcgm) found through the real loader's env override; yields
     the fake engine's state module, reset before and after, with any held diag released."""
-    from agent.dcgm.bindings import ENV, load_bindings
+    from agent.probes.dcgm.bindings import ENV, load_bindings
 
     monkeypatch.setenv(ENV, str(FAKE_DCGM))
     load_bindings()

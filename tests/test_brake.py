@@ -10,6 +10,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from agent.core.contract import Marks
+from agent.core.severity import Severity, Status
 from agent.reporters.brake import (
     Brake,
     brake_cap,
@@ -18,9 +20,7 @@ from agent.reporters.brake import (
     names_in_list,
     rank_decision,
 )
-from agent.reporters.marks import Marks
 from agent.reporters.node_writer import NodeWriter
-from agent.severity import Severity, Status
 from tests.kubeenv import unique_name
 
 P = "gpu-healthcheck"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.capture import capture
-from agent.cli import main
+from agent.cli.main import main
+from agent.probes.capture import capture
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"

@@ -9,12 +9,12 @@ import yaml
 
 from agent.checks.efa import check_efa
 from agent.config import Config, parse_config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult
-from agent.model import RdmaSample
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult
+from agent.core.model import RdmaSample
+from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.severity import Severity, Status
 from agent.probes.rdma import read_rdma
-from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
-from agent.severity import Severity, Status
 from tests.efa_sysfs_tree import build_efa_tree
 
 ROOT = Path(__file__).parent.parent

@@ -8,12 +8,12 @@ import pytest
 
 from agent.checks import gpu
 from agent.config import Config, load_config_dir, parse_config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult
-from agent.model import ClockEvents, EccErrors, Fabric, GpuInventory, NodeObject
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult
+from agent.core.model import ClockEvents, EccErrors, Fabric, GpuInventory, NodeObject
+from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.severity import Severity, Status
 from agent.probes.nvsmi_text import parse_nvsmi_text
-from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
-from agent.severity import Severity, Status
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-q"
 H100 = "gpud-h100x8-535.183.01.txt"
@@ -273,7 +273,7 @@ def test_responsive_counts_attached_gpus_the_tool_did_not_describe() -> None:
 
 
 def test_a_snapshot_merges_lost_gpus_from_the_text_view_into_the_xml_view(tmp_path: Path) -> None:
-    from agent.sources import SnapshotSource
+    from agent.probes.sources import SnapshotSource
 
     xml_dir = FIX.parent / "nvidia-smi-xml"
     (tmp_path / "nvidia-smi-q.xml").write_text((xml_dir / "telegraf-a10g-515.105.01.xml").read_text())
@@ -337,7 +337,7 @@ def test_each_remaining_rule_fires_for_its_cause(
     gpu_fields: dict[str, object], check: object, rule: str, severity: Severity
 ) -> None:
     """Rules no real recording shows: one GPU with just that fault (checks are pure functions)."""
-    from agent.model import Gpu
+    from agent.core.model import Gpu
 
     inv = GpuInventory(
         source="nvml", attached_gpus=1, gpus=(Gpu(index=0, pci_bus_id="00000000:53:00.0", **gpu_fields),)

@@ -9,12 +9,12 @@ import yaml
 
 from agent.checks.nvlink import check_nvlink
 from agent.config import Config, parse_config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult
-from agent.model import NvlinkReport
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult
+from agent.core.model import NvlinkReport
+from agent.core.probed import ProbeError, ProbeErrorKind
+from agent.core.severity import Severity, Status
 from agent.probes.nvlink import parse_nvlink
-from agent.probes.result import ProbeError, ProbeErrorKind
-from agent.severity import Severity, Status
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"

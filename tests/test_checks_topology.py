@@ -9,12 +9,12 @@ import yaml
 
 from agent.checks.topology import check_topology
 from agent.config import Config, parse_config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult
-from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult
+from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.profile import InstanceProfile
+from agent.core.severity import Severity, Status
 from agent.probes.topo import parse_topo
-from agent.profiles import InstanceProfile
-from agent.severity import Severity, Status
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-topo"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.cli.main import main
 
 ROOT = Path(__file__).parent.parent
 SNAP = ROOT / "examples" / "snapshots"
@@ -146,14 +146,14 @@ def test_invalid_config_dir_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_demo_runs() -> None:
-    proc = subprocess.run([sys.executable, "-m", "agent.demo"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "agent.cli.demo"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "status=pass" in proc.stdout and "status=fail severity=reboot" in proc.stdout
 
 
 def test_inject_kmsg_needs_yes_and_writes_a_line_our_parser_reads(tmp_path: Path) -> None:
     from agent.probes.kernel_log import parse_kernel_log
-    from agent.xid import extract_xids
+    from agent.probes.xid_events import extract_xids
 
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")

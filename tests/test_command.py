@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.probes.command import CommandOutput, run_command
-from agent.probes.result import ProbeError, ProbeErrorKind
 
 
 def fake_tool(bin_dir: Path, name: str, body: str) -> None:

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from agent.config import ConfigError, load_config_dir, parse_config
-from agent.rules import RULES
-from agent.severity import Severity
+from agent.config.rules import RULES
+from agent.core.severity import Severity
 
 CONFIG = Path(__file__).parent.parent / "config"
 

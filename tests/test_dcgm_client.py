@@ -1,6 +1,6 @@
 """The DCGM client, health poller, diag runner and idle gate against a fake DCGM bindings package.
 
-The fake (tests/fakes/dcgm) is imported through agent.dcgm.bindings exactly like the real bindings.
+The fake (tests/fakes/dcgm) is imported through agent.probes.dcgm.bindings exactly like the real bindings.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import pytest
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
 from agent.config import load_config_dir
-from agent.dcgm.bindings import DEFAULT_DIRS, ENV, BindingsUnavailable, load_bindings
-from agent.dcgm.client import DcgmClient, EngineUnavailable
-from agent.dcgm.diag import DiagRunner
-from agent.dcgm.health import HealthPoller
-from agent.dcgm.idle import IdleGate
-from agent.dcgm.report import DiagReport, DiagStatus, HealthReport
-from agent.facts import NodeFacts
-from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
-from agent.severity import Severity, Status
+from agent.core.dcgm_report import DiagReport, DiagStatus, HealthReport
+from agent.core.facts import NodeFacts
+from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.severity import Severity, Status
+from agent.probes.dcgm.bindings import DEFAULT_DIRS, ENV, BindingsUnavailable, load_bindings
+from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
+from agent.probes.dcgm.diag import DiagRunner
+from agent.probes.dcgm.health import HealthPoller
+from agent.probes.dcgm.idle import IdleGate
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
 FAKE = Path(__file__).parent / "fakes" / "dcgm"

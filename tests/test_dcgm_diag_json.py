@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
 from agent.config import load_config_dir, parse_config
-from agent.dcgm.diag_json import parse_dcgm_diag_json
-from agent.dcgm.report import DiagReport, DiagStatus, HealthIncident, HealthReport
-from agent.facts import NodeFacts
-from agent.probes.result import NotCaptured, ParseError, ProbeError
-from agent.severity import Severity, Status
-from agent.sources import SnapshotSource, gather_facts
+from agent.core.dcgm_report import DiagReport, DiagStatus, HealthIncident, HealthReport
+from agent.core.facts import NodeFacts
+from agent.core.probed import NotCaptured, ParseError, ProbeError
+from agent.core.severity import Severity, Status
+from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
+from agent.probes.sources import SnapshotSource, gather_facts
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
 CFG = load_config_dir()  # the shipped config and tables

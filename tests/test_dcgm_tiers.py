@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from agent.config import load_config_dir
-from agent.dcgm.idle import IdleGate
-from agent.dcgm_tiers import DcgmTiers, gpu_pods_on_node, pods_unknown
-from agent.engine import Engine
-from agent.severity import Severity, Status
-from agent.sources import LiveSource, SnapshotSource
+from agent.core.severity import Severity, Status
+from agent.engine.engine import Engine
+from agent.probes.dcgm.idle import IdleGate
+from agent.probes.dcgm.tiers import DcgmTiers
+from agent.probes.sources import LiveSource, SnapshotSource
+from agent.reporters.pods import gpu_pods_on_node, pods_unknown
 
 ROOT = Path(__file__).parent.parent
 FAKE = Path(__file__).parent / "fakes" / "dcgm"

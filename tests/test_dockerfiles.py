@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import agent_main
-from agent.dcgm import bindings
+from agent.cli import agent as agent_main
+from agent.probes.dcgm import bindings
 from hostengine import entrypoint
 
 ROOT = Path(__file__).parent.parent
@@ -86,7 +86,7 @@ def test_base_images_pinned_and_dcgm_in_lockstep_with_exporter() -> None:
 def test_agent_image_entrypoint_config_and_bindings() -> None:
     assert entrypoint_of(AGENT) == ["gpu-healthcheck", "agent"]
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'gpu-healthcheck = "agent.cli:main"' in pyproject
+    assert 'gpu-healthcheck = "agent.cli.main:main"' in pyproject
     assert "COPY config/ /etc/gpu-healthcheck/" in AGENT.read_text()
     assert Path("/etc/gpu-healthcheck") == agent_main.ETC_CONFIG
     env = env_of(AGENT)

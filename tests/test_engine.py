@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config_dir, parse_config
-from agent.config_watch import ConfigWatcher
-from agent.engine import Engine, fingerprint
-from agent.kernel_follow import KernelFollower
-from agent.severity import Severity, Status
-from agent.sources import SnapshotSource
+from agent.config.watch import ConfigWatcher
+from agent.core.severity import Severity, Status
+from agent.engine.engine import Engine, fingerprint
+from agent.probes.kernel_follow import KernelFollower
+from agent.probes.sources import SnapshotSource
 
 ROOT = Path(__file__).parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
@@ -178,9 +178,12 @@ def test_metrics_and_health_endpoints(snap: Path) -> None:
     import urllib.error
     import urllib.request
 
-    from agent.agent_main import Agent, serve_http
+    from agent.engine.loop import Agent
+    from agent.reporters.http import serve_http
+    from agent.reporters.metrics import Metrics
 
     cfg = load_config_dir(ROOT / "config")
+    metrics = Metrics()
     agent = Agent(
         SnapshotSource(snap),
         cfg,
@@ -189,14 +192,15 @@ def test_metrics_and_health_endpoints(snap: Path) -> None:
         node_getter=None,
         kernel_path=None,
         kernel_is_device=False,
+        metrics=metrics,
     )
-    assert serve_http(agent, 0) is None  # port 0 means: no endpoint
+    assert serve_http(0, metrics.registry, agent.healthy, agent.ready) is None  # port 0 means: no endpoint
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = serve_http(agent, port)
+    server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
     assert server is not None
     try:
         with pytest.raises(urllib.error.HTTPError) as err:

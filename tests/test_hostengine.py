@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from agent.inject_kmsg import InjectRefused, write_xid_line, xid_line
 from agent.probes.kernel_log import parse_kernel_log
-from agent.xid import extract_xids
+from agent.probes.kmsg_inject import InjectRefused, write_xid_line, xid_line
+from agent.probes.xid_events import extract_xids
 from hostengine import entrypoint, inject, probe
 
 FAKE = Path(__file__).parent / "fakes" / "dcgm"

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import KernelLog
+from agent.core.model import KernelLog
+from agent.core.probed import ParseError
 from agent.probes.kernel_log import parse_kernel_log, read_kmsg_live
-from agent.probes.result import ParseError
 
 FIX = Path(__file__).parent / "fixtures"
 XK = FIX / "xid-kernel-log"

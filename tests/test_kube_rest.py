@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agent.dcgm_tiers import gpu_pod_names
-from agent.kube_rest import MERGE_PATCH, KubeRest, node_path, query_params
+from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, node_path, query_params
+from agent.reporters.pods import gpu_pod_names
 
 
 def test_query_params_names_and_values() -> None:
@@ -61,8 +61,9 @@ def test_gpu_pod_names_reads_requests_limits_and_init_containers() -> None:
 def test_the_agent_does_not_import_the_generated_models() -> None:
     """The reason KubeRest exists: CoreV1Api and its models cost ~22 MiB RSS on every node."""
     code = (
-        "import sys, agent.agent_main, agent.reporters.node_writer, agent.reporters.brake;"
-        "import agent.status_table, agent.dcgm_tiers, kubernetes.watch, kubernetes.config;"
+        "import sys, agent.cli.agent, agent.reporters.node_writer, agent.reporters.brake;"
+        "import agent.reporters.pods;"
+        "import agent.cli.status, agent.probes.dcgm.tiers, kubernetes.watch, kubernetes.config;"
         "from kubernetes.client import ApiClient;"
         "print(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.')"
         " or m.startswith('kubernetes.client.models.')))"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.model import GpuInventory
-from agent.probes.result import ProbeError, ProbeErrorKind
-from agent.sources import LiveSource
+from agent.core.model import GpuInventory
+from agent.core.probed import ProbeError, ProbeErrorKind
+from agent.probes.sources import LiveSource
 
 FIX = Path(__file__).parent / "fixtures"
 XML = FIX / "nvidia-smi-xml" / "telegraf-a10g-515.105.01.xml"

@@ -210,7 +210,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
 
 
 def test_prometheus_rules_name_metrics_the_agent_exports() -> None:
-    from agent.metrics import Metrics
+    from agent.reporters.metrics import Metrics
 
     exported = {m.name for m in Metrics().registry.collect()}
     exported |= {f"{n}_total" for n in exported} | {f"{n}_bucket" for n in exported}

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import NodeObject
+from agent.core.model import NodeObject
+from agent.core.probed import ParseError
 from agent.probes.node_object import node_from_dict, parse_node_json
-from agent.probes.result import ParseError
 
 FIX = Path(__file__).parent / "fixtures" / "k8s-node"
 NODE = FIX / "DERIVED-h100x8-node-allocatable-gpu-7-of-8.json"

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.kube_rest import KubeRest, node_path
-from agent.reporters.marks import Marks, NodeEvent
+from agent.core.contract import Marks, NodeEvent
+from agent.core.severity import Severity, Status
+from agent.reporters.kube_rest import KubeRest, node_path
 from agent.reporters.node_writer import (
     ApplyResult,
     NodeWriter,
@@ -21,7 +22,6 @@ from agent.reporters.node_writer import (
     plan_condition,
     plan_node_patch,
 )
-from agent.severity import Severity, Status
 from tests.kubeenv import unique_name
 
 P = "gpu-healthcheck"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.model import NvlinkReport
+from agent.core.model import NvlinkReport
+from agent.core.probed import ParseError
 from agent.probes.nvlink import parse_nvlink
-from agent.probes.result import ParseError
 
 FIX = Path(__file__).parent / "fixtures" / "nvlink"
 

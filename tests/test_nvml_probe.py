@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.model import (
+from agent.core.model import (
     ClockEvents,
     EccErrors,
     Fabric,

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.model import ClockEvents, Fabric, GpuInventory, RemappedRows, RetiredPages
+from agent.core.model import ClockEvents, Fabric, GpuInventory, RemappedRows, RetiredPages
+from agent.core.probed import ParseError
 from agent.probes.nvsmi_errors import ToolReportedFailure, detect_lost_gpus, detect_tool_failure
 from agent.probes.nvsmi_text import parse_nvsmi_text
-from agent.probes.result import ParseError
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-q"
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.model import ClockEvents, EccErrors, Fabric, GpuInventory, RemappedRows, RetiredPages
+from agent.core.model import ClockEvents, EccErrors, Fabric, GpuInventory, RemappedRows, RetiredPages
+from agent.core.probed import ParseError
 from agent.probes.nvsmi_errors import ToolReportedFailure
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.result import ParseError
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-xml"
 

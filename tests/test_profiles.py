@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from agent.config import parse_config
-from agent.profiles import InstanceProfile, parse_profiles
+from agent.config.profiles import parse_profiles
+from agent.core.profile import InstanceProfile
 
 ROOT = Path(__file__).parent.parent
 PROFILES = parse_profiles(

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.reporters.marks import Marks
+from agent.cli.status import HEADER, age, render_status, status_rows, worst_finding
+from agent.core.contract import Marks
+from agent.core.severity import Severity, Status
 from agent.reporters.node_writer import NodeWriter
-from agent.severity import Severity, Status
-from agent.status_table import HEADER, age, render_status, status_rows, worst_finding
 from tests.kubeenv import unique_name
 
 P = "gpu-healthcheck"

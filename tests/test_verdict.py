@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from agent.findings import CheckResult, Finding
-from agent.severity import Severity, Status
-from agent.verdict import decide, encode, results_document
+from agent.core.findings import CheckResult, Finding
+from agent.core.severity import Severity, Status
+from agent.engine.verdict import decide, encode, results_document
 
 
 def finding(sev: Severity, check: str = "c", latched: bool = False, msg: str = "m") -> Finding:

@@ -10,13 +10,13 @@ import yaml
 
 from agent.checks.xid import check_xid, recovery_severity
 from agent.config import Config, load_config_dir, parse_config
-from agent.facts import NodeFacts
-from agent.model import Gpu, GpuInventory, KernelLog, KernelRecord
+from agent.config.xid_catalog import parse_catalog
+from agent.core.facts import NodeFacts
+from agent.core.model import Gpu, GpuInventory, KernelLog, KernelRecord
+from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.severity import Severity, Status
 from agent.probes.kernel_log import parse_kernel_log
-from agent.probes.result import NotCaptured, ProbeError, ProbeErrorKind
-from agent.severity import Severity, Status
-from agent.xid import extract_xids
-from agent.xid_catalog import parse_catalog
+from agent.probes.xid_events import extract_xids
 
 FIX = Path(__file__).parent / "fixtures"
 XK = FIX / "xid-kernel-log"

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.probes.result import NotCaptured, ProbeError
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.probed import NotCaptured, ProbeError
 
 CheckFn = Callable[[NodeFacts, Config], CheckResult]
 T = TypeVar("T")

@@ -12,8 +12,8 @@ import re
 
 from agent.checks import input_gap
 from agent.config import Config
-from agent.dcgm.incidents import SINGLE_NODE_NVSWITCH, system_name
-from agent.dcgm.report import (
+from agent.config.dcgm_incidents import SINGLE_NODE_NVSWITCH, system_name
+from agent.core.dcgm_report import (
     DCGM_ERROR_ISOLATE,
     DCGM_ERROR_RESET,
     DiagReport,
@@ -22,9 +22,9 @@ from agent.dcgm.report import (
     HealthIncident,
     HealthReport,
 )
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.severity import Severity
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.severity import Severity
 
 DIAG, HEALTH = "dcgm-diag", "dcgm-health"
 MAX_TEXT = 200

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 from agent.checks import input_gap, rule_finding
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.model import RdmaDevice, RdmaPort, RdmaSample, short_pci
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import RdmaDevice, RdmaPort, RdmaSample, short_pci
 
 NAME = "efa"
 RATE_COUNTERS = (

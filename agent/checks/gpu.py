@@ -6,10 +6,10 @@ from collections.abc import Callable, Iterable
 
 from agent.checks import input_gap, rule_finding
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.model import Gpu, GpuInventory, NodeObject, short_pci
-from agent.probes.result import ProbeError, ProbeErrorKind
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
+from agent.core.probed import ProbeError, ProbeErrorKind
 
 
 def _finding(cfg: Config, check: str, rule: str, message: str, gpu: Gpu | None = None) -> Finding:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from agent.checks import input_gap, rule_finding
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.model import NvlinkGpu, NvlinkReport
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import NvlinkGpu, NvlinkReport
 
 NAME = "nvlink"
 

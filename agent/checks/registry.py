@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 from agent.checks import CheckFn, dcgm, efa, gpu, nvlink, topology, xid
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import re
 
 from agent.checks import input_gap, rule_finding
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.model import TopoMatrix
-from agent.profiles import TOPO_LEVELS
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import TopoMatrix
+from agent.core.profile import TOPO_LEVELS
 
 NAME = "topology"
 _NV = re.compile(r"^NV\d+$")

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from agent.checks import input_gap
 from agent.config import Config
-from agent.facts import NodeFacts
-from agent.findings import CheckResult, Finding
-from agent.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
-from agent.severity import Severity
-from agent.xid import extract_xids
+from agent.core.facts import NodeFacts
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
+from agent.core.severity import Severity
+from agent.probes.xid_events import extract_xids
 
 NAME = "xid"
 MAX_TEXT = 160

@@ -10,7 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from agent.probes.result import ProbeError, ProbeErrorKind
+from agent.core.probed import ProbeError, ProbeErrorKind
 
 
 @dataclass(frozen=True)

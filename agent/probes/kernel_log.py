@@ -34,8 +34,8 @@ import re
 import time
 from collections import Counter
 
-from agent.model import KernelLog, KernelRecord
-from agent.probes.result import ParseError
+from agent.core.model import KernelLog, KernelRecord
+from agent.core.probed import ParseError
 
 _KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 _FACILITIES = (

@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agent.model import NodeObject
-from agent.probes.result import ParseError
+from agent.core.model import NodeObject
+from agent.core.probed import ParseError
 
 GPU_RESOURCE = "nvidia.com/gpu"
 _QUANTITY = re.compile(r"^\s*(\d+)\s*$")

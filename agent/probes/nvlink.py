@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from agent.model import NvlinkGpu, NvlinkReport
-from agent.probes.result import ParseError
+from agent.core.model import NvlinkGpu, NvlinkReport
+from agent.core.probed import ParseError
 
 _GPU = re.compile(r"^GPU\s+(\d+)\s*:\s*(.*?)\s*(?:\(UUID:\s*([^)]*?)\s*\))?\s*$")
 _LINK = re.compile(r"^Link\s+(\d+)\s*:\s*(.*?)\s*$")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from agent.model import (
+from agent.core.model import (
     ClockEvents,
     EccErrors,
     Fabric,

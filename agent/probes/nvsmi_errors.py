@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from agent.model import LostGpu, normalize_pci
+from agent.core.model import LostGpu, normalize_pci
 
 
 class ToolReportedFailure(Exception):

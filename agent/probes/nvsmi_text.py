@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from agent.model import (
+from agent.core.model import (
     ClockEvents,
     EccErrors,
     Gpu,
@@ -19,6 +19,7 @@ from agent.model import (
     RetiredPages,
     normalize_pci,
 )
+from agent.core.probed import ParseError
 from agent.probes.nvsmi_errors import (
     ToolReportedFailure,
     detect_lost_gpus,
@@ -37,7 +38,6 @@ from agent.probes.nvsmi_values import (
     remapped_rows_or_none,
     retired_pages_or_none,
 )
-from agent.probes.result import ParseError
 
 SOURCE = "nvidia-smi -q"
 _BANNER = re.compile(r"^=+\s*NVSMI LOG\s*=+$")

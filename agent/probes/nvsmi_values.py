@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from agent.model import Fabric, Gpu, LostGpu, RemappedRows, RetiredPages
+from agent.core.model import Fabric, Gpu, LostGpu, RemappedRows, RetiredPages
 
 # Cells that mean "the tool did not say": never zero, never False.
 _ABSENT = {

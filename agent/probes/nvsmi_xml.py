@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from agent.model import (
+from agent.core.model import (
     ClockEvents,
     EccErrors,
     Gpu,
@@ -18,6 +18,7 @@ from agent.model import (
     RetiredPages,
     normalize_pci,
 )
+from agent.core.probed import ParseError
 from agent.probes.nvsmi_errors import (
     ToolReportedFailure,
     detect_lost_gpus,
@@ -35,7 +36,6 @@ from agent.probes.nvsmi_values import (
     remapped_rows_or_none,
     retired_pages_or_none,
 )
-from agent.probes.result import ParseError
 
 SOURCE = "nvidia-smi -q -x"
 _XML_START = re.compile(r"<\?xml|<!DOCTYPE|<nvidia_smi_log\b")

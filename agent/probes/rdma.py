@@ -13,7 +13,7 @@ import re
 import time
 from pathlib import Path
 
-from agent.model import RdmaDevice, RdmaPort, RdmaSample, normalize_pci, short_pci
+from agent.core.model import RdmaDevice, RdmaPort, RdmaSample, normalize_pci, short_pci
 
 _PCI = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _EFA_NAME = re.compile(r"^(rdmap\d+s\d+|efa_\d+)")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from agent.model import TopoMatrix
-from agent.probes.result import ParseError
+from agent.core.model import TopoMatrix
+from agent.core.probed import ParseError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # The trailing, non-device header columns, in the order nvidia-smi prints them.

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.kube_rest import KubeRest
+from agent.reporters.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import tenacity
 
-from agent.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, node_path
+from agent.core.contract import Marks, NodeEvent
 from agent.reporters.brake import Brake
-from agent.reporters.marks import Marks, NodeEvent
+from agent.reporters.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, node_path
 
 log = logging.getLogger(__name__)
 

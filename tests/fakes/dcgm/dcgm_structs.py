@@ -1,4 +1,4 @@
-"""Fake dcgm_structs: the error classes and constants agent/dcgm uses."""
+"""Fake dcgm_structs: the error classes and constants agent/probes/dcgm uses."""
 
 DCGM_OPERATION_MODE_AUTO = 1
 DCGM_GROUP_EMPTY = 1

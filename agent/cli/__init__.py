@@ -1,0 +1,1 @@
+"""The command line and the wiring of the layers into the agent process."""

@@ -1,0 +1,5 @@
+"""`python -m agent.cli`."""
+
+from agent.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""`gpu-healthcheck agent`: the DaemonSet process. Wires probes, engine, Node writer, metrics, config
+reload and signals together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+from agent.config import default_config_dir, load_config_dir
+from agent.core.model import NodeObject
+from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
+from agent.engine.loop import Agent
+from agent.probes.node_object import node_from_dict
+from agent.probes.sources import KMSG, LiveSource, SnapshotSource, Source
+from agent.reporters.http import serve_http
+from agent.reporters.kube_rest import KubeRest
+from agent.reporters.metrics import Metrics
+
+BRAKE_WARM_JITTER_S = 30.0
+log = logging.getLogger("gpu-healthcheck.agent")
+ETC_CONFIG = Path("/etc/gpu-healthcheck")
+
+
+def kube_core(kubeconfig: str | None) -> KubeRest:
+    """The API client: raw JSON over the official client's ApiClient (kube_rest says why)."""
+    from kubernetes import config
+    from kubernetes.client import ApiClient
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return KubeRest(ApiClient())
+
+
+def main(args: Any) -> int:
+    from agent.reporters import logs
+
+    logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
+    config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
+    try:
+        cfg = load_config_dir(config_dir)
+    except Exception as exc:
+        log.error(f"invalid configuration, cannot start: {exc}", extra={"event": "config"})
+        return 64
+    node_name = args.node or os.environ.get("NODE_NAME")
+    if not node_name:
+        log.error("no node name: pass --node or set NODE_NAME (downward API)")
+        return 64
+    source: Source
+    if args.from_snapshot:
+        source = SnapshotSource(Path(args.from_snapshot))
+        kernel_path, device = Path(args.from_snapshot) / KMSG, False
+    else:
+        source = LiveSource(timeout_s=float(cfg.get("timeouts.nvidiaSmi")))
+        kernel_path, device = Path("/dev/kmsg"), True
+    writer = None
+    node_getter = None
+    if not args.no_kube:
+        from agent.reporters.brake import Brake
+        from agent.reporters.node_writer import NodeWriter
+
+        core = kube_core(args.kubeconfig)
+        metrics = Metrics()
+        brake = Brake(
+            core,
+            selector=str(cfg.get("node.gpuNodeSelector")),
+            max_fraction=float(cfg.get("node.maxTaintedFraction")),
+            max_nodes=int(cfg.get("node.maxTaintedNodes")),
+            prefix=str(cfg.get("prefix")),
+        )
+        if not getattr(args, "once", False):
+            # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
+            brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
+        writer = NodeWriter(
+            core,
+            node_name,
+            prefix=str(cfg.get("prefix")),
+            condition_type=str(cfg.get("node.conditionType")),
+            taint_effect=str(cfg.get("node.taintEffect")),
+            brake=brake,
+            dry_run=args.dry_run,
+            on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
+        )
+
+        def node_getter() -> Probed[NodeObject]:
+            current = writer.node
+            if current is None:
+                return NotCaptured("Node object (not read yet)")
+            try:
+                return node_from_dict(current)
+            except ParseError as exc:
+                return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
+    else:
+        metrics = Metrics()
+    extra_inputs, progress = None, None
+    if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
+        from agent.probes.dcgm.tiers import DcgmTiers
+        from agent.reporters.pods import gpu_pods_on_node, pods_unknown
+
+        pods = gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown
+        dcgm = DcgmTiers(cfg, pods, metrics)
+        extra_inputs, progress = dcgm.inputs(), dcgm.progress
+    agent = Agent(
+        source,
+        cfg,
+        config_dir=config_dir,
+        writer=writer,
+        node_getter=node_getter,
+        kernel_path=kernel_path if kernel_path.exists() else None,
+        kernel_is_device=device,
+        metrics=metrics,
+        extra_inputs=extra_inputs,
+        progress=progress,
+    )
+    port = args.metrics_port if args.metrics_port is not None else int(cfg.get("metrics.port"))
+    server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
+    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.request_stop())
+    log.info(f"agent starting on node {node_name}", extra={"node": node_name, "event": "start"})
+    agent.run(once=args.once)
+    if server is not None:
+        server.shutdown()
+    return 0

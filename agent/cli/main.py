@@ -1,0 +1,196 @@
+"""The `gpu-healthcheck` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from agent import __version__
+from agent.checks.registry import needed_inputs, run_checks, select
+from agent.cli.render import table
+from agent.config import ConfigError, load_config_dir
+from agent.config.rules import RULES
+from agent.core.severity import Status
+from agent.engine.verdict import decide, now_iso, results_document
+from agent.probes.sources import LiveSource, SnapshotError, SnapshotSource, Source, gather_facts
+
+EXIT_USAGE = 64
+EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gpu-healthcheck", description="Find broken GPUs and GPU-network adapters.")
+    p.add_argument("--version", action="version", version=f"gpu-healthcheck {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("check", help="judge this node (or a snapshot) once and print the verdict")
+    c.add_argument("--from-snapshot", metavar="DIR", type=Path, help="judge a recorded node snapshot")
+    c.add_argument(
+        "--instance-type", metavar="T", help="instance type (default: Node label, config, snapshot)"
+    )
+    c.add_argument("--only", metavar="CHECKS", help="comma-separated checks or groups (e.g. gpu,xid)")
+    c.add_argument("--json", action="store_true", help="print the results annotation JSON")
+    c.add_argument(
+        "--config-dir", metavar="DIR", type=Path, help="config directory (default: shipped config)"
+    )
+    c.add_argument("--timeout", type=float, default=None, help="per-tool timeout in seconds (live)")
+
+    s = sub.add_parser("snapshot", help="record this node's tool outputs into DIR")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--instance-type", metavar="T")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s.add_argument("--sys-root", type=Path, default=Path("/sys"))
+    s.add_argument("--kmsg", default="/dev/kmsg")
+
+    a = sub.add_parser("agent", help="run the node agent (the DaemonSet process)")
+    a.add_argument("--node", help="this Node's name (default: $NODE_NAME)")
+    a.add_argument("--from-snapshot", metavar="DIR", help="judge a snapshot directory, re-read every tick")
+    a.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    a.add_argument("--config-dir", type=Path, help="config directory (default: /etc/gpu-healthcheck)")
+    a.add_argument("--metrics-port", type=int, default=None, help="metrics/health port (default: config)")
+    a.add_argument(
+        "--dry-run", action="store_true", help="judge and log what would be written; write nothing"
+    )
+    a.add_argument("--no-kube", action="store_true", help="no API server at all: log the marks only")
+    a.add_argument("--once", action="store_true", help="run every tier once, write, and exit")
+
+    st = sub.add_parser("status", help="the GPU nodes' health marks, as a table")
+    st.add_argument("--kubeconfig")
+    st.add_argument("--selector", default="nvidia.com/gpu.present=true")
+    st.add_argument("--prefix", default="gpu-healthcheck")
+
+    inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
+    inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
+    km = inj_sub.add_parser("kmsg", help="write a realistic NVRM Xid line into the kernel log")
+    km.add_argument("--xid", type=int, required=True)
+    km.add_argument("--gpu", required=True, metavar="PCI_ID", help="e.g. 0000:53:00.0")
+    km.add_argument("--kmsg", default="/dev/kmsg")
+    km.add_argument("--yes", action="store_true", help="required: every reader of the kernel log sees it")
+
+    sub.add_parser("rules", help="list the severity rules and their defaults")
+    return p
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config_dir(args.config_dir)
+    except ConfigError as exc:
+        raise UsageError(f"invalid configuration: {exc}") from exc
+    try:
+        specs = select(args.only.split(",") if args.only else None, cfg)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from exc
+    source: Source
+    if args.from_snapshot is not None:
+        try:
+            source = SnapshotSource(args.from_snapshot)
+        except SnapshotError as exc:
+            raise UsageError(str(exc)) from exc
+    else:
+        source = LiveSource(timeout_s=args.timeout or float(cfg.get("timeouts.nvidiaSmi")))
+    inputs = needed_inputs(specs) | {"node"}
+    facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
+    verdict = decide(run_checks(specs, facts, cfg))
+    if args.json:
+        doc = results_document(
+            verdict, checked_at=now_iso(), boot_id=facts.boot_id, instance_type=facts.instance_type
+        )
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        print(table(verdict, facts))
+    return EXIT_CODES[verdict.status]
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from agent.probes.capture import capture
+
+    problems = capture(
+        args.dir,
+        timeout_s=args.timeout,
+        sys_root=args.sys_root,
+        kmsg_path=args.kmsg,
+        instance_type=args.instance_type,
+    )
+    for name, problem in sorted(problems.items()):
+        print(f"snapshot: {name}: {problem}", file=sys.stderr)
+    print(f"snapshot written to {args.dir}")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from agent.cli.agent import main as agent_main
+
+    return agent_main(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from agent.cli.agent import kube_core
+    from agent.cli.status import render_status
+
+    try:
+        core = kube_core(args.kubeconfig)
+        print(render_status(core, prefix=args.prefix, selector=args.selector))
+    except Exception as exc:  # no cluster, no permission: one clear line
+        print(f"gpu-healthcheck: cannot read the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_inject(args: argparse.Namespace) -> int:
+    from agent.probes.kmsg_inject import InjectRefused, write_xid_line
+
+    try:
+        line = write_xid_line(args.kmsg, args.xid, args.gpu, args.yes)
+    except InjectRefused as exc:
+        raise UsageError(str(exc)) from exc
+    except OSError as exc:
+        print(f"gpu-healthcheck: cannot write {args.kmsg}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"wrote: {line}")
+    return 0
+
+
+def cmd_rules(_: argparse.Namespace) -> int:
+    for rule, (sev, text) in RULES.items():
+        print(f"{rule:<34} {sev.label:<8} {text}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {
+        "check": cmd_check,
+        "snapshot": cmd_snapshot,
+        "agent": cmd_agent,
+        "status": cmd_status,
+        "inject": cmd_inject,
+        "rules": cmd_rules,
+    }
+    try:
+        return handlers[args.command](args)
+    except UsageError as exc:
+        print(f"gpu-healthcheck: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""Human-readable output: the check table."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+from agent.core.facts import NodeFacts
+from agent.engine.verdict import Verdict
+
+
+def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
+    width = max(80, min(shutil.get_terminal_size((120, 20)).columns, 160))
+    itype = facts.instance_type or "unknown"
+    prof = "profile found" if facts.profile else "no profile"
+    if facts.instance_type_source:
+        prof += f", from {facts.instance_type_source}"
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(
+        f"node: status={verdict.status.value} severity={verdict.severity.label} "
+        f"instance-type={itype} ({prof})"
+    )
+    head = f"{'CHECK':<20} {'STATUS':<8} {'SEVERITY':<9} MESSAGE"
+    lines += [head, "-" * min(width, 120)]
+    msg_width = max(30, width - 40)
+    for r in verdict.results:
+        wrapped = textwrap.wrap(r.message, msg_width) or [""]
+        lines.append(f"{r.name:<20} {r.status.value:<8} {r.severity.label:<9} {wrapped[0]}")
+        lines += [" " * 40 + more for more in wrapped[1:4]]
+    return "\n".join(lines)

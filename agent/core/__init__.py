@@ -1,0 +1,1 @@
+"""Core types every layer speaks: severity, findings, the probed data, the Node contract. No I/O."""

@@ -1,0 +1,75 @@
+"""What checks return: findings grouped into one result per check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.core.severity import Severity, Status
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong. `rule` names the severity knob in config (e.g. "gpu.ecc.dram-uncorrectable").
+
+    `key` identifies the finding across cycles (dedup and latching), e.g. "xid/79/0000:53:00.0".
+    Latched findings (Xid, DCGM diag) stay until their cause is gone; others are re-judged each cycle.
+    """
+
+    check: str
+    rule: str
+    severity: Severity
+    message: str
+    entities: tuple[str, ...] = ()
+    key: str = ""
+    latched: bool = False
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check. `unknown` means "we could not look", never "the GPU is broken"."""
+
+    name: str
+    findings: tuple[Finding, ...] = ()
+    unknown: str | None = None  # reason we could not look
+    skipped: str | None = None  # reason the check does not apply / input not captured
+    note: str = ""  # a short pass message ("8 GPUs, ECC clean")
+    duration_ms: float = 0.0
+
+    @property
+    def severity(self) -> Severity:
+        return max((f.severity for f in self.findings), default=Severity.NONE)
+
+    @property
+    def status(self) -> Status:
+        """fail beats unknown beats warn: "could not look" must never hide behind a warning."""
+        sev = self.severity
+        if sev >= Severity.RESET:
+            return Status.FAIL
+        if self.unknown is not None:
+            return Status.UNKNOWN
+        if sev == Severity.MONITOR:
+            return Status.WARN
+        if self.skipped is not None and not self.findings:
+            return Status.SKIPPED
+        return Status.PASS
+
+    @property
+    def message(self) -> str:
+        if self.findings:
+            shown = [f.message for f in self.findings if f.severity > Severity.NONE] or [
+                f.message for f in self.findings
+            ]
+            extra = f" (+{len(shown) - 5} more)" if len(shown) > 5 else ""
+            return "; ".join(shown[:5]) + extra
+        if self.unknown is not None:
+            return self.unknown
+        if self.skipped is not None:
+            return self.skipped
+        return self.note or "ok"
+
+    def all_entities(self) -> tuple[str, ...]:
+        """The GPUs / devices named by the findings, in order, once each."""
+        seen: dict[str, None] = {}
+        for f in self.findings:
+            seen.update(dict.fromkeys(f.entities))
+        return tuple(seen)

@@ -1,0 +1,53 @@
+"""What the engine and the probes report as they run. The reporters' Prometheus metrics implement it;
+the layers below only call it, so they need no metrics library and no reporter import."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from agent.core.findings import CheckResult
+from agent.core.severity import Status
+
+
+class Telemetry(Protocol):
+    def record_results(self, results: Sequence[CheckResult]) -> None: ...
+    def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None: ...
+    def record_probe_error(self, input_name: str, kind: str) -> None: ...
+    def record_tier_run(self, tier: str) -> None: ...
+    def record_xid(self, code: str) -> None: ...
+    def record_taint_wanted(self, wanted: bool) -> None: ...
+    def record_config_reload(self, result: str) -> None: ...
+    def record_brake_open(self, is_open: bool) -> None: ...
+    def record_diag_running(self, running: bool) -> None: ...
+
+
+class NoTelemetry:
+    """Records nothing (one-shot commands, tests)."""
+
+    def record_results(self, results: Sequence[CheckResult]) -> None:
+        pass
+
+    def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
+        pass
+
+    def record_probe_error(self, input_name: str, kind: str) -> None:
+        pass
+
+    def record_tier_run(self, tier: str) -> None:
+        pass
+
+    def record_xid(self, code: str) -> None:
+        pass
+
+    def record_taint_wanted(self, wanted: bool) -> None:
+        pass
+
+    def record_config_reload(self, result: str) -> None:
+        pass
+
+    def record_brake_open(self, is_open: bool) -> None:
+        pass
+
+    def record_diag_running(self, running: bool) -> None:
+        pass

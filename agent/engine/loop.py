@@ -1,0 +1,189 @@
+"""The agent's loop: due tiers, the kernel log's wake-ups, config reloads and publishing the Marks.
+It never crashes on bad input or an unreachable API server; the writer says how a write went."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.config import Config
+from agent.config.watch import ConfigWatcher
+from agent.core.contract import Marks, NodeEvent
+from agent.core.model import NodeObject
+from agent.core.probed import Probed
+from agent.core.telemetry import NoTelemetry, Telemetry
+from agent.engine.engine import Engine, fingerprint
+from agent.probes.kernel_follow import KernelFollower
+from agent.probes.sources import Source
+
+log = logging.getLogger("gpu-healthcheck.agent")
+
+
+class Writer(Protocol):
+    def apply(self, marks: Marks) -> Any: ...
+    def read_results(self) -> dict[str, Any] | None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Agent:
+    def __init__(
+        self,
+        source: Source,
+        cfg: Config,
+        *,
+        config_dir: Path | None,
+        writer: Writer | None,
+        node_getter: Callable[[], Probed[NodeObject]] | None,
+        kernel_path: Path | None,
+        kernel_is_device: bool,
+        metrics: Telemetry | None = None,
+        extra_inputs: dict[str, Callable[[], Any]] | None = None,
+        progress: Callable[[], str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.metrics: Telemetry = metrics or NoTelemetry()
+        self.engine = Engine(
+            source,
+            cfg,
+            metrics=self.metrics,
+            node_getter=node_getter,
+            extra_inputs=extra_inputs,
+            progress=progress,
+        )
+        self.writer = writer
+        self.watcher = ConfigWatcher(config_dir, cfg) if config_dir is not None else None
+        self.stop_event = threading.Event()
+        self.poke = threading.Event()
+        self.xid_pending = threading.Event()
+        self.pending_events: list[NodeEvent] = []
+        self.last_fingerprint = ""
+        self.retry_at = 0.0
+        self.retry_delay = 1.0
+        self.follower: KernelFollower | None = None
+        if kernel_path is not None:
+            self.follower = KernelFollower(kernel_path, self._xid_seen, device=kernel_is_device)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _xid_seen(self) -> None:
+        """The follower saw an Xid-like line: run the xid tier now, not at the next tick."""
+        self.xid_pending.set()
+        self.poke.set()
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+        self.poke.set()
+
+    def run(self, once: bool = False) -> None:
+        if self.writer is not None:
+            self.writer.start()
+            self.engine.restore(self.writer.read_results())
+        if self.follower is not None:
+            self.follower.start()
+        next_reload = 0.0
+        try:
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                ran = False
+                if self.xid_pending.is_set():
+                    self.xid_pending.clear()
+                    self.engine.run_tier("xid")
+                    ran = True
+                for tier in self.engine.due_tiers(now):
+                    if self.stop_event.is_set():
+                        break
+                    self.engine.run_tier(tier)
+                    ran = True
+                if self.watcher is not None and now >= next_reload:
+                    ran |= self._reload()
+                    next_reload = now + float(self.cfg.get("configPollSeconds"))
+                ran |= self._clear_requested()
+                if ran or self.pending_events or (self.retry_at and now >= self.retry_at):
+                    self._publish()
+                if once:
+                    return
+                waits = [self.engine.seconds_to_next(time.monotonic()), 1.0]
+                if self.watcher is not None:
+                    waits.append(max(0.0, next_reload - time.monotonic()))
+                if self.retry_at:
+                    waits.append(max(0.0, self.retry_at - time.monotonic()))
+                self.poke.wait(min(waits))
+                self.poke.clear()
+        finally:
+            if self.follower is not None:
+                self.follower.stop()
+            if self.writer is not None:
+                self.writer.stop()  # never touches the Node: a shutdown or rollout keeps the taint
+            log.info("agent stopped", extra={"event": "stop"})
+
+    # ------------------------------------------------------------------ steps
+
+    def _reload(self) -> bool:
+        assert self.watcher is not None
+        outcome = self.watcher.poll()
+        if outcome is None:
+            return False
+        if outcome.config is None:
+            self.metrics.record_config_reload("rejected")
+            log.error(
+                f"config rejected, keeping the last good one: {outcome.error}", extra={"event": "config"}
+            )
+            self.pending_events.append(NodeEvent("ConfigRejected", f"{outcome.error}"[:1000], "Warning"))
+            return True
+        self.cfg = outcome.config
+        self.engine.cfg = outcome.config
+        self.engine.reschedule_all()
+        self.metrics.record_config_reload("applied")
+        log.info("config reloaded", extra={"event": "config"})
+        self.pending_events.append(NodeEvent("ConfigReloaded", "configuration reloaded and applied"))
+        return True
+
+    def _publish(self) -> None:
+        _, marks = self.engine.evaluate()
+        if self.pending_events:
+            marks = replace(marks, events=(*self.pending_events, *marks.events))
+        fp = fingerprint(marks)
+        if fp == self.last_fingerprint and not marks.events and not self.retry_at:
+            return
+        if self.writer is None:
+            log.info(
+                f"marks: status={marks.status.value} severity={marks.severity.label} taint={marks.taint}",
+                extra={"status": marks.status.value, "event": "marks"},
+            )
+            self.last_fingerprint, self.pending_events = fp, []
+            return
+        result = self.writer.apply(marks)
+        self.pending_events = []  # the writer keeps unsent Events and posts them with its next success
+        if bool(getattr(result, "ok", True)):
+            self.last_fingerprint = fp
+            self.retry_at, self.retry_delay = 0.0, 1.0
+            braked = bool(getattr(result, "brake_open", False))
+            self.metrics.record_brake_open(braked)
+            if braked:  # the brake closes by itself: ask again (only braked nodes pay this list)
+                self.retry_at = time.monotonic() + min(30.0, float(self.cfg.get("intervals.gpu")))
+        else:
+            self.retry_at = time.monotonic() + self.retry_delay
+            log.warning(
+                f"Node write failed, retrying in {self.retry_delay:.0f} s: {getattr(result, 'error', '')}",
+                extra={"event": "write"},
+            )
+            self.retry_delay = min(self.retry_delay * 2, 30.0)
+
+    def _clear_requested(self) -> bool:
+        """An operator annotated the Node to clear latched findings: act now, not at the next tick."""
+        getter = self.engine.node_getter
+        node = getter() if getter else None
+        return isinstance(node, NodeObject) and f"{self.cfg.get('prefix')}/clear-latched" in node.annotations
+
+    def healthy(self) -> bool:
+        limit = max(60.0, 3 * float(self.cfg.get("intervals.gpu")))
+        return time.monotonic() - self.engine.heartbeat < limit
+
+    def ready(self) -> bool:
+        return self.engine.evaluations > 0

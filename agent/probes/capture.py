@@ -1,0 +1,123 @@
+"""`gpu-healthcheck snapshot DIR`: record what a live node's tools say, in their own formats, so the
+node can be judged offline (bug reports, tests) with `check --from-snapshot DIR`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from agent.core.probed import ProbeError
+from agent.probes.command import run_command
+from agent.probes.kernel_log import read_kmsg_live
+from agent.probes.sources import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
+
+RDMA_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
+PCI_FILES = ("vendor", "device", "class", "uevent", "current_link_width", "max_link_width")
+
+
+def capture(
+    out: Path,
+    *,
+    timeout_s: float = 30.0,
+    sys_root: Path = Path("/sys"),
+    kmsg_path: str = "/dev/kmsg",
+    instance_type: str | None = None,
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id"),
+) -> dict[str, str]:
+    """Write a snapshot into `out`; returns {file: problem} for what could not be captured."""
+    out.mkdir(parents=True, exist_ok=True)
+    errors: dict[str, dict[str, str]] = {}
+    problems: dict[str, str] = {}
+
+    for name, argv in COMMANDS.items():
+        result = run_command(argv, timeout_s)
+        if isinstance(result, ProbeError):
+            errors[name] = {"kind": result.kind.value, "message": result.message}
+            problems[name] = str(result)
+            continue
+        (out / name).write_text(result.stdout, encoding="utf-8")
+        if result.returncode != 0:
+            problems[name] = f"exit code {result.returncode}"
+    # The plain-text view too: it shows lost GPUs as text when the XML view cannot.
+    text = run_command(["nvidia-smi", "-q"], timeout_s)
+    if not isinstance(text, ProbeError):
+        (out / TEXT).write_text(text.stdout, encoding="utf-8")
+
+    try:
+        log = read_kmsg_live(kmsg_path, timeout_s=min(timeout_s, 5.0))
+        lines = [
+            f"{r.priority if r.priority is not None else 6},{r.seq if r.seq is not None else i},"
+            f"{r.ts_us if r.ts_us is not None else 0},-;{r.message}"
+            for i, r in enumerate(log.records)
+        ]
+        (out / KMSG).write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+    except OSError as exc:
+        errors[KMSG] = {"kind": "unavailable", "message": f"{kmsg_path}: {exc.strerror or exc}"}
+        problems[KMSG] = errors[KMSG]["message"]
+
+    _copy_rdma(sys_root, out / "sys", problems)
+
+    try:
+        (out / BOOT_ID).write_text(boot_id_path.read_text())
+    except OSError as exc:
+        problems[BOOT_ID] = exc.strerror or str(exc)
+    itype = instance_type or os.environ.get("GPU_HEALTHCHECK_INSTANCE_TYPE")
+    if itype:
+        (out / ITYPE).write_text(itype + "\n")
+    if errors:
+        (out / ERRORS).write_text(json.dumps(errors, indent=2) + "\n")
+    return problems
+
+
+def _copy_rdma(sys_root: Path, dest: Path, problems: dict[str, str]) -> None:
+    """Copy /sys/class/infiniband (state, rate, counters) and each device's PCI identity.
+
+    sysfs is full of symlinks and write-only files: copy only the small, readable files we parse,
+    and re-create each `device` link as a relative link into the copied sys/bus/pci/devices.
+    """
+    src = sys_root / "class" / "infiniband"
+    if not src.is_dir():
+        return
+    for dev in sorted(src.iterdir()):
+        target = dest / "class" / "infiniband" / dev.name
+        target.mkdir(parents=True, exist_ok=True)
+        for leaf in ("hca_type", "fw_ver", "board_id", "node_type"):
+            _copy_file(dev / leaf, target / leaf)
+        ports = dev / "ports"
+        if ports.is_dir():
+            for port in sorted(ports.iterdir()):
+                for leaf in RDMA_PORT_FILES:
+                    _copy_file(port / leaf, target / "ports" / port.name / leaf)
+                for group in ("hw_counters", "counters"):
+                    if (port / group).is_dir():
+                        for counter in sorted((port / group).iterdir()):
+                            _copy_file(counter, target / "ports" / port.name / group / counter.name)
+        device = dev / "device"
+        if device.exists():
+            pci = os.path.basename(os.path.realpath(device))
+            pci_dest = dest / "bus" / "pci" / "devices" / pci
+            for leaf in PCI_FILES:
+                _copy_file(device / leaf, pci_dest / leaf)
+            link = target / "device"
+            if not link.exists():
+                link.symlink_to(Path("..", "..", "..", "bus", "pci", "devices", pci))
+        else:
+            problems[f"sys/class/infiniband/{dev.name}/device"] = "no device link"
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    try:
+        if not src.is_file():
+            return
+        data = src.read_bytes()
+    except OSError:
+        return  # unreadable sysfs attribute (write-only, EIO): leave it out
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(data)
+
+
+def copy_snapshot(src: Path, dst: Path) -> None:
+    """Copy a snapshot directory, keeping the relative `device` links."""
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)

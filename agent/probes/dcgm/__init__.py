@@ -1,0 +1,1 @@
+"""DCGM through the shared nv-hostengine: bindings, client, health watches, diagnostics."""

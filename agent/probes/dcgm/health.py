@@ -1,0 +1,129 @@
+"""The dcgm-health tier: health watches on every GPU (and NVSwitch) of the engine, polled into a HealthReport.
+
+Watches are set once per connection generation (an engine restart loses them, dcgm.md §0.7) on all
+supported systems (DCGM_HEALTH_WATCH_ALL). An incident repeats on every check while its sample is the
+latest (dcgm.md §0.10), so the poller keeps the keys it saw last time: `new_keys` lists only incidents
+that appeared since the previous poll (for logs and events); the findings themselves carry stable keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.core.dcgm_report import HealthIncident, HealthReport
+from agent.core.probed import Probed, ProbeError, ProbeErrorKind
+from agent.probes.dcgm.bindings import DCGM_FE_GPU, DCGM_FE_SWITCH
+from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
+
+log = logging.getLogger(__name__)
+DCGM_HEALTH_WATCH_ALL = 0xFFFFFFFF
+SOURCE = "dcgm health"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def incident_key(i: HealthIncident) -> str:
+    return f"{i.system}/{i.code}/{i.entity_group}-{i.entity_id}"
+
+
+class HealthPoller:
+    """poll() → HealthReport, or ProbeError (unknown) while the engine is unreachable.
+
+    single_node_nvswitch: None = infer (NVSwitch entities visible on this node ⇒ an HGX-style
+    single-node NVSwitch system; multi-node NVLink racks keep their switches off the node)."""
+
+    def __init__(
+        self,
+        client: DcgmClient,
+        *,
+        systems: int = DCGM_HEALTH_WATCH_ALL,
+        update_interval_s: float = 30.0,
+        max_keep_age_s: float = 600.0,
+        single_node_nvswitch: bool | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.systems = systems
+        self.update_interval_s = update_interval_s
+        self.max_keep_age_s = max_keep_age_s
+        self.single_node_nvswitch = single_node_nvswitch
+        self._clock = clock
+        self._group: Any = None
+        self._generation = -1
+        self._switches = 0
+        self._seen: set[str] = set()
+        self.new_keys: tuple[str, ...] = ()
+
+    def _setup(self, handle: Any) -> None:
+        b = self.client.bindings
+        system = handle.GetSystem()
+        gpus = list(system.discovery.GetEntityGroupEntities(DCGM_FE_GPU, True))
+        try:
+            switches = list(system.discovery.GetEntityGroupEntities(DCGM_FE_SWITCH, True))
+        except Exception:  # engines without the NvSwitch module
+            switches = []
+        group = b.pydcgm.DcgmGroup(
+            handle,
+            groupName=f"gpu-healthcheck-health-{os.getpid()}",
+            groupType=getattr(b.dcgm_structs, "DCGM_GROUP_EMPTY", 0),
+        )
+        for g in gpus:
+            group.AddEntity(DCGM_FE_GPU, g)
+        for s in switches:
+            group.AddEntity(DCGM_FE_SWITCH, s)
+        try:
+            group.health.Set(
+                self.systems, int(self.update_interval_s * 1_000_000), float(self.max_keep_age_s)
+            )
+        except TypeError:  # older bindings: Set(mask) only (30 s / 600 s defaults)
+            group.health.Set(self.systems)
+        self._group, self._switches = group, len(switches)
+        log.info("DCGM health watches set on %d GPU(s), %d NVSwitch(es)", len(gpus), len(switches))
+
+    def _check(self, handle: Any) -> HealthReport:
+        if self._group is None or self._generation != self.client.generation:
+            self._group = None
+            self._setup(handle)
+            self._generation = self.client.generation
+        resp = self._group.health.Check()
+        incidents = tuple(
+            HealthIncident(
+                system=int(inc.system),
+                health=int(inc.health),
+                code=int(inc.error.code),
+                message=_text(inc.error.msg).strip(),
+                entity_group=int(inc.entityInfo.entityGroupId),
+                entity_id=int(inc.entityInfo.entityId),
+            )
+            for inc in list(resp.incidents)[: int(resp.incidentCount)]
+        )
+        single = self.single_node_nvswitch if self.single_node_nvswitch is not None else self._switches > 0
+        return HealthReport(
+            overall=int(resp.overallHealth),
+            incidents=incidents,
+            single_node_nvswitch=single,
+            polled_at=self._clock(),
+            engine=self.client.address,
+        )
+
+    def poll(self) -> Probed[HealthReport]:
+        try:
+            report = self.client.call(self._check)
+        except EngineUnavailable as exc:
+            self._group = None
+            return ProbeError(SOURCE, ProbeErrorKind.UNAVAILABLE, str(exc))
+        except Exception as exc:  # an answer we did not expect: cannot judge, say so
+            self._group = None
+            return ProbeError(SOURCE, ProbeErrorKind.TOOL_FAILED, f"{type(exc).__name__}: {exc}")
+        keys = {incident_key(i) for i in report.incidents}
+        self.new_keys = tuple(sorted(keys - self._seen))
+        self._seen = keys
+        for k in self.new_keys:
+            log.warning("new DCGM health incident %s", k)
+        return report

@@ -1,0 +1,79 @@
+"""The live agent's DCGM inputs: a health poller and a diag runner on the shared host engine.
+
+The diag takes minutes, so it runs in its own thread: the loop (and Xid latency) never waits for it.
+Two connections, as dcgm.md recommends: a long diag does not stall the health polls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from agent.config import Config
+from agent.core.dcgm_report import DiagReport
+from agent.core.probed import Probed
+from agent.core.telemetry import NoTelemetry, Telemetry
+from agent.probes.dcgm.client import DcgmClient
+from agent.probes.dcgm.diag import DiagRunner
+from agent.probes.dcgm.health import HealthPoller
+from agent.probes.dcgm.idle import IdleGate
+
+log = logging.getLogger("gpu-healthcheck.dcgm")
+
+
+class DcgmTiers:
+    def __init__(
+        self,
+        cfg: Config,
+        pods_requesting_gpus: Callable[[], list[str]] | None,
+        metrics: Telemetry | None = None,
+    ) -> None:
+        self.metrics: Telemetry = metrics or NoTelemetry()
+        address = str(cfg.get("dcgm.address"))
+        timeout, grace = float(cfg.get("dcgm.connectTimeout")), float(cfg.get("dcgm.graceSeconds"))
+        self.health = HealthPoller(DcgmClient(address, timeout, grace))
+        self.runner = DiagRunner(
+            DcgmClient(address, timeout, grace),
+            IdleGate(pods_requesting_gpus=pods_requesting_gpus),
+            level=int(cfg.get("dcgm.diagLevel")),
+            timeout_s=float(cfg.get("dcgm.diagTimeout")),
+            heartbeat_s=float(cfg.get("dcgm.heartbeatSeconds")),
+        )
+        self._thread: threading.Thread | None = None
+        self.running_since: str = ""
+
+    def inputs(self) -> dict[str, Callable[[], Any]]:
+        return {"dcgm_health": self.health.poll, "dcgm_diag": self.diag}
+
+    def diag(self) -> Probed[DiagReport]:
+        """Start a diag in the background if none runs; return the latched result of the last one."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="dcgm-diag", daemon=True)
+            self._thread.start()
+        return self.runner.latest
+
+    def _run(self) -> None:
+        self.running_since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = time.monotonic()
+        self.metrics.record_diag_running(True)
+        try:
+            verdict = self.runner.run_if_idle()
+            if verdict.idle:
+                log.info(
+                    f"DCGM diag level {self.runner.level} finished in {time.monotonic() - started:.0f} s"
+                )
+        except Exception:  # a bindings bug must not kill the agent; the check reads `unknown`
+            log.exception("DCGM diag failed")
+        finally:
+            self.running_since = ""
+            self.metrics.record_diag_running(False)
+
+    def progress(self) -> str:
+        """A stable text for the condition message (no running seconds: no write every cycle)."""
+        if self.runner.in_progress and self.running_since:
+            return f"DCGM diag level {self.runner.level} running since {self.running_since}"
+        return self.runner.last_skip or ""
