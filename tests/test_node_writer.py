@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.core.contract import Marks, NodeEvent
+from agent.core.contract import CONDITIONS, Marks, NodeEvent
 from agent.core.severity import Severity, Status
 from agent.reporters.kube_rest import KubeRest, node_path
 from agent.reporters.node_writer import (
@@ -26,12 +26,6 @@ from tests.kubeenv import unique_name
 
 P = "gpu-healthcheck"
 TAINT = f"{P}/unhealthy"
-COND = {
-    Status.PASS: ("True", "AllChecksPassed"),
-    Status.WARN: ("True", "GPUWarning"),
-    Status.FAIL: ("False", "GPUFailed"),
-    Status.UNKNOWN: ("Unknown", "CouldNotCheck"),
-}
 
 
 def make_marks(
@@ -65,14 +59,11 @@ def make_marks(
         ],
         "latched": latched or [],
     }
-    cstatus, reason = COND[status]
     return Marks(
         status=status,
         severity=severity,
         results_json=json.dumps(doc, separators=(",", ":")),
         taint=status is Status.FAIL if taint is None else taint,
-        condition_status=cstatus,
-        condition_reason=reason,
         condition_message=msg,
         events=events,
     )
@@ -170,7 +161,7 @@ def test_condition_transition_time_moves_only_with_status() -> None:
     old = {
         "type": "GPUHealthy",
         "status": "False",
-        "reason": "GPUFailed",
+        "reason": CONDITIONS[Status.FAIL].reason,
         "message": "old",
         "lastHeartbeatTime": "2026-01-01T00:00:00Z",
         "lastTransitionTime": "2026-01-01T00:00:00Z",

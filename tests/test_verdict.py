@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from agent.core.contract import encode, results_document
 from agent.core.findings import CheckResult, Finding
 from agent.core.severity import Severity, Status
-from agent.engine.verdict import decide, encode, results_document
+from agent.engine.verdict import decide
 
 
 def finding(sev: Severity, check: str = "c", latched: bool = False, msg: str = "m") -> Finding:

@@ -14,8 +14,9 @@ from agent.checks.registry import needed_inputs, run_checks, select
 from agent.cli.render import table
 from agent.config import ConfigError, load_config_dir
 from agent.config.rules import RULES
+from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
 from agent.core.severity import Status
-from agent.engine.verdict import decide, now_iso, results_document
+from agent.engine.verdict import decide
 from agent.probes.sources import LiveSource, SnapshotError, SnapshotSource, Source, gather_facts
 
 EXIT_USAGE = 64
@@ -71,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="the GPU nodes' health marks, as a table")
     st.add_argument("--kubeconfig")
-    st.add_argument("--selector", default="nvidia.com/gpu.present=true")
-    st.add_argument("--prefix", default="gpu-healthcheck")
+    st.add_argument("--selector", default=DEFAULT_GPU_NODE_SELECTOR)
+    st.add_argument("--prefix", default=DEFAULT_PREFIX)
 
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)

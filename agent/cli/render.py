@@ -6,7 +6,7 @@ import shutil
 import textwrap
 
 from agent.core.facts import NodeFacts
-from agent.engine.verdict import Verdict
+from agent.core.findings import Verdict
 
 
 def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:

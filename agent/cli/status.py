@@ -6,11 +6,11 @@ kubeconfig and needs no access to the agents themselves.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys, decode_results
 from agent.core.severity import Severity
 from agent.reporters.kube_rest import KubeRest
 
@@ -76,16 +76,10 @@ def status_rows(nodes: Sequence[Mapping[str, Any]], *, prefix: str, now: datetim
     for node in nodes:
         meta = node.get("metadata") or {}
         labels = meta.get("labels") or {}
-        raw = (meta.get("annotations") or {}).get(f"{prefix}/results")
-        results: dict[str, Any] | None = None
-        if raw:
-            try:
-                doc = json.loads(raw)
-                results = doc if isinstance(doc, dict) else None
-            except ValueError:
-                results = None
-        status = labels.get(f"{prefix}/status") or (results or {}).get("status") or "-"
-        severity = labels.get(f"{prefix}/severity") or (results or {}).get("severity") or "-"
+        keys = Keys(prefix)
+        results = decode_results((meta.get("annotations") or {}).get(keys.results))
+        status = labels.get(keys.status) or (results or {}).get("status") or "-"
+        severity = labels.get(keys.severity) or (results or {}).get("severity") or "-"
         name = str(meta.get("name", "?"))
         row = (
             name,
@@ -123,8 +117,8 @@ def list_nodes(core: Any, selector: str) -> list[dict[str, Any]]:
 def render_status(
     core: Any,
     *,
-    prefix: str = "gpu-healthcheck",
-    selector: str = "nvidia.com/gpu.present=true",
+    prefix: str = DEFAULT_PREFIX,
+    selector: str = DEFAULT_GPU_NODE_SELECTOR,
     now: datetime | None = None,
 ) -> str:
     """The status table of every node matching *selector*. API errors propagate to the CLI."""

@@ -22,6 +22,12 @@ from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
 from agent.config.rules import RULES
 from agent.config.xid_catalog import XidCatalog, parse_catalog
+from agent.core.contract import (
+    DEFAULT_CONDITION_TYPE,
+    DEFAULT_GPU_NODE_SELECTOR,
+    DEFAULT_PREFIX,
+    DEFAULT_TAINT_EFFECT,
+)
 from agent.core.profile import InstanceProfile
 from agent.core.severity import Severity
 
@@ -76,7 +82,7 @@ def _num(default: float, lo: float | None = None, hi: float | None = None) -> Sp
 
 # The schema of config.yaml. Nested dicts are sections; Spec is a leaf; "*" maps free-form keys.
 SCHEMA: dict[str, Any] = {
-    "prefix": Spec(str, "gpu-healthcheck"),
+    "prefix": Spec(str, DEFAULT_PREFIX),
     "instanceType": Spec(str, ""),
     "intervals": {
         "gpu": _num(60, 1, 86400),
@@ -104,11 +110,13 @@ SCHEMA: dict[str, Any] = {
     },
     "node": {
         "recoverAfter": _num(3, 1, 1000),
-        "taintEffect": Spec(str, "NoSchedule", choices=("NoSchedule", "PreferNoSchedule", "NoExecute")),
-        "conditionType": Spec(str, "GPUHealthy"),
+        "taintEffect": Spec(
+            str, DEFAULT_TAINT_EFFECT, choices=("NoSchedule", "PreferNoSchedule", "NoExecute")
+        ),
+        "conditionType": Spec(str, DEFAULT_CONDITION_TYPE),
         "maxTaintedFraction": _num(0.2, 0, 1),
         "maxTaintedNodes": _num(0, 0, 10**6),
-        "gpuNodeSelector": Spec(str, "nvidia.com/gpu.present=true"),
+        "gpuNodeSelector": Spec(str, DEFAULT_GPU_NODE_SELECTOR),
     },
     "metrics": {"port": _num(9402, 0, 65535)},
     "configPollSeconds": _num(2, 0.1, 300),

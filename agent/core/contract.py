@@ -1,19 +1,133 @@
-"""What the engine wants the Node to show. The Node writer turns Marks into API writes."""
+"""The Node contract (DESIGN.md §4): every key, value, taint, condition and Event reason this agent
+writes on its own Node, the `results` annotation's schema, and the Marks the engine hands the
+writer. Nobody else spells a key or a reason: writer, brake, status table, engine and tests import
+them from here."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
 
+from agent import __version__
+from agent.core.findings import Verdict
 from agent.core.severity import Severity, Status
+
+DEFAULT_PREFIX = "gpu-healthcheck"
+DEFAULT_CONDITION_TYPE = "GPUHealthy"
+DEFAULT_TAINT_EFFECT = "NoSchedule"
+DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
+COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
+EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
+
+# Keys of others that the agent reads (never writes).
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+TRUE = "true"  # <prefix>/tainted while our taint is on
+DISABLED = "disabled"  # <prefix>/taint=disabled: an operator's "do not taint this node"
+CLEAR_ALL = "all"  # <prefix>/clear-latched=all
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Our keys under one configurable prefix (config `prefix`)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def status(self) -> str:
+        """Label: pass | warn | fail | unknown."""
+        return f"{self.prefix}/status"
+
+    @property
+    def severity(self) -> str:
+        """Label: none | monitor | reset | reboot | isolate."""
+        return f"{self.prefix}/severity"
+
+    @property
+    def tainted(self) -> str:
+        """Label `true` exactly while our taint is on (lets the brake count tainted nodes)."""
+        return f"{self.prefix}/tainted"
+
+    @property
+    def taint(self) -> str:
+        """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
+        return f"{self.prefix}/unhealthy"
+
+    @property
+    def taint_opt_out(self) -> str:
+        return f"{self.prefix}/taint"
+
+    @property
+    def results(self) -> str:
+        """Annotation: the results JSON (results_document)."""
+        return f"{self.prefix}/results"
+
+    @property
+    def clear_latched(self) -> str:
+        """Annotation an operator sets ("all" or comma-separated latch keys); the agent removes it."""
+        return f"{self.prefix}/clear-latched"
+
+    def ours(self, key: str) -> bool:
+        return key.startswith(f"{self.prefix}/")
+
+    def selector(self, base: str, own: str) -> str:
+        return f"{base},{own}" if base else own
+
+    def tainted_selector(self, base: str) -> str:
+        """GPU nodes (base selector) that carry our taint."""
+        return self.selector(base, f"{self.tainted}={TRUE}")
+
+    def contenders_selector(self, base: str) -> str:
+        """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
+        own = f"{self.status}={Status.FAIL.value},{self.tainted}!={TRUE},{self.taint_opt_out}!={DISABLED}"
+        return self.selector(base, own)
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str  # "True" | "False" | "Unknown"
+    reason: str  # CamelCase, as `kubectl describe node` shows it
+
+
+CONDITIONS: dict[Status, Condition] = {
+    Status.PASS: Condition("True", "AllChecksPassed"),
+    Status.WARN: Condition("True", "ChecksWarn"),
+    Status.FAIL: Condition("False", "ChecksFailed"),
+    Status.UNKNOWN: Condition("Unknown", "CouldNotCheck"),
+}
+
+
+class Reason:
+    """The Events the agent posts on its Node."""
+
+    GPU_HEALTH_CHANGED = "GPUHealthChanged"
+    LATCHED_FINDING = "LatchedFinding"
+    LATCHES_CLEARED = "LatchesCleared"
+    TAINT_ADDED = "TaintAdded"
+    TAINT_REMOVED = "TaintRemoved"
+    TAINT_RESTORED = "TaintRestored"
+    TAINT_DISABLED = "TaintDisabled"
+    BRAKE_OPEN = "BrakeOpen"
+    BRAKE_CLOSED = "BrakeClosed"
+    CONFIG_RELOADED = "ConfigReloaded"
+    CONFIG_REJECTED = "ConfigRejected"
+
+
+NORMAL, WARNING = "Normal", "Warning"
+EVENT_MESSAGE_MAX = 1024
+CONDITION_MESSAGE_MAX = 1024
 
 
 @dataclass(frozen=True)
 class NodeEvent:
-    """An Event on the Node (reason in CamelCase, as kubectl shows it)."""
+    """An Event on the Node (reason from Reason)."""
 
     reason: str
     message: str
-    type: str = "Normal"  # or "Warning"
+    type: str = NORMAL  # or WARNING
 
 
 @dataclass(frozen=True)
@@ -28,8 +142,107 @@ class Marks:
     severity: Severity
     results_json: str  # the compact `<prefix>/results` annotation value
     taint: bool
-    condition_status: str  # "True" | "False" | "Unknown"
-    condition_reason: str  # CamelCase, e.g. "GPUFailed", "AllChecksPassed"
     condition_message: str
     events: tuple[NodeEvent, ...] = field(default=())
     drop_annotations: tuple[str, ...] = field(default=())  # our annotations to remove (consumed requests)
+
+    @property
+    def condition_status(self) -> str:
+        """The condition follows the status, so that no writer or test can pair them otherwise."""
+        return CONDITIONS[self.status].status
+
+    @property
+    def condition_reason(self) -> str:
+        return CONDITIONS[self.status].reason
+
+
+# ----------------------------------------------------------------------------- the results annotation
+
+RESULTS_VERSION = 1
+MAX_RESULTS_BYTES = 16 * 1024
+
+
+def now_iso() -> str:
+    """RFC 3339 UTC, seconds: every time the agent writes (results, conditions, Events)."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def results_document(
+    verdict: Verdict,
+    *,
+    checked_at: str,
+    boot_id: str | None,
+    instance_type: str | None,
+    latched: Sequence[dict[str, Any]] | None = None,
+    check_times: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
+    checks = [
+        {
+            "name": r.name,
+            "status": r.status.value,
+            "severity": r.severity.label,
+            "message": r.message,
+            "at": (check_times or {}).get(r.name, checked_at),
+            "durationMs": round(r.duration_ms, 2),
+            "entities": list(r.all_entities()),
+        }
+        for r in verdict.results
+    ]
+    if latched is None:
+        latched = [
+            {
+                "check": f.check,
+                "key": f.key,
+                "severity": f.severity.label,
+                "since": checked_at,
+                "message": f.message,
+            }
+            for r in verdict.results
+            for f in r.findings
+            if f.latched
+        ]
+    doc: dict[str, Any] = {
+        "version": RESULTS_VERSION,
+        "status": verdict.status.value,
+        "severity": verdict.severity.label,
+        "checkedAt": checked_at,
+        "bootId": boot_id,
+        "instanceType": instance_type,
+        "agentVersion": __version__,
+        "checks": checks,
+        "latched": list(latched),
+    }
+    return fit(doc)
+
+
+def encode(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_results(raw: str | None) -> dict[str, Any] | None:
+    """The parsed results annotation; None when absent or not a JSON object."""
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def fit(doc: dict[str, Any], limit: int = MAX_RESULTS_BYTES) -> dict[str, Any]:
+    """Keep the annotation under its size limit: shorten messages, then entities, never drop a check."""
+    for msg_len, ent_len in ((400, 32), (200, 8), (100, 2), (60, 0)):
+        if len(encode(doc).encode()) <= limit:
+            return doc
+        for item in (*doc["checks"], *doc["latched"]):
+            if len(item["message"]) > msg_len:
+                item["message"] = item["message"][: msg_len - 1] + "…"
+            if "entities" in item and len(item["entities"]) > ent_len:
+                item["entities"] = [*item["entities"][:ent_len], f"+{len(item['entities']) - ent_len} more"]
+    while len(encode(doc).encode()) > limit and len(doc["latched"]) > 1:
+        # Latched findings are ordered oldest first; keep the most severe when something must go.
+        doc["latched"].sort(key=lambda x: Severity.parse(x["severity"]))
+        doc["latched"].pop(0)
+    return doc

@@ -1,4 +1,4 @@
-"""What checks return: findings grouped into one result per check."""
+"""What checks return (findings grouped into one result per check) and the node verdict over them."""
 
 from __future__ import annotations
 
@@ -73,3 +73,15 @@ class CheckResult:
         for f in self.findings:
             seen.update(dict.fromkeys(f.entities))
         return tuple(seen)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    severity: Severity
+    results: tuple[CheckResult, ...]
+
+    @property
+    def worst(self) -> Finding | None:
+        findings = [f for r in self.results for f in r.findings]
+        return max(findings, key=lambda f: f.severity, default=None)

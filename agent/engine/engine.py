@@ -18,14 +18,26 @@ from typing import Any
 
 from agent.checks.registry import CHECKS, run_checks
 from agent.config import Config
-from agent.core.contract import Marks, NodeEvent
+from agent.core.contract import (
+    CLEAR_ALL,
+    CONDITION_MESSAGE_MAX,
+    NORMAL,
+    WARNING,
+    Keys,
+    Marks,
+    NodeEvent,
+    Reason,
+    encode,
+    now_iso,
+    results_document,
+)
 from agent.core.facts import NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Finding, Verdict
 from agent.core.model import NodeObject, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
-from agent.engine.verdict import Verdict, decide, encode, now_iso, results_document
+from agent.engine.verdict import decide
 from agent.probes.sources import Source, resolve_instance_type
 
 log = logging.getLogger("gpu-healthcheck.engine")
@@ -45,12 +57,6 @@ TIER_INTERVAL = {
     "topology": "topology",
     "dcgm-health": "dcgmHealth",
     "dcgm-diag": "dcgmDiag",
-}
-CONDITION = {
-    Status.PASS: ("True", "AllChecksPassed"),
-    Status.WARN: ("True", "ChecksWarn"),
-    Status.FAIL: ("False", "ChecksFailed"),
-    Status.UNKNOWN: ("Unknown", "CouldNotCheck"),
 }
 
 
@@ -300,13 +306,15 @@ class Engine:
         """
         if not isinstance(node, NodeObject):
             return None, None
-        ann = f"{self.cfg.get('prefix')}/clear-latched"
+        ann = Keys(str(self.cfg.get("prefix"))).clear_latched
         value = node.annotations.get(ann)
         if value is None:
             return None, None
         wanted = [k.strip() for k in value.split(",") if k.strip()]
         keys = (
-            list(self.latches) if value.strip().lower() == "all" else [k for k in wanted if k in self.latches]
+            list(self.latches)
+            if value.strip().lower() == CLEAR_ALL
+            else [k for k in wanted if k in self.latches]
         )
         for key in keys:
             self.cleared[key] = self.latches.pop(key).message
@@ -317,7 +325,7 @@ class Engine:
         self.operator_cleared = True
         msg = f"cleared {len(keys)} latched finding(s): {', '.join(keys) or 'none matched ' + value!r}"
         log.info(msg, extra={"event": "clear-latched"})
-        return ann, NodeEvent("LatchesCleared", msg[:1000])
+        return ann, NodeEvent(Reason.LATCHES_CLEARED, msg)
 
     # ------------------------------------------------------------------ verdict
 
@@ -377,7 +385,6 @@ class Engine:
             latched=[latch.as_dict() for latch in self.latches.values()],
             check_times=self.result_at,
         )
-        cond_status, reason = CONDITION[verdict.status]
         worst = verdict.worst
         message = f"{verdict.status.value}: " + (
             f"{worst.check}: {worst.message}"
@@ -393,9 +400,7 @@ class Engine:
             severity=verdict.severity,
             results_json=encode(doc),
             taint=self.taint_wanted,
-            condition_status=cond_status,
-            condition_reason=reason,
-            condition_message=message[:1024],
+            condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
             drop_annotations=(drop,) if drop else (),
         )
@@ -414,13 +419,13 @@ class Engine:
             worst = verdict.worst
             detail = f": {worst.check}: {worst.message}" if worst is not None else ""
             was = self.last_status.value if self.last_status else "none"
-            kind = "Warning" if verdict.status in (Status.FAIL, Status.UNKNOWN) else "Normal"
+            kind = WARNING if verdict.status in (Status.FAIL, Status.UNKNOWN) else NORMAL
             events.append(
-                NodeEvent("GPUHealthChanged", f"{was} → {verdict.status.value}{detail}"[:1000], kind)
+                NodeEvent(Reason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
             )
         for latch in self._new_latches:
             events.append(
-                NodeEvent("LatchedFinding", f"{latch.severity.label}: {latch.message}"[:1000], "Warning")
+                NodeEvent(Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}", WARNING)
             )
         self._new_latches = []
         return tuple(events)

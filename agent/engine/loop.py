@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from agent.config import Config
 from agent.config.watch import ConfigWatcher
-from agent.core.contract import Marks, NodeEvent
+from agent.core.contract import WARNING, Keys, Marks, NodeEvent, Reason
 from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -134,14 +134,14 @@ class Agent:
             log.error(
                 f"config rejected, keeping the last good one: {outcome.error}", extra={"event": "config"}
             )
-            self.pending_events.append(NodeEvent("ConfigRejected", f"{outcome.error}"[:1000], "Warning"))
+            self.pending_events.append(NodeEvent(Reason.CONFIG_REJECTED, f"{outcome.error}", WARNING))
             return True
         self.cfg = outcome.config
         self.engine.cfg = outcome.config
         self.engine.reschedule_all()
         self.metrics.record_config_reload("applied")
         log.info("config reloaded", extra={"event": "config"})
-        self.pending_events.append(NodeEvent("ConfigReloaded", "configuration reloaded and applied"))
+        self.pending_events.append(NodeEvent(Reason.CONFIG_RELOADED, "configuration reloaded and applied"))
         return True
 
     def _publish(self) -> None:
@@ -179,7 +179,8 @@ class Agent:
         """An operator annotated the Node to clear latched findings: act now, not at the next tick."""
         getter = self.engine.node_getter
         node = getter() if getter else None
-        return isinstance(node, NodeObject) and f"{self.cfg.get('prefix')}/clear-latched" in node.annotations
+        key = Keys(str(self.cfg.get("prefix"))).clear_latched
+        return isinstance(node, NodeObject) and key in node.annotations
 
     def healthy(self) -> bool:
         limit = max(60.0, 3 * float(self.cfg.get("intervals.gpu")))

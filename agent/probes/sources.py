@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from agent.config import Config
+from agent.core.contract import INSTANCE_TYPE_LABEL
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import NodeFacts
 from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
@@ -36,7 +37,6 @@ from agent.probes.topo import parse_topo
 
 T = TypeVar("T")
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 XML, TEXT, TOPO, NVLINK = (
     "nvidia-smi-q.xml",
     "nvidia-smi-q.txt",

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys
 from agent.reporters.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
@@ -167,10 +168,10 @@ class Brake:
         self,
         core: Any,
         *,
-        selector: str = "nvidia.com/gpu.present=true",
+        selector: str = DEFAULT_GPU_NODE_SELECTOR,
         max_fraction: float = 0.2,
         max_nodes: int = 0,
-        prefix: str = "gpu-healthcheck",
+        prefix: str = DEFAULT_PREFIX,
         cache_seconds: float = 10,
         clock: Callable[[], float] = time.monotonic,
         total_cache_seconds: float = 300,
@@ -207,14 +208,11 @@ class Brake:
     @property
     def contenders_selector(self) -> str:
         """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
-        p = self.prefix
-        own = f"{p}/status=fail,{p}/tainted!=true,{p}/taint!=disabled"
-        return f"{self.selector},{own}" if self.selector else own
+        return Keys(self.prefix).contenders_selector(self.selector)
 
     @property
     def tainted_selector(self) -> str:
-        own = f"{self.prefix}/tainted=true"
-        return f"{self.selector},{own}" if self.selector else own
+        return Keys(self.prefix).tainted_selector(self.selector)
 
     def _names(self, label_selector: str, *, min_rv: str | None = None) -> list[str]:
         """Names of the Nodes matching *label_selector* (Table rows, no objects; see the module doc)."""

@@ -25,12 +25,27 @@ import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import tenacity
 
-from agent.core.contract import Marks, NodeEvent
+from agent.core.contract import (
+    COMPONENT,
+    DEFAULT_CONDITION_TYPE,
+    DEFAULT_PREFIX,
+    DEFAULT_TAINT_EFFECT,
+    DISABLED,
+    EVENT_MESSAGE_MAX,
+    EVENT_NAMESPACE,
+    TRUE,
+    WARNING,
+    Keys,
+    Marks,
+    NodeEvent,
+    Reason,
+    decode_results,
+    now_iso,
+)
 from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, node_path
 
@@ -38,7 +53,6 @@ log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 10)
 CONFLICT_ATTEMPTS = 8
-EVENT_MESSAGE_MAX = 1024
 PENDING_EVENTS_MAX = 64
 WATCH_TIMEOUT_SECONDS = 300
 
@@ -47,10 +61,6 @@ OnWrite = Callable[[str, str], None]
 
 # ---------------------------------------------------------------------------------------------------
 # Pure merge logic (no API): Node dict (API JSON, camelCase) + Marks -> what to write
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _labels(node: Mapping[str, Any]) -> dict[str, str]:
@@ -65,28 +75,25 @@ def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(t) for t in (node.get("spec") or {}).get("taints") or ()]
 
 
-def taint_key(prefix: str) -> str:
-    return f"{prefix}/unhealthy"
-
-
 def find_our_taint(node: Mapping[str, Any], prefix: str, effect: str) -> dict[str, Any] | None:
     """Ours is exactly (`<prefix>/unhealthy`, our effect); the same key with another effect is not ours."""
     for t in _taints(node):
-        if t.get("key") == taint_key(prefix) and t.get("effect") == effect:
+        if t.get("key") == Keys(prefix).taint and t.get("effect") == effect:
             return t
     return None
 
 
 def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
-    return _labels(node).get(f"{prefix}/taint", "").strip().lower() == "disabled"
+    return _labels(node).get(Keys(prefix).taint_opt_out, "").strip().lower() == DISABLED
 
 
 def desired_labels(marks: Marks, prefix: str, taint_on: bool) -> dict[str, str | None]:
     """Our labels; None = must be absent."""
+    keys = Keys(prefix)
     return {
-        f"{prefix}/status": marks.status.value,
-        f"{prefix}/severity": marks.severity.label,
-        f"{prefix}/tainted": "true" if taint_on else None,
+        keys.status: marks.status.value,
+        keys.severity: marks.severity.label,
+        keys.tainted: TRUE if taint_on else None,
     }
 
 
@@ -100,19 +107,19 @@ def plan_node_patch(
     """
     labels, annotations = _labels(node), _annotations(node)
     label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
-    ann_key = f"{prefix}/results"
+    ann_key = Keys(prefix).results
     ann_patch: dict[str, str | None] = (
         {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
     )
     for key in marks.drop_annotations:
-        if key.startswith(f"{prefix}/") and key in annotations:
+        if Keys(prefix).ours(key) and key in annotations:
             ann_patch[key] = None  # a merge patch null deletes the key
 
     taints = _taints(node)
     ours = find_our_taint(node, prefix, effect)
     new_taints: list[dict[str, Any]] | None = None
     if taint_on:
-        want = {"key": taint_key(prefix), "value": marks.severity.label, "effect": effect}
+        want = {"key": Keys(prefix).taint, "value": marks.severity.label, "effect": effect}
         if ours is None:
             new_taints = [*taints, want]
         elif ours.get("value") != want["value"]:
@@ -229,14 +236,14 @@ class NodeWriter:
         core: Any,
         node_name: str,
         *,
-        prefix: str = "gpu-healthcheck",
-        condition_type: str = "GPUHealthy",
-        taint_effect: str = "NoSchedule",
+        prefix: str = DEFAULT_PREFIX,
+        condition_type: str = DEFAULT_CONDITION_TYPE,
+        taint_effect: str = DEFAULT_TAINT_EFFECT,
         brake: Brake | None = None,
         dry_run: bool = False,
         on_write: OnWrite | None = None,
-        event_namespace: str = "default",
-        component: str = "gpu-healthcheck",
+        event_namespace: str = EVENT_NAMESPACE,
+        component: str = COMPONENT,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
         self.rest = KubeRest.of(core)
@@ -298,14 +305,7 @@ class NodeWriter:
         except Exception as exc:
             log.warning("node %s: reading the results annotation failed: %s", self.node_name, _describe(exc))
             return None
-        raw = _annotations(node).get(f"{self.prefix}/results")
-        if not raw:
-            return None
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
+        return decode_results(_annotations(node).get(Keys(self.prefix).results))
 
     def start(self) -> None:
         """Start the watch of the own Node (daemon thread)."""
@@ -470,7 +470,7 @@ class NodeWriter:
                             self._taint_rv = _rv_text(written)
         taint_on, brake_open, disabled, _ = decided
         node = self._current(fresh=False)
-        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_rfc3339())
+        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
         if cond is not None:
             if self.dry_run:
                 log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
@@ -554,55 +554,57 @@ class NodeWriter:
     ) -> list[NodeEvent]:
         """The Events our own decisions deserve (taint added/removed/restored, brake, disabled)."""
         taint_on, brake_open, disabled, brake_reason = decided
-        taint = f"{taint_key(self.prefix)}={marks.severity.label}:{self.taint_effect}"
-        disable_label = f"{self.prefix}/taint=disabled"
+        keys = Keys(self.prefix)
+        taint = f"{keys.taint}={marks.severity.label}:{self.taint_effect}"
+        disable_label = f"{keys.taint_opt_out}={DISABLED}"
         out: list[NodeEvent] = []
         if taint_on and not had_taint:
             if self._taint_on:
                 self.restores += 1
                 out.append(
                     NodeEvent(
-                        "TaintRestored",
+                        Reason.TAINT_RESTORED,
                         f"Taint {taint} was removed while the node fails; "
                         f"put it back (to stop tainting this node, label it {disable_label})",
-                        "Warning",
+                        WARNING,
                     )
                 )
             else:
                 if self._brake_open:
                     out.append(
                         NodeEvent(
-                            "BrakeClosed",
+                            Reason.BRAKE_CLOSED,
                             "Tainted GPU nodes are below the brake limit again; tainting this node",
                         )
                     )
-                out.append(NodeEvent("TaintAdded", f"Tainted {taint}: {marks.condition_message}", "Warning"))
+                out.append(
+                    NodeEvent(Reason.TAINT_ADDED, f"Tainted {taint}: {marks.condition_message}", WARNING)
+                )
         elif not taint_on and had_taint:
             if disabled:
                 out.append(
                     NodeEvent(
-                        "TaintDisabled",
-                        f"Removed taint {taint_key(self.prefix)}: label {disable_label} is set",
+                        Reason.TAINT_DISABLED,
+                        f"Removed taint {keys.taint}: label {disable_label} is set",
                     )
                 )
             else:
                 out.append(
-                    NodeEvent(
-                        "TaintRemoved", f"Removed taint {taint_key(self.prefix)}: {marks.condition_message}"
-                    )
+                    NodeEvent(Reason.TAINT_REMOVED, f"Removed taint {keys.taint}: {marks.condition_message}")
                 )
         elif disabled and not self._disabled_noted:
             out.append(
                 NodeEvent(
-                    "TaintDisabled", f"Not tainting although the node fails: label {disable_label} is set"
+                    Reason.TAINT_DISABLED,
+                    f"Not tainting although the node fails: label {disable_label} is set",
                 )
             )
         if brake_open and not self._brake_open:
             out.append(
-                NodeEvent("BrakeOpen", f"Not tainting although the node fails: {brake_reason}", "Warning")
+                NodeEvent(Reason.BRAKE_OPEN, f"Not tainting although the node fails: {brake_reason}", WARNING)
             )
         elif self._brake_open and not brake_open and not taint_on:
-            out.append(NodeEvent("BrakeClosed", "The node no longer needs a taint"))
+            out.append(NodeEvent(Reason.BRAKE_CLOSED, "The node no longer needs a taint"))
         return out
 
     def _post_events(self, events: Sequence[NodeEvent], node: Mapping[str, Any]) -> tuple[str, ...]:
@@ -620,7 +622,7 @@ class NodeWriter:
                 self._note("event", "skipped")
                 posted.append(ev.reason)
                 continue
-            now = now_rfc3339()
+            now = now_iso()
             body = {
                 "metadata": {"generateName": f"{self.node_name}.", "namespace": self.event_namespace},
                 "involvedObject": {
