@@ -162,3 +162,17 @@ def test_inject_kmsg_needs_yes_and_writes_a_line_our_parser_reads(tmp_path: Path
     assert main(["inject", "kmsg", "--xid", "79", "--gpu", "0000:53:00.0", "--kmsg", str(kmsg), "--yes"]) == 0
     events = extract_xids(parse_kernel_log(kmsg.read_text()))
     assert [(e.code, e.pci) for e in events] == [(79, "00000000:53:00.0")]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("checks:\n  gpu.nonsense: false\n", "gpu.nonsense"),
+        ("severities:\n  no.such.rule: reset\n", "no.such"),
+    ],
+)
+def test_a_config_naming_an_unknown_check_or_rule_is_a_usage_error(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    (tmp_path / "config.yaml").write_text(text)
+    assert main(["check", "--config-dir", str(tmp_path), "--from-snapshot", str(HEALTHY)]) == 64

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.checks import gpu
+from agent.checks.registry import CHECKS, RULE_BOOK, RULES
 from agent.config import ConfigError, load_config_dir, parse_config
-from agent.config.rules import RULES
 from agent.core.severity import Severity
 
 CONFIG = Path(__file__).parent.parent / "config"
@@ -23,7 +24,7 @@ def test_shipped_directory_loads_with_profiles_and_catalog() -> None:
     cfg = load_config_dir(CONFIG)
     assert "p5.48xlarge" in cfg.profiles and cfg.profiles["p5.48xlarge"].gpu_count == 8
     assert cfg.xid_severity(79) is Severity.REBOOT
-    assert cfg.severity("gpu.ecc.dram-uncorrectable") is Severity.RESET
+    assert cfg.severity(gpu.ECC_DRAM_UNCORRECTABLE) is Severity.RESET
 
 
 @pytest.mark.parametrize(
@@ -34,7 +35,7 @@ def test_shipped_directory_loads_with_profiles_and_catalog() -> None:
         ({"intervals": {"gpu": 0}}, "intervals.gpu: 0 is below the minimum"),
         ({"intervals": {"gpu": True}}, "intervals.gpu: expected a number"),
         ({"checks": {"gpu.ecc": "yes"}}, "checks.gpu.ecc: expected bool"),
-        ({"checks": {"gpu.nonsense": True}}, "checks.gpu.nonsense: unknown key"),
+        ({"checks": {"gpu.nonsense": True}}, "checks: unknown check(s) ['gpu.nonsense']"),
         ({"severities": {"gpu.ecc.dram-uncorrectable": "panic"}}, "not one of"),
         ({"severities": {"no.such.rule": "reset"}}, "unknown rule"),
         ({"xid": {"overrides": {"abc": "reset"}}}, "Xid codes are integers"),
@@ -43,7 +44,7 @@ def test_shipped_directory_loads_with_profiles_and_catalog() -> None:
 )
 def test_invalid_config_is_rejected_with_the_path(doc: object, needle: str) -> None:
     with pytest.raises(ConfigError, match=None) as err:
-        parse_config(doc)
+        parse_config(doc, rules=RULE_BOOK)
     assert needle in str(err.value)
 
 
@@ -67,11 +68,30 @@ def test_invalid_profiles_are_rejected(tmp_path: Path) -> None:
 
 
 def test_every_rule_default_is_a_real_severity() -> None:
-    assert all(isinstance(sev, Severity) and sev > Severity.NONE for sev, _ in RULES.values())
+    assert all(isinstance(r.severity, Severity) and r.severity > Severity.NONE for r in RULES.values())
+
+
+def test_every_rule_belongs_to_the_check_that_owns_it_and_is_named_once() -> None:
+    names = [r.name for spec in CHECKS for r in spec.rules]
+    assert len(names) == len(set(names)) == len(RULES)
+    for spec in CHECKS:
+        assert all(r.name.startswith(spec.name + ".") for r in spec.rules), spec.name
 
 
 def test_every_registered_check_can_be_switched_in_config() -> None:
-    from agent.checks.registry import CHECKS
-    from agent.config import CHECK_NAMES
+    for spec in CHECKS:
+        cfg = parse_config({"checks": {spec.name: False}}, rules=RULE_BOOK)
+        assert not cfg.enabled(spec.name)
+        assert all(cfg.enabled(other.name) for other in CHECKS if other is not spec)
 
-    assert sorted(s.name for s in CHECKS) == sorted(CHECK_NAMES)
+
+def test_a_check_missing_from_config_yaml_is_on() -> None:
+    cfg = load_config_dir(CONFIG, rules=RULE_BOOK)
+    assert cfg.raw["checks"] == {} and all(cfg.enabled(spec.name) for spec in CHECKS)
+
+
+def test_severity_overrides_name_rules_the_checks_own() -> None:
+    cfg = parse_config({"severities": {"gpu.pcie.width": "reset", "xid.sxid": "none"}}, rules=RULE_BOOK)
+    assert cfg.severity(gpu.PCIE_WIDTH) is Severity.RESET
+    assert cfg.severity(RULES["xid.sxid"]) is Severity.NONE
+    assert cfg.severity(gpu.ECC_DRAM_UNCORRECTABLE) is Severity.RESET  # not overridden: the default

@@ -231,3 +231,23 @@ def test_a_probe_stuck_past_the_check_timeout_is_unknown_and_does_not_stall(snap
         assert verdict.status is Status.UNKNOWN and not marks.taint
     finally:
         release.set()
+
+
+def test_the_agent_rejects_an_edit_that_names_an_unknown_rule(snap: Path, tmp_path: Path) -> None:
+    """The agent's own watcher knows the registry's rules: a typo is rejected, not silently ignored."""
+    from agent.engine.loop import Agent
+
+    (tmp_path / "config.yaml").write_text("severities:\n  gpu.pcie.width: reset\n")
+    agent = Agent(
+        SnapshotSource(snap),
+        load_config_dir(tmp_path),
+        config_dir=tmp_path,
+        writer=None,
+        node_getter=None,
+        kernel_path=None,
+        kernel_is_device=False,
+    )
+    assert agent.watcher is not None
+    (tmp_path / "config.yaml").write_text("severities:\n  gpu.pcie.widht: reset\n")
+    outcome = agent.watcher.poll()
+    assert outcome is not None and outcome.config is None and "gpu.pcie.widht" in (outcome.error or "")

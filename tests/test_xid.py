@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.checks import xid
 from agent.checks.xid import check_xid, recovery_severity
 from agent.config import Config, load_config_dir, parse_config
 from agent.config.xid_catalog import parse_catalog
@@ -355,7 +356,7 @@ def test_unknown_code_uses_its_rule(cfg: Config) -> None:
     res = check_xid(NodeFacts(kernel=log), cfg)
     (f,) = res.findings
     assert f.rule == "xid.unknown-code"
-    assert f.severity is cfg.severity("xid.unknown-code")
+    assert f.severity is cfg.severity(xid.UNKNOWN_CODE)
     assert "Xid 999 (UNKNOWN)" in f.message
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from agent.checks import input_gap
+from agent.checks import CheckSpec, input_gap
 from agent.config import Config
 from agent.config.dcgm_incidents import SINGLE_NODE_NVSWITCH, system_name
 from agent.core.dcgm_report import (
@@ -24,7 +24,41 @@ from agent.core.dcgm_report import (
 )
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
+from agent.core.rules import Rule
 from agent.core.severity import Severity
+from agent.core.text import shorten
+
+DCGM_DIAG_FAIL_ISOLATE = Rule(
+    "dcgm-diag.fail-isolate",
+    Severity.ISOLATE,
+    "a DCGM diag test failed with an ISOLATE-severity error",
+)
+DCGM_DIAG_FAIL_RESET = Rule(
+    "dcgm-diag.fail-reset",
+    Severity.RESET,
+    "a DCGM diag test failed with a RESET-severity error",
+)
+DCGM_DIAG_FAIL = Rule(
+    "dcgm-diag.fail",
+    Severity.ISOLATE,
+    "a DCGM diag test failed, no reset/isolate severity (TRIAGE, UNKNOWN, 3.x)",
+)
+DCGM_DIAG_WARN = Rule(
+    "dcgm-diag.warn",
+    Severity.MONITOR,
+    "a DCGM diag test warned (or failed only with monitor/config-severity errors)",
+)
+DCGM_HEALTH_UNLISTED_FAIL = Rule(
+    "dcgm-health.unlisted-fail",
+    Severity.RESET,
+    "a DCGM health FAIL incident not in config/dcgm-incidents.yaml",
+)
+DCGM_HEALTH_UNLISTED_WARN = Rule(
+    "dcgm-health.unlisted-warn",
+    Severity.MONITOR,
+    "a DCGM health WARN incident not in config/dcgm-incidents.yaml",
+)
+
 
 DIAG, HEALTH = "dcgm-diag", "dcgm-health"
 MAX_TEXT = 200
@@ -41,18 +75,18 @@ def _entity(gpu: str) -> str:
     return f"GPU {gpu}" if gpu.isdigit() else gpu
 
 
-def _diag_rule(r: DiagResult) -> str:
+def _diag_rule(r: DiagResult) -> Rule:
     sevs = {e.severity for e in r.errors}
     if DCGM_ERROR_ISOLATE in sevs:
-        return "dcgm-diag.fail-isolate"
+        return DCGM_DIAG_FAIL_ISOLATE
     if DCGM_ERROR_RESET in sevs:
-        return "dcgm-diag.fail-reset"
-    return "dcgm-diag.fail"
+        return DCGM_DIAG_FAIL_RESET
+    return DCGM_DIAG_FAIL
 
 
 def _why(r: DiagResult) -> str:
     text = "; ".join(e.message for e in r.errors if e.message) or f"status {r.reported or r.status.value}"
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+    return shorten(text, MAX_TEXT)
 
 
 def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
@@ -71,14 +105,14 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
             infra.append(f"{r.test}: {_why(r)}")
             continue
         if r.status is DiagStatus.WARN:
-            rule, verb = "dcgm-diag.warn", "warned"
+            rule, verb = DCGM_DIAG_WARN, "warned"
         else:
             rule, verb = _diag_rule(r), "failed"
         where = _entity(r.gpu)
         findings.append(
             Finding(
                 check=DIAG,
-                rule=rule,
+                rule=rule.name,
                 severity=cfg.severity(rule),
                 message=f"DCGM diag {r.test} {verb} on {where}: {_why(r)}",
                 entities=(where,),
@@ -122,15 +156,15 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
         if row is not None:
             rule, sev, name = f"dcgm-health.{row.system}.{row.code}", row.severity, row.name
         else:
-            rule = "dcgm-health.unlisted-fail" if inc.health >= 20 else "dcgm-health.unlisted-warn"
-            sev, name = cfg.severity(rule), f"DCGM_FR code {inc.code}"
+            unlisted = DCGM_HEALTH_UNLISTED_FAIL if inc.health >= 20 else DCGM_HEALTH_UNLISTED_WARN
+            rule, sev, name = unlisted.name, cfg.severity(unlisted), f"DCGM_FR code {inc.code}"
         if sev <= Severity.NONE:
             ignored += 1
             continue
         where = _health_entity(inc)
         key = f"dcgm-health/{system_name(inc.system)}/{inc.code}/{inc.entity_group}-{inc.entity_id}"
         msg = (inc.message or name).strip()
-        msg = msg if len(msg) <= MAX_TEXT else msg[: MAX_TEXT - 1] + "…"
+        msg = shorten(msg, MAX_TEXT)
         if key in merged:  # several incidents of one kind on one entity: one finding
             old = merged[key]
             if msg not in old.message:
@@ -150,3 +184,21 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
     if ignored:
         note += f" ({ignored} ignored by the incident table)"
     return CheckResult(HEALTH, findings=tuple(merged.values()), note=note)
+
+
+CHECKS = (
+    CheckSpec(
+        "dcgm-health",
+        check_dcgm_health,
+        ("dcgm_health",),
+        "dcgm-health",
+        (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN),
+    ),
+    CheckSpec(
+        "dcgm-diag",
+        check_dcgm_diag,
+        ("dcgm_diag",),
+        "dcgm-diag",
+        (DCGM_DIAG_FAIL_ISOLATE, DCGM_DIAG_FAIL_RESET, DCGM_DIAG_FAIL, DCGM_DIAG_WARN),
+    ),
+)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agent.checks import input_gap, rule_finding
+from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import RdmaDevice, RdmaPort, RdmaSample, short_pci
+from agent.core.rules import Rule
+from agent.core.severity import Severity
 
 NAME = "efa"
 RATE_COUNTERS = (
@@ -24,11 +26,16 @@ RATE_COUNTERS = (
 )
 
 
+COUNT = Rule("efa.count", Severity.ISOLATE, "EFA device count differs from the profile")
+PORT_DOWN = Rule("efa.port-down", Severity.REBOOT, "an EFA port is not ACTIVE")
+COUNTER_RATE = Rule("efa.counter-rate", Severity.MONITOR, "an EFA error counter grows faster than its limit")
+
+
 def _entities(dev: RdmaDevice) -> tuple[str, ...]:
     return (dev.name, short_pci(dev.pci)) if dev.pci else (dev.name,)
 
 
-def _finding(cfg: Config, rule: str, message: str, entities: tuple[str, ...], key: str) -> Finding:
+def _finding(cfg: Config, rule: Rule, message: str, entities: tuple[str, ...], key: str) -> Finding:
     return rule_finding(cfg, NAME, rule, message, entities, key)
 
 
@@ -51,7 +58,7 @@ def _port_findings(cfg: Config, efa: list[RdmaDevice]) -> tuple[list[Finding], l
                 findings.append(
                     _finding(
                         cfg,
-                        "efa.port-down",
+                        PORT_DOWN,
                         f"EFA {dev.name} port {port.number} is {port.state}{phys}",
                         _entities(dev),
                         f"{dev.name}/{port.number}",
@@ -87,7 +94,7 @@ def _rate_findings(
                     out.append(
                         _finding(
                             cfg,
-                            "efa.counter-rate",
+                            COUNTER_RATE,
                             f"EFA {dev.name} port {port.number}: {counter} grew by {delta} in {dt:.0f} s "
                             f"({rate:.2f}/s, limit {limit:g}/s)",
                             _entities(dev),
@@ -132,7 +139,7 @@ def check_efa(facts: NodeFacts, cfg: Config) -> CheckResult:
         findings.append(
             _finding(
                 cfg,
-                "efa.count",
+                COUNT,
                 f"{len(efa)} EFA device(s) found, {what} has {expected}",
                 (),
                 "count",
@@ -156,3 +163,6 @@ def check_efa(facts: NodeFacts, cfg: Config) -> CheckResult:
         notes.append(other)
     unknown = f"could not read EFA port state: {'; '.join(unreadable[:5])}" if unreadable else None
     return CheckResult(NAME, findings=tuple(findings), unknown=unknown, note="; ".join(notes))
+
+
+CHECKS = (CheckSpec("efa", check_efa, ("rdma",), "efa", (COUNT, PORT_DOWN, COUNTER_RATE)),)

@@ -4,19 +4,93 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from agent.checks import input_gap, rule_finding
+from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
+from agent.core.rules import Rule
+from agent.core.severity import Severity
+
+COUNT_MISMATCH = Rule("gpu.count.mismatch", Severity.ISOLATE, "visible GPUs differ from the instance profile")
+COUNT_MODEL = Rule("gpu.count.model", Severity.MONITOR, "GPU model differs from the instance profile")
+RESPONSIVE_LOST = Rule(
+    "gpu.responsive.lost",
+    Severity.REBOOT,
+    "the driver cannot talk to a GPU (GPU is lost / no device handle)",
+)
+RESPONSIVE_TIMEOUT = Rule("gpu.responsive.timeout", Severity.REBOOT, "nvidia-smi/NVML hung past its timeout")
+RESPONSIVE_DRIVER = Rule(
+    "gpu.responsive.driver",
+    Severity.REBOOT,
+    "nvidia-smi/NVML cannot talk to the driver (not loaded, version mismatch)",
+)
+ECC_DRAM_UNCORRECTABLE = Rule(
+    "gpu.ecc.dram-uncorrectable",
+    Severity.RESET,
+    "volatile uncorrectable DRAM ECC errors",
+)
+ECC_SRAM_UNCORRECTABLE = Rule(
+    "gpu.ecc.sram-uncorrectable",
+    Severity.ISOLATE,
+    "uncorrectable SRAM ECC errors (volatile or aggregate)",
+)
+ECC_SRAM_THRESHOLD = Rule(
+    "gpu.ecc.sram-threshold",
+    Severity.ISOLATE,
+    "aggregate SRAM error threshold exceeded",
+)
+ROW_REMAP_FAILURE = Rule("gpu.row-remap.failure", Severity.ISOLATE, "row remapping failed (no spare rows)")
+ROW_REMAP_PENDING = Rule("gpu.row-remap.pending", Severity.RESET, "a row remap waits for a GPU reset")
+RETIRED_PAGES_DOUBLE_BIT = Rule(
+    "gpu.retired-pages.double-bit",
+    Severity.ISOLATE,
+    "pages retired for double-bit ECC errors",
+)
+RETIRED_PAGES_PENDING = Rule("gpu.retired-pages.pending", Severity.REBOOT, "page retirement pending")
+RETIRED_PAGES_SINGLE_BIT = Rule(
+    "gpu.retired-pages.single-bit",
+    Severity.MONITOR,
+    "more single-bit retired pages than the threshold",
+)
+RECOVERY_ACTION_RESET = Rule("gpu.recovery-action.reset", Severity.RESET, "the driver asks for a GPU reset")
+RECOVERY_ACTION_REBOOT = Rule(
+    "gpu.recovery-action.reboot",
+    Severity.REBOOT,
+    "the driver asks for a node reboot",
+)
+RECOVERY_ACTION_DRAIN = Rule(
+    "gpu.recovery-action.drain",
+    Severity.RESET,
+    "the driver asks to drain and reset",
+)
+THROTTLE_HW_SLOWDOWN = Rule("gpu.throttle.hw-slowdown", Severity.MONITOR, "HW slowdown active")
+THROTTLE_HW_THERMAL = Rule("gpu.throttle.hw-thermal", Severity.MONITOR, "HW thermal slowdown active")
+THROTTLE_HW_POWER_BRAKE = Rule(
+    "gpu.throttle.hw-power-brake",
+    Severity.MONITOR,
+    "HW power brake slowdown active",
+)
+PCIE_WIDTH = Rule("gpu.pcie.width", Severity.MONITOR, "PCIe link width below its maximum")
+PERSISTENCE_DISABLED = Rule("gpu.persistence.disabled", Severity.MONITOR, "persistence mode disabled")
+FABRIC_INCOMPLETE = Rule(
+    "gpu.fabric.incomplete",
+    Severity.RESET,
+    "NVSwitch fabric registration not completed/successful",
+)
+ALLOCATABLE_BELOW_VISIBLE = Rule(
+    "gpu.allocatable.below-visible",
+    Severity.MONITOR,
+    "the device plugin advertises fewer GPUs than are visible",
+)
 
 
-def _finding(cfg: Config, check: str, rule: str, message: str, gpu: Gpu | None = None) -> Finding:
+def _finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | None = None) -> Finding:
     entities = (gpu.label,) if gpu is not None else ()
-    key = f"{rule}/{gpu.pci_bus_id}" if gpu is not None else rule
+    key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
     return Finding(
-        check=check, rule=rule, severity=cfg.severity(rule), message=message, entities=entities, key=key
+        check=check, rule=rule.name, severity=cfg.severity(rule), message=message, entities=entities, key=key
     )
 
 
@@ -24,7 +98,7 @@ def _per_gpu(
     name: str,
     facts: NodeFacts,
     cfg: Config,
-    judge: Callable[[Gpu], Iterable[tuple[str, str]]],
+    judge: Callable[[Gpu], Iterable[tuple[Rule, str]]],
     applies: Callable[[Gpu], bool] = lambda g: True,
     not_applicable: str = "",
     ok: str = "",
@@ -69,7 +143,7 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
             _finding(
                 cfg,
                 name,
-                "gpu.count.mismatch",
+                COUNT_MISMATCH,
                 f"{visible} GPU(s) visible, {prof.instance_type} has {prof.gpu_count}",
             )
         )
@@ -77,7 +151,7 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
         wrong = [g for g in inv.gpus if g.name and prof.gpu_model.lower() not in g.name.lower()]
         for g in wrong:
             findings.append(
-                _finding(cfg, name, "gpu.count.model", f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
+                _finding(cfg, name, COUNT_MODEL, f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
             )
     return CheckResult(
         name, findings=tuple(findings), note=f"{visible} GPU(s) as expected for {prof.instance_type}"
@@ -93,9 +167,9 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
     probed = facts.gpus
     if isinstance(probed, ProbeError):
         if probed.kind is ProbeErrorKind.TIMEOUT:
-            rule = "gpu.responsive.timeout"
+            rule = RESPONSIVE_TIMEOUT
         elif probed.kind is ProbeErrorKind.TOOL_FAILED:
-            rule = "gpu.responsive.driver"
+            rule = RESPONSIVE_DRIVER
         else:
             return CheckResult(name, unknown=f"could not read {probed.source}: {probed.message}")
         return CheckResult(name, findings=(_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),))
@@ -109,11 +183,11 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
         findings.append(
             Finding(
                 check=name,
-                rule="gpu.responsive.lost",
-                severity=cfg.severity("gpu.responsive.lost"),
+                rule=RESPONSIVE_LOST.name,
+                severity=cfg.severity(RESPONSIVE_LOST),
                 message=f"{where} does not answer: {lost.message}",
                 entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
-                key=f"gpu.responsive.lost/{lost.pci_bus_id or '?'}",
+                key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
             )
         )
     described = len(probed.gpus) + len(probed.lost)
@@ -124,7 +198,7 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
             rule_finding(
                 cfg,
                 name,
-                "gpu.responsive.lost",
+                RESPONSIVE_LOST,
                 f"{probed.attached_gpus} GPU(s) attached but only {described} described by {probed.source}: "
                 f"{probed.attached_gpus - described} GPU(s) do not answer",
                 key="attached",
@@ -138,18 +212,18 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
 # --------------------------------------------------------------------------- memory health
 
 
-def _ecc(g: Gpu) -> Iterable[tuple[str, str]]:
+def _ecc(g: Gpu) -> Iterable[tuple[Rule, str]]:
     e = g.ecc
     dram = e.volatile_dram_uncorrectable
     if dram is None and e.volatile_double_bit_total is not None:
         dram = e.volatile_double_bit_total  # pre-Ampere: double-bit = uncorrectable
     if dram:
-        yield "gpu.ecc.dram-uncorrectable", f"{dram} volatile uncorrectable DRAM ECC error(s)"
+        yield ECC_DRAM_UNCORRECTABLE, f"{dram} volatile uncorrectable DRAM ECC error(s)"
     sram = max(e.volatile_sram_uncorrectable or 0, e.aggregate_sram_uncorrectable or 0)
     if sram:
-        yield "gpu.ecc.sram-uncorrectable", f"{sram} uncorrectable SRAM ECC error(s)"
+        yield ECC_SRAM_UNCORRECTABLE, f"{sram} uncorrectable SRAM ECC error(s)"
     if e.sram_threshold_exceeded:
-        yield "gpu.ecc.sram-threshold", "aggregate SRAM ECC error threshold exceeded"
+        yield ECC_SRAM_THRESHOLD, "aggregate SRAM ECC error threshold exceeded"
 
 
 def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
@@ -177,14 +251,14 @@ def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-def _remap(g: Gpu) -> Iterable[tuple[str, str]]:
+def _remap(g: Gpu) -> Iterable[tuple[Rule, str]]:
     r = g.remapped_rows
     assert r is not None
     if r.failure:
-        yield "gpu.row-remap.failure", "row remapping failed: no spare rows left"
+        yield ROW_REMAP_FAILURE, "row remapping failed: no spare rows left"
     if r.pending:
         yield (
-            "gpu.row-remap.pending",
+            ROW_REMAP_PENDING,
             (
                 f"row remap pending (correctable {r.correctable or 0}, "
                 f"uncorrectable {r.uncorrectable or 0}); needs a GPU reset"
@@ -207,15 +281,15 @@ def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
 def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
     limit = cfg.get("thresholds.retiredPagesSingleBitMax")
 
-    def judge(g: Gpu) -> Iterable[tuple[str, str]]:
+    def judge(g: Gpu) -> Iterable[tuple[Rule, str]]:
         p = g.retired_pages
         assert p is not None
         if p.double_bit:
-            yield "gpu.retired-pages.double-bit", f"{p.double_bit} page(s) retired for double-bit ECC errors"
+            yield RETIRED_PAGES_DOUBLE_BIT, f"{p.double_bit} page(s) retired for double-bit ECC errors"
         if p.pending:
-            yield "gpu.retired-pages.pending", "page retirement pending: takes effect after a reboot"
+            yield RETIRED_PAGES_PENDING, "page retirement pending: takes effect after a reboot"
         if p.single_bit is not None and p.single_bit > limit:
-            yield "gpu.retired-pages.single-bit", f"{p.single_bit} single-bit retired pages (> {limit:g})"
+            yield RETIRED_PAGES_SINGLE_BIT, f"{p.single_bit} single-bit retired pages (> {limit:g})"
 
     return _per_gpu(
         "gpu.retired-pages",
@@ -231,19 +305,19 @@ def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
 # --------------------------------------------------------------------------- driver recovery action
 
 
-def _recovery(g: Gpu) -> Iterable[tuple[str, str]]:
+def _recovery(g: Gpu) -> Iterable[tuple[Rule, str]]:
     action = (g.recovery_action or "").strip()
     low = action.lower()
     if low.startswith("drain"):
-        yield "gpu.recovery-action.drain", f"driver recovery action: {action}"
+        yield RECOVERY_ACTION_DRAIN, f"driver recovery action: {action}"
     elif "reboot" in low:
-        yield "gpu.recovery-action.reboot", f"driver recovery action: {action}"
+        yield RECOVERY_ACTION_REBOOT, f"driver recovery action: {action}"
     elif "reset" in low:
-        yield "gpu.recovery-action.reset", f"driver recovery action: {action}"
+        yield RECOVERY_ACTION_RESET, f"driver recovery action: {action}"
     elif g.drain_and_reset_recommended:
-        yield "gpu.recovery-action.drain", "driver recommends drain and reset"
+        yield RECOVERY_ACTION_DRAIN, "driver recommends drain and reset"
     elif g.reset_required:
-        yield "gpu.recovery-action.reset", "driver reports: reset required"
+        yield RECOVERY_ACTION_RESET, "driver reports: reset required"
 
 
 def check_recovery_action(facts: NodeFacts, cfg: Config) -> CheckResult:
@@ -261,14 +335,14 @@ def check_recovery_action(facts: NodeFacts, cfg: Config) -> CheckResult:
 # --------------------------------------------------------------------------- clocks, link, settings
 
 
-def _throttle(g: Gpu) -> Iterable[tuple[str, str]]:
+def _throttle(g: Gpu) -> Iterable[tuple[Rule, str]]:
     c = g.clock_events
     if c.hw_thermal_slowdown:
-        yield "gpu.throttle.hw-thermal", "HW thermal slowdown active"
+        yield THROTTLE_HW_THERMAL, "HW thermal slowdown active"
     if c.hw_power_brake:
-        yield "gpu.throttle.hw-power-brake", "HW power brake slowdown active"
+        yield THROTTLE_HW_POWER_BRAKE, "HW power brake slowdown active"
     if c.hw_slowdown and not (c.hw_thermal_slowdown or c.hw_power_brake):
-        yield "gpu.throttle.hw-slowdown", "HW slowdown active"
+        yield THROTTLE_HW_SLOWDOWN, "HW slowdown active"
 
 
 def check_throttle(facts: NodeFacts, cfg: Config) -> CheckResult:
@@ -296,13 +370,13 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
     GPUs narrower than their maximum (AWS g5/g6: x8 of x16); the profile's pcieWidth says so."""
     wired = facts.profile.pcie_width if facts.profile is not None else None
 
-    def judge(g: Gpu) -> Iterable[tuple[str, str]]:
+    def judge(g: Gpu) -> Iterable[tuple[Rule, str]]:
         p = g.pcie
         assert p.width_current is not None and p.width_max is not None
         expected = min(wired, p.width_max) if wired else p.width_max
         if p.width_current < expected:
             why = f" (this instance type runs x{wired})" if wired else ""
-            yield "gpu.pcie.width", f"PCIe link x{p.width_current} of x{p.width_max}{why}"
+            yield PCIE_WIDTH, f"PCIe link x{p.width_current} of x{p.width_max}{why}"
 
     return _per_gpu(
         "gpu.pcie",
@@ -321,7 +395,7 @@ def check_persistence(facts: NodeFacts, cfg: Config) -> CheckResult:
         facts,
         cfg,
         lambda g: (
-            [("gpu.persistence.disabled", "persistence mode disabled")] if g.persistence_mode is False else []
+            [(PERSISTENCE_DISABLED, "persistence mode disabled")] if g.persistence_mode is False else []
         ),
         lambda g: g.persistence_mode is not None,
         not_applicable="persistence mode not reported",
@@ -329,14 +403,14 @@ def check_persistence(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-def _fabric(g: Gpu) -> Iterable[tuple[str, str]]:
+def _fabric(g: Gpu) -> Iterable[tuple[Rule, str]]:
     f = g.fabric
     assert f is not None
     state = (f.state or "").strip()
     status = (f.status or "").strip()
     if state.lower() != "completed" or (status and status.lower() != "success"):
         detail = f"state {state or '?'}" + (f", status {status}" if status else "")
-        yield "gpu.fabric.incomplete", f"NVSwitch fabric not ready: {detail}"
+        yield FABRIC_INCOMPLETE, f"NVSwitch fabric not ready: {detail}"
 
 
 def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
@@ -378,5 +452,50 @@ def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
             f"the device plugin advertises {alloc} of {visible} visible GPU(s) as allocatable: "
             f"it marked {visible - alloc} GPU(s) unhealthy"
         )
-        return CheckResult(name, findings=(_finding(cfg, name, "gpu.allocatable.below-visible", msg),))
+        return CheckResult(name, findings=(_finding(cfg, name, ALLOCATABLE_BELOW_VISIBLE, msg),))
     return CheckResult(name, note=f"{alloc} GPU(s) allocatable")
+
+
+CHECKS = (
+    CheckSpec(
+        "gpu.responsive",
+        check_responsive,
+        ("gpus",),
+        "gpu",
+        (RESPONSIVE_LOST, RESPONSIVE_TIMEOUT, RESPONSIVE_DRIVER),
+    ),
+    CheckSpec("gpu.count", check_count, ("gpus",), "gpu", (COUNT_MISMATCH, COUNT_MODEL)),
+    CheckSpec(
+        "gpu.ecc",
+        check_ecc,
+        ("gpus",),
+        "gpu",
+        (ECC_DRAM_UNCORRECTABLE, ECC_SRAM_UNCORRECTABLE, ECC_SRAM_THRESHOLD),
+    ),
+    CheckSpec("gpu.row-remap", check_row_remap, ("gpus",), "gpu", (ROW_REMAP_FAILURE, ROW_REMAP_PENDING)),
+    CheckSpec(
+        "gpu.retired-pages",
+        check_retired_pages,
+        ("gpus",),
+        "gpu",
+        (RETIRED_PAGES_DOUBLE_BIT, RETIRED_PAGES_PENDING, RETIRED_PAGES_SINGLE_BIT),
+    ),
+    CheckSpec(
+        "gpu.recovery-action",
+        check_recovery_action,
+        ("gpus",),
+        "gpu",
+        (RECOVERY_ACTION_RESET, RECOVERY_ACTION_REBOOT, RECOVERY_ACTION_DRAIN),
+    ),
+    CheckSpec(
+        "gpu.throttle",
+        check_throttle,
+        ("gpus",),
+        "gpu",
+        (THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL, THROTTLE_HW_POWER_BRAKE),
+    ),
+    CheckSpec("gpu.pcie", check_pcie, ("gpus",), "gpu", (PCIE_WIDTH,)),
+    CheckSpec("gpu.persistence", check_persistence, ("gpus",), "gpu", (PERSISTENCE_DISABLED,)),
+    CheckSpec("gpu.fabric", check_fabric, ("gpus",), "gpu", (FABRIC_INCOMPLETE,)),
+    CheckSpec("gpu.allocatable", check_allocatable, ("gpus", "node"), "gpu", (ALLOCATABLE_BELOW_VISIBLE,)),
+)

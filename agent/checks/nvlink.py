@@ -6,36 +6,42 @@ links down halves the bandwidth and usually clears with a GPU reset.
 
 from __future__ import annotations
 
-from agent.checks import input_gap, rule_finding
+from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import NvlinkGpu, NvlinkReport
+from agent.core.rules import Rule
+from agent.core.severity import Severity
+
+NO_ACTIVE = Rule("nvlink.no-active", Severity.ISOLATE, "a GPU has no active NVLink")
+SOME_INACTIVE = Rule("nvlink.some-inactive", Severity.RESET, "a GPU has some NVLinks inactive")
+
 
 NAME = "nvlink"
 
 
-def _finding(cfg: Config, rule: str, message: str, gpu: NvlinkGpu | None) -> Finding:
+def _finding(cfg: Config, rule: Rule, message: str, gpu: NvlinkGpu | None) -> Finding:
     entities: tuple[str, ...] = ()
-    key = rule
+    key = ""
     if gpu is not None:
         entities = tuple(e for e in (f"GPU {gpu.index}", gpu.uuid) if e)
-        key = f"{rule}/{gpu.uuid or gpu.index}"
-    return rule_finding(cfg, NAME, rule, message, entities, key.removeprefix(rule).lstrip("/"))
+        key = f"{gpu.uuid or gpu.index}"
+    return rule_finding(cfg, NAME, rule, message, entities, key)
 
 
 def _judge(cfg: Config, gpu: NvlinkGpu, expected: int | None) -> Finding | None:
     active, inactive = gpu.active_links, gpu.inactive_links
     if gpu.all_inactive or active == 0:
         why = "all links inactive" if gpu.all_inactive or inactive else "no NVLink reported"
-        return _finding(cfg, "nvlink.no-active", f"GPU {gpu.index}: no active NVLink ({why})", gpu)
+        return _finding(cfg, NO_ACTIVE, f"GPU {gpu.index}: no active NVLink ({why})", gpu)
     if inactive or (expected is not None and active < expected):
         total = f"{expected} expected" if expected is not None else f"{active + inactive} listed"
         down = sorted(n for n, v in gpu.links.items() if v is None)
         which = f" (inactive: {', '.join(map(str, down))})" if down else ""
         return _finding(
             cfg,
-            "nvlink.some-inactive",
+            SOME_INACTIVE,
             f"GPU {gpu.index}: {active} NVLink(s) active, {total}{which}",
             gpu,
         )
@@ -59,7 +65,7 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
             findings=(
                 _finding(
                     cfg,
-                    "nvlink.no-active",
+                    NO_ACTIVE,
                     "NVLink expected by profile but nvidia-smi reports no NVLink support",
                     None,
                 ),
@@ -79,3 +85,6 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     if blind:
         note += f"; not queried: {', '.join(f'GPU {g.index}' for g in blind)} ({blind[0].unavailable})"
     return CheckResult(NAME, findings=findings, note=note)
+
+
+CHECKS = (CheckSpec("nvlink", check_nvlink, ("nvlink",), "topology", (NO_ACTIVE, SOME_INACTIVE)),)

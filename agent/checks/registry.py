@@ -1,44 +1,30 @@
-"""Every check, in report order, with the inputs it reads (so `--only` probes no more than needed)."""
+"""Every check, in report order: the checks each module declares, and the rules they own."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from agent.checks import CheckFn, dcgm, efa, gpu, nvlink, topology, xid
+from agent.checks import CheckSpec, dcgm, efa, gpu, nvlink, topology, xid
 from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
+from agent.core.rules import Rule, RuleBook
 
-
-@dataclass(frozen=True)
-class CheckSpec:
-    name: str
-    fn: CheckFn
-    inputs: tuple[str, ...]
-    tier: str  # the agent tier that runs it: gpu, xid, efa, topology
-
-
+# Report order. A new check is a module that declares its CHECKS (name, function, inputs, tier and
+# the severity rules it owns) and one line here.
 CHECKS: tuple[CheckSpec, ...] = (
-    CheckSpec("gpu.responsive", gpu.check_responsive, ("gpus",), "gpu"),
-    CheckSpec("gpu.count", gpu.check_count, ("gpus",), "gpu"),
-    CheckSpec("gpu.ecc", gpu.check_ecc, ("gpus",), "gpu"),
-    CheckSpec("gpu.row-remap", gpu.check_row_remap, ("gpus",), "gpu"),
-    CheckSpec("gpu.retired-pages", gpu.check_retired_pages, ("gpus",), "gpu"),
-    CheckSpec("gpu.recovery-action", gpu.check_recovery_action, ("gpus",), "gpu"),
-    CheckSpec("gpu.throttle", gpu.check_throttle, ("gpus",), "gpu"),
-    CheckSpec("gpu.pcie", gpu.check_pcie, ("gpus",), "gpu"),
-    CheckSpec("gpu.persistence", gpu.check_persistence, ("gpus",), "gpu"),
-    CheckSpec("gpu.fabric", gpu.check_fabric, ("gpus",), "gpu"),
-    CheckSpec("gpu.allocatable", gpu.check_allocatable, ("gpus", "node"), "gpu"),
-    CheckSpec("xid", xid.check_xid, ("kernel", "gpus"), "xid"),
-    CheckSpec("nvlink", nvlink.check_nvlink, ("nvlink",), "topology"),
-    CheckSpec("topology", topology.check_topology, ("topo",), "topology"),
-    CheckSpec("efa", efa.check_efa, ("rdma",), "efa"),
-    CheckSpec("dcgm-health", dcgm.check_dcgm_health, ("dcgm_health",), "dcgm-health"),
-    CheckSpec("dcgm-diag", dcgm.check_dcgm_diag, ("dcgm_diag",), "dcgm-diag"),
+    *gpu.CHECKS,
+    *xid.CHECKS,
+    *nvlink.CHECKS,
+    *topology.CHECKS,
+    *efa.CHECKS,
+    *dcgm.CHECKS,
 )
+RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}
+# What config.yaml may name under `checks:` and `severities:` (the loader checks every name).
+RULE_BOOK = RuleBook(checks=tuple(spec.name for spec in CHECKS), rules=RULES)
 BY_NAME = {spec.name: spec for spec in CHECKS}
 
 

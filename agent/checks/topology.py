@@ -10,12 +10,28 @@ from __future__ import annotations
 
 import re
 
-from agent.checks import input_gap, rule_finding
+from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import TopoMatrix
 from agent.core.profile import TOPO_LEVELS
+from agent.core.rules import Rule
+from agent.core.severity import Severity
+
+GPU_COUNT = Rule("topology.gpu-count", Severity.ISOLATE, "topo -m GPU rows differ from the profile")
+X_OFF_DIAGONAL = Rule("topology.x-off-diagonal", Severity.ISOLATE, "an X off the diagonal of topo -m")
+NOT_NV_CONNECTED = Rule(
+    "topology.not-nv-connected",
+    Severity.ISOLATE,
+    "NVLink expected but a GPU pair is not NV-connected",
+)
+NIC_AFFINITY = Rule(
+    "topology.nic-affinity",
+    Severity.MONITOR,
+    "GPU-to-NIC affinity worse than the profile expects",
+)
+
 
 NAME = "topology"
 _NV = re.compile(r"^NV\d+$")
@@ -23,7 +39,7 @@ _NV = re.compile(r"^NV\d+$")
 _ALIASES = {"SOC": "SYS"}
 
 
-def _finding(cfg: Config, rule: str, message: str, entities: tuple[str, ...], key: str) -> Finding:
+def _finding(cfg: Config, rule: Rule, message: str, entities: tuple[str, ...], key: str) -> Finding:
     return rule_finding(cfg, NAME, rule, message, entities, key)
 
 
@@ -43,7 +59,7 @@ def _x_off_diagonal(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                 out.append(
                     _finding(
                         cfg,
-                        "topology.x-off-diagonal",
+                        X_OFF_DIAGONAL,
                         f"{row}: topo -m shows X (self) towards {col}: the link to {col} is not seen",
                         (row, col),
                         f"{row}-{col}",
@@ -71,7 +87,7 @@ def _not_nv(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                 out.append(
                     _finding(
                         cfg,
-                        "topology.not-nv-connected",
+                        NOT_NV_CONNECTED,
                         f"{row} and {col} are connected by {bad[0] or 'nothing'}, not NVLink",
                         (row, col),
                         f"{row}-{col}",
@@ -96,7 +112,7 @@ def _nic_affinity(cfg: Config, topo: TopoMatrix, worst: str) -> tuple[list[Findi
             out.append(
                 _finding(
                     cfg,
-                    "topology.nic-affinity",
+                    NIC_AFFINITY,
                     f"{row}: nearest NIC {name} is {TOPO_LEVELS[best]}, profile expects {worst} or closer",
                     (row, name),
                     row,
@@ -124,7 +140,7 @@ def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
             findings.append(
                 _finding(
                     cfg,
-                    "topology.gpu-count",
+                    GPU_COUNT,
                     f"topo -m shows {len(gpu_rows)} GPU(s), {prof.instance_type} has {prof.gpu_count}",
                     (),
                     "count",
@@ -138,3 +154,14 @@ def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
             findings += more
             notes.append(note)
     return CheckResult(NAME, findings=tuple(findings), note="; ".join(notes))
+
+
+CHECKS = (
+    CheckSpec(
+        "topology",
+        check_topology,
+        ("topo",),
+        "topology",
+        (GPU_COUNT, X_OFF_DIAGONAL, NOT_NV_CONNECTED, NIC_AFFINITY),
+    ),
+)

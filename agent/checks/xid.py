@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.checks import input_gap
+from agent.checks import CheckSpec, input_gap
 from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
+from agent.core.rules import Rule
 from agent.core.severity import Severity
+from agent.core.text import shorten
 from agent.probes.xid_events import extract_xids
+
+SXID = Rule("xid.sxid", Severity.MONITOR, "NVSwitch SXid in the kernel log")
+UNKNOWN_CODE = Rule("xid.unknown-code", Severity.MONITOR, "an Xid code not in the catalog")
+
 
 NAME = "xid"
 MAX_TEXT = 160
@@ -54,7 +60,7 @@ def recovery_severity(action: str | None) -> Severity:
 
 def _trim(text: str) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1].rstrip() + "…"
+    return shorten(text, MAX_TEXT)
 
 
 def _gpu_labels(facts: NodeFacts) -> dict[str, str]:
@@ -69,11 +75,10 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
     count = f"×{group.count}"
     text = _trim(group.text)
     if ev.sxid:
-        rule = "xid.sxid"
         return Finding(
             check=NAME,
-            rule=rule,
-            severity=cfg.severity(rule),
+            rule=SXID.name,
+            severity=cfg.severity(SXID),
             message=f"SXid {ev.code} on NVSwitch {pci} {count}: {text}",
             entities=(pci,),
             key=f"sxid/{ev.code}/{pci}",
@@ -84,8 +89,8 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
         rule = f"xid.{ev.code}"
         severity = cfg.xid_severity(ev.code)
     else:
-        rule = "xid.unknown-code"
-        severity = cfg.severity(rule)
+        rule = UNKNOWN_CODE.name
+        severity = cfg.severity(UNKNOWN_CODE)
     if ev.code == 154:
         severity = max(severity, recovery_severity(group.events[-1].recovery_action))
     label = facts_labels.get(ev.pci or "") or pci
@@ -121,3 +126,6 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
         findings=tuple(findings),
         note="no Xid in this boot's kernel log",  # no record count: the annotation must stay stable
     )
+
+
+CHECKS = (CheckSpec("xid", check_xid, ("kernel", "gpus"), "xid", (SXID, UNKNOWN_CODE)),)

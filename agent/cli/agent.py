@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from agent.checks.registry import RULE_BOOK
 from agent.config import default_config_dir, load_config_dir
 from agent.core.model import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
@@ -45,7 +46,7 @@ def main(args: Any) -> int:
     logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
     try:
-        cfg = load_config_dir(config_dir)
+        cfg = load_config_dir(config_dir, rules=RULE_BOOK)
     except Exception as exc:
         log.error(f"invalid configuration, cannot start: {exc}", extra={"event": "config"})
         return 64

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent import __version__
-from agent.checks.registry import needed_inputs, run_checks, select
+from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
 from agent.cli.render import table
 from agent.config import ConfigError, load_config_dir
-from agent.config.rules import RULES
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
 from agent.core.severity import Status
 from agent.engine.verdict import decide
@@ -89,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_check(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config_dir(args.config_dir)
+        cfg = load_config_dir(args.config_dir, rules=RULE_BOOK)
     except ConfigError as exc:
         raise UsageError(f"invalid configuration: {exc}") from exc
     try:
@@ -167,8 +166,8 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(_: argparse.Namespace) -> int:
-    for rule, (sev, text) in RULES.items():
-        print(f"{rule:<34} {sev.label:<8} {text}")
+    for rule in RULES.values():
+        print(f"{rule.name:<34} {rule.severity.label:<8} {rule.text}")
     return 0
 
 

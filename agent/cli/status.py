@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys, decode_results
 from agent.core.severity import Severity
+from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest
 
 HEADER = ("NODE", "STATUS", "SEVERITY", "WORST FINDING", "LAST CHECK AGE")
@@ -50,7 +51,7 @@ def worst_finding(results: Mapping[str, Any] | None) -> str:
         if best is None or key > best:
             best, text = key, f"{latch.get('check', '?')}: {latch.get('message', '')} (latched)"
     text = " ".join(text.split())
-    return text if len(text) <= FINDING_WIDTH else text[: FINDING_WIDTH - 1] + "…"
+    return shorten(text, FINDING_WIDTH)
 
 
 def age(checked_at: Any, now: datetime) -> str:

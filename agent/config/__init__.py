@@ -20,7 +20,6 @@ import yaml
 
 from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
-from agent.config.rules import RULES
 from agent.config.xid_catalog import XidCatalog, parse_catalog
 from agent.core.contract import (
     DEFAULT_CONDITION_TYPE,
@@ -29,6 +28,7 @@ from agent.core.contract import (
     DEFAULT_TAINT_EFFECT,
 )
 from agent.core.profile import InstanceProfile
+from agent.core.rules import Rule, RuleBook
 from agent.core.severity import Severity
 
 CONFIG_ENV = "GPU_HEALTHCHECK_CONFIG_DIR"
@@ -40,25 +40,6 @@ CONFIG_YAML, PROFILES_YAML, XID_CATALOG_YAML, DCGM_INCIDENTS_YAML = (
     "dcgm-incidents.yaml",
 )
 CONFIG_FILES = (CONFIG_YAML, PROFILES_YAML, XID_CATALOG_YAML, DCGM_INCIDENTS_YAML)
-CHECK_NAMES = (
-    "gpu.count",
-    "gpu.responsive",
-    "gpu.ecc",
-    "gpu.row-remap",
-    "gpu.retired-pages",
-    "gpu.recovery-action",
-    "gpu.throttle",
-    "gpu.pcie",
-    "gpu.persistence",
-    "gpu.fabric",
-    "gpu.allocatable",
-    "xid",
-    "nvlink",
-    "topology",
-    "efa",
-    "dcgm-health",
-    "dcgm-diag",
-)
 
 
 class ConfigError(ValueError):
@@ -97,7 +78,7 @@ SCHEMA: dict[str, Any] = {
         "nvml": _num(30, 1, 600),
         "check": _num(60, 1, 3600),
     },
-    "checks": {name: Spec(bool, True) for name in CHECK_NAMES},
+    "checks": {"*": Spec(bool, True)},  # check name → on/off; every check is on unless switched off
     "severities": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
     "thresholds": {
         "retiredPagesSingleBitMax": _num(60, 0, 10**6),
@@ -144,10 +125,9 @@ class Config:
     severity_overrides: dict[str, Severity] = field(default_factory=dict)
     dcgm_incidents: IncidentTable = field(default_factory=IncidentTable)  # with dcgm.incidentOverrides
 
-    def severity(self, rule: str) -> Severity:
-        if rule in self.severity_overrides:
-            return self.severity_overrides[rule]
-        return RULES[rule][0]
+    def severity(self, rule: Rule) -> Severity:
+        """The configured severity of a rule (`severities:`), else its default."""
+        return self.severity_overrides.get(rule.name, rule.severity)
 
     def enabled(self, check: str) -> bool:
         return bool(self.raw["checks"].get(check, True))
@@ -216,13 +196,21 @@ def _leaf_or_section(value: Any, spec: Any, path: str) -> Any:
 
 
 def parse_config(
-    doc: Any, profiles_doc: Any = None, catalog_doc: Any = None, incidents_doc: Any = None
+    doc: Any,
+    profiles_doc: Any = None,
+    catalog_doc: Any = None,
+    incidents_doc: Any = None,
+    *,
+    rules: RuleBook | None = None,
 ) -> Config:
-    """Validate parsed YAML documents into a Config (raises ConfigError). A table not given is empty."""
+    """Validate parsed YAML documents into a Config (raises ConfigError). A table not given is empty.
+
+    `rules` (the check registry's RuleBook) names the checks and rules `checks:` and `severities:`
+    may name; every entry point of the agent passes it. Without it those names are not checked.
+    """
     raw = _validate(doc, SCHEMA, "")
-    unknown_rules = sorted(set(raw["severities"]) - set(RULES))
-    if unknown_rules:
-        raise ConfigError(f"severities: unknown rule(s) {unknown_rules}; see `gpu-healthcheck rules`")
+    if rules is not None:
+        _check_names(raw, rules)
     for code in raw["xid"]["overrides"]:
         if not str(code).isdigit():
             raise ConfigError(f"xid.overrides.{code}: Xid codes are integers")
@@ -248,6 +236,15 @@ def parse_config(
     )
 
 
+def _check_names(raw: dict[str, Any], rules: RuleBook) -> None:
+    unknown_checks = sorted(set(raw["checks"]) - set(rules.checks))
+    if unknown_checks:
+        raise ConfigError(f"checks: unknown check(s) {unknown_checks}; known: {', '.join(rules.checks)}")
+    unknown_rules = sorted(set(raw["severities"]) - set(rules.rules))
+    if unknown_rules:
+        raise ConfigError(f"severities: unknown rule(s) {unknown_rules}; see `gpu-healthcheck rules`")
+
+
 def _read_yaml(path: Path | Traversable) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
@@ -267,7 +264,7 @@ def default_config_dir() -> Path | None:
     return Path(env) if env else None
 
 
-def load_config_dir(directory: Path | None = None) -> Config:
+def load_config_dir(directory: Path | None = None, *, rules: RuleBook | None = None) -> Config:
     """Load the CONFIG_FILES from one directory (None: default_config_dir()).
 
     A missing config.yaml means the defaults; any other file it lacks is the shipped one, so that a
@@ -291,6 +288,7 @@ def load_config_dir(directory: Path | None = None) -> Config:
             read(PROFILES_YAML),
             read(XID_CATALOG_YAML),
             read(DCGM_INCIDENTS_YAML),
+            rules=rules,
         )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc

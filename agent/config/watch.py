@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
+from agent.core.rules import RuleBook
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,10 @@ class ReloadOutcome:
 
 
 class ConfigWatcher:
-    def __init__(self, directory: Path | None, current: Config) -> None:
+    def __init__(self, directory: Path | None, current: Config, rules: RuleBook | None = None) -> None:
         self.directory = directory
         self.current = current
+        self.rules = rules
         self._fingerprint = self._digest()
         self._last_stamp = self._stamp()
 
@@ -65,7 +67,7 @@ class ConfigWatcher:
             return None
         self._fingerprint = digest
         try:
-            cfg = load_config_dir(self.directory)
+            cfg = load_config_dir(self.directory, rules=self.rules)
         except ConfigError as exc:
             return ReloadOutcome(config=None, error=str(exc))
         self.current = cfg

@@ -14,6 +14,7 @@ from typing import Any
 from agent import __version__
 from agent.core.findings import Verdict
 from agent.core.severity import Severity, Status
+from agent.core.text import shorten
 
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
@@ -237,8 +238,7 @@ def fit(doc: dict[str, Any], limit: int = MAX_RESULTS_BYTES) -> dict[str, Any]:
         if len(encode(doc).encode()) <= limit:
             return doc
         for item in (*doc["checks"], *doc["latched"]):
-            if len(item["message"]) > msg_len:
-                item["message"] = item["message"][: msg_len - 1] + "…"
+            item["message"] = shorten(item["message"], msg_len)
             if "entities" in item and len(item["entities"]) > ent_len:
                 item["entities"] = [*item["entities"][:ent_len], f"+{len(item['entities']) - ent_len} more"]
     while len(encode(doc).encode()) > limit and len(doc["latched"]) > 1:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.checks.registry import RULE_BOOK
 from agent.config import Config
 from agent.config.watch import ConfigWatcher
 from agent.core.contract import WARNING, Keys, Marks, NodeEvent, Reason
@@ -57,7 +58,7 @@ class Agent:
             progress=progress,
         )
         self.writer = writer
-        self.watcher = ConfigWatcher(config_dir, cfg) if config_dir is not None else None
+        self.watcher = ConfigWatcher(config_dir, cfg, RULE_BOOK) if config_dir is not None else None
         self.stop_event = threading.Event()
         self.poke = threading.Event()
         self.xid_pending = threading.Event()

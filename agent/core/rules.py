@@ -1,0 +1,23 @@
+"""A severity rule: the knob a check turns (overridable under `severities:` in config.yaml)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.core.severity import Severity
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str  # "<check>.<what>", e.g. "gpu.ecc.dram-uncorrectable"
+    severity: Severity  # the default
+    text: str  # what it means, for `gpu-healthcheck rules`
+
+
+@dataclass(frozen=True)
+class RuleBook:
+    """The checks and rules the registry holds: what a config may switch and override."""
+
+    checks: tuple[str, ...]
+    rules: Mapping[str, Rule]
