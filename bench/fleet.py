@@ -25,7 +25,8 @@ Phases:
    before and after; printed by verb with the rate per node-hour.
 3. fault: --fault-fraction of the nodes get the failing Marks at the same moment (W workers at once).
    Each simulated agent then does what the agent loop does: retry a failed apply with backoff, and
-   while the brake holds its taint back ask again every min(30 s, intervals.gpu) (--reask-seconds).
+   while the brake holds its taint back ask again every min(30 s, intervals.gpu) (--reask-seconds),
+   through the agent's own WritePolicy (agent/engine/write_policy.py).
    The writers' own post-taint re-count (a racing agent beyond the limit yields) runs as in the agent.
    Reported over --observe-seconds: taints (vs the brake's limit), nodes labelled fail, requests by
    verb, API errors (non-2xx counted at the server; failed applies and writer warnings counted in the
@@ -51,9 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.agent import BRAKE_WARM_JITTER_S
-from agent.config import load_config_dir
+from agent.config import Config, load_config_dir
 from agent.core.contract import Marks
 from agent.engine.engine import Engine
+from agent.engine.write_policy import WritePolicy, brake_reask_s
 from agent.probes.sources import SnapshotSource
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
 from agent.reporters.kube_rest import KubeRest
@@ -228,17 +230,18 @@ def errors_of(d: dict[tuple[str, str, str], float]) -> dict[str, float]:
     return {f"{r} {v} {c}": n for (r, v, c), n in d.items() if not c.startswith("2")}
 
 
-def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int]) -> float:
-    """The agent loop's behaviour: apply; on failure retry with backoff. Returns perf_counter at ok."""
-    delay = 1.0
+def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int], cfg: Config) -> float:
+    """The agent loop's behaviour (its WritePolicy): apply; on failure retry with backoff. Returns
+    perf_counter at ok."""
+    policy = WritePolicy(lambda: brake_reask_s(cfg))
     while True:
         res = writer.apply(marks)
         marks = replace(marks, events=())  # the writer keeps unsent Events; the engine sends them once
+        wait = policy.next_try(res)
         if res.ok:
             return time.perf_counter()
         failures.append(1)
-        time.sleep(delay)
-        delay = min(delay * 2, 30.0)
+        time.sleep(wait or 0.0)
 
 
 def new_writer(core: Any, name: str, cfg: Any) -> NodeWriter:
@@ -271,7 +274,7 @@ def shard(
     names: list[str],
     bad: list[str],
     workers: int,
-    reask_s: float,
+    reask_s: float | None,
     spread_s: float,
     seed: int,
     results: Any,
@@ -303,7 +306,7 @@ def shard(
     watched = time.monotonic() - t0
     start_failures: list[int] = []
     with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(lambda w: apply_until_ok(w, healthy, start_failures), writers))
+        list(ex.map(lambda w: apply_until_ok(w, healthy, start_failures, cfg), writers))
     # As each agent does at start: read the fleet's GPU-node total after a random delay (the brake
     # needs it before a first taint); done before "ready", so it is not in the steady-state window.
     warm_rng = random.Random(seed * 1000 + idx)
@@ -321,25 +324,22 @@ def shard(
     bad_writers = [w for w in writers if w.node_name in bad_set]
 
     def agent_loop(w: NodeWriter) -> None:
-        """What the agent loop does after its Marks turn failing: apply; retry a failed apply with
-        backoff; while the brake holds the taint back, ask again every min(30 s, intervals.gpu)."""
+        """What the agent loop does after its Marks turn failing, through its own WritePolicy: apply;
+        retry a failed apply with backoff; while the brake holds the taint back, ask again."""
         go.wait()
         if spread_s > 0 and stop.wait(rng.uniform(0, spread_s)):
             return
-        delay = 1.0
+        policy = WritePolicy(lambda: reask_s if reask_s is not None else brake_reask_s(cfg))
         marks = failing
         while not stop.is_set():
             res = w.apply(marks)
             marks = replace(failing, events=())  # as the agent: the engine's Events go out once
             if not res.ok:
                 fault_failures.append(1)
-                stop.wait(delay)
-                delay = min(delay * 2, 30.0)
-                continue
-            delay = 1.0
-            if not res.brake_open:
+            wait = policy.next_try(res)
+            if wait is None:
                 return
-            stop.wait(reask_s * (1 + 0.1 * rng.random()))
+            stop.wait(wait)
 
     threads = [threading.Thread(target=agent_loop, args=(w,), daemon=True) for w in bad_writers]
     for t in threads:
@@ -404,7 +404,9 @@ def main() -> None:
         "--workers", type=int, default=32, help="concurrent applies (start and fault), all processes"
     )
     ap.add_argument("--observe-seconds", type=float, default=45.0, help="watch the fleet after the fault")
-    ap.add_argument("--reask-seconds", type=float, default=30.0, help="braked agents ask again (agent: 30)")
+    ap.add_argument(
+        "--reask-seconds", type=float, default=None, help="braked agents ask again (default: the agent's, 30)"
+    )
     ap.add_argument(
         "--fault-spread-seconds",
         type=float,

@@ -19,6 +19,7 @@ from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine.engine import Engine, fingerprint
+from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s
 from agent.probes.kernel_follow import KernelFollower
 from agent.probes.sources import Source
 
@@ -26,7 +27,7 @@ log = logging.getLogger("gpu-healthcheck.agent")
 
 
 class Writer(Protocol):
-    def apply(self, marks: Marks) -> Any: ...
+    def apply(self, marks: Marks) -> WriteOutcome: ...
     def read_results(self) -> dict[str, Any] | None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -65,7 +66,7 @@ class Agent:
         self.pending_events: list[NodeEvent] = []
         self.last_fingerprint = ""
         self.retry_at = 0.0
-        self.retry_delay = 1.0
+        self.write_policy = WritePolicy(lambda: brake_reask_s(self.cfg))
         self.follower: KernelFollower | None = None
         if kernel_path is not None:
             self.follower = KernelFollower(kernel_path, self._xid_seen, device=kernel_is_device)
@@ -161,20 +162,16 @@ class Agent:
             return
         result = self.writer.apply(marks)
         self.pending_events = []  # the writer keeps unsent Events and posts them with its next success
-        if bool(getattr(result, "ok", True)):
+        wait = self.write_policy.next_try(result)
+        self.retry_at = time.monotonic() + wait if wait is not None else 0.0
+        if result.ok:
             self.last_fingerprint = fp
-            self.retry_at, self.retry_delay = 0.0, 1.0
-            braked = bool(getattr(result, "brake_open", False))
-            self.metrics.record_brake_open(braked)
-            if braked:  # the brake closes by itself: ask again (only braked nodes pay this list)
-                self.retry_at = time.monotonic() + min(30.0, float(self.cfg.get("intervals.gpu")))
+            self.metrics.record_brake_open(result.brake_open)
         else:
-            self.retry_at = time.monotonic() + self.retry_delay
             log.warning(
-                f"Node write failed, retrying in {self.retry_delay:.0f} s: {getattr(result, 'error', '')}",
+                f"Node write failed, retrying in {wait:.0f} s: {result.error or ''}",
                 extra={"event": "write"},
             )
-            self.retry_delay = min(self.retry_delay * 2, 30.0)
 
     def _clear_requested(self) -> bool:
         """An operator annotated the Node to clear latched findings: act now, not at the next tick."""

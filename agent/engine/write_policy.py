@@ -1,0 +1,44 @@
+"""What the agent does after writing its Marks: back off after a failed write (1, 2, 4 … 30 s), and
+ask again while the brake holds its taint back (every min(30 s, intervals.gpu): the brake closes by
+itself, and only braked nodes pay that list). The agent loop and bench/fleet.py use this one object,
+so the fleet benchmark measures the agent's own policy, not a copy of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from agent.config import Config
+
+FIRST_RETRY_S = 1.0
+MAX_RETRY_S = 30.0
+MAX_REASK_S = 30.0
+
+
+class WriteOutcome(Protocol):
+    """What the Node writer says of one write (its ApplyResult)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def brake_open(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+def brake_reask_s(cfg: Config) -> float:
+    return min(MAX_REASK_S, float(cfg.get("intervals.gpu")))
+
+
+class WritePolicy:
+    def __init__(self, reask_s: Callable[[], float]) -> None:
+        self.reask_s = reask_s
+        self.delay = FIRST_RETRY_S
+
+    def next_try(self, outcome: WriteOutcome) -> float | None:
+        """Seconds until the same Marks must be written again; None: nothing to do until they change."""
+        if not outcome.ok:
+            wait, self.delay = self.delay, min(self.delay * 2, MAX_RETRY_S)
+            return wait
+        self.delay = FIRST_RETRY_S
+        return self.reask_s() if outcome.brake_open else None

@@ -1,0 +1,30 @@
+"""The loop's write policy (also what bench/fleet.py simulates): back off, then ask the brake again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.config import parse_config
+from agent.engine.write_policy import WritePolicy, brake_reask_s
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    brake_open: bool = False
+    error: str | None = None
+
+
+def test_failed_writes_back_off_1_2_4_up_to_30_s_and_a_success_resets_it() -> None:
+    policy = WritePolicy(lambda: 30.0)
+    waits = [policy.next_try(Outcome(ok=False, error="API error 503")) for _ in range(7)]
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert policy.next_try(Outcome(ok=True)) is None  # written: nothing to retry
+    assert policy.next_try(Outcome(ok=False)) == 1.0  # the backoff starts over
+
+
+def test_a_braked_write_is_asked_again_after_min_30_s_and_the_gpu_interval() -> None:
+    cfg = parse_config({"intervals": {"gpu": 10}})
+    assert WritePolicy(lambda: brake_reask_s(cfg)).next_try(Outcome(ok=True, brake_open=True)) == 10.0
+    slow = parse_config({"intervals": {"gpu": 600}})
+    assert WritePolicy(lambda: brake_reask_s(slow)).next_try(Outcome(ok=True, brake_open=True)) == 30.0
