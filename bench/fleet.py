@@ -244,12 +244,12 @@ def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int], cfg: C
         time.sleep(wait or 0.0)
 
 
-def new_writer(core: Any, name: str, cfg: Any) -> NodeWriter:
+def new_writer(core: Any, name: str, cfg: Config) -> NodeWriter:
     brake = Brake(
         core,
-        selector=str(cfg.get("node.gpuNodeSelector")),
-        max_fraction=float(cfg.get("node.maxTaintedFraction")),
-        max_nodes=int(cfg.get("node.maxTaintedNodes")),
+        selector=cfg.node.gpu_node_selector,
+        max_fraction=cfg.node.max_tainted_fraction,
+        max_nodes=cfg.node.max_tainted_nodes,
     )
     return NodeWriter(core, name, brake=brake)
 
@@ -576,7 +576,7 @@ def main() -> None:
     )
     brake_open = total("brake_open")
     samples = [s for d in done.values() for s in d["samples"]][:5]
-    frac = float(cfg.get("node.maxTaintedFraction"))
+    frac = cfg.node.max_tainted_fraction
     limit = math.ceil(frac * n)  # refuse when tainted_now >= frac * n: at most ceil(frac * n) taints
     hours = args.steady_seconds / 3600
     print(f"fleet  machine: {machine()}  apiserver: {env.version}")

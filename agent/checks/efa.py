@@ -154,7 +154,7 @@ def check_efa(facts: NodeFacts, cfg: Config) -> CheckResult:
     if facts.rdma_previous is None:
         notes.append("no previous sample: counter rates not evaluated")
     else:
-        limits = cfg.get("thresholds.efaCounterRatePerSec")
+        limits = cfg.thresholds.efa_counter_rate_per_sec
         rate_findings, rate_note = _rate_findings(cfg, sample, facts.rdma_previous, limits)
         findings += rate_findings
         notes.append(rate_note)

@@ -279,7 +279,7 @@ def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
-    limit = cfg.get("thresholds.retiredPagesSingleBitMax")
+    limit = cfg.thresholds.retired_pages_single_bit_max
 
     def judge(g: Gpu) -> Iterable[tuple[Rule, str]]:
         p = g.retired_pages

@@ -84,7 +84,7 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
             key=f"sxid/{ev.code}/{pci}",
             latched=True,
         )
-    known = ev.code in cfg.xid_catalog.entries or str(ev.code) in cfg.raw["xid"]["overrides"]
+    known = ev.code in cfg.xid_catalog.entries or cfg.xid_overridden(ev.code)
     if known:
         rule = f"xid.{ev.code}"
         severity = cfg.xid_severity(ev.code)

@@ -59,7 +59,7 @@ def main(args: Any) -> int:
         source = SnapshotSource(Path(args.from_snapshot))
         kernel_path, device = Path(args.from_snapshot) / KMSG, False
     else:
-        source = LiveSource(timeout_s=float(cfg.get("timeouts.nvidiaSmi")))
+        source = LiveSource(timeout_s=cfg.timeouts.nvidia_smi)
         kernel_path, device = Path("/dev/kmsg"), True
     writer = None
     node_getter = None
@@ -71,10 +71,10 @@ def main(args: Any) -> int:
         metrics = Metrics()
         brake = Brake(
             core,
-            selector=str(cfg.get("node.gpuNodeSelector")),
-            max_fraction=float(cfg.get("node.maxTaintedFraction")),
-            max_nodes=int(cfg.get("node.maxTaintedNodes")),
-            prefix=str(cfg.get("prefix")),
+            selector=cfg.node.gpu_node_selector,
+            max_fraction=cfg.node.max_tainted_fraction,
+            max_nodes=cfg.node.max_tainted_nodes,
+            prefix=cfg.prefix,
         )
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
@@ -82,9 +82,9 @@ def main(args: Any) -> int:
         writer = NodeWriter(
             core,
             node_name,
-            prefix=str(cfg.get("prefix")),
-            condition_type=str(cfg.get("node.conditionType")),
-            taint_effect=str(cfg.get("node.taintEffect")),
+            prefix=cfg.prefix,
+            condition_type=cfg.node.condition_type,
+            taint_effect=cfg.node.taint_effect,
             brake=brake,
             dry_run=args.dry_run,
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
@@ -120,7 +120,7 @@ def main(args: Any) -> int:
         extra_inputs=extra_inputs,
         progress=progress,
     )
-    port = args.metrics_port if args.metrics_port is not None else int(cfg.get("metrics.port"))
+    port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, lambda *_: agent.request_stop())

@@ -102,7 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         except SnapshotError as exc:
             raise UsageError(str(exc)) from exc
     else:
-        source = LiveSource(timeout_s=args.timeout or float(cfg.get("timeouts.nvidiaSmi")))
+        source = LiveSource(timeout_s=args.timeout or cfg.timeouts.nvidia_smi)
     inputs = needed_inputs(specs) | {"node"}
     facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
     verdict = decide(run_checks(specs, facts, cfg))

@@ -8,6 +8,7 @@ raises ConfigError saying what is wrong; checks read every table through the Con
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from agent.config import settings
 from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
 from agent.config.xid_catalog import XidCatalog, parse_catalog
@@ -133,10 +135,56 @@ class Config:
         return bool(self.raw["checks"].get(check, True))
 
     def get(self, dotted: str) -> Any:
+        """A raw value by its config.yaml path (for tests and tools; the agent reads the typed views)."""
         node: Any = self.raw
         for part in dotted.split("."):
             node = node[part]
         return node
+
+    # Typed views of the sections (config/settings.py); computed once per Config.
+    @functools.cached_property
+    def intervals(self) -> settings.Intervals:
+        return settings.intervals(self.raw)
+
+    @functools.cached_property
+    def timeouts(self) -> settings.Timeouts:
+        return settings.timeouts(self.raw)
+
+    @functools.cached_property
+    def thresholds(self) -> settings.Thresholds:
+        return settings.thresholds(self.raw)
+
+    @functools.cached_property
+    def node(self) -> settings.NodeSettings:
+        return settings.node_settings(self.raw)
+
+    @functools.cached_property
+    def dcgm(self) -> settings.DcgmSettings:
+        return settings.dcgm_settings(self.raw)
+
+    @property
+    def prefix(self) -> str:
+        return str(self.raw["prefix"])
+
+    @property
+    def instance_type(self) -> str:
+        """The configured override ("" = none)."""
+        return str(self.raw["instanceType"] or "")
+
+    @property
+    def jitter_fraction(self) -> float:
+        return float(self.raw["jitterFraction"])
+
+    @property
+    def config_poll_seconds(self) -> float:
+        return float(self.raw["configPollSeconds"])
+
+    @property
+    def metrics_port(self) -> int:
+        return int(self.raw["metrics"]["port"])
+
+    def xid_overridden(self, code: int) -> bool:
+        return str(code) in self.raw["xid"]["overrides"]
 
     def xid_severity(self, code: int) -> Severity:
         override = self.raw["xid"]["overrides"].get(str(code))

@@ -104,7 +104,7 @@ class Agent:
                     ran = True
                 if self.watcher is not None and now >= next_reload:
                     ran |= self._reload()
-                    next_reload = now + float(self.cfg.get("configPollSeconds"))
+                    next_reload = now + self.cfg.config_poll_seconds
                 ran |= self._clear_requested()
                 if ran or self.pending_events or (self.retry_at and now >= self.retry_at):
                     self._publish()
@@ -177,11 +177,11 @@ class Agent:
         """An operator annotated the Node to clear latched findings: act now, not at the next tick."""
         getter = self.engine.node_getter
         node = getter() if getter else None
-        key = Keys(str(self.cfg.get("prefix"))).clear_latched
+        key = Keys(self.cfg.prefix).clear_latched
         return isinstance(node, NodeObject) and key in node.annotations
 
     def healthy(self) -> bool:
-        limit = max(60.0, 3 * float(self.cfg.get("intervals.gpu")))
+        limit = max(60.0, 3 * self.cfg.intervals.gpu)
         return time.monotonic() - self.engine.heartbeat < limit
 
     def ready(self) -> bool:

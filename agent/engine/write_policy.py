@@ -27,7 +27,7 @@ class WriteOutcome(Protocol):
 
 
 def brake_reask_s(cfg: Config) -> float:
-    return min(MAX_REASK_S, float(cfg.get("intervals.gpu")))
+    return min(MAX_REASK_S, cfg.intervals.gpu)
 
 
 class WritePolicy:

@@ -33,15 +33,15 @@ class DcgmTiers:
         metrics: Telemetry | None = None,
     ) -> None:
         self.metrics: Telemetry = metrics or NoTelemetry()
-        address = str(cfg.get("dcgm.address"))
-        timeout, grace = float(cfg.get("dcgm.connectTimeout")), float(cfg.get("dcgm.graceSeconds"))
+        dcgm = cfg.dcgm
+        address, timeout, grace = dcgm.address, dcgm.connect_timeout, dcgm.grace_seconds
         self.health = HealthPoller(DcgmClient(address, timeout, grace))
         self.runner = DiagRunner(
             DcgmClient(address, timeout, grace),
             IdleGate(pods_requesting_gpus=pods_requesting_gpus),
-            level=int(cfg.get("dcgm.diagLevel")),
-            timeout_s=float(cfg.get("dcgm.diagTimeout")),
-            heartbeat_s=float(cfg.get("dcgm.heartbeatSeconds")),
+            level=dcgm.diag_level,
+            timeout_s=dcgm.diag_timeout,
+            heartbeat_s=dcgm.heartbeat_seconds,
         )
         self._thread: threading.Thread | None = None
         self.running_since: str = ""

@@ -1,0 +1,97 @@
+"""Typed views of config.yaml's sections: the rest of the agent reads `cfg.node.recover_after`, not
+`cfg.get("node.recoverAfter") -> Any`. Built from the validated document, so every value is there
+and of its type."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Seconds between runs of each tier."""
+
+    gpu: float
+    efa: float
+    topology: float
+    dcgm_health: float
+    dcgm_diag: float
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    nvidia_smi: float
+    nvml: float
+    check: float
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    retired_pages_single_bit_max: float
+    efa_counter_rate_per_sec: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """How the agent marks its Node, and the brake."""
+
+    recover_after: int
+    taint_effect: str
+    condition_type: str
+    max_tainted_fraction: float
+    max_tainted_nodes: int
+    gpu_node_selector: str
+
+
+@dataclass(frozen=True)
+class DcgmSettings:
+    address: str
+    connect_timeout: float
+    grace_seconds: float
+    diag_level: int
+    diag_timeout: float
+    heartbeat_seconds: float
+
+
+def intervals(raw: Mapping[str, Any]) -> Intervals:
+    s = raw["intervals"]
+    return Intervals(
+        float(s["gpu"]), float(s["efa"]), float(s["topology"]), float(s["dcgmHealth"]), float(s["dcgmDiag"])
+    )
+
+
+def timeouts(raw: Mapping[str, Any]) -> Timeouts:
+    s = raw["timeouts"]
+    return Timeouts(float(s["nvidiaSmi"]), float(s["nvml"]), float(s["check"]))
+
+
+def thresholds(raw: Mapping[str, Any]) -> Thresholds:
+    s = raw["thresholds"]
+    rates = {str(k): float(v) for k, v in s["efaCounterRatePerSec"].items()}
+    return Thresholds(float(s["retiredPagesSingleBitMax"]), rates)
+
+
+def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
+    s = raw["node"]
+    return NodeSettings(
+        recover_after=int(s["recoverAfter"]),
+        taint_effect=str(s["taintEffect"]),
+        condition_type=str(s["conditionType"]),
+        max_tainted_fraction=float(s["maxTaintedFraction"]),
+        max_tainted_nodes=int(s["maxTaintedNodes"]),
+        gpu_node_selector=str(s["gpuNodeSelector"]),
+    )
+
+
+def dcgm_settings(raw: Mapping[str, Any]) -> DcgmSettings:
+    s = raw["dcgm"]
+    return DcgmSettings(
+        address=str(s["address"]),
+        connect_timeout=float(s["connectTimeout"]),
+        grace_seconds=float(s["graceSeconds"]),
+        diag_level=int(s["diagLevel"]),
+        diag_timeout=float(s["diagTimeout"]),
+        heartbeat_seconds=float(s["heartbeatSeconds"]),
+    )
