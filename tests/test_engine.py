@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
 
 from agent.config import load_config_dir, parse_config
 from agent.config.watch import ConfigWatcher
+from agent.core.contract import CONDITIONS, Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.kernel_follow import KernelFollower
@@ -55,7 +57,7 @@ def test_healthy_snapshot_passes_without_taint(snap: Path) -> None:
     run_all(eng)
     verdict, marks = eng.evaluate()
     assert verdict.status is Status.PASS and not marks.taint
-    assert marks.condition_status == "True" and marks.condition_reason == "AllChecksPassed"
+    assert (marks.condition_status, marks.condition_reason) == astuple(CONDITIONS[Status.PASS])
     assert json.loads(marks.results_json)["status"] == "pass"
 
 
@@ -68,7 +70,7 @@ def test_an_appended_xid_latches_until_reboot(snap: Path) -> None:
     eng.run_tier("xid")
     verdict, marks = eng.evaluate()
     assert verdict.status is Status.FAIL and verdict.severity is Severity.REBOOT and marks.taint
-    assert [e.reason for e in marks.events] == ["GPUHealthChanged", "LatchedFinding"]
+    assert [e.reason for e in marks.events] == [Reason.GPU_HEALTH_CHANGED, Reason.LATCHED_FINDING]
     assert marks.condition_status == "False" and "Xid 79" in marks.condition_message
     doc = json.loads(marks.results_json)
     assert [item["key"] for item in doc["latched"]] == ["xid/79/0000:97:00.0"]

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from agent.core.contract import Keys
 from tests.kubeenv import KubeEnv, unique_name
 
 pytestmark = pytest.mark.kube
 
-STATUS_LABEL = "gpu-healthcheck/status"
+STATUS_LABEL = Keys().status
 
 
 def _jwt_claims(token: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import yaml
 
 import agent
 from agent.config import load_config_dir
+from agent.core.contract import DEFAULT_CONDITION_TYPE, TRUE, Keys, Reason
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -29,8 +30,9 @@ CONFIG = ROOT / "config"
 XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
 NS = "gpu-healthcheck"
 SA = "gpu-healthcheck-agent"
-PREFIX = "gpu-healthcheck/"
-TAINT = "gpu-healthcheck/unhealthy"
+KEYS = Keys()
+PREFIX = f"{KEYS.prefix}/"
+TAINT = KEYS.taint
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 
@@ -385,15 +387,15 @@ def test_agent_full_cycle_under_the_manifests_token(agent_token: dict[str, Any],
 
     node = node_json(kube, name)
     labels, ann = node["metadata"]["labels"], node["metadata"]["annotations"]
-    assert labels["gpu-healthcheck/status"] == "fail"
-    assert labels["gpu-healthcheck/severity"] == "reboot"
-    assert labels["gpu-healthcheck/tainted"] == "true"
+    assert labels[KEYS.status] == "fail"
+    assert labels[KEYS.severity] == "reboot"
+    assert labels[KEYS.tainted] == TRUE
     assert labels["team"] == "ml"  # others' keys survive
-    assert json.loads(ann["gpu-healthcheck/results"])["status"] == "fail"
+    assert json.loads(ann[KEYS.results])["status"] == "fail"
     taints = {t["key"]: t for t in node["spec"]["taints"]}
     assert taints[TAINT]["value"] == "reboot" and taints[TAINT]["effect"] == "NoSchedule"
     assert taints["nvidia.com/gpu"]["value"] == "present"
-    cond = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+    cond = next(c for c in node["status"]["conditions"] if c["type"] == DEFAULT_CONDITION_TYPE)
     assert cond["status"] == "False"
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
@@ -411,7 +413,7 @@ def test_agent_full_cycle_under_the_manifests_token(agent_token: dict[str, Any],
         )
     )
     reasons = {e["reason"] for e in ev["items"]}
-    assert "TaintAdded" in reasons, reasons
+    assert Reason.TAINT_ADDED in reasons, reasons
 
 
 def patch(
@@ -433,8 +435,8 @@ def test_least_privilege_refusals(agent_token: dict[str, Any]) -> None:
     ]
     body = {
         "metadata": {
-            "labels": {"gpu-healthcheck/status": "fail"},
-            "annotations": {"gpu-healthcheck/results": "{}"},
+            "labels": {KEYS.status: "fail"},
+            "annotations": {KEYS.results: "{}"},
         }
     }
     assert patch(agent_token, own, {**body, "spec": {"taints": taints}})[0] == 200
@@ -488,11 +490,11 @@ def test_least_privilege_refusals(agent_token: dict[str, Any]) -> None:
     )
     # a token of the same ServiceAccount that is not bound to a Node may change no Node at all
     unbound = kube.token_for(NS, SA, expiration=600, create=False)
-    ours = {"metadata": {"labels": {"gpu-healthcheck/status": "pass"}}}
+    ours = {"metadata": {"labels": {KEYS.status: "pass"}}}
     denied(patch(agent_token, own, ours, token=unbound), "no node-name claim")
     # nothing of the above got through
     node = node_json(kube, name)
     assert node["metadata"]["labels"]["team"] == "ml" and not node["spec"].get("unschedulable")
     assert "x/y" not in node["metadata"]["annotations"]
     assert next(c for c in node["status"]["conditions"] if c["type"] == "Ready")["status"] == "True"
-    assert "gpu-healthcheck/status" not in node_json(kube, other)["metadata"].get("labels", {})
+    assert KEYS.status not in node_json(kube, other)["metadata"].get("labels", {})
