@@ -15,13 +15,8 @@ from kubernetes import client as k8s
 from agent.core.contract import CONDITIONS, Marks, NodeEvent
 from agent.core.severity import Severity, Status
 from agent.reporters.kube_rest import KubeRest, node_path
-from agent.reporters.node_writer import (
-    ApplyResult,
-    NodeWriter,
-    find_our_taint,
-    plan_condition,
-    plan_node_patch,
-)
+from agent.reporters.node_patch import find_our_taint, plan_condition, plan_node_patch
+from agent.reporters.node_writer import ApplyResult, NodeWriter
 from tests.kubeenv import unique_name
 
 P = "gpu-healthcheck"

@@ -37,7 +37,6 @@ from agent.core.contract import (
     DISABLED,
     EVENT_MESSAGE_MAX,
     EVENT_NAMESPACE,
-    TRUE,
     WARNING,
     Keys,
     Marks,
@@ -47,7 +46,23 @@ from agent.core.contract import (
     now_iso,
 )
 from agent.reporters.brake import Brake
-from agent.reporters.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, node_path
+from agent.reporters.kube_rest import (
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    KubeRest,
+    api_status,
+    describe_error,
+    node_path,
+)
+from agent.reporters.node_patch import (
+    annotations_of,
+    find_our_taint,
+    plan_condition,
+    plan_node_patch,
+    rv_number,
+    rv_text,
+    taint_disabled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,126 +72,6 @@ PENDING_EVENTS_MAX = 64
 WATCH_TIMEOUT_SECONDS = 300
 
 OnWrite = Callable[[str, str], None]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pure merge logic (no API): Node dict (API JSON, camelCase) + Marks -> what to write
-
-
-def _labels(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("labels") or {})
-
-
-def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("annotations") or {})
-
-
-def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [dict(t) for t in (node.get("spec") or {}).get("taints") or ()]
-
-
-def find_our_taint(node: Mapping[str, Any], prefix: str, effect: str) -> dict[str, Any] | None:
-    """Ours is exactly (`<prefix>/unhealthy`, our effect); the same key with another effect is not ours."""
-    for t in _taints(node):
-        if t.get("key") == Keys(prefix).taint and t.get("effect") == effect:
-            return t
-    return None
-
-
-def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
-    return _labels(node).get(Keys(prefix).taint_opt_out, "").strip().lower() == DISABLED
-
-
-def desired_labels(marks: Marks, prefix: str, taint_on: bool) -> dict[str, str | None]:
-    """Our labels; None = must be absent."""
-    keys = Keys(prefix)
-    return {
-        keys.status: marks.status.value,
-        keys.severity: marks.severity.label,
-        keys.tainted: TRUE if taint_on else None,
-    }
-
-
-def plan_node_patch(
-    node: Mapping[str, Any], marks: Marks, *, prefix: str, effect: str, taint_on: bool
-) -> dict[str, Any] | None:
-    """The merge patch (without resourceVersion) that makes our metadata and taint match, or None.
-
-    Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed
-    or get a new value, and then it is the Node's own list with only our (key, effect) changed.
-    """
-    labels, annotations = _labels(node), _annotations(node)
-    label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
-    ann_key = Keys(prefix).results
-    ann_patch: dict[str, str | None] = (
-        {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
-    )
-    for key in marks.drop_annotations:
-        if Keys(prefix).ours(key) and key in annotations:
-            ann_patch[key] = None  # a merge patch null deletes the key
-
-    taints = _taints(node)
-    ours = find_our_taint(node, prefix, effect)
-    new_taints: list[dict[str, Any]] | None = None
-    if taint_on:
-        want = {"key": Keys(prefix).taint, "value": marks.severity.label, "effect": effect}
-        if ours is None:
-            new_taints = [*taints, want]
-        elif ours.get("value") != want["value"]:
-            new_taints = [want if t is not None and _same_taint(t, ours) else t for t in taints]
-    elif ours is not None:
-        new_taints = [t for t in taints if not _same_taint(t, ours)]
-
-    meta: dict[str, Any] = {}
-    if label_patch:
-        meta["labels"] = label_patch
-    if ann_patch:
-        meta["annotations"] = ann_patch
-    patch: dict[str, Any] = {}
-    if meta:
-        patch["metadata"] = meta
-    if new_taints is not None:
-        patch["spec"] = {"taints": new_taints}
-    return patch or None
-
-
-def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
-
-
-def find_condition(node: Mapping[str, Any], condition_type: str) -> dict[str, Any] | None:
-    for c in (node.get("status") or {}).get("conditions") or ():
-        if c.get("type") == condition_type:
-            return dict(c)
-    return None
-
-
-def plan_condition(
-    node: Mapping[str, Any], marks: Marks, *, condition_type: str, now: str
-) -> dict[str, Any] | None:
-    """Our condition when status/reason/message differ (lastTransitionTime moves only with status)."""
-    cur = find_condition(node, condition_type)
-    want = {
-        "status": marks.condition_status,
-        "reason": marks.condition_reason,
-        "message": marks.condition_message,
-    }
-    if cur is not None and all(cur.get(k) == v for k, v in want.items()):
-        return None
-    transition = now
-    if cur is not None and cur.get("status") == marks.condition_status and cur.get("lastTransitionTime"):
-        transition = str(cur["lastTransitionTime"])
-    return {"type": condition_type, **want, "lastHeartbeatTime": now, "lastTransitionTime": transition}
-
-
-def _rv(node: Mapping[str, Any] | None) -> int:
-    try:
-        return int(((node or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-# ---------------------------------------------------------------------------------------------------
 
 
 VERIFY_ROUNDS = (1.0, 3.0, 8.0, 15.0)  # post-taint re-counts, in units of verify_delay_s
@@ -206,26 +101,8 @@ class _Conflict(Exception):
     pass
 
 
-def _rv_text(node: Mapping[str, Any]) -> str | None:
-    """The Node's resourceVersion as the API wrote it (None when absent)."""
-    rv = (node.get("metadata") or {}).get("resourceVersion")
-    return str(rv) if rv else None
-
-
 def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, _Conflict)
-
-
-def _api_status(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
-
-
-def _describe(exc: BaseException) -> str:
-    status = _api_status(exc)
-    if status:
-        return f"API error {status} {getattr(exc, 'reason', '') or ''}".strip()
-    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 class NodeWriter:
@@ -294,7 +171,7 @@ class NodeWriter:
             try:
                 return self._apply_locked(marks)
             except Exception as exc:
-                msg = _describe(exc)
+                msg = describe_error(exc)
                 log.warning("node %s: writing health marks failed: %s", self.node_name, msg)
                 return ApplyResult(ok=False, error=msg, dry_run=self.dry_run, brake_open=self._brake_open)
 
@@ -303,9 +180,11 @@ class NodeWriter:
         try:
             node = self._current(fresh=not self._watch_synced.is_set())
         except Exception as exc:
-            log.warning("node %s: reading the results annotation failed: %s", self.node_name, _describe(exc))
+            log.warning(
+                "node %s: reading the results annotation failed: %s", self.node_name, describe_error(exc)
+            )
             return None
-        return decode_results(_annotations(node).get(Keys(self.prefix).results))
+        return decode_results(annotations_of(node).get(Keys(self.prefix).results))
 
     def start(self) -> None:
         """Start the watch of the own Node (daemon thread)."""
@@ -349,7 +228,7 @@ class NodeWriter:
 
     def _observe(self, node: dict[str, Any]) -> None:
         with self._node_lock:
-            if self._node is None or _rv(node) >= _rv(self._node):
+            if self._node is None or rv_number(node) >= rv_number(self._node):
                 self._node = node
 
     def _read(self) -> dict[str, Any]:
@@ -405,7 +284,7 @@ class NodeWriter:
             return False, True, False, self._yield_reason
         if not self._asks_brake(node, marks) or self.brake is None:
             return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
-        ok, reason = self.brake.allows_new_taint(self.node_name, _rv_text(node))
+        ok, reason = self.brake.allows_new_taint(self.node_name, rv_text(node))
         return ok, not ok, False, reason
 
     def _apply_locked(self, marks: Marks) -> ApplyResult:
@@ -429,7 +308,7 @@ class NodeWriter:
             try:
                 written = self._patch_node(patch)
             except Exception as exc:
-                if _api_status(exc) == 409:
+                if api_status(exc) == 409:
                     conflicts += 1
                     self._note("node", "conflict")
                     raise _Conflict(
@@ -467,7 +346,7 @@ class NodeWriter:
                         self._taint_attempted |= adding  # stays set if the answer never comes
                         written = write(node, patch)
                         if adding:
-                            self._taint_rv = _rv_text(written)
+                            self._taint_rv = rv_text(written)
         taint_on, brake_open, disabled, _ = decided
         node = self._current(fresh=False)
         cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
@@ -540,7 +419,7 @@ class NodeWriter:
             last = round_ == len(VERIFY_ROUNDS) - 1
             yield_now, reason = self.brake.overshoot(self.node_name, self._taint_rv, last=last)
         except Exception as exc:  # API trouble: keep the taint; try the next round
-            log.warning("node %s: brake re-count failed: %s", self.node_name, _describe(exc))
+            log.warning("node %s: brake re-count failed: %s", self.node_name, describe_error(exc))
             yield_now, reason = False, ""
         if yield_now and self._last_marks is not None:
             log.warning("node %s: %s", self.node_name, reason)
@@ -649,7 +528,9 @@ class NodeWriter:
                     timeout=REQUEST_TIMEOUT,
                 )
             except Exception as exc:
-                log.warning("node %s: posting Event %s failed: %s", self.node_name, ev.reason, _describe(exc))
+                log.warning(
+                    "node %s: posting Event %s failed: %s", self.node_name, ev.reason, describe_error(exc)
+                )
                 self._note("event", "error")
                 continue
             log.info("node %s: Event %s (%s): %s", self.node_name, ev.reason, ev.type, ev.message)
@@ -723,12 +604,15 @@ class NodeWriter:
             except Exception as exc:
                 if self._stop.is_set():
                     break
-                if _api_status(exc) == 410:
+                if api_status(exc) == 410:
                     log.info("node %s: watch expired (410 Gone); listing again", self.node_name)
                     rv = None
                     continue
                 log.warning(
-                    "node %s: watch failed (%s); retrying in %.1fs", self.node_name, _describe(exc), backoff
+                    "node %s: watch failed (%s); retrying in %.1fs",
+                    self.node_name,
+                    describe_error(exc),
+                    backoff,
                 )
                 self._watch_synced.clear()
                 rv = None
@@ -737,13 +621,4 @@ class NodeWriter:
         self._watch = None
 
 
-__all__ = [
-    "ApplyResult",
-    "NodeWriter",
-    "desired_labels",
-    "find_condition",
-    "find_our_taint",
-    "plan_condition",
-    "plan_node_patch",
-    "taint_disabled",
-]
+__all__ = ["ApplyResult", "NodeWriter"]
