@@ -462,7 +462,7 @@ def test_removed_taint_is_restored_by_the_watch(
         t0 = time.monotonic()
         w.stop()
         stopped_in = time.monotonic() - t0
-    assert w._thread is not None and not w._thread.is_alive(), f"watch still running after {stopped_in:.2f}s"
+    assert not w.watch.running, f"watch still running after {stopped_in:.2f}s"
     assert our_taints(core.read_node(kube_node_name))  # stopping never removes the taint
 
 

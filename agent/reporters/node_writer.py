@@ -18,7 +18,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -59,10 +58,10 @@ from agent.reporters.node_patch import (
     find_our_taint,
     plan_condition,
     plan_node_patch,
-    rv_number,
     rv_text,
     taint_disabled,
 )
+from agent.reporters.node_watch import NodeWatch
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +135,6 @@ class NodeWriter:
         self.watch_timeout_seconds = watch_timeout_seconds
 
         self._apply_lock = threading.RLock()
-        self._node_lock = threading.Lock()
-        self._node: dict[str, Any] | None = None  # the last seen Node (watch, reads, write responses)
         self._last_marks: Marks | None = None
         self._taint_on = False  # after the last successful apply our taint was (to be) on
         self._brake_open = False
@@ -149,10 +146,13 @@ class NodeWriter:
         self._taint_attempted = False  # this writer sent a write adding our taint (answer or not)
         self.verify_delay_s = 2.0  # racing agents' writes land within this; then the count is settled
 
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._watch: Any = None
-        self._watch_synced = threading.Event()
+        self.watch = NodeWatch(
+            self.rest,
+            node_name,
+            on_node=self._on_node,
+            timeout_seconds=watch_timeout_seconds,
+            request_timeout=REQUEST_TIMEOUT,
+        )
         self.restores = 0
 
     # -- public --------------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ class NodeWriter:
     def read_results(self) -> dict[str, Any] | None:
         """The parsed `<prefix>/results` annotation of the current Node (None if absent or unreadable)."""
         try:
-            node = self._current(fresh=not self._watch_synced.is_set())
+            node = self.watch.current(fresh=not self.watch.synced.is_set())
         except Exception as exc:
             log.warning(
                 "node %s: reading the results annotation failed: %s", self.node_name, describe_error(exc)
@@ -188,31 +188,16 @@ class NodeWriter:
 
     def start(self) -> None:
         """Start the watch of the own Node (daemon thread)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._watch_loop, name=f"node-watch-{self.node_name}", daemon=True
-        )
-        self._thread.start()
+        self.watch.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the watch; returns within *timeout* seconds. Touches nothing on the Node."""
-        self._stop.set()
-        self._watch_synced.clear()
-        w = self._watch
-        if w is not None:
-            with contextlib.suppress(Exception):
-                w.stop()
-        t = self._thread
-        if t is not None:
-            t.join(timeout)
+        self.watch.stop(timeout)
 
     @property
     def node(self) -> dict[str, Any] | None:
         """A copy of the last seen Node (API JSON)."""
-        with self._node_lock:
-            return json.loads(json.dumps(self._node)) if self._node is not None else None
+        return self.watch.node
 
     @property
     def brake_open(self) -> bool:
@@ -226,23 +211,6 @@ class NodeWriter:
             except Exception:  # a metrics hook must not break writing
                 log.exception("on_write hook failed")
 
-    def _observe(self, node: dict[str, Any]) -> None:
-        with self._node_lock:
-            if self._node is None or rv_number(node) >= rv_number(self._node):
-                self._node = node
-
-    def _read(self) -> dict[str, Any]:
-        node = self.rest.json("GET", node_path(self.node_name), timeout=REQUEST_TIMEOUT)
-        self._observe(node)
-        return node
-
-    def _current(self, *, fresh: bool) -> dict[str, Any]:
-        with self._node_lock:
-            cached = self._node
-        if cached is not None and not fresh:
-            return cached
-        return self._read()
-
     def _patch(self, subresource: str, body: dict[str, Any], content_type: str) -> dict[str, Any]:
         """Patch the Node (or its status) and remember the answer as the latest Node."""
         node = self.rest.json(
@@ -253,7 +221,7 @@ class NodeWriter:
             query={"fieldManager": self.component},
             timeout=REQUEST_TIMEOUT,
         )
-        self._observe(node)
+        self.watch.observe(node)
         return node
 
     def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +258,7 @@ class NodeWriter:
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         conflicts = 0
         node_writes = status_writes = 0
-        fresh = not self._watch_synced.is_set()
+        fresh = not self.watch.synced.is_set()
         decided: tuple[bool, bool, bool, str] = (False, False, False, "")
         had_taint = False
 
@@ -322,7 +290,7 @@ class NodeWriter:
 
         for attempt in retrying:
             with attempt:
-                node = self._current(fresh=fresh or attempt.retry_state.attempt_number > 1)
+                node = self.watch.current(fresh=fresh or attempt.retry_state.attempt_number > 1)
                 if self._asks_brake(node, marks) and not self.dry_run:
                     # Our failing labels first, without the taint: agents racing for the brake's free
                     # slots then see this node among the contenders (Brake: taking turns).
@@ -348,7 +316,7 @@ class NodeWriter:
                         if adding:
                             self._taint_rv = rv_text(written)
         taint_on, brake_open, disabled, _ = decided
-        node = self._current(fresh=False)
+        node = self.watch.current(fresh=False)
         cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
         if cond is not None:
             if self.dry_run:
@@ -413,7 +381,7 @@ class NodeWriter:
         timer.start()
 
     def _verify(self, round_: int = 0) -> None:
-        if self.brake is None or self._stop.is_set() or not self._taint_on:
+        if self.brake is None or self.watch.stopped or not self._taint_on:
             return  # stopped, or the taint is already gone: nothing to yield
         try:
             last = round_ == len(VERIFY_ROUNDS) - 1
@@ -551,7 +519,7 @@ class NodeWriter:
         )
 
     def _on_node(self, node: dict[str, Any]) -> None:
-        self._observe(node)
+        """Each Node the watch sees: put our taint back if someone removed it while the node fails."""
         if self._needs_restore(node):
             with self._apply_lock:
                 marks = self._last_marks
@@ -561,64 +529,6 @@ class NodeWriter:
                         "node %s: our taint was removed while the node fails; restoring it", self.node_name
                     )
                     self._apply(marks, ())
-
-    def _watch_loop(self) -> None:
-        from kubernetes import watch  # imported here: the pure parts of this module need no client
-
-        backoff = 0.5
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    node = self._read()
-                    rv = str(node["metadata"]["resourceVersion"])
-                    self._watch_synced.set()
-                    self._on_node(node)
-                watch_cls: Any = watch.Watch
-                w = watch_cls()
-                self._watch = w
-                if self._stop.is_set():
-                    break
-                for ev in w.stream(
-                    self.rest.lister("/api/v1/nodes"),
-                    field_selector=f"metadata.name={self.node_name}",
-                    resource_version=rv,
-                    timeout_seconds=self.watch_timeout_seconds,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(5, self.watch_timeout_seconds + 15),
-                ):
-                    if self._stop.is_set():
-                        break
-                    obj = ev.get("raw_object") or {}
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = str(new_rv)
-                    if ev.get("type") in ("ADDED", "MODIFIED"):
-                        self._on_node(obj)
-                    elif ev.get("type") == "DELETED":
-                        with self._node_lock:
-                            self._node = None
-                        self._watch_synced.clear()
-                        rv = None
-                backoff = 0.5
-            except Exception as exc:
-                if self._stop.is_set():
-                    break
-                if api_status(exc) == 410:
-                    log.info("node %s: watch expired (410 Gone); listing again", self.node_name)
-                    rv = None
-                    continue
-                log.warning(
-                    "node %s: watch failed (%s); retrying in %.1fs",
-                    self.node_name,
-                    describe_error(exc),
-                    backoff,
-                )
-                self._watch_synced.clear()
-                rv = None
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-        self._watch = None
 
 
 __all__ = ["ApplyResult", "NodeWriter"]
