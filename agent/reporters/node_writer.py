@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from agent.reporters.node_patch import (
     taint_disabled,
 )
 from agent.reporters.node_watch import NodeWatch
+from agent.reporters.taint_gate import TaintDecision, TaintGate
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,6 @@ PENDING_EVENTS_MAX = 64
 WATCH_TIMEOUT_SECONDS = 300
 
 OnWrite = Callable[[str, str], None]
-
-
-VERIFY_ROUNDS = (1.0, 3.0, 8.0, 15.0)  # post-taint re-counts, in units of verify_delay_s
 
 
 @dataclass(frozen=True)
@@ -136,15 +133,7 @@ class NodeWriter:
 
         self._apply_lock = threading.RLock()
         self._last_marks: Marks | None = None
-        self._taint_on = False  # after the last successful apply our taint was (to be) on
-        self._brake_open = False
-        self._disabled_noted = False
         self._pending_events: list[NodeEvent] = []
-        self._yield_reason = ""  # set when a post-taint check found a race over the brake limit
-        self._taint_rv: str | None = None  # resourceVersion of the write that added our taint
-        self._verify_scheduled = False  # the post-taint re-count runs for the current taint
-        self._taint_attempted = False  # this writer sent a write adding our taint (answer or not)
-        self.verify_delay_s = 2.0  # racing agents' writes land within this; then the count is settled
 
         self.watch = NodeWatch(
             self.rest,
@@ -152,6 +141,14 @@ class NodeWriter:
             on_node=self._on_node,
             timeout_seconds=watch_timeout_seconds,
             request_timeout=REQUEST_TIMEOUT,
+        )
+        self.gate = TaintGate(
+            node_name,
+            brake,
+            prefix=prefix,
+            effect=taint_effect,
+            reapply=self._reapply_last,
+            stopped=lambda: self.watch.stopped,
         )
         self.restores = 0
 
@@ -173,7 +170,9 @@ class NodeWriter:
             except Exception as exc:
                 msg = describe_error(exc)
                 log.warning("node %s: writing health marks failed: %s", self.node_name, msg)
-                return ApplyResult(ok=False, error=msg, dry_run=self.dry_run, brake_open=self._brake_open)
+                return ApplyResult(
+                    ok=False, error=msg, dry_run=self.dry_run, brake_open=self.gate.state.brake_open
+                )
 
     def read_results(self) -> dict[str, Any] | None:
         """The parsed `<prefix>/results` annotation of the current Node (None if absent or unreadable)."""
@@ -201,7 +200,16 @@ class NodeWriter:
 
     @property
     def brake_open(self) -> bool:
-        return self._brake_open
+        return self.gate.state.brake_open
+
+    @property
+    def verify_delay_s(self) -> float:
+        """Racing agents' writes land within this; then the post-taint count is settled."""
+        return self.gate.verify_delay_s
+
+    @verify_delay_s.setter
+    def verify_delay_s(self, seconds: float) -> None:
+        self.gate.verify_delay_s = seconds
 
     # -- API helpers ---------------------------------------------------------------------------------
     def _note(self, kind: str, outcome: str) -> None:
@@ -231,35 +239,11 @@ class NodeWriter:
         return self._patch("status", {"status": {"conditions": [cond]}}, STRATEGIC_MERGE_PATCH)
 
     # -- the write -----------------------------------------------------------------------------------
-    def _asks_brake(self, node: Mapping[str, Any], marks: Marks) -> bool:
-        """Would _decide_taint ask the brake (a new taint) rather than answer by itself?"""
-        return (
-            marks.taint
-            and self.brake is not None
-            and not taint_disabled(node, self.prefix)
-            and not self._yield_reason
-            and find_our_taint(node, self.prefix, self.taint_effect) is None
-            and not self._taint_on
-        )
-
-    def _decide_taint(self, node: Mapping[str, Any], marks: Marks) -> tuple[bool, bool, bool, str]:
-        """(taint_on, brake_open, disabled, brake_reason) for this Node and Marks."""
-        if not marks.taint:
-            return False, False, False, ""
-        if taint_disabled(node, self.prefix):
-            return False, False, True, ""
-        if self._yield_reason:
-            return False, True, False, self._yield_reason
-        if not self._asks_brake(node, marks) or self.brake is None:
-            return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
-        ok, reason = self.brake.allows_new_taint(self.node_name, rv_text(node))
-        return ok, not ok, False, reason
-
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         conflicts = 0
         node_writes = status_writes = 0
         fresh = not self.watch.synced.is_set()
-        decided: tuple[bool, bool, bool, str] = (False, False, False, "")
+        decided = TaintDecision()
         had_taint = False
 
         retrying = tenacity.Retrying(
@@ -291,7 +275,7 @@ class NodeWriter:
         for attempt in retrying:
             with attempt:
                 node = self.watch.current(fresh=fresh or attempt.retry_state.attempt_number > 1)
-                if self._asks_brake(node, marks) and not self.dry_run:
+                if self.gate.asks_brake(node, marks) and not self.dry_run:
                     # Our failing labels first, without the taint: agents racing for the brake's free
                     # slots then see this node among the contenders (Brake: taking turns).
                     first = plan_node_patch(
@@ -299,8 +283,8 @@ class NodeWriter:
                     )
                     if first is not None:
                         node = write(node, first)
-                decided = self._decide_taint(node, marks)
-                taint_on = decided[0]
+                decided = self.gate.decide(node, marks)
+                taint_on = decided.taint_on
                 had_taint = find_our_taint(node, self.prefix, self.taint_effect) is not None
                 patch = plan_node_patch(
                     node, marks, prefix=self.prefix, effect=self.taint_effect, taint_on=taint_on
@@ -311,11 +295,11 @@ class NodeWriter:
                         self._note("node", "skipped")
                     else:
                         adding = taint_on and not had_taint
-                        self._taint_attempted |= adding  # stays set if the answer never comes
+                        if adding:
+                            self.gate.sending_taint()  # stays set if the answer never comes
                         written = write(node, patch)
                         if adding:
-                            self._taint_rv = rv_text(written)
-        taint_on, brake_open, disabled, _ = decided
+                            self.gate.taint_landed(rv_text(written))
         node = self.watch.current(fresh=False)
         cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
         if cond is not None:
@@ -332,28 +316,7 @@ class NodeWriter:
                 self._note("status", "ok")
 
         events = self._transition_events(marks, decided, had_taint)
-        if not brake_open and self.brake is not None and self._brake_open:
-            self.brake.forget()
-
-        if not self.dry_run:
-            self._taint_on = taint_on
-            self._brake_open = brake_open
-            self._disabled_noted = disabled
-        if not taint_on:
-            self._verify_scheduled = self._taint_attempted = False
-        elif (
-            self._taint_attempted
-            and not self._verify_scheduled
-            and not self.dry_run
-            and self.brake is not None
-        ):
-            # Once per taint this writer added, also when a retry finds it already on: a write
-            # whose answer timed out may have landed. A taint held from before (a restart) is kept
-            # without a re-count: the brake never takes a taint away that it did not just grant.
-            self._verify_scheduled = True
-            self._schedule_verify()
-        if self._yield_reason and brake_open:
-            self._yield_reason = ""  # yielded; from now on the brake is asked again as usual
+        self.gate.settle(decided, dry_run=self.dry_run)
         to_post = [*self._pending_events, *events]
         self._pending_events = []
         posted = self._post_events(to_post, node)
@@ -362,51 +325,24 @@ class NodeWriter:
             node_writes=node_writes,
             status_writes=status_writes,
             conflicts=conflicts,
-            tainted=taint_on and not self.dry_run,
-            brake_open=brake_open,
-            taint_disabled=disabled,
+            tainted=decided.taint_on and not self.dry_run,
+            brake_open=decided.brake_open,
+            taint_disabled=decided.disabled,
             events=posted,
             dry_run=self.dry_run,
         )
 
-    def _schedule_verify(self, round_: int = 0) -> None:
-        """Re-count, once racing agents' writes have landed, that our new taint did not break the
-        limit. Several rounds (about 1×, 3×, 8× and 15× verify_delay_s after the taint): under a
-        fleet-wide burst some racers' writes land after an early re-count."""
-        if round_ >= len(VERIFY_ROUNDS):
-            return
-        delay = self.verify_delay_s * VERIFY_ROUNDS[round_] * (1 + 0.5 * random.random())
-        timer = threading.Timer(delay, self._verify, args=(round_,))
-        timer.daemon = True
-        timer.start()
-
-    def _verify(self, round_: int = 0) -> None:
-        if self.brake is None or self.watch.stopped or not self._taint_on:
-            return  # stopped, or the taint is already gone: nothing to yield
-        try:
-            last = round_ == len(VERIFY_ROUNDS) - 1
-            yield_now, reason = self.brake.overshoot(self.node_name, self._taint_rv, last=last)
-        except Exception as exc:  # API trouble: keep the taint; try the next round
-            log.warning("node %s: brake re-count failed: %s", self.node_name, describe_error(exc))
-            yield_now, reason = False, ""
-        if yield_now and self._last_marks is not None:
-            log.warning("node %s: %s", self.node_name, reason)
-            self._yield_reason = reason
-            self._apply(self._last_marks, ())
-            return
-        self._schedule_verify(round_ + 1)
-
-    def _transition_events(
-        self, marks: Marks, decided: tuple[bool, bool, bool, str], had_taint: bool
-    ) -> list[NodeEvent]:
+    def _transition_events(self, marks: Marks, decided: TaintDecision, had_taint: bool) -> list[NodeEvent]:
         """The Events our own decisions deserve (taint added/removed/restored, brake, disabled)."""
-        taint_on, brake_open, disabled, brake_reason = decided
+        taint_on, brake_open, disabled = decided.taint_on, decided.brake_open, decided.disabled
+        brake_reason = decided.brake_reason
+        prev = self.gate.state
         keys = Keys(self.prefix)
         taint = f"{keys.taint}={marks.severity.label}:{self.taint_effect}"
         disable_label = f"{keys.taint_opt_out}={DISABLED}"
         out: list[NodeEvent] = []
         if taint_on and not had_taint:
-            if self._taint_on:
+            if prev.taint_on:
                 self.restores += 1
                 out.append(
                     NodeEvent(
@@ -417,7 +353,7 @@ class NodeWriter:
                     )
                 )
             else:
-                if self._brake_open:
+                if prev.brake_open:
                     out.append(
                         NodeEvent(
                             Reason.BRAKE_CLOSED,
@@ -439,18 +375,18 @@ class NodeWriter:
                 out.append(
                     NodeEvent(Reason.TAINT_REMOVED, f"Removed taint {keys.taint}: {marks.condition_message}")
                 )
-        elif disabled and not self._disabled_noted:
+        elif disabled and not prev.disabled:
             out.append(
                 NodeEvent(
                     Reason.TAINT_DISABLED,
                     f"Not tainting although the node fails: label {disable_label} is set",
                 )
             )
-        if brake_open and not self._brake_open:
+        if brake_open and not prev.brake_open:
             out.append(
                 NodeEvent(Reason.BRAKE_OPEN, f"Not tainting although the node fails: {brake_reason}", WARNING)
             )
-        elif self._brake_open and not brake_open and not taint_on:
+        elif prev.brake_open and not brake_open and not taint_on:
             out.append(NodeEvent(Reason.BRAKE_CLOSED, "The node no longer needs a taint"))
         return out
 
@@ -512,11 +448,17 @@ class NodeWriter:
         return (
             marks is not None
             and marks.taint
-            and self._taint_on
+            and self.gate.state.taint_on
             and not self.dry_run
             and not taint_disabled(node, self.prefix)
             and find_our_taint(node, self.prefix, self.taint_effect) is None
         )
+
+    def _reapply_last(self) -> None:
+        """The gate yields: apply the last Marks again (no new Events)."""
+        marks = self._last_marks
+        if marks is not None:
+            self._apply(marks, ())
 
     def _on_node(self, node: dict[str, Any]) -> None:
         """Each Node the watch sees: put our taint back if someone removed it while the node fails."""
