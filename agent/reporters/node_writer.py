@@ -14,6 +14,10 @@ Why it is built this way:
   keep the agent from tainting a node is the label `<prefix>/taint=disabled`.
 - API errors never escape apply(): it says so in the ApplyResult and the engine tries again.
 - There is no shutdown hook touching the Node: stopping or rolling out the agent never removes a taint.
+
+apply() orchestrates; the parts live beside it: node_patch (what differs, pure), taint_gate (whether
+our taint goes on: the brake and its post-taint yield), events (the Events' words and their POST),
+node_watch (the watch of the own Node and the latest copy of it).
 """
 
 from __future__ import annotations
@@ -32,10 +36,7 @@ from agent.core.contract import (
     DEFAULT_CONDITION_TYPE,
     DEFAULT_PREFIX,
     DEFAULT_TAINT_EFFECT,
-    DISABLED,
-    EVENT_MESSAGE_MAX,
     EVENT_NAMESPACE,
-    WARNING,
     Keys,
     Marks,
     NodeEvent,
@@ -44,6 +45,7 @@ from agent.core.contract import (
     now_iso,
 )
 from agent.reporters.brake import Brake
+from agent.reporters.events import EventPoster, transition_events
 from agent.reporters.kube_rest import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,
@@ -141,6 +143,14 @@ class NodeWriter:
             on_node=self._on_node,
             timeout_seconds=watch_timeout_seconds,
             request_timeout=REQUEST_TIMEOUT,
+        )
+        self.poster = EventPoster(
+            self.rest,
+            node_name,
+            namespace=event_namespace,
+            component=component,
+            request_timeout=REQUEST_TIMEOUT,
+            note=self._note,
         )
         self.gate = TaintGate(
             node_name,
@@ -241,7 +251,7 @@ class NodeWriter:
     # -- the write -----------------------------------------------------------------------------------
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         conflicts = 0
-        node_writes = status_writes = 0
+        node_writes = 0
         fresh = not self.watch.synced.is_set()
         decided = TaintDecision()
         had_taint = False
@@ -301,25 +311,16 @@ class NodeWriter:
                         if adding:
                             self.gate.taint_landed(rv_text(written))
         node = self.watch.current(fresh=False)
-        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
-        if cond is not None:
-            if self.dry_run:
-                log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
-                self._note("status", "skipped")
-            else:
-                try:
-                    self._patch_status(cond)
-                except Exception:
-                    self._note("status", "error")
-                    raise
-                status_writes += 1
-                self._note("status", "ok")
+        status_writes = self._write_condition(node, marks)
 
-        events = self._transition_events(marks, decided, had_taint)
+        events = transition_events(
+            marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix, effect=self.taint_effect
+        )
+        self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
         self.gate.settle(decided, dry_run=self.dry_run)
         to_post = [*self._pending_events, *events]
         self._pending_events = []
-        posted = self._post_events(to_post, node)
+        posted = self.poster.post(to_post, node, dry_run=self.dry_run)
         return ApplyResult(
             ok=True,
             node_writes=node_writes,
@@ -332,115 +333,22 @@ class NodeWriter:
             dry_run=self.dry_run,
         )
 
-    def _transition_events(self, marks: Marks, decided: TaintDecision, had_taint: bool) -> list[NodeEvent]:
-        """The Events our own decisions deserve (taint added/removed/restored, brake, disabled)."""
-        taint_on, brake_open, disabled = decided.taint_on, decided.brake_open, decided.disabled
-        brake_reason = decided.brake_reason
-        prev = self.gate.state
-        keys = Keys(self.prefix)
-        taint = f"{keys.taint}={marks.severity.label}:{self.taint_effect}"
-        disable_label = f"{keys.taint_opt_out}={DISABLED}"
-        out: list[NodeEvent] = []
-        if taint_on and not had_taint:
-            if prev.taint_on:
-                self.restores += 1
-                out.append(
-                    NodeEvent(
-                        Reason.TAINT_RESTORED,
-                        f"Taint {taint} was removed while the node fails; "
-                        f"put it back (to stop tainting this node, label it {disable_label})",
-                        WARNING,
-                    )
-                )
-            else:
-                if prev.brake_open:
-                    out.append(
-                        NodeEvent(
-                            Reason.BRAKE_CLOSED,
-                            "Tainted GPU nodes are below the brake limit again; tainting this node",
-                        )
-                    )
-                out.append(
-                    NodeEvent(Reason.TAINT_ADDED, f"Tainted {taint}: {marks.condition_message}", WARNING)
-                )
-        elif not taint_on and had_taint:
-            if disabled:
-                out.append(
-                    NodeEvent(
-                        Reason.TAINT_DISABLED,
-                        f"Removed taint {keys.taint}: label {disable_label} is set",
-                    )
-                )
-            else:
-                out.append(
-                    NodeEvent(Reason.TAINT_REMOVED, f"Removed taint {keys.taint}: {marks.condition_message}")
-                )
-        elif disabled and not prev.disabled:
-            out.append(
-                NodeEvent(
-                    Reason.TAINT_DISABLED,
-                    f"Not tainting although the node fails: label {disable_label} is set",
-                )
-            )
-        if brake_open and not prev.brake_open:
-            out.append(
-                NodeEvent(Reason.BRAKE_OPEN, f"Not tainting although the node fails: {brake_reason}", WARNING)
-            )
-        elif prev.brake_open and not brake_open and not taint_on:
-            out.append(NodeEvent(Reason.BRAKE_CLOSED, "The node no longer needs a taint"))
-        return out
-
-    def _post_events(self, events: Sequence[NodeEvent], node: Mapping[str, Any]) -> tuple[str, ...]:
-        posted: list[str] = []
-        uid = (node.get("metadata") or {}).get("uid")
-        for ev in events:
-            if self.dry_run:
-                log.info(
-                    "node %s: dry run, would post Event %s (%s): %s",
-                    self.node_name,
-                    ev.reason,
-                    ev.type,
-                    ev.message,
-                )
-                self._note("event", "skipped")
-                posted.append(ev.reason)
-                continue
-            now = now_iso()
-            body = {
-                "metadata": {"generateName": f"{self.node_name}.", "namespace": self.event_namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node_name,
-                    **({"uid": uid} if uid else {}),
-                },
-                "reason": ev.reason,
-                "message": ev.message[:EVENT_MESSAGE_MAX],
-                "type": ev.type,
-                "source": {"component": self.component, "host": self.node_name},
-                "reportingComponent": self.component,
-                "reportingInstance": self.node_name,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
-            try:
-                self.rest.json(
-                    "POST",
-                    f"/api/v1/namespaces/{self.event_namespace}/events",
-                    body=body,
-                    timeout=REQUEST_TIMEOUT,
-                )
-            except Exception as exc:
-                log.warning(
-                    "node %s: posting Event %s failed: %s", self.node_name, ev.reason, describe_error(exc)
-                )
-                self._note("event", "error")
-                continue
-            log.info("node %s: Event %s (%s): %s", self.node_name, ev.reason, ev.type, ev.message)
-            self._note("event", "ok")
-            posted.append(ev.reason)
-        return tuple(posted)
+    def _write_condition(self, node: Mapping[str, Any], marks: Marks) -> int:
+        """Our condition through nodes/status when it differs; the number of writes (0 or 1)."""
+        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
+        if cond is None:
+            return 0
+        if self.dry_run:
+            log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
+            self._note("status", "skipped")
+            return 0
+        try:
+            self._patch_status(cond)
+        except Exception:
+            self._note("status", "error")
+            raise
+        self._note("status", "ok")
+        return 1
 
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:
