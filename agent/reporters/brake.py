@@ -166,7 +166,7 @@ class Brake:
 
     def __init__(
         self,
-        core: Any,
+        core: KubeRest,
         *,
         selector: str = DEFAULT_GPU_NODE_SELECTOR,
         max_fraction: float = 0.2,
@@ -180,7 +180,7 @@ class Brake:
         settle_s: float = 1.0,
         settle_max_s: float = 6.0,
     ) -> None:
-        self._rest = KubeRest.of(core)
+        self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selector = selector
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes

@@ -108,7 +108,7 @@ class NodeWriter:
 
     def __init__(
         self,
-        core: Any,
+        core: KubeRest,
         node_name: str,
         *,
         prefix: str = DEFAULT_PREFIX,
@@ -121,7 +121,7 @@ class NodeWriter:
         component: str = COMPONENT,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
-        self.rest = KubeRest.of(core)
+        self.rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.node_name = node_name
         self.prefix = prefix
         self.condition_type = condition_type
