@@ -69,6 +69,15 @@ def core(kube: Any) -> Iterator[k8s.CoreV1Api]:
         yield k8s.CoreV1Api(api)
 
 
+def _count(brake: Brake, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
+    """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*): the count behind the brake's
+    answer (a Brake with cache_seconds=0 counts again on every ask). Raises on API errors."""
+    brake.allows_new_taint(node_name, min_rv)
+    st = brake.state
+    assert st is not None
+    return st.tainted, st.total
+
+
 def _ours(core: k8s.CoreV1Api, name: str) -> bool:
     return any(t.key == TAINT for t in core.read_node(name).spec.taints or ())
 
@@ -137,15 +146,15 @@ def test_count_lists_names_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     10,000 nodes on the wire, only their names."""
     pool = unique_name("meta")
     names = sorted(gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3))
-    brake = Brake(core, selector=f"test.example/pool={pool}")
+    brake = Brake(core, selector=f"test.example/pool={pool}", cache_seconds=0)
     rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
     for min_rv in (str(rv), None):  # the cache as it is: after a read not older than the last write
         doc = brake.list_doc(f"test.example/pool={pool}", min_rv=min_rv)
         assert doc["kind"] == "Table"
         assert all(row.get("object") is None for row in doc["rows"])
         assert sorted(names_in_list(doc)) == names
-    assert brake.count() == (0, 3)
-    assert brake.count(names[0]) == (0, 3)
+    assert _count(brake) == (0, 3)
+    assert _count(brake, names[0]) == (0, 3)
 
 
 @pytest.mark.kube
@@ -162,7 +171,7 @@ def test_a_count_not_older_than_a_write_sees_every_write_before_it(
         other = core.patch_node(name, {"metadata": {"labels": {f"{P}/tainted": "true"}}})
         mine = core.patch_node(names[0], {"metadata": {"labels": {"test.example/round": str(i)}}})
         assert int(mine.metadata.resource_version) > int(other.metadata.resource_version)
-        tainted, total = brake.count(None, mine.metadata.resource_version)
+        tainted, total = _count(brake, None, mine.metadata.resource_version)
         assert (tainted, total) == (i + 1, 20)
 
 
@@ -277,7 +286,14 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     pool = unique_name("cache")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     now = [1000.0]
-    brake = Brake(core, selector=selector, clock=lambda: now[0], total_cache_seconds=300, refresh_jitter_s=0)
+    brake = Brake(
+        core,
+        selector=selector,
+        clock=lambda: now[0],
+        total_cache_seconds=300,
+        refresh_jitter_s=0,
+        cache_seconds=0,
+    )
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3)]
     rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
     brake.list_doc(selector, min_rv=str(rv))  # the cache has seen the 3 Nodes: warm reads it as it is
@@ -286,16 +302,16 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     warm.join(10)
     late = gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"})
     late_rv = late.metadata.resource_version
-    assert brake.count(None, late_rv) == (
+    assert _count(brake, None, late_rv) == (
         1,
         3,
     )  # a new tainted node is seen at once; the total is the warm one
     now[0] += 301
-    assert brake.count() == (1, 3)  # old: still answered at once, from the old total ...
+    assert _count(brake) == (1, 3)  # old: still answered at once, from the old total ...
     deadline = time.monotonic() + 10
-    while brake.count() != (1, 4) and time.monotonic() < deadline:  # ... while it is read again
+    while _count(brake) != (1, 4) and time.monotonic() < deadline:  # ... while it is read again
         time.sleep(0.05)
-    assert brake.count() == (1, 4)
+    assert _count(brake) == (1, 4)
     assert len(names) == 3
 
 
@@ -305,7 +321,7 @@ def test_without_a_total_the_first_count_reads_it(core: k8s.CoreV1Api, gpu_node:
     pool = unique_name("cold")
     node = gpu_node(labels={"test.example/pool": pool})
     brake = Brake(core, selector=f"test.example/pool={pool}")
-    assert brake.count(None, node.metadata.resource_version) == (0, 1)
+    assert _count(brake, None, node.metadata.resource_version) == (0, 1)
 
 
 @pytest.mark.parametrize(
@@ -413,11 +429,11 @@ def test_a_cache_behind_our_write_is_counted_as_it_is(core: k8s.CoreV1Api, gpu_n
     failing the write (which would be retried and add load)."""
     pool = unique_name("behind")
     name = gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"}).metadata.name
-    brake = Brake(core, selector=f"test.example/pool={pool}")
+    brake = Brake(core, selector=f"test.example/pool={pool}", cache_seconds=0)
     rv = core.read_node(name).metadata.resource_version
-    assert brake.count(None, rv) == (1, 1)  # the total, read not older than the Node's creation
+    assert _count(brake, None, rv) == (1, 1)  # the total, read not older than the Node's creation
     ahead = str(int(rv) + 10_000_000)
-    assert brake.count(None, ahead) == (1, 1)
+    assert _count(brake, None, ahead) == (1, 1)
     assert brake.stale_reads == 1
 
 
@@ -450,5 +466,5 @@ def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Ap
     assert again is not None  # not stuck "pending"
     again.join(10)
     with pytest.raises(ApiException) as exc:
-        brake.count("gpu-x")
+        brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400

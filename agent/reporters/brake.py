@@ -298,10 +298,6 @@ class Brake:
         """GPU nodes, the asking one counted even when the total was read before it existed."""
         return len(self._gpu_nodes(min_rv) | ({node_name} if node_name else set()))
 
-    def count(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
-        """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
-        return len(self._others_tainted(node_name, min_rv)), self._total(node_name, min_rv)
-
     def allows_new_taint(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[bool, str]:
         """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a
         transient error neither opens the brake nor taints blindly)."""
