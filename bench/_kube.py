@@ -29,10 +29,12 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from agent.core.contract import Keys
+
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
 XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
-TAINT = "gpu-healthcheck/unhealthy"
+TAINT = Keys().taint
 XID_LINE = (
     "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', "
     "name=<unknown>, GPU has fallen off the bus.\n"

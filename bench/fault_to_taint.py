@@ -21,6 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
+from agent.core.contract import Keys
 from bench._kube import (
     HEALTHY,
     XID_LINE,
@@ -59,7 +60,7 @@ def main() -> None:
         latencies: list[float] = []
         try:
             wait_for(
-                lambda: (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status") == "pass",
+                lambda: (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass",
                 60,
                 "first verdict pass",
             )
@@ -70,8 +71,7 @@ def main() -> None:
                 wait_for(
                     lambda: (
                         our_taint(core.api_client.sanitize_for_serialization(core.read_node(node))) is None
-                        and (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status")
-                        == "pass"
+                        and (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass"
                     ),
                     60,
                     f"trial {i}: untainted and pass",

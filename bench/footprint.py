@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from agent.config import load_config_dir
+from agent.core.contract import Keys
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.sources import SnapshotSource
 from bench._kube import (
@@ -107,7 +108,7 @@ def process(cycles: int, interval: float, warmup: float) -> None:
         core = core_api(env)
         try:
             wait_for(
-                lambda: (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status") == "pass",
+                lambda: (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass",
                 60,
                 "first verdict",
             )

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.core.contract import Keys
 from bench._kube import (
     AgentProcess,
     apiserver_requests,
@@ -69,7 +70,7 @@ def main() -> None:
         agent = AgentProcess(env, node, snap, cfg, work / "agent.log", metrics_port=port)
         try:
             wait_for(
-                lambda: (core.read_node(node).metadata.labels or {}).get("gpu-healthcheck/status") == "pass",
+                lambda: (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass",
                 60,
                 "first verdict",
             )

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from agent.core.contract import CLEAR_ALL, CONDITIONS, DEFAULT_CONDITION_TYPE, Keys
+from agent.core.severity import Status
+
 pytestmark = pytest.mark.kube
 
 ROOT = Path(__file__).parent.parent
@@ -23,7 +26,9 @@ XID_LINE = (
     "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', "
     "name=<unknown>, GPU has fallen off the bus.\n"
 )
-TAINT = "gpu-healthcheck/unhealthy"
+K = Keys()
+TAINT = K.taint
+COND = DEFAULT_CONDITION_TYPE
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
@@ -123,24 +128,22 @@ def events(world: dict[str, Any]) -> list[str]:
 def test_contract_xid_taint_sigterm(world: dict[str, Any]) -> None:
     labels = wait_for(
         lambda: (
-            node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status") == "pass"
+            node_dict(world)["metadata"]["labels"].get(K.status) == "pass"
             and node_dict(world)["metadata"]["labels"]
         ),
         what="status=pass",
     )
-    assert labels["gpu-healthcheck/severity"] == "none"
+    assert labels[K.severity] == "none"
     node = node_dict(world)
     assert our_taint(node) is None
-    doc = json.loads(node["metadata"]["annotations"]["gpu-healthcheck/results"])
+    doc = json.loads(node["metadata"]["annotations"][K.results])
     assert doc["status"] == "pass" and doc["instanceType"] == "p5.48xlarge"
     # The condition is a second request (nodes/status) after the labels: wait for it too.
     cond = wait_for(
-        lambda: next(
-            (c for c in node_dict(world)["status"]["conditions"] if c["type"] == "GPUHealthy"), None
-        ),
-        what="GPUHealthy condition",
+        lambda: next((c for c in node_dict(world)["status"]["conditions"] if c["type"] == COND), None),
+        what=f"{COND} condition",
     )
-    assert cond["status"] == "True"
+    assert cond["status"] == CONDITIONS[Status.PASS].status
     assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"  # the fixture's labels survive
 
     # A kernel Xid 79 line taints the node without waiting for the 30 s tier interval.
@@ -149,17 +152,17 @@ def test_contract_xid_taint_sigterm(world: dict[str, Any]) -> None:
     taint = wait_for(lambda: our_taint(node_dict(world)), timeout=15, what="taint after Xid 79")
     assert taint["value"] == "reboot" and taint["effect"] == "NoSchedule"
     node = node_dict(world)
-    assert node["metadata"]["labels"]["gpu-healthcheck/status"] == "fail"
+    assert node["metadata"]["labels"][K.status] == "fail"
     cond = wait_for(
         lambda: next(
             (
                 c
                 for c in node_dict(world)["status"]["conditions"]
-                if c["type"] == "GPUHealthy" and c["status"] == "False"
+                if c["type"] == COND and c["status"] == CONDITIONS[Status.FAIL].status
             ),
             None,
         ),
-        what="GPUHealthy=False",
+        what=f"{COND}={CONDITIONS[Status.FAIL].status}",
     )
     assert "Xid 79" in cond["message"]
     wait_for(lambda: "LatchedFinding" in events(world), what="LatchedFinding event")
@@ -171,9 +174,7 @@ def test_contract_xid_taint_sigterm(world: dict[str, Any]) -> None:
 
 
 def test_config_reload_and_rejection(world: dict[str, Any]) -> None:
-    wait_for(
-        lambda: node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status"), what="first verdict"
-    )
+    wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status), what="first verdict")
     (world["cfg"] / "config.yaml").write_text("intervals:\n  gpu: 5\n")
     wait_for(lambda: "ConfigReloaded" in events(world), what="ConfigReloaded")
     (world["cfg"] / "config.yaml").write_text("intervals:\n  gpu: soon\n")
@@ -209,7 +210,7 @@ def test_an_api_outage_mid_run_converges_after_it_ends(
     world = {"node": node, "core": kube.api_client(), "kube": kube}
     try:
         wait_for(
-            lambda: node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status") == "pass",
+            lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass",
             what="first verdict",
         )
         proxy.cut()
@@ -233,37 +234,37 @@ def test_dry_run_writes_nothing(kube: Any, gpu_node: Callable[..., Any], tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     world = {"node": node, "core": kube.api_client(), "kube": kube}
     current = node_dict(world)
-    assert not any(k.startswith("gpu-healthcheck/") for k in current["metadata"]["labels"])
+    assert not any(K.ours(k) for k in current["metadata"]["labels"])
     assert our_taint(current) is None
     assert "dry" in proc.stdout.lower()
 
 
 def test_an_operator_clears_a_latched_xid(world: dict[str, Any]) -> None:
     wait_for(
-        lambda: node_dict(world)["metadata"]["labels"].get("gpu-healthcheck/status") == "pass",
+        lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass",
         what="first verdict",
     )
     with (world["snap"] / "kmsg.log").open("a") as fh:
         fh.write(XID_LINE)
     wait_for(lambda: our_taint(node_dict(world)), timeout=15, what="taint after Xid 79")
-    world["kube"].kubectl("annotate", "node", world["node"], "gpu-healthcheck/clear-latched=all")
+    world["kube"].kubectl("annotate", "node", world["node"], f"{K.clear_latched}={CLEAR_ALL}")
     wait_for(
-        lambda: "gpu-healthcheck/clear-latched" not in node_dict(world)["metadata"]["annotations"],
+        lambda: K.clear_latched not in node_dict(world)["metadata"]["annotations"],
         what="the agent to consume the request",
     )
     wait_for(lambda: "LatchesCleared" in events(world), what="LatchesCleared event")
     node = node_dict(world)
-    assert node["metadata"]["labels"]["gpu-healthcheck/status"] == "pass"
-    assert json.loads(node["metadata"]["annotations"]["gpu-healthcheck/results"])["latched"] == []
+    assert node["metadata"]["labels"][K.status] == "pass"
+    assert json.loads(node["metadata"]["annotations"][K.results])["latched"] == []
     wait_for(lambda: our_taint(node_dict(world)) is None, what="the taint to go with the cleared finding")
     # The same Xid line is still in the kernel log: cleared means it does not come back by itself...
     time.sleep(1.5)
-    assert node_dict(world)["metadata"]["labels"]["gpu-healthcheck/status"] == "pass"
+    assert node_dict(world)["metadata"]["labels"][K.status] == "pass"
     # ...but a new Xid does.
     with (world["snap"] / "kmsg.log").open("a") as fh:
         fh.write(XID_LINE)
     wait_for(
-        lambda: node_dict(world)["metadata"]["labels"]["gpu-healthcheck/status"] == "fail",
+        lambda: node_dict(world)["metadata"]["labels"][K.status] == "fail",
         timeout=15,
         what="fail after a new Xid",
     )

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from agent.core.contract import Marks
+from agent.core.contract import TRUE, Keys, Marks, Reason
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import (
     Brake,
@@ -23,8 +23,8 @@ from agent.reporters.brake import (
 from agent.reporters.node_writer import NodeWriter
 from tests.kubeenv import unique_name
 
-P = "gpu-healthcheck"
-TAINT = f"{P}/unhealthy"
+K = Keys()
+TAINT = K.taint
 
 
 def _marks(fail: bool) -> Marks:
@@ -69,6 +69,15 @@ def core(kube: Any) -> Iterator[k8s.CoreV1Api]:
         yield k8s.CoreV1Api(api)
 
 
+def _count(brake: Brake, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
+    """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*): the count behind the brake's
+    answer (a Brake with cache_seconds=0 counts again on every ask). Raises on API errors."""
+    brake.allows_new_taint(node_name, min_rv)
+    st = brake.state
+    assert st is not None
+    return st.tainted, st.total
+
+
 def _ours(core: k8s.CoreV1Api, name: str) -> bool:
     return any(t.key == TAINT for t in core.read_node(name).spec.taints or ())
 
@@ -95,12 +104,12 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, gpu_node: 
     for n in held:
         assert results[n].ok and results[n].brake_open and not results[n].tainted
         labels = core.read_node(n).metadata.labels
-        assert labels[f"{P}/status"] == "fail" and f"{P}/tainted" not in labels  # labelled, not tainted
+        assert labels[K.status] == "fail" and K.tainted not in labels  # labelled, not tainted
         reasons = [
             e.reason
             for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
         ]
-        assert reasons.count("BrakeOpen") == 1  # said once, not every cycle
+        assert reasons.count(Reason.BRAKE_OPEN) == 1  # said once, not every cycle
     st = writers[held[0]].brake.state  # type: ignore[union-attr]
     assert st is not None and st.open and (st.tainted, st.total) == (2, 10)
 
@@ -116,7 +125,7 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, gpu_node: 
             e.reason
             for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
         ]
-        assert "BrakeClosed" in reasons and "TaintAdded" in reasons
+        assert Reason.BRAKE_CLOSED in reasons and Reason.TAINT_ADDED in reasons
 
 
 @pytest.mark.kube
@@ -137,15 +146,15 @@ def test_count_lists_names_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     10,000 nodes on the wire, only their names."""
     pool = unique_name("meta")
     names = sorted(gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3))
-    brake = Brake(core, selector=f"test.example/pool={pool}")
+    brake = Brake(core, selector=f"test.example/pool={pool}", cache_seconds=0)
     rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
     for min_rv in (str(rv), None):  # the cache as it is: after a read not older than the last write
         doc = brake.list_doc(f"test.example/pool={pool}", min_rv=min_rv)
         assert doc["kind"] == "Table"
         assert all(row.get("object") is None for row in doc["rows"])
         assert sorted(names_in_list(doc)) == names
-    assert brake.count() == (0, 3)
-    assert brake.count(names[0]) == (0, 3)
+    assert _count(brake) == (0, 3)
+    assert _count(brake, names[0]) == (0, 3)
 
 
 @pytest.mark.kube
@@ -159,10 +168,10 @@ def test_a_count_not_older_than_a_write_sees_every_write_before_it(
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(20)]
     brake = Brake(core, selector=selector, max_fraction=1.0)
     for i, name in enumerate(names):
-        other = core.patch_node(name, {"metadata": {"labels": {f"{P}/tainted": "true"}}})
+        other = core.patch_node(name, {"metadata": {"labels": {K.tainted: TRUE}}})
         mine = core.patch_node(names[0], {"metadata": {"labels": {"test.example/round": str(i)}}})
         assert int(mine.metadata.resource_version) > int(other.metadata.resource_version)
-        tainted, total = brake.count(None, mine.metadata.resource_version)
+        tainted, total = _count(brake, None, mine.metadata.resource_version)
         assert (tainted, total) == (i + 1, 20)
 
 
@@ -277,25 +286,32 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     pool = unique_name("cache")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     now = [1000.0]
-    brake = Brake(core, selector=selector, clock=lambda: now[0], total_cache_seconds=300, refresh_jitter_s=0)
+    brake = Brake(
+        core,
+        selector=selector,
+        clock=lambda: now[0],
+        total_cache_seconds=300,
+        refresh_jitter_s=0,
+        cache_seconds=0,
+    )
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3)]
     rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
     brake.list_doc(selector, min_rv=str(rv))  # the cache has seen the 3 Nodes: warm reads it as it is
     warm = brake.warm()
     assert warm is not None
     warm.join(10)
-    late = gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"})
+    late = gpu_node(labels={"test.example/pool": pool, K.tainted: TRUE})
     late_rv = late.metadata.resource_version
-    assert brake.count(None, late_rv) == (
+    assert _count(brake, None, late_rv) == (
         1,
         3,
     )  # a new tainted node is seen at once; the total is the warm one
     now[0] += 301
-    assert brake.count() == (1, 3)  # old: still answered at once, from the old total ...
+    assert _count(brake) == (1, 3)  # old: still answered at once, from the old total ...
     deadline = time.monotonic() + 10
-    while brake.count() != (1, 4) and time.monotonic() < deadline:  # ... while it is read again
+    while _count(brake) != (1, 4) and time.monotonic() < deadline:  # ... while it is read again
         time.sleep(0.05)
-    assert brake.count() == (1, 4)
+    assert _count(brake) == (1, 4)
     assert len(names) == 3
 
 
@@ -305,7 +321,7 @@ def test_without_a_total_the_first_count_reads_it(core: k8s.CoreV1Api, gpu_node:
     pool = unique_name("cold")
     node = gpu_node(labels={"test.example/pool": pool})
     brake = Brake(core, selector=f"test.example/pool={pool}")
-    assert brake.count(None, node.metadata.resource_version) == (0, 1)
+    assert _count(brake, None, node.metadata.resource_version) == (0, 1)
 
 
 @pytest.mark.parametrize(
@@ -347,7 +363,7 @@ def test_a_contender_that_never_takes_its_slot_does_not_hold_a_node_back(
     pool = unique_name("stale")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     labels = {"test.example/pool": pool}
-    gpu_node(name=f"a-{pool}", labels={**labels, f"{P}/status": "fail"})  # no agent, never tainted
+    gpu_node(name=f"a-{pool}", labels={**labels, K.status: "fail"})  # no agent, never tainted
     me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
     gpu_node(name=f"c-{pool}", labels=labels)
     now = [1000.0]
@@ -358,7 +374,7 @@ def test_a_contender_that_never_takes_its_slot_does_not_hold_a_node_back(
     res = writer.apply(_marks(True))
     assert res.ok and not res.tainted and res.brake_open
     node = core.read_node(me)
-    assert node.metadata.labels[f"{P}/status"] == "fail"  # it shows itself as a contender
+    assert node.metadata.labels[K.status] == "fail"  # it shows itself as a contender
     assert "ahead of this one" in (brake.state.reason if brake.state else "")
     now[0] += 60
     assert not writer.apply(_marks(True)).tainted  # still within the patience
@@ -381,11 +397,9 @@ def test_a_node_that_sees_other_contenders_waits_for_the_burst_to_land(
     labels = {"test.example/pool": pool}
     a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
     me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
-    gpu_node(name=f"c-{pool}", labels={**labels, f"{P}/status": "fail"})
+    gpu_node(name=f"c-{pool}", labels={**labels, K.status: "fail"})
     brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, settle_s=1.0)
-    later = threading.Timer(
-        0.3, lambda: core.patch_node(a, {"metadata": {"labels": {f"{P}/status": "fail"}}})
-    )
+    later = threading.Timer(0.3, lambda: core.patch_node(a, {"metadata": {"labels": {K.status: "fail"}}}))
     later.start()
     res = NodeWriter(core, me, brake=brake).apply(_marks(True))
     later.join()
@@ -412,12 +426,12 @@ def test_a_cache_behind_our_write_is_counted_as_it_is(core: k8s.CoreV1Api, gpu_n
     within ~3 s (a server far behind a burst). The count goes on with the cache as it is instead of
     failing the write (which would be retried and add load)."""
     pool = unique_name("behind")
-    name = gpu_node(labels={"test.example/pool": pool, f"{P}/tainted": "true"}).metadata.name
-    brake = Brake(core, selector=f"test.example/pool={pool}")
+    name = gpu_node(labels={"test.example/pool": pool, K.tainted: TRUE}).metadata.name
+    brake = Brake(core, selector=f"test.example/pool={pool}", cache_seconds=0)
     rv = core.read_node(name).metadata.resource_version
-    assert brake.count(None, rv) == (1, 1)  # the total, read not older than the Node's creation
+    assert _count(brake, None, rv) == (1, 1)  # the total, read not older than the Node's creation
     ahead = str(int(rv) + 10_000_000)
-    assert brake.count(None, ahead) == (1, 1)
+    assert _count(brake, None, ahead) == (1, 1)
     assert brake.stale_reads == 1
 
 
@@ -428,7 +442,7 @@ def test_at_its_last_recount_a_node_above_the_limit_yields_whatever_its_name(
     """a and b are tainted, the limit is 1. b (after a by name) should yield, but its re-counts may
     be over (a landed late, after a loaded API server held its writes). a's last re-count yields."""
     pool = unique_name("last")
-    labels = {"test.example/pool": pool, f"{P}/tainted": "true"}
+    labels = {"test.example/pool": pool, K.tainted: TRUE}
     a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
     gpu_node(name=f"b-{pool}", labels=labels)
     brake = Brake(core, selector=f"test.example/pool={pool}", max_fraction=1.0, max_nodes=1)
@@ -450,5 +464,5 @@ def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Ap
     assert again is not None  # not stuck "pending"
     again.join(10)
     with pytest.raises(ApiException) as exc:
-        brake.count("gpu-x")
+        brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400

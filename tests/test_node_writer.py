@@ -12,20 +12,28 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.core.contract import CONDITIONS, Marks, NodeEvent
+from agent.core.contract import (
+    CONDITIONS,
+    DEFAULT_CONDITION_TYPE,
+    DEFAULT_PREFIX,
+    DISABLED,
+    TRUE,
+    WARNING,
+    Keys,
+    Marks,
+    NodeEvent,
+    Reason,
+)
 from agent.core.severity import Severity, Status
 from agent.reporters.kube_rest import KubeRest, node_path
-from agent.reporters.node_writer import (
-    ApplyResult,
-    NodeWriter,
-    find_our_taint,
-    plan_condition,
-    plan_node_patch,
-)
+from agent.reporters.node_patch import find_our_taint, plan_condition, plan_node_patch
+from agent.reporters.node_writer import ApplyResult, NodeWriter
 from tests.kubeenv import unique_name
 
-P = "gpu-healthcheck"
-TAINT = f"{P}/unhealthy"
+P = DEFAULT_PREFIX
+K = Keys(P)
+TAINT = K.taint
+COND = DEFAULT_CONDITION_TYPE
 
 
 def make_marks(
@@ -107,11 +115,11 @@ def test_plan_adds_our_taint_and_keys_keeping_everything_else() -> None:
     patch = plan_node_patch(node, FAIL, prefix=P, effect="NoSchedule", taint_on=True)
     assert patch is not None
     assert patch["metadata"]["labels"] == {
-        f"{P}/status": "fail",
-        f"{P}/severity": "reboot",
-        f"{P}/tainted": "true",
+        K.status: "fail",
+        K.severity: "reboot",
+        K.tainted: TRUE,
     }
-    assert patch["metadata"]["annotations"] == {f"{P}/results": FAIL.results_json}
+    assert patch["metadata"]["annotations"] == {K.results: FAIL.results_json}
     assert patch["spec"]["taints"] == [
         *OTHER_TAINTS,
         {"key": TAINT, "value": "reboot", "effect": "NoSchedule"},
@@ -122,26 +130,26 @@ def test_plan_adds_our_taint_and_keys_keeping_everything_else() -> None:
 def test_plan_removes_only_our_exact_taint_and_label() -> None:
     ours = {"key": TAINT, "value": "reboot", "effect": "NoSchedule"}
     node = _node(
-        labels={f"{P}/status": "fail", f"{P}/severity": "reboot", f"{P}/tainted": "true"},
+        labels={K.status: "fail", K.severity: "reboot", K.tainted: TRUE},
         taints=[OTHER_TAINTS[0], ours, OTHER_TAINTS[1]],
-        annotations={f"{P}/results": FAIL.results_json},
+        annotations={K.results: FAIL.results_json},
     )
     patch = plan_node_patch(node, PASS, prefix=P, effect="NoSchedule", taint_on=False)
     assert patch is not None
     assert patch["spec"]["taints"] == OTHER_TAINTS
     assert patch["metadata"]["labels"] == {
-        f"{P}/status": "pass",
-        f"{P}/severity": "none",
-        f"{P}/tainted": None,
+        K.status: "pass",
+        K.severity: "none",
+        K.tainted: None,
     }
 
 
 def test_plan_is_none_when_all_ours_already_match() -> None:
     ours = {"key": TAINT, "value": "reboot", "effect": "NoSchedule"}
     node = _node(
-        labels={f"{P}/status": "fail", f"{P}/severity": "reboot", f"{P}/tainted": "true", "x": "y"},
+        labels={K.status: "fail", K.severity: "reboot", K.tainted: TRUE, "x": "y"},
         taints=[*OTHER_TAINTS, ours],
-        annotations={f"{P}/results": FAIL.results_json},
+        annotations={K.results: FAIL.results_json},
     )
     assert plan_node_patch(node, FAIL, prefix=P, effect="NoSchedule", taint_on=True) is None
     assert find_our_taint(node, P, "NoExecute") == OTHER_TAINTS[1]
@@ -159,22 +167,22 @@ def test_plan_updates_taint_value_in_place_when_severity_changes() -> None:
 
 def test_condition_transition_time_moves_only_with_status() -> None:
     old = {
-        "type": "GPUHealthy",
-        "status": "False",
+        "type": COND,
+        "status": CONDITIONS[Status.FAIL].status,
         "reason": CONDITIONS[Status.FAIL].reason,
         "message": "old",
         "lastHeartbeatTime": "2026-01-01T00:00:00Z",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
     node = _node(conditions=[{"type": "Ready", "status": "True"}, old])
-    same_status = plan_condition(node, FAIL, condition_type="GPUHealthy", now="2026-02-02T00:00:00Z")
+    same_status = plan_condition(node, FAIL, condition_type=COND, now="2026-02-02T00:00:00Z")
     assert same_status is not None
     assert same_status["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert same_status["lastHeartbeatTime"] == "2026-02-02T00:00:00Z"
-    flipped = plan_condition(node, PASS, condition_type="GPUHealthy", now="2026-02-02T00:00:00Z")
+    flipped = plan_condition(node, PASS, condition_type=COND, now="2026-02-02T00:00:00Z")
     assert flipped is not None and flipped["lastTransitionTime"] == "2026-02-02T00:00:00Z"
     unchanged = _node(conditions=[{**old, "message": FAIL.condition_message}])
-    assert plan_condition(unchanged, FAIL, condition_type="GPUHealthy", now="2026-02-02T00:00:00Z") is None
+    assert plan_condition(unchanged, FAIL, condition_type=COND, now="2026-02-02T00:00:00Z") is None
 
 
 def test_unreachable_api_server_returns_failure_without_raising() -> None:
@@ -222,7 +230,7 @@ def our_taints(node: Any) -> list[Any]:
     return [t for t in node.spec.taints or () if t.key == TAINT]
 
 
-def condition(node: Any, ctype: str = "GPUHealthy") -> Any:
+def condition(node: Any, ctype: str = COND) -> Any:
     return next(c for c in node.status.conditions if c.type == ctype)
 
 
@@ -239,10 +247,18 @@ def wait_for(pred: Callable[[], bool], what: str, limit: float = 30.0) -> None:
 @pytest.mark.parametrize(
     ("marks", "taint_value", "cond_status"),
     [
-        (PASS, None, "True"),
-        (make_marks(Status.WARN, Severity.MONITOR, message="GPU 3: 2 retired pages"), None, "True"),
-        (FAIL, "reboot", "False"),
-        (make_marks(Status.UNKNOWN, message="kernel log unreadable"), None, "Unknown"),
+        (PASS, None, CONDITIONS[Status.PASS].status),
+        (
+            make_marks(Status.WARN, Severity.MONITOR, message="GPU 3: 2 retired pages"),
+            None,
+            CONDITIONS[Status.WARN].status,
+        ),
+        (FAIL, "reboot", CONDITIONS[Status.FAIL].status),
+        (
+            make_marks(Status.UNKNOWN, message="kernel log unreadable"),
+            None,
+            CONDITIONS[Status.UNKNOWN].status,
+        ),
     ],
     ids=["pass", "warn", "fail", "unknown"],
 )
@@ -260,20 +276,20 @@ def test_contract_is_written(
     assert res.ok and res.node_writes == 1 and res.status_writes == 1
     node = core.read_node(kube_node_name)
     labels = node.metadata.labels
-    assert labels[f"{P}/status"] == marks.status.value
-    assert labels[f"{P}/severity"] == marks.severity.label
-    assert json.loads(node.metadata.annotations[f"{P}/results"]) == json.loads(marks.results_json)
+    assert labels[K.status] == marks.status.value
+    assert labels[K.severity] == marks.severity.label
+    assert json.loads(node.metadata.annotations[K.results]) == json.loads(marks.results_json)
     c = condition(node)
     assert (c.status, c.reason, c.message) == (cond_status, marks.condition_reason, marks.condition_message)
     assert condition(node, "Ready").status == "True"  # kubelet's condition untouched
     got = our_taints(node)
     if taint_value is None:
-        assert got == [] and f"{P}/tainted" not in labels and res.tainted is False
+        assert got == [] and K.tainted not in labels and res.tainted is False
     else:
         assert [(t.value, t.effect) for t in got] == [(taint_value, "NoSchedule")]
-        assert labels[f"{P}/tainted"] == "true" and res.tainted is True
+        assert labels[K.tainted] == TRUE and res.tainted is True
     assert "StatusChanged" in reasons(core, kube_node_name)
-    assert ("TaintAdded" in reasons(core, kube_node_name)) is (taint_value is not None)
+    assert (Reason.TAINT_ADDED in reasons(core, kube_node_name)) is (taint_value is not None)
     assert node.spec.unschedulable is not True  # never cordons
 
 
@@ -318,9 +334,9 @@ def test_status_change_moves_transition_time_and_removes_taint(
     assert condition(node).last_transition_time == t0  # still False: no transition
     assert [t.value for t in our_taints(node)] == ["isolate"]
     res = w.apply(PASS)
-    assert res.ok and not res.tainted and "TaintRemoved" in res.events
+    assert res.ok and not res.tainted and Reason.TAINT_REMOVED in res.events
     node = core.read_node(kube_node_name)
-    assert our_taints(node) == [] and f"{P}/tainted" not in node.metadata.labels
+    assert our_taints(node) == [] and K.tainted not in node.metadata.labels
     assert condition(node).last_transition_time > t0
 
 
@@ -389,8 +405,8 @@ def test_others_keys_survive_hundreds_of_interleaved_writes(
             ("other.example/maint", str(rounds - 1), "NoSchedule"),
         ]
     )
-    assert node.metadata.labels[f"{P}/status"] == "fail"
-    assert json.loads(node.metadata.annotations[f"{P}/results"])["status"] == "fail"
+    assert node.metadata.labels[K.status] == "fail"
+    assert json.loads(node.metadata.annotations[K.results])["status"] == "fail"
     conflicts = sum(r.conflicts for r in results)
     assert conflicts == writes.c[("node", "conflict")]
     assert writes.c[("node", "ok")] == rounds  # every flip was a real write
@@ -422,7 +438,7 @@ def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> N
         assert writes.c[("node", "conflict")] == 2
         node = real.read_node(kube_node_name)
         assert node.metadata.labels["other.example/sneak"] == "2"
-        assert node.metadata.labels[f"{P}/status"] == "fail" and our_taints(node)
+        assert node.metadata.labels[K.status] == "fail" and our_taints(node)
 
 
 @pytest.mark.kube
@@ -430,17 +446,17 @@ def test_taint_disabled_label_is_honoured(core: k8s.CoreV1Api, gpu_node: Any, ku
     gpu_node()
     w = NodeWriter(core, kube_node_name)
     assert w.apply(FAIL).tainted
-    core.patch_node(kube_node_name, {"metadata": {"labels": {f"{P}/taint": "disabled"}}})
+    core.patch_node(kube_node_name, {"metadata": {"labels": {K.taint_opt_out: DISABLED}}})
     res = w.apply(FAIL)
-    assert res.ok and res.taint_disabled and not res.tainted and "TaintDisabled" in res.events
+    assert res.ok and res.taint_disabled and not res.tainted and Reason.TAINT_DISABLED in res.events
     node = core.read_node(kube_node_name)
-    assert our_taints(node) == [] and f"{P}/tainted" not in node.metadata.labels
-    assert node.metadata.labels[f"{P}/status"] == "fail"  # labels keep being written
-    assert node.metadata.labels[f"{P}/taint"] == "disabled"  # the operator's label stays
+    assert our_taints(node) == [] and K.tainted not in node.metadata.labels
+    assert node.metadata.labels[K.status] == "fail"  # labels keep being written
+    assert node.metadata.labels[K.taint_opt_out] == DISABLED  # the operator's label stays
     again = w.apply(make_marks(Status.FAIL, Severity.ISOLATE, message="worse"))
-    assert again.ok and not again.tainted and "TaintDisabled" not in again.events  # said once
+    assert again.ok and not again.tainted and Reason.TAINT_DISABLED not in again.events  # said once
     assert our_taints(core.read_node(kube_node_name)) == []
-    assert core.read_node(kube_node_name).metadata.labels[f"{P}/severity"] == "isolate"
+    assert core.read_node(kube_node_name).metadata.labels[K.severity] == "isolate"
 
 
 @pytest.mark.kube
@@ -457,9 +473,12 @@ def test_removed_taint_is_restored_by_the_watch(
         n.spec.taints = [t for t in n.spec.taints if t.key != TAINT]
         core.replace_node(kube_node_name, n)
         wait_for(lambda: bool(our_taints(core.read_node(kube_node_name))), "the taint to come back")
-        wait_for(lambda: "TaintRestored" in reasons(core, kube_node_name), "the TaintRestored Event")
-        ev = next(e for e in events_for(core, kube_node_name) if e.reason == "TaintRestored")
-        assert ev.type == "Warning"
+        wait_for(
+            lambda: Reason.TAINT_RESTORED in reasons(core, kube_node_name),
+            f"the {Reason.TAINT_RESTORED} Event",
+        )
+        ev = next(e for e in events_for(core, kube_node_name) if e.reason == Reason.TAINT_RESTORED)
+        assert ev.type == WARNING
         node = core.read_node(kube_node_name)
         assert [t.key for t in node.spec.taints].count("nvidia.com/gpu") == 1
         assert w.restores == 1
@@ -467,7 +486,7 @@ def test_removed_taint_is_restored_by_the_watch(
         t0 = time.monotonic()
         w.stop()
         stopped_in = time.monotonic() - t0
-    assert w._thread is not None and not w._thread.is_alive(), f"watch still running after {stopped_in:.2f}s"
+    assert not w.watch.running, f"watch still running after {stopped_in:.2f}s"
     assert our_taints(core.read_node(kube_node_name))  # stopping never removes the taint
 
 
@@ -513,7 +532,7 @@ def test_dry_run_writes_nothing(core: k8s.CoreV1Api, gpu_node: Any, kube_node_na
     res = NodeWriter(core, kube_node_name, dry_run=True, on_write=writes).apply(
         make_marks(Status.FAIL, Severity.RESET, events=(NodeEvent("X", "y"),))
     )
-    assert res.ok and res.dry_run and not res.wrote and "TaintAdded" in res.events
+    assert res.ok and res.dry_run and not res.wrote and Reason.TAINT_ADDED in res.events
     assert writes.c[("node", "skipped")] == 1 and writes.c[("status", "skipped")] == 1
     assert core.read_node(kube_node_name).metadata.resource_version == rv
     assert reasons(core, kube_node_name) == []
@@ -551,7 +570,7 @@ def test_a_taint_whose_answer_was_lost_is_still_recounted(kube: Any, gpu_node: A
         core.patch_node(  # the racer
             first,
             {
-                "metadata": {"labels": {f"{P}/tainted": "true"}},
+                "metadata": {"labels": {K.tainted: TRUE}},
                 "spec": {"taints": [{"key": TAINT, "value": "true", "effect": "NoSchedule"}]},
             },
         )

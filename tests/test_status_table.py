@@ -10,12 +10,13 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.cli.status import HEADER, age, render_status, status_rows, worst_finding
-from agent.core.contract import Marks
+from agent.core.contract import DEFAULT_PREFIX, Keys, Marks
 from agent.core.severity import Severity, Status
 from agent.reporters.node_writer import NodeWriter
 from tests.kubeenv import unique_name
 
-P = "gpu-healthcheck"
+P = DEFAULT_PREFIX
+K = Keys(P)
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 
 
@@ -37,8 +38,8 @@ def _results(
 
 
 def _node(name: str, doc: dict[str, Any] | None) -> dict[str, Any]:
-    labels = {f"{P}/status": doc["status"], f"{P}/severity": doc["severity"]} if doc else {}
-    ann = {f"{P}/results": json.dumps(doc)} if doc else {}
+    labels = {K.status: doc["status"], K.severity: doc["severity"]} if doc else {}
+    ann = {K.results: json.dumps(doc)} if doc else {}
     return {"metadata": {"name": name, "labels": labels, "annotations": ann}}
 
 
@@ -117,9 +118,7 @@ def test_rows_sorted_fail_first() -> None:
 
 
 def test_corrupt_annotation_does_not_break_the_table() -> None:
-    node = {
-        "metadata": {"name": "n", "labels": {f"{P}/status": "fail"}, "annotations": {f"{P}/results": "{"}}
-    }
+    node = {"metadata": {"name": "n", "labels": {K.status: "fail"}, "annotations": {K.results: "{"}}}
     assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "-")]
 
 

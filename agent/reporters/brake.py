@@ -1,50 +1,19 @@
 """The cluster-wide brake (DESIGN.md §3): stop adding taints when too many GPU nodes are already tainted.
 
-A detector that taints on a bad driver push or a false positive can empty a whole GPU fleet; the brake
-bounds that blast radius by a fraction of the GPU nodes and, optionally, an absolute count (anchors §11
-item 6). It is consulted only when a node is about to *gain* our taint, never to keep or remove one.
+A bad driver push or a false positive must not taint a whole GPU fleet: the brake bounds the blast
+radius by a fraction of the GPU nodes and, optionally, an absolute count. It is asked only when a
+node is about to *gain* our taint, never to keep or remove one. It refuses, this node not counted,
 
-The inequality (refuse when *already* at or above the limit, this node not counted):
+    iff  tainted_now >= max_fraction * total  (exact)  or  (max_nodes > 0 and tainted_now >= max_nodes)
 
-    refuse  iff  tainted_now >= max_fraction * total      (exact rational arithmetic)
-            or   (max_nodes > 0 and tainted_now >= max_nodes)
-
-so with 10 GPU nodes and 0.2 at most 2 are tainted, and on a small pool (3 nodes) the first failing
-node can always be tainted (a fixed "after adding" rule would block repair on every pool < 5 nodes).
-`max_fraction >= 1` turns the fraction limit off; `max_fraction <= 0` forbids every new taint.
-
-Counting lists Node *names only* with label selectors: all GPU nodes (`selector`) and the ones we
-tainted (`selector,<prefix>/tainted=true`; the writer keeps that label exactly while its taint is on).
-Names come as server-side Table rows without objects (`as=Table`, `includeObject=None`, what `kubectl
-get` asks for): about 150 bytes a Node, where PartialObjectMetadata carries every Node's annotations
-(our results among them) and managedFields, about 5.6 KiB a Node. That difference is what a fleet-wide
-fault costs: 800 agents counting 2,000 Nodes at once asked the API server for 9 GB of metadata
-(bench/fleet.py). PartialObjectMetadataList and a plain list are accepted as fallbacks.
-
-Every list is served from the API server's watch cache, never from etcd. The GPU-node total with
-resourceVersion=0 (as the cache has it; a fleet's size does not notice milliseconds), read ahead of
-need and refreshed in the background (`_gpu_nodes`). The tainted and contender lists with
-resourceVersionMatch=NotOlderThan our own last write's resourceVersion: the cache answers once it
-has seen that write, so every write that landed before ours is counted. Not consistent reads (no
-resourceVersion): in bench/fleet.py, 800 agents asking at once kept the cache from proving itself
-fresh in time, the reads fell back to etcd, each one a range over all 2,000 Nodes (8.9 MB), and etcd
-grew past 12 GiB. A cache that lags more than a few seconds answers with an error instead; the write
-fails and is retried with backoff, which is the throttle an overloaded API server needs. Lists are
-not paged: names are small.
-
-Taking turns: when the count allows a taint, the free slots are shared among the *contenders*
-(failing, untainted GPU nodes that want our taint: `status=fail,tainted!=true,taint!=disabled`) in
-name order (rank_decision). The writer puts its `status=fail` label on the Node before it asks, so
-agents racing in a fleet-wide fault see each other and agree on who goes first without a lock; an
-agent that sees other contenders waits for the burst's labels to land (1 s at a time until no new
-failing node appears, at most 6 s) and counts again, so that racers decide on the same view. Before
-this, the agents of a burst counted before each other's taints landed: in bench/fleet.py with 200
-of 500 nodes failing at once, all 200 were tainted (limit 100) until the post-taint re-count
-(NodeWriter) made 100 of them yield a few seconds later. That re-count stays as the net under what
-a racer cannot see (writes in flight during its count).
-
-A refusal is cached for `cache_seconds` (the engine asks again every cycle while a node fails); an
-"allowed" answer is never cached, so the count is read fresh right before every new taint.
+so on a small pool the first failing node can always be tainted; `max_fraction >= 1` turns the
+fraction off, `<= 0` forbids every new taint. Counting lists Node *names only* (Table rows without
+objects), always from the API server's watch cache, never from etcd: the GPU-node total as the cache
+has it, read ahead of need; the tainted and contender lists not older than our own last write, so
+every write that landed before ours is counted. Free slots go to the contenders (failing, untainted
+GPU nodes that want our taint) in name order, so racing agents agree without a lock; the writer's
+post-taint re-count (taint_gate) catches what a racer could not see. A refusal is cached for
+`cache_seconds`, an "allowed" never. What each rule fixed, measured: bench/README.md ("The brake").
 """
 
 from __future__ import annotations
@@ -166,7 +135,7 @@ class Brake:
 
     def __init__(
         self,
-        core: Any,
+        core: KubeRest,
         *,
         selector: str = DEFAULT_GPU_NODE_SELECTOR,
         max_fraction: float = 0.2,
@@ -180,7 +149,7 @@ class Brake:
         settle_s: float = 1.0,
         settle_max_s: float = 6.0,
     ) -> None:
-        self._rest = KubeRest.of(core)
+        self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selector = selector
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
@@ -297,10 +266,6 @@ class Brake:
     def _total(self, node_name: str | None, min_rv: str | None = None) -> int:
         """GPU nodes, the asking one counted even when the total was read before it existed."""
         return len(self._gpu_nodes(min_rv) | ({node_name} if node_name else set()))
-
-    def count(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[int, int]:
-        """(tainted GPU nodes but *node_name*, GPU nodes with *node_name*). Raises on API errors."""
-        return len(self._others_tainted(node_name, min_rv)), self._total(node_name, min_rv)
 
     def allows_new_taint(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[bool, str]:
         """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a

@@ -49,6 +49,20 @@ def node_path(name: str, subresource: str = "") -> str:
     return f"/api/v1/nodes/{quote(name, safe='')}" + (f"/{subresource}" if subresource else "")
 
 
+def api_status(exc: BaseException) -> int | None:
+    """The HTTP status of an `ApiException` (None for anything else: a timeout, a refused connection)."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def describe_error(exc: BaseException) -> str:
+    """One short line for a log or an ApplyResult: the API's status and reason, else the exception."""
+    status = api_status(exc)
+    if status:
+        return f"API error {status} {getattr(exc, 'reason', '') or ''}".strip()
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 class KubeRest:
     """One `ApiClient` (its configuration, auth and pool); every method answers with API JSON."""
 
@@ -127,6 +141,8 @@ __all__ = [
     "REQUEST_TIMEOUT",
     "STRATEGIC_MERGE_PATCH",
     "KubeRest",
+    "api_status",
+    "describe_error",
     "node_path",
     "query_params",
 ]

@@ -14,14 +14,16 @@ Why it is built this way:
   keep the agent from tainting a node is the label `<prefix>/taint=disabled`.
 - API errors never escape apply(): it says so in the ApplyResult and the engine tries again.
 - There is no shutdown hook touching the Node: stopping or rolling out the agent never removes a taint.
+
+apply() orchestrates; the parts live beside it: node_patch (what differs, pure), taint_gate (whether
+our taint goes on: the brake and its post-taint yield), events (the Events' words and their POST),
+node_watch (the watch of the own Node and the latest copy of it).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,11 +36,7 @@ from agent.core.contract import (
     DEFAULT_CONDITION_TYPE,
     DEFAULT_PREFIX,
     DEFAULT_TAINT_EFFECT,
-    DISABLED,
-    EVENT_MESSAGE_MAX,
     EVENT_NAMESPACE,
-    TRUE,
-    WARNING,
     Keys,
     Marks,
     NodeEvent,
@@ -47,7 +45,25 @@ from agent.core.contract import (
     now_iso,
 )
 from agent.reporters.brake import Brake
-from agent.reporters.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, node_path
+from agent.reporters.events import EventPoster, transition_events
+from agent.reporters.kube_rest import (
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    KubeRest,
+    api_status,
+    describe_error,
+    node_path,
+)
+from agent.reporters.node_patch import (
+    annotations_of,
+    find_our_taint,
+    plan_condition,
+    plan_node_patch,
+    rv_text,
+    taint_disabled,
+)
+from agent.reporters.node_watch import NodeWatch
+from agent.reporters.taint_gate import TaintDecision, TaintGate
 
 log = logging.getLogger(__name__)
 
@@ -57,129 +73,6 @@ PENDING_EVENTS_MAX = 64
 WATCH_TIMEOUT_SECONDS = 300
 
 OnWrite = Callable[[str, str], None]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pure merge logic (no API): Node dict (API JSON, camelCase) + Marks -> what to write
-
-
-def _labels(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("labels") or {})
-
-
-def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
-    return dict((node.get("metadata") or {}).get("annotations") or {})
-
-
-def _taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [dict(t) for t in (node.get("spec") or {}).get("taints") or ()]
-
-
-def find_our_taint(node: Mapping[str, Any], prefix: str, effect: str) -> dict[str, Any] | None:
-    """Ours is exactly (`<prefix>/unhealthy`, our effect); the same key with another effect is not ours."""
-    for t in _taints(node):
-        if t.get("key") == Keys(prefix).taint and t.get("effect") == effect:
-            return t
-    return None
-
-
-def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
-    return _labels(node).get(Keys(prefix).taint_opt_out, "").strip().lower() == DISABLED
-
-
-def desired_labels(marks: Marks, prefix: str, taint_on: bool) -> dict[str, str | None]:
-    """Our labels; None = must be absent."""
-    keys = Keys(prefix)
-    return {
-        keys.status: marks.status.value,
-        keys.severity: marks.severity.label,
-        keys.tainted: TRUE if taint_on else None,
-    }
-
-
-def plan_node_patch(
-    node: Mapping[str, Any], marks: Marks, *, prefix: str, effect: str, taint_on: bool
-) -> dict[str, Any] | None:
-    """The merge patch (without resourceVersion) that makes our metadata and taint match, or None.
-
-    Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed
-    or get a new value, and then it is the Node's own list with only our (key, effect) changed.
-    """
-    labels, annotations = _labels(node), _annotations(node)
-    label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
-    ann_key = Keys(prefix).results
-    ann_patch: dict[str, str | None] = (
-        {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
-    )
-    for key in marks.drop_annotations:
-        if Keys(prefix).ours(key) and key in annotations:
-            ann_patch[key] = None  # a merge patch null deletes the key
-
-    taints = _taints(node)
-    ours = find_our_taint(node, prefix, effect)
-    new_taints: list[dict[str, Any]] | None = None
-    if taint_on:
-        want = {"key": Keys(prefix).taint, "value": marks.severity.label, "effect": effect}
-        if ours is None:
-            new_taints = [*taints, want]
-        elif ours.get("value") != want["value"]:
-            new_taints = [want if t is not None and _same_taint(t, ours) else t for t in taints]
-    elif ours is not None:
-        new_taints = [t for t in taints if not _same_taint(t, ours)]
-
-    meta: dict[str, Any] = {}
-    if label_patch:
-        meta["labels"] = label_patch
-    if ann_patch:
-        meta["annotations"] = ann_patch
-    patch: dict[str, Any] = {}
-    if meta:
-        patch["metadata"] = meta
-    if new_taints is not None:
-        patch["spec"] = {"taints": new_taints}
-    return patch or None
-
-
-def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
-
-
-def find_condition(node: Mapping[str, Any], condition_type: str) -> dict[str, Any] | None:
-    for c in (node.get("status") or {}).get("conditions") or ():
-        if c.get("type") == condition_type:
-            return dict(c)
-    return None
-
-
-def plan_condition(
-    node: Mapping[str, Any], marks: Marks, *, condition_type: str, now: str
-) -> dict[str, Any] | None:
-    """Our condition when status/reason/message differ (lastTransitionTime moves only with status)."""
-    cur = find_condition(node, condition_type)
-    want = {
-        "status": marks.condition_status,
-        "reason": marks.condition_reason,
-        "message": marks.condition_message,
-    }
-    if cur is not None and all(cur.get(k) == v for k, v in want.items()):
-        return None
-    transition = now
-    if cur is not None and cur.get("status") == marks.condition_status and cur.get("lastTransitionTime"):
-        transition = str(cur["lastTransitionTime"])
-    return {"type": condition_type, **want, "lastHeartbeatTime": now, "lastTransitionTime": transition}
-
-
-def _rv(node: Mapping[str, Any] | None) -> int:
-    try:
-        return int(((node or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-# ---------------------------------------------------------------------------------------------------
-
-
-VERIFY_ROUNDS = (1.0, 3.0, 8.0, 15.0)  # post-taint re-counts, in units of verify_delay_s
 
 
 @dataclass(frozen=True)
@@ -206,26 +99,8 @@ class _Conflict(Exception):
     pass
 
 
-def _rv_text(node: Mapping[str, Any]) -> str | None:
-    """The Node's resourceVersion as the API wrote it (None when absent)."""
-    rv = (node.get("metadata") or {}).get("resourceVersion")
-    return str(rv) if rv else None
-
-
 def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, _Conflict)
-
-
-def _api_status(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
-
-
-def _describe(exc: BaseException) -> str:
-    status = _api_status(exc)
-    if status:
-        return f"API error {status} {getattr(exc, 'reason', '') or ''}".strip()
-    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 class NodeWriter:
@@ -233,7 +108,7 @@ class NodeWriter:
 
     def __init__(
         self,
-        core: Any,
+        core: KubeRest,
         node_name: str,
         *,
         prefix: str = DEFAULT_PREFIX,
@@ -246,7 +121,7 @@ class NodeWriter:
         component: str = COMPONENT,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
-        self.rest = KubeRest.of(core)
+        self.rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.node_name = node_name
         self.prefix = prefix
         self.condition_type = condition_type
@@ -259,23 +134,32 @@ class NodeWriter:
         self.watch_timeout_seconds = watch_timeout_seconds
 
         self._apply_lock = threading.RLock()
-        self._node_lock = threading.Lock()
-        self._node: dict[str, Any] | None = None  # the last seen Node (watch, reads, write responses)
         self._last_marks: Marks | None = None
-        self._taint_on = False  # after the last successful apply our taint was (to be) on
-        self._brake_open = False
-        self._disabled_noted = False
         self._pending_events: list[NodeEvent] = []
-        self._yield_reason = ""  # set when a post-taint check found a race over the brake limit
-        self._taint_rv: str | None = None  # resourceVersion of the write that added our taint
-        self._verify_scheduled = False  # the post-taint re-count runs for the current taint
-        self._taint_attempted = False  # this writer sent a write adding our taint (answer or not)
-        self.verify_delay_s = 2.0  # racing agents' writes land within this; then the count is settled
 
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._watch: Any = None
-        self._watch_synced = threading.Event()
+        self.watch = NodeWatch(
+            self.rest,
+            node_name,
+            on_node=self._on_node,
+            timeout_seconds=watch_timeout_seconds,
+            request_timeout=REQUEST_TIMEOUT,
+        )
+        self.poster = EventPoster(
+            self.rest,
+            node_name,
+            namespace=event_namespace,
+            component=component,
+            request_timeout=REQUEST_TIMEOUT,
+            note=self._note,
+        )
+        self.gate = TaintGate(
+            node_name,
+            brake,
+            prefix=prefix,
+            effect=taint_effect,
+            reapply=self._reapply_last,
+            stopped=lambda: self.watch.stopped,
+        )
         self.restores = 0
 
     # -- public --------------------------------------------------------------------------------------
@@ -294,50 +178,48 @@ class NodeWriter:
             try:
                 return self._apply_locked(marks)
             except Exception as exc:
-                msg = _describe(exc)
+                msg = describe_error(exc)
                 log.warning("node %s: writing health marks failed: %s", self.node_name, msg)
-                return ApplyResult(ok=False, error=msg, dry_run=self.dry_run, brake_open=self._brake_open)
+                return ApplyResult(
+                    ok=False, error=msg, dry_run=self.dry_run, brake_open=self.gate.state.brake_open
+                )
 
     def read_results(self) -> dict[str, Any] | None:
         """The parsed `<prefix>/results` annotation of the current Node (None if absent or unreadable)."""
         try:
-            node = self._current(fresh=not self._watch_synced.is_set())
+            node = self.watch.current(fresh=not self.watch.synced.is_set())
         except Exception as exc:
-            log.warning("node %s: reading the results annotation failed: %s", self.node_name, _describe(exc))
+            log.warning(
+                "node %s: reading the results annotation failed: %s", self.node_name, describe_error(exc)
+            )
             return None
-        return decode_results(_annotations(node).get(Keys(self.prefix).results))
+        return decode_results(annotations_of(node).get(Keys(self.prefix).results))
 
     def start(self) -> None:
         """Start the watch of the own Node (daemon thread)."""
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._watch_loop, name=f"node-watch-{self.node_name}", daemon=True
-        )
-        self._thread.start()
+        self.watch.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the watch; returns within *timeout* seconds. Touches nothing on the Node."""
-        self._stop.set()
-        self._watch_synced.clear()
-        w = self._watch
-        if w is not None:
-            with contextlib.suppress(Exception):
-                w.stop()
-        t = self._thread
-        if t is not None:
-            t.join(timeout)
+        self.watch.stop(timeout)
 
     @property
     def node(self) -> dict[str, Any] | None:
         """A copy of the last seen Node (API JSON)."""
-        with self._node_lock:
-            return json.loads(json.dumps(self._node)) if self._node is not None else None
+        return self.watch.node
 
     @property
     def brake_open(self) -> bool:
-        return self._brake_open
+        return self.gate.state.brake_open
+
+    @property
+    def verify_delay_s(self) -> float:
+        """Racing agents' writes land within this; then the post-taint count is settled."""
+        return self.gate.verify_delay_s
+
+    @verify_delay_s.setter
+    def verify_delay_s(self, seconds: float) -> None:
+        self.gate.verify_delay_s = seconds
 
     # -- API helpers ---------------------------------------------------------------------------------
     def _note(self, kind: str, outcome: str) -> None:
@@ -346,23 +228,6 @@ class NodeWriter:
                 self._on_write(kind, outcome)
             except Exception:  # a metrics hook must not break writing
                 log.exception("on_write hook failed")
-
-    def _observe(self, node: dict[str, Any]) -> None:
-        with self._node_lock:
-            if self._node is None or _rv(node) >= _rv(self._node):
-                self._node = node
-
-    def _read(self) -> dict[str, Any]:
-        node = self.rest.json("GET", node_path(self.node_name), timeout=REQUEST_TIMEOUT)
-        self._observe(node)
-        return node
-
-    def _current(self, *, fresh: bool) -> dict[str, Any]:
-        with self._node_lock:
-            cached = self._node
-        if cached is not None and not fresh:
-            return cached
-        return self._read()
 
     def _patch(self, subresource: str, body: dict[str, Any], content_type: str) -> dict[str, Any]:
         """Patch the Node (or its status) and remember the answer as the latest Node."""
@@ -374,7 +239,7 @@ class NodeWriter:
             query={"fieldManager": self.component},
             timeout=REQUEST_TIMEOUT,
         )
-        self._observe(node)
+        self.watch.observe(node)
         return node
 
     def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -384,35 +249,11 @@ class NodeWriter:
         return self._patch("status", {"status": {"conditions": [cond]}}, STRATEGIC_MERGE_PATCH)
 
     # -- the write -----------------------------------------------------------------------------------
-    def _asks_brake(self, node: Mapping[str, Any], marks: Marks) -> bool:
-        """Would _decide_taint ask the brake (a new taint) rather than answer by itself?"""
-        return (
-            marks.taint
-            and self.brake is not None
-            and not taint_disabled(node, self.prefix)
-            and not self._yield_reason
-            and find_our_taint(node, self.prefix, self.taint_effect) is None
-            and not self._taint_on
-        )
-
-    def _decide_taint(self, node: Mapping[str, Any], marks: Marks) -> tuple[bool, bool, bool, str]:
-        """(taint_on, brake_open, disabled, brake_reason) for this Node and Marks."""
-        if not marks.taint:
-            return False, False, False, ""
-        if taint_disabled(node, self.prefix):
-            return False, False, True, ""
-        if self._yield_reason:
-            return False, True, False, self._yield_reason
-        if not self._asks_brake(node, marks) or self.brake is None:
-            return True, False, False, ""  # keeping (or restoring) a taint we hold needs no brake
-        ok, reason = self.brake.allows_new_taint(self.node_name, _rv_text(node))
-        return ok, not ok, False, reason
-
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         conflicts = 0
-        node_writes = status_writes = 0
-        fresh = not self._watch_synced.is_set()
-        decided: tuple[bool, bool, bool, str] = (False, False, False, "")
+        node_writes = 0
+        fresh = not self.watch.synced.is_set()
+        decided = TaintDecision()
         had_taint = False
 
         retrying = tenacity.Retrying(
@@ -429,7 +270,7 @@ class NodeWriter:
             try:
                 written = self._patch_node(patch)
             except Exception as exc:
-                if _api_status(exc) == 409:
+                if api_status(exc) == 409:
                     conflicts += 1
                     self._note("node", "conflict")
                     raise _Conflict(
@@ -443,8 +284,8 @@ class NodeWriter:
 
         for attempt in retrying:
             with attempt:
-                node = self._current(fresh=fresh or attempt.retry_state.attempt_number > 1)
-                if self._asks_brake(node, marks) and not self.dry_run:
+                node = self.watch.current(fresh=fresh or attempt.retry_state.attempt_number > 1)
+                if self.gate.asks_brake(node, marks) and not self.dry_run:
                     # Our failing labels first, without the taint: agents racing for the brake's free
                     # slots then see this node among the contenders (Brake: taking turns).
                     first = plan_node_patch(
@@ -452,8 +293,8 @@ class NodeWriter:
                     )
                     if first is not None:
                         node = write(node, first)
-                decided = self._decide_taint(node, marks)
-                taint_on = decided[0]
+                decided = self.gate.decide(node, marks)
+                taint_on = decided.taint_on
                 had_taint = find_our_taint(node, self.prefix, self.taint_effect) is not None
                 patch = plan_node_patch(
                     node, marks, prefix=self.prefix, effect=self.taint_effect, taint_on=taint_on
@@ -464,198 +305,50 @@ class NodeWriter:
                         self._note("node", "skipped")
                     else:
                         adding = taint_on and not had_taint
-                        self._taint_attempted |= adding  # stays set if the answer never comes
+                        if adding:
+                            self.gate.sending_taint()  # stays set if the answer never comes
                         written = write(node, patch)
                         if adding:
-                            self._taint_rv = _rv_text(written)
-        taint_on, brake_open, disabled, _ = decided
-        node = self._current(fresh=False)
-        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
-        if cond is not None:
-            if self.dry_run:
-                log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
-                self._note("status", "skipped")
-            else:
-                try:
-                    self._patch_status(cond)
-                except Exception:
-                    self._note("status", "error")
-                    raise
-                status_writes += 1
-                self._note("status", "ok")
+                            self.gate.taint_landed(rv_text(written))
+        node = self.watch.current(fresh=False)
+        status_writes = self._write_condition(node, marks)
 
-        events = self._transition_events(marks, decided, had_taint)
-        if not brake_open and self.brake is not None and self._brake_open:
-            self.brake.forget()
-
-        if not self.dry_run:
-            self._taint_on = taint_on
-            self._brake_open = brake_open
-            self._disabled_noted = disabled
-        if not taint_on:
-            self._verify_scheduled = self._taint_attempted = False
-        elif (
-            self._taint_attempted
-            and not self._verify_scheduled
-            and not self.dry_run
-            and self.brake is not None
-        ):
-            # Once per taint this writer added, also when a retry finds it already on: a write
-            # whose answer timed out may have landed. A taint held from before (a restart) is kept
-            # without a re-count: the brake never takes a taint away that it did not just grant.
-            self._verify_scheduled = True
-            self._schedule_verify()
-        if self._yield_reason and brake_open:
-            self._yield_reason = ""  # yielded; from now on the brake is asked again as usual
+        events = transition_events(
+            marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix, effect=self.taint_effect
+        )
+        self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
+        self.gate.settle(decided, dry_run=self.dry_run)
         to_post = [*self._pending_events, *events]
         self._pending_events = []
-        posted = self._post_events(to_post, node)
+        posted = self.poster.post(to_post, node, dry_run=self.dry_run)
         return ApplyResult(
             ok=True,
             node_writes=node_writes,
             status_writes=status_writes,
             conflicts=conflicts,
-            tainted=taint_on and not self.dry_run,
-            brake_open=brake_open,
-            taint_disabled=disabled,
+            tainted=decided.taint_on and not self.dry_run,
+            brake_open=decided.brake_open,
+            taint_disabled=decided.disabled,
             events=posted,
             dry_run=self.dry_run,
         )
 
-    def _schedule_verify(self, round_: int = 0) -> None:
-        """Re-count, once racing agents' writes have landed, that our new taint did not break the
-        limit. Several rounds (about 1×, 3×, 8× and 15× verify_delay_s after the taint): under a
-        fleet-wide burst some racers' writes land after an early re-count."""
-        if round_ >= len(VERIFY_ROUNDS):
-            return
-        delay = self.verify_delay_s * VERIFY_ROUNDS[round_] * (1 + 0.5 * random.random())
-        timer = threading.Timer(delay, self._verify, args=(round_,))
-        timer.daemon = True
-        timer.start()
-
-    def _verify(self, round_: int = 0) -> None:
-        if self.brake is None or self._stop.is_set() or not self._taint_on:
-            return  # stopped, or the taint is already gone: nothing to yield
+    def _write_condition(self, node: Mapping[str, Any], marks: Marks) -> int:
+        """Our condition through nodes/status when it differs; the number of writes (0 or 1)."""
+        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
+        if cond is None:
+            return 0
+        if self.dry_run:
+            log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
+            self._note("status", "skipped")
+            return 0
         try:
-            last = round_ == len(VERIFY_ROUNDS) - 1
-            yield_now, reason = self.brake.overshoot(self.node_name, self._taint_rv, last=last)
-        except Exception as exc:  # API trouble: keep the taint; try the next round
-            log.warning("node %s: brake re-count failed: %s", self.node_name, _describe(exc))
-            yield_now, reason = False, ""
-        if yield_now and self._last_marks is not None:
-            log.warning("node %s: %s", self.node_name, reason)
-            self._yield_reason = reason
-            self._apply(self._last_marks, ())
-            return
-        self._schedule_verify(round_ + 1)
-
-    def _transition_events(
-        self, marks: Marks, decided: tuple[bool, bool, bool, str], had_taint: bool
-    ) -> list[NodeEvent]:
-        """The Events our own decisions deserve (taint added/removed/restored, brake, disabled)."""
-        taint_on, brake_open, disabled, brake_reason = decided
-        keys = Keys(self.prefix)
-        taint = f"{keys.taint}={marks.severity.label}:{self.taint_effect}"
-        disable_label = f"{keys.taint_opt_out}={DISABLED}"
-        out: list[NodeEvent] = []
-        if taint_on and not had_taint:
-            if self._taint_on:
-                self.restores += 1
-                out.append(
-                    NodeEvent(
-                        Reason.TAINT_RESTORED,
-                        f"Taint {taint} was removed while the node fails; "
-                        f"put it back (to stop tainting this node, label it {disable_label})",
-                        WARNING,
-                    )
-                )
-            else:
-                if self._brake_open:
-                    out.append(
-                        NodeEvent(
-                            Reason.BRAKE_CLOSED,
-                            "Tainted GPU nodes are below the brake limit again; tainting this node",
-                        )
-                    )
-                out.append(
-                    NodeEvent(Reason.TAINT_ADDED, f"Tainted {taint}: {marks.condition_message}", WARNING)
-                )
-        elif not taint_on and had_taint:
-            if disabled:
-                out.append(
-                    NodeEvent(
-                        Reason.TAINT_DISABLED,
-                        f"Removed taint {keys.taint}: label {disable_label} is set",
-                    )
-                )
-            else:
-                out.append(
-                    NodeEvent(Reason.TAINT_REMOVED, f"Removed taint {keys.taint}: {marks.condition_message}")
-                )
-        elif disabled and not self._disabled_noted:
-            out.append(
-                NodeEvent(
-                    Reason.TAINT_DISABLED,
-                    f"Not tainting although the node fails: label {disable_label} is set",
-                )
-            )
-        if brake_open and not self._brake_open:
-            out.append(
-                NodeEvent(Reason.BRAKE_OPEN, f"Not tainting although the node fails: {brake_reason}", WARNING)
-            )
-        elif self._brake_open and not brake_open and not taint_on:
-            out.append(NodeEvent(Reason.BRAKE_CLOSED, "The node no longer needs a taint"))
-        return out
-
-    def _post_events(self, events: Sequence[NodeEvent], node: Mapping[str, Any]) -> tuple[str, ...]:
-        posted: list[str] = []
-        uid = (node.get("metadata") or {}).get("uid")
-        for ev in events:
-            if self.dry_run:
-                log.info(
-                    "node %s: dry run, would post Event %s (%s): %s",
-                    self.node_name,
-                    ev.reason,
-                    ev.type,
-                    ev.message,
-                )
-                self._note("event", "skipped")
-                posted.append(ev.reason)
-                continue
-            now = now_iso()
-            body = {
-                "metadata": {"generateName": f"{self.node_name}.", "namespace": self.event_namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node_name,
-                    **({"uid": uid} if uid else {}),
-                },
-                "reason": ev.reason,
-                "message": ev.message[:EVENT_MESSAGE_MAX],
-                "type": ev.type,
-                "source": {"component": self.component, "host": self.node_name},
-                "reportingComponent": self.component,
-                "reportingInstance": self.node_name,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
-            try:
-                self.rest.json(
-                    "POST",
-                    f"/api/v1/namespaces/{self.event_namespace}/events",
-                    body=body,
-                    timeout=REQUEST_TIMEOUT,
-                )
-            except Exception as exc:
-                log.warning("node %s: posting Event %s failed: %s", self.node_name, ev.reason, _describe(exc))
-                self._note("event", "error")
-                continue
-            log.info("node %s: Event %s (%s): %s", self.node_name, ev.reason, ev.type, ev.message)
-            self._note("event", "ok")
-            posted.append(ev.reason)
-        return tuple(posted)
+            self._patch_status(cond)
+        except Exception:
+            self._note("status", "error")
+            raise
+        self._note("status", "ok")
+        return 1
 
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:
@@ -663,14 +356,20 @@ class NodeWriter:
         return (
             marks is not None
             and marks.taint
-            and self._taint_on
+            and self.gate.state.taint_on
             and not self.dry_run
             and not taint_disabled(node, self.prefix)
             and find_our_taint(node, self.prefix, self.taint_effect) is None
         )
 
+    def _reapply_last(self) -> None:
+        """The gate yields: apply the last Marks again (no new Events)."""
+        marks = self._last_marks
+        if marks is not None:
+            self._apply(marks, ())
+
     def _on_node(self, node: dict[str, Any]) -> None:
-        self._observe(node)
+        """Each Node the watch sees: put our taint back if someone removed it while the node fails."""
         if self._needs_restore(node):
             with self._apply_lock:
                 marks = self._last_marks
@@ -681,69 +380,5 @@ class NodeWriter:
                     )
                     self._apply(marks, ())
 
-    def _watch_loop(self) -> None:
-        from kubernetes import watch  # imported here: the pure parts of this module need no client
 
-        backoff = 0.5
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    node = self._read()
-                    rv = str(node["metadata"]["resourceVersion"])
-                    self._watch_synced.set()
-                    self._on_node(node)
-                watch_cls: Any = watch.Watch
-                w = watch_cls()
-                self._watch = w
-                if self._stop.is_set():
-                    break
-                for ev in w.stream(
-                    self.rest.lister("/api/v1/nodes"),
-                    field_selector=f"metadata.name={self.node_name}",
-                    resource_version=rv,
-                    timeout_seconds=self.watch_timeout_seconds,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(5, self.watch_timeout_seconds + 15),
-                ):
-                    if self._stop.is_set():
-                        break
-                    obj = ev.get("raw_object") or {}
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = str(new_rv)
-                    if ev.get("type") in ("ADDED", "MODIFIED"):
-                        self._on_node(obj)
-                    elif ev.get("type") == "DELETED":
-                        with self._node_lock:
-                            self._node = None
-                        self._watch_synced.clear()
-                        rv = None
-                backoff = 0.5
-            except Exception as exc:
-                if self._stop.is_set():
-                    break
-                if _api_status(exc) == 410:
-                    log.info("node %s: watch expired (410 Gone); listing again", self.node_name)
-                    rv = None
-                    continue
-                log.warning(
-                    "node %s: watch failed (%s); retrying in %.1fs", self.node_name, _describe(exc), backoff
-                )
-                self._watch_synced.clear()
-                rv = None
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-        self._watch = None
-
-
-__all__ = [
-    "ApplyResult",
-    "NodeWriter",
-    "desired_labels",
-    "find_condition",
-    "find_our_taint",
-    "plan_condition",
-    "plan_node_patch",
-    "taint_disabled",
-]
+__all__ = ["ApplyResult", "NodeWriter"]

@@ -1,0 +1,149 @@
+"""Pure Node-patch planning (DESIGN.md §4): a Node (API JSON, camelCase) and the Marks in, what to write out.
+
+No API here: the writer reads the Node, these functions say which of our keys differ, and the writer
+sends just that. Labels and annotations are a JSON merge patch naming only our keys (null deletes
+one); `spec.taints` appears only when our taint must change, and then it is the Node's own list with
+only our exact (key, effect) changed. The condition is our one entry of `status.conditions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agent.core.contract import DISABLED, TRUE, Keys, Marks
+
+
+def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("labels") or {})
+
+
+def annotations_of(node: Mapping[str, Any]) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
+
+
+def taints_of(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [dict(t) for t in (node.get("spec") or {}).get("taints") or ()]
+
+
+def find_our_taint(node: Mapping[str, Any], prefix: str, effect: str) -> dict[str, Any] | None:
+    """Ours is exactly (`<prefix>/unhealthy`, our effect); the same key with another effect is not ours."""
+    for t in taints_of(node):
+        if t.get("key") == Keys(prefix).taint and t.get("effect") == effect:
+            return t
+    return None
+
+
+def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
+    return labels_of(node).get(Keys(prefix).taint_opt_out, "").strip().lower() == DISABLED
+
+
+def desired_labels(marks: Marks, prefix: str, taint_on: bool) -> dict[str, str | None]:
+    """Our labels; None = must be absent."""
+    keys = Keys(prefix)
+    return {
+        keys.status: marks.status.value,
+        keys.severity: marks.severity.label,
+        keys.tainted: TRUE if taint_on else None,
+    }
+
+
+def plan_node_patch(
+    node: Mapping[str, Any], marks: Marks, *, prefix: str, effect: str, taint_on: bool
+) -> dict[str, Any] | None:
+    """The merge patch (without resourceVersion) that makes our metadata and taint match, or None.
+
+    Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed
+    or get a new value, and then it is the Node's own list with only our (key, effect) changed.
+    """
+    labels, annotations = labels_of(node), annotations_of(node)
+    label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
+    ann_key = Keys(prefix).results
+    ann_patch: dict[str, str | None] = (
+        {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
+    )
+    for key in marks.drop_annotations:
+        if Keys(prefix).ours(key) and key in annotations:
+            ann_patch[key] = None  # a merge patch null deletes the key
+
+    taints = taints_of(node)
+    ours = find_our_taint(node, prefix, effect)
+    new_taints: list[dict[str, Any]] | None = None
+    if taint_on:
+        want = {"key": Keys(prefix).taint, "value": marks.severity.label, "effect": effect}
+        if ours is None:
+            new_taints = [*taints, want]
+        elif ours.get("value") != want["value"]:
+            new_taints = [want if t is not None and _same_taint(t, ours) else t for t in taints]
+    elif ours is not None:
+        new_taints = [t for t in taints if not _same_taint(t, ours)]
+
+    meta: dict[str, Any] = {}
+    if label_patch:
+        meta["labels"] = label_patch
+    if ann_patch:
+        meta["annotations"] = ann_patch
+    patch: dict[str, Any] = {}
+    if meta:
+        patch["metadata"] = meta
+    if new_taints is not None:
+        patch["spec"] = {"taints": new_taints}
+    return patch or None
+
+
+def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
+
+
+def find_condition(node: Mapping[str, Any], condition_type: str) -> dict[str, Any] | None:
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if c.get("type") == condition_type:
+            return dict(c)
+    return None
+
+
+def plan_condition(
+    node: Mapping[str, Any], marks: Marks, *, condition_type: str, now: str
+) -> dict[str, Any] | None:
+    """Our condition when status/reason/message differ (lastTransitionTime moves only with status)."""
+    cur = find_condition(node, condition_type)
+    want = {
+        "status": marks.condition_status,
+        "reason": marks.condition_reason,
+        "message": marks.condition_message,
+    }
+    if cur is not None and all(cur.get(k) == v for k, v in want.items()):
+        return None
+    transition = now
+    if cur is not None and cur.get("status") == marks.condition_status and cur.get("lastTransitionTime"):
+        transition = str(cur["lastTransitionTime"])
+    return {"type": condition_type, **want, "lastHeartbeatTime": now, "lastTransitionTime": transition}
+
+
+def rv_number(node: Mapping[str, Any] | None) -> int:
+    """The Node's resourceVersion as a number, to keep the latest of two copies (0 when unreadable)."""
+    try:
+        return int(((node or {}).get("metadata") or {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def rv_text(node: Mapping[str, Any]) -> str | None:
+    """The Node's resourceVersion as the API wrote it (None when absent)."""
+    rv = (node.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv else None
+
+
+__all__ = [
+    "annotations_of",
+    "desired_labels",
+    "find_condition",
+    "find_our_taint",
+    "labels_of",
+    "plan_condition",
+    "plan_node_patch",
+    "rv_number",
+    "rv_text",
+    "taint_disabled",
+    "taints_of",
+]
