@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from agent.core.probed import ProbeError
@@ -116,8 +115,3 @@ def _copy_file(src: Path, dst: Path) -> None:
         return  # unreadable sysfs attribute (write-only, EIO): leave it out
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(data)
-
-
-def copy_snapshot(src: Path, dst: Path) -> None:
-    """Copy a snapshot directory, keeping the relative `device` links."""
-    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
