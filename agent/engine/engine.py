@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine.verdict import decide
+from agent.probes.bounded import Bounded, StillStuck, TimedOut
 from agent.probes.sources import Source, resolve_instance_type
 
 log = logging.getLogger("gpu-healthcheck.engine")
@@ -119,7 +119,7 @@ class Engine:
         # Findings an operator cleared, with the message they had: hidden until the evidence changes.
         self.cleared: dict[str, str] = {}
         self.operator_cleared = False
-        self._stuck: dict[str, threading.Thread] = {}
+        self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._last_gpu_run_seen = -1.0
 
     # ------------------------------------------------------------------ restore
@@ -194,31 +194,25 @@ class Engine:
         device) costs one parked thread and an `unknown`, never the loop. A read still stuck from
         last time is not started again."""
         limit = float(self.cfg.get("timeouts.check"))
-        stuck = self._stuck.get(name)
-        if stuck is not None and stuck.is_alive():
-            return ProbeError(
-                name, ProbeErrorKind.TIMEOUT, f"still stuck from an earlier read (> {limit:g} s)"
-            )
-        box: dict[str, Any] = {}
 
-        def work() -> None:
+        def guarded() -> Any:
             try:
-                box["value"] = reader()
+                return reader()
             except Exception as exc:  # a probe bug must not stop the loop: record "could not look"
                 log.exception("probe failed", extra={"tier": name})
-                box["value"] = ProbeError(
+                return ProbeError(
                     name, ProbeErrorKind.UNREADABLE, f"internal error: {type(exc).__name__}: {exc}"
                 )
 
-        worker = threading.Thread(target=work, name=f"probe-{name}", daemon=True)
-        worker.start()
-        worker.join(limit)
-        if worker.is_alive():
-            self._stuck[name] = worker
+        try:
+            return self._reads.run(name, guarded, limit, thread_name=f"probe-{name}")
+        except StillStuck:
+            return ProbeError(
+                name, ProbeErrorKind.TIMEOUT, f"still stuck from an earlier read (> {limit:g} s)"
+            )
+        except TimedOut:
             log.error(f"probe {name} did not finish in {limit:g} s", extra={"tier": name})
             return ProbeError(name, ProbeErrorKind.TIMEOUT, f"did not finish in {limit:g} s")
-        self._stuck.pop(name, None)
-        return box["value"]
 
     def run_tier(self, tier: str) -> list[CheckResult]:
         started = self.clock()
