@@ -54,7 +54,7 @@ from agent.cli.agent import BRAKE_WARM_JITTER_S
 from agent.config import load_config_dir
 from agent.core.contract import Marks
 from agent.engine.engine import Engine
-from agent.probes.sources import SnapshotSource
+from agent.probes.snapshot import SnapshotSource
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter

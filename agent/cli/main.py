@@ -17,7 +17,9 @@ from agent.config.rules import RULES
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
 from agent.core.severity import Status
 from agent.engine.verdict import decide
-from agent.probes.sources import LiveSource, SnapshotError, SnapshotSource, Source, gather_facts
+from agent.probes.live import LiveSource
+from agent.probes.snapshot import SnapshotError, SnapshotSource
+from agent.probes.source import Source, gather_facts
 
 EXIT_USAGE = 64
 EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}

@@ -38,7 +38,7 @@ from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine.verdict import decide
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
-from agent.probes.sources import Source, resolve_instance_type
+from agent.probes.source import Source, resolve_instance_type
 
 log = logging.getLogger("gpu-healthcheck.engine")
 

@@ -19,7 +19,7 @@ from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.kernel_follow import KernelFollower
-from agent.probes.sources import Source
+from agent.probes.source import Source
 
 log = logging.getLogger("gpu-healthcheck.agent")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.core.probed import ProbeError
 from agent.probes.command import run_command
 from agent.probes.kernel_log import read_kmsg_live
-from agent.probes.sources import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
+from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
 
 RDMA_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 PCI_FILES = ("vendor", "device", "class", "uevent", "current_link_width", "max_link_width")
