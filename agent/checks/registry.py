@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from agent.checks import CheckFn, dcgm, efa, gpu, nvlink, topology, xid
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
 
 
@@ -16,28 +16,28 @@ from agent.core.findings import CheckResult
 class CheckSpec:
     name: str
     fn: CheckFn
-    inputs: tuple[str, ...]
+    inputs: tuple[Input, ...]
     tier: str  # the agent tier that runs it: gpu, xid, efa, topology
 
 
 CHECKS: tuple[CheckSpec, ...] = (
-    CheckSpec("gpu.responsive", gpu.check_responsive, ("gpus",), "gpu"),
-    CheckSpec("gpu.count", gpu.check_count, ("gpus",), "gpu"),
-    CheckSpec("gpu.ecc", gpu.check_ecc, ("gpus",), "gpu"),
-    CheckSpec("gpu.row-remap", gpu.check_row_remap, ("gpus",), "gpu"),
-    CheckSpec("gpu.retired-pages", gpu.check_retired_pages, ("gpus",), "gpu"),
-    CheckSpec("gpu.recovery-action", gpu.check_recovery_action, ("gpus",), "gpu"),
-    CheckSpec("gpu.throttle", gpu.check_throttle, ("gpus",), "gpu"),
-    CheckSpec("gpu.pcie", gpu.check_pcie, ("gpus",), "gpu"),
-    CheckSpec("gpu.persistence", gpu.check_persistence, ("gpus",), "gpu"),
-    CheckSpec("gpu.fabric", gpu.check_fabric, ("gpus",), "gpu"),
-    CheckSpec("gpu.allocatable", gpu.check_allocatable, ("gpus", "node"), "gpu"),
-    CheckSpec("xid", xid.check_xid, ("kernel", "gpus"), "xid"),
-    CheckSpec("nvlink", nvlink.check_nvlink, ("nvlink",), "topology"),
-    CheckSpec("topology", topology.check_topology, ("topo",), "topology"),
-    CheckSpec("efa", efa.check_efa, ("rdma",), "efa"),
-    CheckSpec("dcgm-health", dcgm.check_dcgm_health, ("dcgm_health",), "dcgm-health"),
-    CheckSpec("dcgm-diag", dcgm.check_dcgm_diag, ("dcgm_diag",), "dcgm-diag"),
+    CheckSpec("gpu.responsive", gpu.check_responsive, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.count", gpu.check_count, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.ecc", gpu.check_ecc, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.row-remap", gpu.check_row_remap, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.retired-pages", gpu.check_retired_pages, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.recovery-action", gpu.check_recovery_action, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.throttle", gpu.check_throttle, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.pcie", gpu.check_pcie, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.persistence", gpu.check_persistence, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.fabric", gpu.check_fabric, (Input.GPUS,), "gpu"),
+    CheckSpec("gpu.allocatable", gpu.check_allocatable, (Input.GPUS, Input.NODE), "gpu"),
+    CheckSpec("xid", xid.check_xid, (Input.KERNEL, Input.GPUS), "xid"),
+    CheckSpec("nvlink", nvlink.check_nvlink, (Input.NVLINK,), "topology"),
+    CheckSpec("topology", topology.check_topology, (Input.TOPO,), "topology"),
+    CheckSpec("efa", efa.check_efa, (Input.RDMA,), "efa"),
+    CheckSpec("dcgm-health", dcgm.check_dcgm_health, (Input.DCGM_HEALTH,), "dcgm-health"),
+    CheckSpec("dcgm-diag", dcgm.check_dcgm_diag, (Input.DCGM_DIAG,), "dcgm-diag"),
 )
 BY_NAME = {spec.name: spec for spec in CHECKS}
 
@@ -54,7 +54,7 @@ def select(only: Iterable[str] | None, cfg: Config) -> list[CheckSpec]:
     return [s for s in specs if any(s.name == w or s.name.startswith(w + ".") for w in wanted)]
 
 
-def needed_inputs(specs: Iterable[CheckSpec]) -> set[str]:
+def needed_inputs(specs: Iterable[CheckSpec]) -> set[Input]:
     return {i for s in specs for i in s.inputs}
 
 

@@ -15,6 +15,7 @@ from agent.cli.render import table
 from agent.config import ConfigError, load_config_dir
 from agent.config.rules import RULES
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
+from agent.core.facts import Input
 from agent.core.severity import Status
 from agent.engine.verdict import decide
 from agent.probes.live import LiveSource
@@ -106,7 +107,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
     else:
         source = LiveSource(timeout_s=args.timeout or float(cfg.get("timeouts.nvidiaSmi")))
-    inputs = needed_inputs(specs) | {"node"}
+    inputs = needed_inputs(specs) | {Input.NODE}
     facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
     verdict = decide(run_checks(specs, facts, cfg))
     if args.json:

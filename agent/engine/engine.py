@@ -30,7 +30,7 @@ from agent.core.contract import (
     now_iso,
     results_document,
 )
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding, Verdict
 from agent.core.model import NodeObject, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
@@ -38,17 +38,17 @@ from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine.verdict import decide
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
-from agent.probes.source import Source, resolve_instance_type
+from agent.probes.source import Source, assemble_facts, resolve_instance_type, source_readers
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
-TIER_INPUTS: dict[str, tuple[str, ...]] = {
-    "gpu": ("gpus",),
-    "xid": ("kernel",),
-    "efa": ("rdma",),
-    "topology": ("topo", "nvlink"),
-    "dcgm-health": ("dcgm_health",),
-    "dcgm-diag": ("dcgm_diag",),
+TIER_INPUTS: dict[str, tuple[Input, ...]] = {
+    "gpu": (Input.GPUS,),
+    "xid": (Input.KERNEL,),
+    "efa": (Input.RDMA,),
+    "topology": (Input.TOPO, Input.NVLINK),
+    "dcgm-health": (Input.DCGM_HEALTH,),
+    "dcgm-diag": (Input.DCGM_DIAG,),
 }
 TIER_INTERVAL = {
     "gpu": "gpu",
@@ -101,7 +101,7 @@ class Engine:
         self.progress = progress
         self.clock = clock
         self.rng = rng or random.Random()
-        self.inputs: dict[str, Any] = {}
+        self.inputs: dict[Input, Any] = {}
         self.results: dict[str, CheckResult] = {}
         self.result_at: dict[str, str] = {}
         self.last_run: dict[str, float] = {}
@@ -173,20 +173,17 @@ class Engine:
 
     # ------------------------------------------------------------------ running
 
-    def _read(self, name: str) -> Any:
-        readers: dict[str, Callable[[], Any]] = {
-            "gpus": self.source.gpus,
-            "kernel": self.source.kernel,
-            "rdma": self.source.rdma,
-            "topo": self.source.topo,
-            "nvlink": self.source.nvlink,
-            "dcgm_diag": self.source.dcgm_diag,
-            "dcgm_health": lambda: NotCaptured("dcgm health (no host engine configured)"),
-            **self.extra_inputs,
-        }
-        value = self._bounded(name, readers[name])
+    def _read(self, name: Input) -> Any:
+        reader = self.extra_inputs.get(name)
+        if reader is None:
+            readers: dict[Input, Callable[[], Any]] = {
+                **source_readers(self.source),
+                Input.DCGM_HEALTH: lambda: NotCaptured("dcgm health (no host engine configured)"),
+            }
+            reader = readers[name]
+        value = self._bounded(name.value, reader)
         if isinstance(value, ProbeError):
-            self.metrics.record_probe_error(name, value.kind.value)
+            self.metrics.record_probe_error(name.value, value.kind.value)
         return value
 
     def _bounded(self, name: str, reader: Callable[[], Any]) -> Any:
@@ -217,7 +214,7 @@ class Engine:
     def run_tier(self, tier: str) -> list[CheckResult]:
         started = self.clock()
         if tier == "efa":
-            prev = self.inputs.get("rdma")
+            prev = self.inputs.get(Input.RDMA)
             self.rdma_previous = prev if isinstance(prev, RdmaSample) else self.rdma_previous
         for name in TIER_INPUTS[tier]:
             self.inputs[name] = self._read(name)
@@ -258,23 +255,13 @@ class Engine:
         return self.node_getter() if self.node_getter else self.source.node()
 
     def facts(self) -> NodeFacts:
-        node = self._node()
-        itype, itype_source = resolve_instance_type(self.source, self.cfg, node, None)
-        gpus = self.inputs.get("gpus", NotCaptured("nvidia-smi"))
-        return NodeFacts(
-            instance_type=itype,
-            instance_type_source=itype_source,
-            profile=self.cfg.profiles.get(itype) if itype else None,
+        """Each input as its tier last read it; the Node as it is now."""
+        return assemble_facts(
+            self.source,
+            self.cfg,
+            {**self.inputs, Input.NODE: self._node()},
             boot_id=self.boot_id,
-            gpus=gpus,
-            topo=self.inputs.get("topo", NotCaptured("nvidia-smi topo -m")),
-            nvlink=self.inputs.get("nvlink", NotCaptured("nvidia-smi nvlink -s")),
-            kernel=self.inputs.get("kernel", NotCaptured("kernel log")),
-            rdma=self.inputs.get("rdma", NotCaptured("sysfs infiniband")),
             rdma_previous=self.rdma_previous,
-            node=node,
-            dcgm_diag=self.inputs.get("dcgm_diag", NotCaptured("dcgm-diag.json")),
-            dcgm_health=self.inputs.get("dcgm_health", NotCaptured("dcgm health")),
         )
 
     def _latch(self, res: CheckResult, stamp: str) -> list[Latch]:

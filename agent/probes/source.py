@@ -1,6 +1,6 @@
 """Where NodeFacts come from: the Source protocol both sources implement (a live node in
 agent.probes.live, a recorded node snapshot in agent.probes.snapshot), the parse helpers they share,
-and gather_facts.
+and the one place that turns inputs into NodeFacts (assemble_facts, for gather_facts and the engine).
 
 Both sources hand the same parsers the same text, so a snapshot replays exactly what the live node
 showed.
@@ -8,14 +8,15 @@ showed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agent.config import Config
 from agent.core.contract import INSTANCE_TYPE_LABEL
 from agent.core.dcgm_report import DiagReport
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
 from agent.probes.nvsmi_errors import ToolReportedFailure
@@ -96,28 +97,58 @@ def resolve_instance_type(
     return None, ""
 
 
+def source_readers(source: Source) -> dict[Input, Callable[[], Any]]:
+    """How a source reads each input (dcgm_health has no file or tool of its own: the live agent
+    polls the DCGM host engine)."""
+    return {
+        Input.NODE: source.node,
+        Input.GPUS: source.gpus,
+        Input.TOPO: source.topo,
+        Input.NVLINK: source.nvlink,
+        Input.KERNEL: source.kernel,
+        Input.RDMA: source.rdma,
+        Input.DCGM_DIAG: source.dcgm_diag,
+    }
+
+
+def assemble_facts(
+    source: Source,
+    cfg: Config,
+    inputs: Mapping[Input, Any],
+    *,
+    boot_id: str | None,
+    instance_type: str | None = None,
+    rdma_previous: RdmaSample | None = None,
+) -> NodeFacts:
+    """NodeFacts from the inputs read (one not read stays NotCaptured), with the instance type
+    resolved (resolve_instance_type) and its profile."""
+    facts = NodeFacts(rdma_previous=rdma_previous, **{name.value: value for name, value in inputs.items()})
+    itype, itype_source = resolve_instance_type(source, cfg, facts.node, instance_type)
+    return replace(
+        facts,
+        instance_type=itype,
+        instance_type_source=itype_source,
+        profile=cfg.profiles.get(itype) if itype else None,
+        boot_id=boot_id,
+    )
+
+
 def gather_facts(
     source: Source,
     cfg: Config,
     *,
     instance_type: str | None = None,
     rdma_previous: RdmaSample | None = None,
-    only: Callable[[str], bool] = lambda _: True,
+    only: Callable[[Input], bool] = lambda _: True,
 ) -> NodeFacts:
     """Read every input the enabled checks need. `only(input)` lets callers skip unneeded probes."""
-    node = source.node() if only("node") else NotCaptured("node.json")
-    itype, itype_source = resolve_instance_type(source, cfg, node, instance_type)
-    return NodeFacts(
-        instance_type=itype,
-        instance_type_source=itype_source,
-        profile=cfg.profiles.get(itype) if itype else None,
+    inputs = {name: read() for name, read in source_readers(source).items() if only(name)}
+    node = inputs.get(Input.NODE)
+    return assemble_facts(
+        source,
+        cfg,
+        inputs,
         boot_id=source.boot_id() or (node.boot_id if isinstance(node, NodeObject) else None),
-        gpus=source.gpus() if only("gpus") else NotCaptured("nvidia-smi"),
-        topo=source.topo() if only("topo") else NotCaptured("nvidia-smi topo -m"),
-        nvlink=source.nvlink() if only("nvlink") else NotCaptured("nvidia-smi nvlink -s"),
-        kernel=source.kernel() if only("kernel") else NotCaptured("kernel log"),
-        rdma=source.rdma() if only("rdma") else NotCaptured("sysfs infiniband"),
+        instance_type=instance_type,
         rdma_previous=rdma_previous,
-        node=node,
-        dcgm_diag=source.dcgm_diag() if only("dcgm_diag") else NotCaptured("dcgm-diag.json"),
     )
