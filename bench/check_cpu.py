@@ -16,7 +16,8 @@ from agent.checks.registry import CHECKS, run_checks
 from agent.config import load_config_dir
 from agent.core.contract import results_document
 from agent.engine.verdict import decide
-from agent.probes.sources import SnapshotSource, gather_facts
+from agent.probes.snapshot import SnapshotSource
+from agent.probes.source import gather_facts
 
 DEFAULT = Path(__file__).resolve().parent.parent / "examples" / "snapshots" / "p5.48xlarge-xid79"
 

@@ -56,7 +56,7 @@ from agent.config import Config, load_config_dir
 from agent.core.contract import Marks
 from agent.engine.engine import Engine
 from agent.engine.write_policy import WritePolicy, brake_reask_s
-from agent.probes.sources import SnapshotSource
+from agent.probes.snapshot import SnapshotSource
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter

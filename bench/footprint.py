@@ -32,7 +32,7 @@ from pathlib import Path
 from agent.config import load_config_dir
 from agent.core.contract import Keys
 from agent.engine.engine import Engine, fingerprint
-from agent.probes.sources import SnapshotSource
+from agent.probes.snapshot import SnapshotSource
 from bench._kube import (
     HEALTHY,
     AgentProcess,

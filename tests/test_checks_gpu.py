@@ -273,7 +273,7 @@ def test_responsive_counts_attached_gpus_the_tool_did_not_describe() -> None:
 
 
 def test_a_snapshot_merges_lost_gpus_from_the_text_view_into_the_xml_view(tmp_path: Path) -> None:
-    from agent.probes.sources import SnapshotSource
+    from agent.probes.snapshot import SnapshotSource
 
     xml_dir = FIX.parent / "nvidia-smi-xml"
     (tmp_path / "nvidia-smi-q.xml").write_text((xml_dir / "telegraf-a10g-515.105.01.xml").read_text())

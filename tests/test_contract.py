@@ -13,7 +13,7 @@ from agent.config import load_config_dir
 from agent.core.contract import CONDITIONS, DISABLED, TRUE, Keys, Marks, Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
-from agent.probes.sources import SnapshotSource
+from agent.probes.snapshot import SnapshotSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = ROOT / "examples" / "snapshots"

@@ -17,7 +17,8 @@ from agent.core.facts import NodeFacts
 from agent.core.probed import NotCaptured, ParseError, ProbeError
 from agent.core.severity import Severity, Status
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
-from agent.probes.sources import SnapshotSource, gather_facts
+from agent.probes.snapshot import SnapshotSource
+from agent.probes.source import gather_facts
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
 CFG = load_config_dir()  # the shipped config and tables

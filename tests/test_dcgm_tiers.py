@@ -15,7 +15,8 @@ from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.probes.dcgm.idle import IdleGate
 from agent.probes.dcgm.tiers import DcgmTiers
-from agent.probes.sources import LiveSource, SnapshotSource
+from agent.probes.live import LiveSource
+from agent.probes.snapshot import SnapshotSource
 from agent.reporters.pods import gpu_pods_on_node, pods_unknown
 
 ROOT = Path(__file__).parent.parent

@@ -16,7 +16,7 @@ from agent.core.contract import CONDITIONS, Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.kernel_follow import KernelFollower
-from agent.probes.sources import SnapshotSource
+from agent.probes.snapshot import SnapshotSource
 
 ROOT = Path(__file__).parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"

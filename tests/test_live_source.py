@@ -11,7 +11,7 @@ import pytest
 
 from agent.core.model import GpuInventory
 from agent.core.probed import ProbeError, ProbeErrorKind
-from agent.probes.sources import LiveSource
+from agent.probes.live import LiveSource
 
 FIX = Path(__file__).parent / "fixtures"
 XML = FIX / "nvidia-smi-xml" / "telegraf-a10g-515.105.01.xml"

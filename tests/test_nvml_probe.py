@@ -261,9 +261,8 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for fake in fakes:
         if fake.block is not None:
             fake.block.set()
-    for worker in list(nvml._HUNG):
+    for worker in nvml._WATCHDOG.parked(nvml.SOURCE):
         worker.join(timeout=10)
-    nvml._HUNG.clear()
 
 
 # ----------------------------------------------------------------------------- tests
@@ -425,7 +424,7 @@ def test_hung_nvml_is_a_timeout_and_later_reads_do_not_pile_up(install: Any) -> 
         read_nvml(timeout_s=0.2)
     # Once the driver answers again, reads work again.
     fake.block.set()
-    for worker in list(nvml._HUNG):
+    for worker in nvml._WATCHDOG.parked(nvml.SOURCE):
         worker.join(timeout=10)
     fake.block = None
     assert len(read_nvml(timeout_s=10).gpus) == 1

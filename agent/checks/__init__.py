@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.probed import NotCaptured, ProbeError
 from agent.core.rules import Rule
@@ -47,6 +47,6 @@ class CheckSpec:
 
     name: str
     fn: CheckFn
-    inputs: tuple[str, ...]
+    inputs: tuple[Input, ...]
     tier: str
     rules: tuple[Rule, ...] = ()

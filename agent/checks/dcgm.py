@@ -22,7 +22,7 @@ from agent.core.dcgm_report import (
     HealthIncident,
     HealthReport,
 )
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.rules import Rule
 from agent.core.severity import Severity
@@ -190,14 +190,14 @@ CHECKS = (
     CheckSpec(
         "dcgm-health",
         check_dcgm_health,
-        ("dcgm_health",),
+        (Input.DCGM_HEALTH,),
         "dcgm-health",
         (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN),
     ),
     CheckSpec(
         "dcgm-diag",
         check_dcgm_diag,
-        ("dcgm_diag",),
+        (Input.DCGM_DIAG,),
         "dcgm-diag",
         (DCGM_DIAG_FAIL_ISOLATE, DCGM_DIAG_FAIL_RESET, DCGM_DIAG_FAIL, DCGM_DIAG_WARN),
     ),

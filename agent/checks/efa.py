@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import RdmaDevice, RdmaPort, RdmaSample, short_pci
 from agent.core.rules import Rule
@@ -165,4 +165,4 @@ def check_efa(facts: NodeFacts, cfg: Config) -> CheckResult:
     return CheckResult(NAME, findings=tuple(findings), unknown=unknown, note="; ".join(notes))
 
 
-CHECKS = (CheckSpec("efa", check_efa, ("rdma",), "efa", (COUNT, PORT_DOWN, COUNTER_RATE)),)
+CHECKS = (CheckSpec("efa", check_efa, (Input.RDMA,), "efa", (COUNT, PORT_DOWN, COUNTER_RATE)),)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 
 from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
@@ -460,42 +460,44 @@ CHECKS = (
     CheckSpec(
         "gpu.responsive",
         check_responsive,
-        ("gpus",),
+        (Input.GPUS,),
         "gpu",
         (RESPONSIVE_LOST, RESPONSIVE_TIMEOUT, RESPONSIVE_DRIVER),
     ),
-    CheckSpec("gpu.count", check_count, ("gpus",), "gpu", (COUNT_MISMATCH, COUNT_MODEL)),
+    CheckSpec("gpu.count", check_count, (Input.GPUS,), "gpu", (COUNT_MISMATCH, COUNT_MODEL)),
     CheckSpec(
         "gpu.ecc",
         check_ecc,
-        ("gpus",),
+        (Input.GPUS,),
         "gpu",
         (ECC_DRAM_UNCORRECTABLE, ECC_SRAM_UNCORRECTABLE, ECC_SRAM_THRESHOLD),
     ),
-    CheckSpec("gpu.row-remap", check_row_remap, ("gpus",), "gpu", (ROW_REMAP_FAILURE, ROW_REMAP_PENDING)),
+    CheckSpec("gpu.row-remap", check_row_remap, (Input.GPUS,), "gpu", (ROW_REMAP_FAILURE, ROW_REMAP_PENDING)),
     CheckSpec(
         "gpu.retired-pages",
         check_retired_pages,
-        ("gpus",),
+        (Input.GPUS,),
         "gpu",
         (RETIRED_PAGES_DOUBLE_BIT, RETIRED_PAGES_PENDING, RETIRED_PAGES_SINGLE_BIT),
     ),
     CheckSpec(
         "gpu.recovery-action",
         check_recovery_action,
-        ("gpus",),
+        (Input.GPUS,),
         "gpu",
         (RECOVERY_ACTION_RESET, RECOVERY_ACTION_REBOOT, RECOVERY_ACTION_DRAIN),
     ),
     CheckSpec(
         "gpu.throttle",
         check_throttle,
-        ("gpus",),
+        (Input.GPUS,),
         "gpu",
         (THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL, THROTTLE_HW_POWER_BRAKE),
     ),
-    CheckSpec("gpu.pcie", check_pcie, ("gpus",), "gpu", (PCIE_WIDTH,)),
-    CheckSpec("gpu.persistence", check_persistence, ("gpus",), "gpu", (PERSISTENCE_DISABLED,)),
-    CheckSpec("gpu.fabric", check_fabric, ("gpus",), "gpu", (FABRIC_INCOMPLETE,)),
-    CheckSpec("gpu.allocatable", check_allocatable, ("gpus", "node"), "gpu", (ALLOCATABLE_BELOW_VISIBLE,)),
+    CheckSpec("gpu.pcie", check_pcie, (Input.GPUS,), "gpu", (PCIE_WIDTH,)),
+    CheckSpec("gpu.persistence", check_persistence, (Input.GPUS,), "gpu", (PERSISTENCE_DISABLED,)),
+    CheckSpec("gpu.fabric", check_fabric, (Input.GPUS,), "gpu", (FABRIC_INCOMPLETE,)),
+    CheckSpec(
+        "gpu.allocatable", check_allocatable, (Input.GPUS, Input.NODE), "gpu", (ALLOCATABLE_BELOW_VISIBLE,)
+    ),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import NvlinkGpu, NvlinkReport
 from agent.core.rules import Rule
@@ -87,4 +87,4 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     return CheckResult(NAME, findings=findings, note=note)
 
 
-CHECKS = (CheckSpec("nvlink", check_nvlink, ("nvlink",), "topology", (NO_ACTIVE, SOME_INACTIVE)),)
+CHECKS = (CheckSpec(Input.NVLINK, check_nvlink, (Input.NVLINK,), "topology", (NO_ACTIVE, SOME_INACTIVE)),)

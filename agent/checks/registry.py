@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from agent.checks import CheckSpec, dcgm, efa, gpu, nvlink, topology, xid
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.rules import Rule, RuleBook
 
@@ -40,7 +40,7 @@ def select(only: Iterable[str] | None, cfg: Config) -> list[CheckSpec]:
     return [s for s in specs if any(s.name == w or s.name.startswith(w + ".") for w in wanted)]
 
 
-def needed_inputs(specs: Iterable[CheckSpec]) -> set[str]:
+def needed_inputs(specs: Iterable[CheckSpec]) -> set[Input]:
     return {i for s in specs for i in s.inputs}
 
 

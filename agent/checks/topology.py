@@ -12,7 +12,7 @@ import re
 
 from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import TopoMatrix
 from agent.core.profile import TOPO_LEVELS
@@ -160,7 +160,7 @@ CHECKS = (
     CheckSpec(
         "topology",
         check_topology,
-        ("topo",),
+        (Input.TOPO,),
         "topology",
         (GPU_COUNT, X_OFF_DIAGONAL, NOT_NV_CONNECTED, NIC_AFFINITY),
     ),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from agent.checks import CheckSpec, input_gap
 from agent.config import Config
-from agent.core.facts import NodeFacts
+from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
 from agent.core.rules import Rule
@@ -128,4 +128,4 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-CHECKS = (CheckSpec("xid", check_xid, ("kernel", "gpus"), "xid", (SXID, UNKNOWN_CODE)),)
+CHECKS = (CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE)),)

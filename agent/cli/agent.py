@@ -15,8 +15,10 @@ from agent.config import default_config_dir, load_config_dir
 from agent.core.model import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
 from agent.engine.loop import Agent
+from agent.probes.live import LiveSource
 from agent.probes.node_object import node_from_dict
-from agent.probes.sources import KMSG, LiveSource, SnapshotSource, Source
+from agent.probes.snapshot import KMSG, SnapshotSource
+from agent.probes.source import Source
 from agent.reporters.http import serve_http
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.metrics import Metrics

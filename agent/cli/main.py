@@ -14,9 +14,12 @@ from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, s
 from agent.cli.render import table
 from agent.config import ConfigError, load_config_dir
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
+from agent.core.facts import Input
 from agent.core.severity import Status
 from agent.engine.verdict import decide
-from agent.probes.sources import LiveSource, SnapshotError, SnapshotSource, Source, gather_facts
+from agent.probes.live import LiveSource
+from agent.probes.snapshot import SnapshotError, SnapshotSource
+from agent.probes.source import Source, gather_facts
 
 EXIT_USAGE = 64
 EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}
@@ -103,7 +106,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
     else:
         source = LiveSource(timeout_s=args.timeout or cfg.timeouts.nvidia_smi)
-    inputs = needed_inputs(specs) | {"node"}
+    inputs = needed_inputs(specs) | {Input.NODE}
     facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
     verdict = decide(run_checks(specs, facts, cfg))
     if args.json:

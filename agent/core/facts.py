@@ -1,7 +1,9 @@
-"""NodeFacts: everything the probes read about one node, the single input of every check."""
+"""NodeFacts: everything the probes read about one node, the single input of every check; Input:
+the names of the inputs it holds (what a check reads, what a tier refreshes, what `--only` probes)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
@@ -10,8 +12,26 @@ from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
 
 
+class Input(str, enum.Enum):
+    """One input of the checks: each names the NodeFacts field that holds it."""
+
+    GPUS = "gpus"
+    TOPO = "topo"
+    NVLINK = "nvlink"
+    KERNEL = "kernel"
+    RDMA = "rdma"
+    NODE = "node"
+    DCGM_DIAG = "dcgm_diag"
+    DCGM_HEALTH = "dcgm_health"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class NodeFacts:
+    """An input that was not read keeps its default: NotCaptured."""
+
     instance_type: str | None = None
     instance_type_source: str = ""  # "--instance-type", "config", "node label", "snapshot file"
     profile: InstanceProfile | None = None

@@ -39,12 +39,3 @@ class Status(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def status_for(severity: Severity) -> Status:
-    """fail if a reset or worse is needed, warn for monitor only, pass otherwise."""
-    if severity >= Severity.RESET:
-        return Status.FAIL
-    if severity == Severity.MONITOR:
-        return Status.WARN
-    return Status.PASS

@@ -21,7 +21,7 @@ from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine.engine import Engine, fingerprint
 from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s
 from agent.probes.kernel_follow import KernelFollower
-from agent.probes.sources import Source
+from agent.probes.source import Source
 
 log = logging.getLogger("gpu-healthcheck.agent")
 

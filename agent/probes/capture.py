@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from agent.core.probed import ProbeError
 from agent.probes.command import run_command
 from agent.probes.kernel_log import read_kmsg_live
-from agent.probes.sources import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
+from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
 
 RDMA_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 PCI_FILES = ("vendor", "device", "class", "uevent", "current_link_width", "max_link_width")
@@ -116,8 +115,3 @@ def _copy_file(src: Path, dst: Path) -> None:
         return  # unreadable sysfs attribute (write-only, EIO): leave it out
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(data)
-
-
-def copy_snapshot(src: Path, dst: Path) -> None:
-    """Copy a snapshot directory, keeping the relative `device` links."""
-    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)

@@ -25,7 +25,6 @@ class KernelFollower(threading.Thread):
         self.on_trigger = on_trigger
         self.device = device
         self.stopped = threading.Event()
-        self.lines_seen = 0
 
     def stop(self) -> None:
         self.stopped.set()
@@ -37,7 +36,6 @@ class KernelFollower(threading.Thread):
             log.exception("kernel log follower stopped; Xids are still read on every gpu tier run")
 
     def _hit(self, data: bytes) -> None:
-        self.lines_seen += data.count(b"\n")
         if any(t in data for t in TRIGGERS):
             self.on_trigger()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -27,6 +26,7 @@ from agent.core.model import (
     RetiredPages,
     normalize_pci,
 )
+from agent.probes.bounded import Bounded, StillStuck, TimedOut
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_values import fabric_or_none, remapped_rows_or_none, retired_pages_or_none
 
@@ -81,8 +81,7 @@ _SRAM_PARTS = (0, 1, 3, 4, 5, 6)  # L1, L2, register file, texture memory, textu
 _CORRECTED, _UNCORRECTED = 0, 1
 _VOLATILE, _AGGREGATE = 0, 1
 
-_HUNG: list[threading.Thread] = []  # workers abandoned after a timeout, still inside NVML
-_HUNG_LOCK = threading.Lock()
+_WATCHDOG = Bounded()  # parks the workers abandoned after a timeout, still inside NVML
 
 
 def read_nvml(timeout_s: float) -> GpuInventory:
@@ -92,34 +91,17 @@ def read_nvml(timeout_s: float) -> GpuInventory:
     start (driver not loaded, driver/library version mismatch, library missing). A GPU that NVML
     lists but cannot talk to (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN on its handle) is a LostGpu.
     """
-    with _HUNG_LOCK:
-        _HUNG[:] = [t for t in _HUNG if t.is_alive()]
-        if _HUNG:
-            raise ProbeTimeout(
-                f"an earlier NVML read is still hung in the driver ({len(_HUNG)} stuck call(s)); "
-                "not calling NVML again until it returns"
-            )
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box["result"] = _collect()
-        except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
-        finally:
-            done.set()
-
-    worker = threading.Thread(target=work, name="nvml-read", daemon=True)
-    worker.start()
-    if not done.wait(timeout_s):
-        with _HUNG_LOCK:
-            _HUNG.append(worker)
-        raise ProbeTimeout(f"NVML did not answer within {timeout_s:g} s (a GPU or the driver is hung)")
-    if "error" in box:
-        raise box["error"]
-    result: GpuInventory = box["result"]
-    return result
+    try:
+        return _WATCHDOG.run(SOURCE, _collect, timeout_s, thread_name="nvml-read")
+    except StillStuck as stuck:
+        raise ProbeTimeout(
+            f"an earlier NVML read is still hung in the driver ({stuck.count} stuck call(s)); "
+            "not calling NVML again until it returns"
+        ) from None
+    except TimedOut:
+        raise ProbeTimeout(
+            f"NVML did not answer within {timeout_s:g} s (a GPU or the driver is hung)"
+        ) from None
 
 
 class _Lost(Exception):

@@ -110,14 +110,7 @@ class DiagRunner:
         self._clock = clock
         self.latest: Probed[DiagReport] = NotCaptured("dcgm diag (not run yet)")
         self.in_progress = False
-        self.started_at: float | None = None
         self.last_skip: str = ""
-
-    def progress(self) -> str:
-        """For the condition message and the metric: what the tier is doing."""
-        if self.in_progress and self.started_at is not None:
-            return f"DCGM diag level {self.level} in progress for {self._clock() - self.started_at:.0f} s"
-        return self.last_skip or "idle"
 
     def run_if_idle(self) -> IdleVerdict:
         verdict = self.idle.check()
@@ -130,7 +123,7 @@ class DiagRunner:
         return verdict
 
     def run(self) -> Probed[DiagReport]:
-        self.in_progress, self.started_at = True, self._clock()
+        self.in_progress = True
         try:
             return self._run()
         finally:

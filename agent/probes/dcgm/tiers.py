@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.core.dcgm_report import DiagReport
+from agent.core.facts import Input
 from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.probes.dcgm.client import DcgmClient
@@ -47,7 +48,7 @@ class DcgmTiers:
         self.running_since: str = ""
 
     def inputs(self) -> dict[str, Callable[[], Any]]:
-        return {"dcgm_health": self.health.poll, "dcgm_diag": self.diag}
+        return {Input.DCGM_HEALTH: self.health.poll, Input.DCGM_DIAG: self.diag}
 
     def diag(self) -> Probed[DiagReport]:
         """Start a diag in the background if none runs; return the latched result of the last one."""

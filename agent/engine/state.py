@@ -1,0 +1,191 @@
+"""What the engine remembers from one cycle to the next: latched findings of this boot (restored from
+the Node's results annotation after a restart), the findings an operator cleared, and the hysteresis
+that keeps a failing node tainted until recoverAfter passing gpu-tier cycles."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent.core.contract import CLEAR_ALL, NodeEvent, Reason
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import NodeObject
+from agent.core.probed import Probed
+from agent.core.severity import Severity, Status
+from agent.core.telemetry import Telemetry
+
+log = logging.getLogger("gpu-healthcheck.engine")
+
+
+@dataclass(frozen=True)
+class Latch:
+    check: str
+    key: str
+    severity: Severity
+    since: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "check": self.check,
+            "key": self.key,
+            "severity": self.severity.label,
+            "since": self.since,
+            "message": self.message,
+        }
+
+
+class EngineState:
+    def __init__(self, boot_id: str | None, metrics: Telemetry) -> None:
+        self.boot_id = boot_id
+        self.metrics = metrics
+        self.latches: dict[str, Latch] = {}
+        self.new_latches: list[Latch] = []  # latched since the last evaluation: one Event each
+        # Findings an operator cleared, with the message they had: hidden until the evidence changes.
+        self.cleared: dict[str, str] = {}
+        self.operator_cleared = False
+        self.taint_wanted = False
+        self.pass_streak = 0
+        self.last_status: Status | None = None
+        self._last_gpu_run_seen = -1.0
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, doc: dict[str, Any] | None) -> None:
+        """Take latches and the taint state back from the Node's results annotation (same boot only)."""
+        if not doc or not isinstance(doc, dict):
+            return
+        same_boot = bool(self.boot_id) and doc.get("bootId") == self.boot_id
+        if same_boot:
+            for item in doc.get("latched") or []:
+                try:
+                    latch = Latch(
+                        str(item["check"]),
+                        str(item["key"]),
+                        Severity.parse(str(item["severity"])),
+                        str(item["since"]),
+                        str(item["message"]),
+                    )
+                except (KeyError, TypeError, ValueError):
+                    continue
+                self.latches[latch.key] = latch
+        if doc.get("status") == Status.FAIL.value:
+            self.taint_wanted = True  # hysteresis survives a restart: recoverAfter passes are needed again
+        try:
+            self.last_status = Status(str(doc.get("status")))
+        except ValueError:
+            self.last_status = None
+        log.info("restored state from the Node", extra={"event": "restore", "status": doc.get("status")})
+        if same_boot and self.latches:
+            log.info(
+                f"restored {len(self.latches)} latched finding(s) of this boot", extra={"event": "restore"}
+            )
+
+    def observe_boot(self, boot: str | None) -> None:
+        """The boot id as the gpu tier read it: a new boot drops the old boot's latches."""
+        if boot and self.boot_id and boot != self.boot_id:
+            log.info("boot id changed: latched findings of the old boot dropped", extra={"event": "reboot"})
+            self.latches.clear()
+            self.cleared.clear()
+        self.boot_id = boot or self.boot_id
+
+    # ------------------------------------------------------------------ latches
+
+    def latch(self, res: CheckResult, stamp: str) -> list[Latch]:
+        new = []
+        for f in res.findings:
+            if self.cleared.get(f.key) == f.message:
+                continue
+            if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
+                latch = Latch(f.check, f.key, f.severity, stamp, f.message)
+                self.latches[f.key] = latch
+                new.append(latch)
+                if f.check == "xid" and f.key.startswith("xid/"):
+                    self.metrics.record_xid(f.key.split("/")[1])
+        self.new_latches.extend(new)
+        return new
+
+    def take_new_latches(self) -> list[Latch]:
+        new, self.new_latches = self.new_latches, []
+        return new
+
+    def take_clear_request(
+        self, node: Probed[NodeObject], annotation: str, results: Mapping[str, CheckResult]
+    ) -> tuple[str | None, NodeEvent | None]:
+        """An operator's `<prefix>/clear-latched` annotation ("all" or comma-separated keys).
+
+        Returns the annotation key to remove and an Event. Cleared findings stay hidden until their
+        evidence changes (a new Xid line changes the count), so a cleared Xid still in the kernel
+        ring does not come straight back.
+        """
+        if not isinstance(node, NodeObject):
+            return None, None
+        value = node.annotations.get(annotation)
+        if value is None:
+            return None, None
+        wanted = [k.strip() for k in value.split(",") if k.strip()]
+        keys = (
+            list(self.latches)
+            if value.strip().lower() == CLEAR_ALL
+            else [k for k in wanted if k in self.latches]
+        )
+        for key in keys:
+            self.cleared[key] = self.latches.pop(key).message
+        for res in results.values():
+            for f in res.findings:
+                if f.key in keys:
+                    self.cleared[f.key] = f.message
+        self.operator_cleared = True
+        msg = f"cleared {len(keys)} latched finding(s): {', '.join(keys) or 'none matched ' + value!r}"
+        log.info(msg, extra={"event": "clear-latched"})
+        return annotation, NodeEvent(Reason.LATCHES_CLEARED, msg)
+
+    def current_results(self, latest: Mapping[str, CheckResult], order: list[str]) -> list[CheckResult]:
+        """Latest results, with latched findings whose evidence is gone kept in their check."""
+        results = {
+            name: replace(
+                res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.message)
+            )
+            if self.cleared
+            else res
+            for name, res in latest.items()
+        }
+        for latch in self.latches.values():
+            res = results.get(latch.check) or CheckResult(latch.check)
+            if any(f.key == latch.key for f in res.findings):
+                continue
+            kept = Finding(
+                check=latch.check,
+                rule=f"{latch.check}.latched",
+                severity=latch.severity,
+                message=f"{latch.message} (latched since {latch.since})",
+                key=latch.key,
+                latched=True,
+            )
+            results[latch.check] = replace(res, findings=(*res.findings, kept))
+        return sorted(results.values(), key=lambda r: order.index(r.name) if r.name in order else len(order))
+
+    # ------------------------------------------------------------------ hysteresis
+
+    def settle_taint(self, status: Status, gpu_last_run: float, recover_after: int) -> bool:
+        """Whether the node should be tainted after a verdict of `status`. A failing node is untainted
+        only after recover_after passing gpu-tier cycles (gpu_last_run tells a new one), or at once
+        when an operator cleared its latches."""
+        if status is Status.FAIL:
+            self.taint_wanted, self.pass_streak = True, 0
+        elif self.operator_cleared:
+            self.taint_wanted, self.pass_streak = False, 0  # the operator said it is fixed: no hysteresis
+        elif self.taint_wanted and self._gpu_cycle_completed(gpu_last_run):
+            self.pass_streak += 1
+            if self.pass_streak >= recover_after:
+                self.taint_wanted, self.pass_streak = False, 0
+        self.operator_cleared = False
+        return self.taint_wanted
+
+    def _gpu_cycle_completed(self, ran: float) -> bool:
+        if ran != self._last_gpu_run_seen:
+            self._last_gpu_run_seen = ran
+            return True
+        return False

@@ -1,0 +1,116 @@
+"""The live node as a Source: NVML first, nvidia-smi as the fallback, /dev/kmsg, /sys."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.core.dcgm_report import DiagReport
+from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
+from agent.probes.command import CommandOutput, run_command
+from agent.probes.kernel_log import read_kmsg_live
+from agent.probes.nvlink import parse_nvlink
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.nvsmi_xml import parse_nvsmi_xml
+from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
+from agent.probes.source import ParseMemo, read_rdma_tree
+from agent.probes.topo import parse_topo
+
+
+class LiveSource:
+    """Reads the live node: NVML first, nvidia-smi as the fallback, /dev/kmsg, /sys."""
+
+    def __init__(
+        self,
+        timeout_s: float = 30.0,
+        sys_root: Path = Path("/sys"),
+        kmsg_path: str = "/dev/kmsg",
+        use_nvml: bool = True,
+        node_loader: Callable[[], Probed[NodeObject]] | None = None,
+        instance_type: str | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.sys_root = sys_root
+        self.kmsg_path = kmsg_path
+        self.use_nvml = use_nvml
+        self.node_loader = node_loader
+        self._instance_type = instance_type
+        self.memo = ParseMemo()
+
+    def run(self, name: str) -> CommandOutput | ProbeError:
+        return run_command(COMMANDS[name], self.timeout_s)
+
+    def text(self, name: str) -> str | ProbeError:
+        out = self.run(name)
+        if isinstance(out, ProbeError):
+            return out
+        if out.returncode != 0 and not out.stdout.strip():
+            msg = (out.stderr.strip() or f"exit code {out.returncode}").splitlines()[0]
+            return ProbeError(source_name(name), ProbeErrorKind.TOOL_FAILED, msg)
+        return out.stdout
+
+    def gpus(self) -> Probed[GpuInventory]:
+        if self.use_nvml:
+            nvml = _read_nvml(self.timeout_s)
+            if not (isinstance(nvml, ProbeError) and nvml.kind is ProbeErrorKind.UNAVAILABLE):
+                return nvml
+        return self.memo.parse(source_name(XML), self.text(XML), parse_nvsmi_xml)
+
+    def topo(self) -> Probed[TopoMatrix]:
+        return self.memo.parse(source_name(TOPO), self.text(TOPO), parse_topo)
+
+    def nvlink(self) -> Probed[NvlinkReport]:
+        return self.memo.parse(source_name(NVLINK), self.text(NVLINK), parse_nvlink)
+
+    def kernel(self) -> Probed[KernelLog]:
+        try:
+            return read_kmsg_live(self.kmsg_path, timeout_s=min(self.timeout_s, 5.0))
+        except FileNotFoundError:
+            return ProbeError(self.kmsg_path, ProbeErrorKind.UNAVAILABLE, "not present (mount /dev/kmsg)")
+        except PermissionError:
+            return ProbeError(
+                self.kmsg_path, ProbeErrorKind.UNAVAILABLE, "permission denied (needs CAP_SYSLOG)"
+            )
+        except OSError as exc:
+            return ProbeError(self.kmsg_path, ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
+
+    def rdma(self) -> Probed[RdmaSample]:
+        class_dir = self.sys_root / "class" / "infiniband"
+        if not class_dir.is_dir():
+            # No RDMA devices at all on this node: an empty sample, so the EFA count rule can judge it.
+            return RdmaSample(devices=(), taken_at=time.monotonic())
+        return read_rdma_tree(class_dir, self.sys_root / "bus" / "pci" / "devices")
+
+    def node(self) -> Probed[NodeObject]:
+        if self.node_loader is None:
+            return NotCaptured("Node object (no API access)")
+        return self.node_loader()
+
+    def dcgm_diag(self) -> Probed[DiagReport]:
+        return NotCaptured("dcgm diag (runs in the agent's dcgm-diag tier)")
+
+    def boot_id(self) -> str | None:
+        try:
+            return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+        except OSError:
+            return None
+
+    def instance_type(self) -> str | None:
+        return self._instance_type or os.environ.get("GPU_HEALTHCHECK_INSTANCE_TYPE") or None
+
+
+def _read_nvml(timeout_s: float) -> Probed[GpuInventory]:
+    """NVML through nvidia-ml-py; UNAVAILABLE when the library cannot be loaded (fall back to nvidia-smi)."""
+    from agent.probes.nvml import read_nvml
+
+    try:
+        return read_nvml(timeout_s)
+    except NvmlUnavailable as exc:
+        return ProbeError("nvml", ProbeErrorKind.UNAVAILABLE, str(exc))
+    except ProbeTimeout as exc:
+        return ProbeError("nvml", ProbeErrorKind.TIMEOUT, str(exc) or f"no answer after {timeout_s:g} s")
+    except ToolReportedFailure as exc:
+        return ProbeError("nvml", ProbeErrorKind.TOOL_FAILED, str(exc))

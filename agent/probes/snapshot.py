@@ -1,0 +1,143 @@
+"""A recorded node snapshot directory as a Source (`check --from-snapshot DIR`, tests, the demo).
+
+Snapshot file names (all optional; a missing file means "not captured"):
+
+  instance-type, boot_id, nvidia-smi-q.xml | nvidia-smi-q.txt, nvidia-smi-topo-m.txt,
+  nvidia-smi-nvlink-s.txt, kmsg.log, sys/class/infiniband/..., sys/bus/pci/devices/...,
+  node.json, dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agent.core.dcgm_report import DiagReport
+from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
+from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
+from agent.probes.kernel_log import parse_kernel_log
+from agent.probes.node_object import parse_node_json
+from agent.probes.nvlink import parse_nvlink
+from agent.probes.nvsmi_text import parse_nvsmi_text
+from agent.probes.nvsmi_xml import parse_nvsmi_xml
+from agent.probes.source import ParseMemo, read_rdma_tree
+from agent.probes.topo import parse_topo
+
+XML, TEXT, TOPO, NVLINK = (
+    "nvidia-smi-q.xml",
+    "nvidia-smi-q.txt",
+    "nvidia-smi-topo-m.txt",
+    "nvidia-smi-nvlink-s.txt",
+)
+KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
+DCGM_DIAG = "dcgm-diag.json"
+COMMANDS: dict[str, list[str]] = {
+    XML: ["nvidia-smi", "-q", "-x"],
+    TOPO: ["nvidia-smi", "topo", "-m"],
+    NVLINK: ["nvidia-smi", "nvlink", "-s"],
+}
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+def source_name(name: str) -> str:
+    """How a probe error names where a file came from: the command that prints it, or the file."""
+    return " ".join(COMMANDS[name]) if name in COMMANDS else name
+
+
+class SnapshotError(Exception):
+    """The snapshot directory itself is unusable (missing, not a directory)."""
+
+
+class SnapshotSource:
+    """Reads a node snapshot directory. Re-reads files on every call (tests edit them while we run)."""
+
+    def __init__(self, root: Path) -> None:
+        if not root.exists():
+            raise SnapshotError(f"snapshot directory {root} does not exist")
+        if not root.is_dir():
+            raise SnapshotError(f"{root} is not a directory")
+        self.root = root
+        self.memo = ParseMemo()
+
+    def _errors(self) -> dict[str, Any]:
+        path = self.root / ERRORS
+        if not path.is_file():
+            return {}
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def text(self, name: str) -> str | ProbeError | NotCaptured:
+        recorded = self._errors().get(name)
+        if isinstance(recorded, dict):
+            try:
+                kind = ProbeErrorKind(str(recorded.get("kind")))
+            except ValueError:
+                kind = ProbeErrorKind.TOOL_FAILED
+            return ProbeError(source_name(name), kind, str(recorded.get("message", "")))
+        path = self.root / name
+        if not path.exists():
+            return NotCaptured(name)
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            return ProbeError(name, ProbeErrorKind.UNREADABLE, f"cannot read: {exc.strerror or exc}")
+        if len(data) > MAX_FILE_BYTES:
+            return ProbeError(name, ProbeErrorKind.UNREADABLE, f"larger than {MAX_FILE_BYTES} bytes")
+        return data.decode("utf-8", errors="replace")
+
+    def gpus(self) -> Probed[GpuInventory]:
+        """The XML view, with GPUs that the text view reports lost (only it prints them) merged in."""
+        xml = self.text(XML)
+        text = self.text(TEXT)
+        if isinstance(xml, NotCaptured):
+            return self.memo.parse(TEXT, text, parse_nvsmi_text)
+        inv = self.memo.parse(XML, xml, parse_nvsmi_xml)
+        if not isinstance(inv, GpuInventory) or not isinstance(text, str):
+            return inv
+        other = self.memo.parse(TEXT, text, parse_nvsmi_text)
+        if not isinstance(other, GpuInventory):
+            return inv
+        known = {g.pci_bus_id for g in inv.gpus} | {lost.pci_bus_id for lost in inv.lost}
+        extra = tuple(lost for lost in other.lost if lost.pci_bus_id not in known)
+        return replace(inv, lost=(*inv.lost, *extra)) if extra else inv
+
+    def topo(self) -> Probed[TopoMatrix]:
+        return self.memo.parse(TOPO, self.text(TOPO), parse_topo)
+
+    def nvlink(self) -> Probed[NvlinkReport]:
+        return self.memo.parse(NVLINK, self.text(NVLINK), parse_nvlink)
+
+    def kernel(self) -> Probed[KernelLog]:
+        return self.memo.parse(KMSG, self.text(KMSG), parse_kernel_log)
+
+    def rdma(self) -> Probed[RdmaSample]:
+        class_dir = self.root / "sys" / "class" / "infiniband"
+        if not class_dir.is_dir():
+            return NotCaptured("sys/class/infiniband")
+        return read_rdma_tree(class_dir, self.root / "sys" / "bus" / "pci" / "devices")
+
+    def node(self) -> Probed[NodeObject]:
+        return self.memo.parse(NODE, self.text(NODE), parse_node_json)
+
+    def dcgm_diag(self) -> Probed[DiagReport]:
+        return self.memo.parse(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
+
+    def _line(self, name: str) -> str | None:
+        text = self.text(name)
+        if isinstance(text, str):
+            value = text.strip().splitlines()[0].strip() if text.strip() else ""
+            return value or None
+        return None
+
+    def boot_id(self) -> str | None:
+        return self._line(BOOT_ID)
+
+    def instance_type(self) -> str | None:
+        return self._line(ITYPE)

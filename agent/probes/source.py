@@ -1,0 +1,154 @@
+"""Where NodeFacts come from: the Source protocol both sources implement (a live node in
+agent.probes.live, a recorded node snapshot in agent.probes.snapshot), the parse helpers they share,
+and the one place that turns inputs into NodeFacts (assemble_facts, for gather_facts and the engine).
+
+Both sources hand the same parsers the same text, so a snapshot replays exactly what the live node
+showed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from agent.config import Config
+from agent.core.contract import INSTANCE_TYPE_LABEL
+from agent.core.dcgm_report import DiagReport
+from agent.core.facts import Input, NodeFacts
+from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
+from agent.probes.nvsmi_errors import ToolReportedFailure
+from agent.probes.rdma import read_rdma
+
+T = TypeVar("T")
+
+
+def parse_with(source: str, text: str | ProbeError | NotCaptured, parser: Callable[[str], T]) -> Probed[T]:
+    """Run a parser, turning its typed failures into ProbeErrors (never an exception)."""
+    if isinstance(text, (ProbeError, NotCaptured)):
+        return text
+    try:
+        return parser(text)
+    except ToolReportedFailure as exc:
+        return ProbeError(source, ProbeErrorKind.TOOL_FAILED, str(exc))
+    except ParseError as exc:
+        return ProbeError(source, ProbeErrorKind.UNREADABLE, str(exc) or "malformed output")
+
+
+class ParseMemo:
+    """Re-parse a tool's output only when its text changed: in steady state a snapshot's files (and
+    most live outputs) are identical from one tick to the next. Parsed values are immutable."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[str, object]] = {}
+
+    def parse(
+        self, source: str, text: str | ProbeError | NotCaptured, parser: Callable[[str], T]
+    ) -> Probed[T]:
+        if not isinstance(text, str):
+            self._last.pop(source, None)
+            return text
+        hit = self._last.get(source)
+        if hit is not None and hit[0] == text:
+            return hit[1]  # type: ignore[return-value]
+        value = parse_with(source, text, parser)
+        self._last[source] = (text, value)
+        return value
+
+
+class Source(Protocol):
+    def gpus(self) -> Probed[GpuInventory]: ...
+    def topo(self) -> Probed[TopoMatrix]: ...
+    def nvlink(self) -> Probed[NvlinkReport]: ...
+    def kernel(self) -> Probed[KernelLog]: ...
+    def rdma(self) -> Probed[RdmaSample]: ...
+    def node(self) -> Probed[NodeObject]: ...
+    def dcgm_diag(self) -> Probed[DiagReport]: ...
+    def boot_id(self) -> str | None: ...
+    def instance_type(self) -> str | None: ...
+
+
+def read_rdma_tree(class_dir: Path, pci_dir: Path) -> Probed[RdmaSample]:
+    """An RDMA sysfs tree as a Probed value: a class directory gone in the meantime is not captured."""
+    try:
+        return read_rdma(class_dir, pci_dir if pci_dir.is_dir() else None)
+    except FileNotFoundError:
+        return NotCaptured(str(class_dir))
+    except OSError as exc:
+        return ProbeError(str(class_dir), ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
+
+
+def resolve_instance_type(
+    source: Source, cfg: Config, node: Probed[NodeObject], override: str | None
+) -> tuple[str | None, str]:
+    """--instance-type, then the config override, then the Node label, then the snapshot's file."""
+    if override:
+        return override, "--instance-type"
+    configured = cfg.instance_type
+    if configured:
+        return configured, "config"
+    if isinstance(node, NodeObject) and node.labels.get(INSTANCE_TYPE_LABEL):
+        return node.labels[INSTANCE_TYPE_LABEL], "node label"
+    recorded = source.instance_type()
+    if recorded:
+        return recorded, "instance-type file"
+    return None, ""
+
+
+def source_readers(source: Source) -> dict[Input, Callable[[], Any]]:
+    """How a source reads each input (dcgm_health has no file or tool of its own: the live agent
+    polls the DCGM host engine)."""
+    return {
+        Input.NODE: source.node,
+        Input.GPUS: source.gpus,
+        Input.TOPO: source.topo,
+        Input.NVLINK: source.nvlink,
+        Input.KERNEL: source.kernel,
+        Input.RDMA: source.rdma,
+        Input.DCGM_DIAG: source.dcgm_diag,
+    }
+
+
+def assemble_facts(
+    source: Source,
+    cfg: Config,
+    inputs: Mapping[Input, Any],
+    *,
+    boot_id: str | None,
+    instance_type: str | None = None,
+    rdma_previous: RdmaSample | None = None,
+) -> NodeFacts:
+    """NodeFacts from the inputs read (one not read stays NotCaptured), with the instance type
+    resolved (resolve_instance_type) and its profile."""
+    facts = NodeFacts(rdma_previous=rdma_previous, **{name.value: value for name, value in inputs.items()})
+    itype, itype_source = resolve_instance_type(source, cfg, facts.node, instance_type)
+    return replace(
+        facts,
+        instance_type=itype,
+        instance_type_source=itype_source,
+        profile=cfg.profiles.get(itype) if itype else None,
+        boot_id=boot_id,
+    )
+
+
+def gather_facts(
+    source: Source,
+    cfg: Config,
+    *,
+    instance_type: str | None = None,
+    rdma_previous: RdmaSample | None = None,
+    only: Callable[[Input], bool] = lambda _: True,
+) -> NodeFacts:
+    """Read every input the enabled checks need. `only(input)` lets callers skip unneeded probes."""
+    inputs = {name: read() for name, read in source_readers(source).items() if only(name)}
+    node = inputs.get(Input.NODE)
+    return assemble_facts(
+        source,
+        cfg,
+        inputs,
+        boot_id=source.boot_id() or (node.boot_id if isinstance(node, NodeObject) else None),
+        instance_type=instance_type,
+        rdma_previous=rdma_previous,
+    )

@@ -1,0 +1,47 @@
+"""Bounded reads: a stuck reader is parked, not started again while stuck, and never blocks the caller."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from agent.probes.bounded import Bounded, StillStuck, TimedOut
+
+
+def test_a_read_that_finishes_returns_its_value_and_parks_nothing() -> None:
+    reads = Bounded()
+    assert reads.run("a", lambda: 42, 5, thread_name="probe-a") == 42
+    assert reads.parked("a") == []
+
+
+def test_a_reader_exception_reaches_the_caller() -> None:
+    def broken() -> int:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        Bounded().run("a", broken, 5, thread_name="probe-a")
+
+
+def test_a_stuck_read_is_parked_and_not_started_again_until_it_returns() -> None:
+    reads = Bounded()
+    release = threading.Event()
+    started: list[str] = []
+
+    def stuck() -> str:
+        started.append("x")
+        release.wait(30)
+        return "late"
+
+    with pytest.raises(TimedOut):
+        reads.run("a", stuck, 0.05, thread_name="probe-a")
+    with pytest.raises(StillStuck) as exc:
+        reads.run("a", stuck, 0.05, thread_name="probe-a")
+    assert exc.value.count == 1 and started == ["x"]
+    assert reads.run("b", lambda: "other key", 5, thread_name="probe-b") == "other key"
+    (worker,) = reads.parked("a")
+    assert worker.name == "probe-a" and worker.daemon
+    release.set()
+    worker.join(10)
+    assert reads.run("a", lambda: "again", 5, thread_name="probe-a") == "again"
+    assert reads.parked("a") == []
