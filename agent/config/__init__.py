@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
@@ -22,13 +21,8 @@ import yaml
 from agent.config import settings
 from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
+from agent.config.schema import SCHEMA, ConfigError, validate
 from agent.config.xid_catalog import XidCatalog, parse_catalog
-from agent.core.contract import (
-    DEFAULT_CONDITION_TYPE,
-    DEFAULT_GPU_NODE_SELECTOR,
-    DEFAULT_PREFIX,
-    DEFAULT_TAINT_EFFECT,
-)
 from agent.core.profile import InstanceProfile
 from agent.core.rules import Rule, RuleBook
 from agent.core.severity import Severity
@@ -42,81 +36,6 @@ CONFIG_YAML, PROFILES_YAML, XID_CATALOG_YAML, DCGM_INCIDENTS_YAML = (
     "dcgm-incidents.yaml",
 )
 CONFIG_FILES = (CONFIG_YAML, PROFILES_YAML, XID_CATALOG_YAML, DCGM_INCIDENTS_YAML)
-
-
-class ConfigError(ValueError):
-    """An invalid config file; the message names the file and the key."""
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A leaf of the schema: type, default and range."""
-
-    typ: type | tuple[type, ...]
-    default: Any
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] | None = None
-
-
-def _num(default: float, lo: float | None = None, hi: float | None = None) -> Spec:
-    return Spec((int, float), default, lo, hi)
-
-
-# The schema of config.yaml. Nested dicts are sections; Spec is a leaf; "*" maps free-form keys.
-SCHEMA: dict[str, Any] = {
-    "prefix": Spec(str, DEFAULT_PREFIX),
-    "instanceType": Spec(str, ""),
-    "intervals": {
-        "gpu": _num(60, 1, 86400),
-        "efa": _num(300, 1, 86400),
-        "topology": _num(300, 1, 86400),
-        "dcgmHealth": _num(60, 1, 86400),
-        "dcgmDiag": _num(21600, 60, 7 * 86400),
-    },
-    "jitterFraction": _num(0.1, 0, 0.5),
-    "timeouts": {
-        "nvidiaSmi": _num(30, 1, 600),
-        "nvml": _num(30, 1, 600),
-        "check": _num(60, 1, 3600),
-    },
-    "checks": {"*": Spec(bool, True)},  # check name → on/off; every check is on unless switched off
-    "severities": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
-    "thresholds": {
-        "retiredPagesSingleBitMax": _num(60, 0, 10**6),
-        "efaCounterRatePerSec": {
-            "rx_drops": _num(10, 0),
-            "retrans_timeout_events": _num(1, 0),
-            "unresponsive_remote_events": _num(1, 0),
-            "impaired_remote_conn_events": _num(1, 0),
-        },
-    },
-    "node": {
-        "recoverAfter": _num(3, 1, 1000),
-        "taintEffect": Spec(
-            str, DEFAULT_TAINT_EFFECT, choices=("NoSchedule", "PreferNoSchedule", "NoExecute")
-        ),
-        "conditionType": Spec(str, DEFAULT_CONDITION_TYPE),
-        "maxTaintedFraction": _num(0.2, 0, 1),
-        "maxTaintedNodes": _num(0, 0, 10**6),
-        "gpuNodeSelector": Spec(str, DEFAULT_GPU_NODE_SELECTOR),
-    },
-    "metrics": {"port": _num(9402, 0, 65535)},
-    "configPollSeconds": _num(2, 0.1, 300),
-    "dcgm": {
-        "address": Spec(str, "nvidia-dcgm.gpu-healthcheck.svc:5555"),
-        "connectTimeout": _num(5, 0.1, 300),
-        "graceSeconds": _num(120, 0, 86400),
-        "diagLevel": Spec(int, 2, 1, 4),
-        "diagTimeout": _num(900, 30, 86400),
-        "heartbeatSeconds": _num(60, 1, 600),
-        "incidentOverrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
-    },
-    "xid": {
-        "overrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
-        "nvlinkSeverity": Spec(str, "reset", choices=("monitor", "reset", "reboot", "isolate")),
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -193,56 +112,6 @@ class Config:
         return self.xid_catalog.severity(code)
 
 
-def _validate(doc: Any, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, Mapping):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(doc).__name__}")
-    out: dict[str, Any] = {}
-    free = schema.get("*")
-    for key in doc:
-        if key not in schema and free is None:
-            raise ConfigError(
-                f"{where}{key}: unknown key (allowed: {', '.join(k for k in schema if k != '*')})"
-            )
-    for key, spec in schema.items():
-        if key == "*":
-            continue
-        value = doc.get(key)
-        out[key] = _leaf_or_section(value, spec, f"{where}{key}")
-    if free is not None:
-        for key in doc:
-            if key not in schema:
-                out[str(key)] = _leaf_or_section(doc[key], free, f"{where}{key}")
-    return out
-
-
-def _leaf_or_section(value: Any, spec: Any, path: str) -> Any:
-    if isinstance(spec, Mapping):
-        return _validate(value, spec, path + ".")
-    assert isinstance(spec, Spec)
-    if value is None:
-        return spec.default
-    typ = spec.typ
-    if (
-        isinstance(value, bool)
-        and typ is not bool
-        and bool not in (typ if isinstance(typ, tuple) else (typ,))
-    ):
-        raise ConfigError(f"{path}: expected a number, got {value!r}")
-    if not isinstance(value, typ):
-        name = "number" if typ == (int, float) else getattr(typ, "__name__", str(typ))
-        raise ConfigError(f"{path}: expected {name}, got {value!r}")
-    number = value if isinstance(value, (int, float)) else None
-    if spec.minimum is not None and number is not None and number < spec.minimum:
-        raise ConfigError(f"{path}: {value} is below the minimum {spec.minimum}")
-    if spec.maximum is not None and number is not None and number > spec.maximum:
-        raise ConfigError(f"{path}: {value} is above the maximum {spec.maximum}")
-    if spec.choices is not None and value not in spec.choices:
-        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(spec.choices)}")
-    return value
-
-
 def parse_config(
     doc: Any,
     profiles_doc: Any = None,
@@ -256,7 +125,7 @@ def parse_config(
     `rules` (the check registry's RuleBook) names the checks and rules `checks:` and `severities:`
     may name; every entry point of the agent passes it. Without it those names are not checked.
     """
-    raw = _validate(doc, SCHEMA, "")
+    raw = validate(doc, SCHEMA, "")
     if rules is not None:
         _check_names(raw, rules)
     for code in raw["xid"]["overrides"]:
@@ -340,3 +209,13 @@ def load_config_dir(directory: Path | None = None, *, rules: RuleBook | None = N
         )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+__all__ = [
+    "CONFIG_FILES",
+    "Config",
+    "ConfigError",
+    "default_config_dir",
+    "load_config_dir",
+    "parse_config",
+]
