@@ -288,9 +288,9 @@ def shard(
 
     threading.stack_size(512 * 1024)
     counted = Counted()
-    for name in ("agent.reporters.node_writer", "agent.reporters.brake"):
-        logging.getLogger(name).addHandler(counted)
-        logging.getLogger(name).setLevel(logging.WARNING)
+    reporters = logging.getLogger("agent.reporters")  # the writer, its taint gate, watch, Events, brake
+    reporters.addHandler(counted)
+    reporters.setLevel(logging.WARNING)
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     healthy, failing = marks_of(HEALTHY), marks_of(XID79)
     cfg = load_config_dir()

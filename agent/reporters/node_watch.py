@@ -20,7 +20,7 @@ from agent.reporters.kube_rest import KubeRest, api_status, describe_error, node
 from agent.reporters.node_patch import rv_number
 
 # The writer's logger: the watch's warnings are the writer's (bench/fleet.py counts them there).
-log = logging.getLogger("agent.reporters.node_writer")
+log = logging.getLogger(__name__)
 
 OnNode = Callable[[dict[str, Any]], None]
 

@@ -27,8 +27,7 @@ from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import describe_error
 from agent.reporters.node_patch import find_our_taint, rv_text, taint_disabled
 
-# The writer's logger: a yield is the writer's warning (bench/fleet.py counts them there).
-log = logging.getLogger("agent.reporters.node_writer")
+log = logging.getLogger(__name__)
 
 VERIFY_ROUNDS = (1.0, 3.0, 8.0, 15.0)  # post-taint re-counts, in units of verify_delay_s
 
