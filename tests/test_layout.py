@@ -1,0 +1,37 @@
+"""The tree is the pipeline: the layer folders are the ones the README's architecture names, and every
+module of a layer is named in its row there (a new module is placed and described, not dropped in)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("core", "config", "probes", "checks", "engine", "reporters", "cli")
+
+
+def architecture_rows() -> dict[str, str]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Architecture") : text.index("## Development")]
+    return dict(re.findall(r"^\| `agent/(\w+)/` \| (.+) \|$", section, flags=re.M))
+
+
+def test_agent_holds_the_layer_folders_and_nothing_flat() -> None:
+    folders = {p.name for p in (ROOT / "agent").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    flat = {p.name for p in (ROOT / "agent").glob("*.py")}
+    assert folders == set(LAYERS)
+    assert flat == {"__init__.py"}
+    assert set(architecture_rows()) == set(LAYERS)
+
+
+def test_every_module_is_named_in_its_layer_row() -> None:
+    rows = architecture_rows()
+    for layer in LAYERS:
+        named = re.findall(r"`([\w*/]+)`", rows[layer])
+        for path in sorted((ROOT / "agent" / layer).iterdir()):
+            name = path.stem if path.suffix == ".py" else path.name
+            if name.startswith("__") or path.name == "__pycache__" or path.name == "defaults":
+                continue
+            wanted = (name, f"{name}/", f"cli/{name}.py")
+            assert any(fnmatch.fnmatch(w, pat) for w in wanted for pat in named), f"agent/{layer}/{path.name}"
