@@ -54,7 +54,7 @@ class Engine:
         node_getter: Callable[[], Probed[NodeObject]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
-        extra_inputs: dict[str, Callable[[], Any]] | None = None,
+        extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
     ) -> None:
         """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);

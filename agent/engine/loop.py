@@ -15,6 +15,7 @@ from agent.checks.registry import RULE_BOOK
 from agent.config import Config
 from agent.config.watch import ConfigWatcher
 from agent.core.contract import WARNING, Keys, Marks, NodeEvent, Reason
+from agent.core.facts import Input
 from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -45,7 +46,7 @@ class Agent:
         kernel_path: Path | None,
         kernel_is_device: bool,
         metrics: Telemetry | None = None,
-        extra_inputs: dict[str, Callable[[], Any]] | None = None,
+        extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
     ) -> None:
         self.cfg = cfg

@@ -47,7 +47,7 @@ class DcgmTiers:
         self._thread: threading.Thread | None = None
         self.running_since: str = ""
 
-    def inputs(self) -> dict[str, Callable[[], Any]]:
+    def inputs(self) -> dict[Input, Callable[[], Any]]:
         return {Input.DCGM_HEALTH: self.health.poll, Input.DCGM_DIAG: self.diag}
 
     def diag(self) -> Probed[DiagReport]:
