@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
+from agent.core.model import Gpu, GpuInventory
 from agent.core.probed import NotCaptured, ProbeError
 from agent.core.rules import Rule
 
@@ -50,3 +51,36 @@ class CheckSpec:
     inputs: tuple[Input, ...]
     tier: str
     rules: tuple[Rule, ...] = ()
+
+
+def gpu_finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | None = None) -> Finding:
+    """A finding on one GPU (or the node, gpu=None), keyed `rule/<pci>` so each GPU latches apart."""
+    entities = (gpu.label,) if gpu is not None else ()
+    key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
+    return Finding(
+        check=check, rule=rule.name, severity=cfg.severity(rule), message=message, entities=entities, key=key
+    )
+
+
+def per_gpu(
+    name: str,
+    facts: NodeFacts,
+    cfg: Config,
+    judge: Callable[[Gpu], Iterable[tuple[Rule, str]]],
+    applies: Callable[[Gpu], bool] = lambda g: True,
+    not_applicable: str = "",
+    ok: str = "",
+) -> CheckResult:
+    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to."""
+    gap = input_gap(name, facts.gpus)
+    if gap is not None:
+        return gap
+    inv = facts.gpus
+    assert isinstance(inv, GpuInventory)
+    gpus = [g for g in inv.gpus if applies(g)]
+    if not inv.gpus:
+        return CheckResult(name, skipped="no GPU visible")
+    if not gpus:
+        return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
+    findings = [gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
+    return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -86,38 +86,6 @@ ALLOCATABLE_BELOW_VISIBLE = Rule(
 )
 
 
-def _finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | None = None) -> Finding:
-    entities = (gpu.label,) if gpu is not None else ()
-    key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
-    return Finding(
-        check=check, rule=rule.name, severity=cfg.severity(rule), message=message, entities=entities, key=key
-    )
-
-
-def _per_gpu(
-    name: str,
-    facts: NodeFacts,
-    cfg: Config,
-    judge: Callable[[Gpu], Iterable[tuple[Rule, str]]],
-    applies: Callable[[Gpu], bool] = lambda g: True,
-    not_applicable: str = "",
-    ok: str = "",
-) -> CheckResult:
-    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to."""
-    gap = input_gap(name, facts.gpus)
-    if gap is not None:
-        return gap
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
-    gpus = [g for g in inv.gpus if applies(g)]
-    if not inv.gpus:
-        return CheckResult(name, skipped="no GPU visible")
-    if not gpus:
-        return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
-    findings = [_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
-    return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")
-
-
 # --------------------------------------------------------------------------- gpu.count
 
 
@@ -140,7 +108,7 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
     findings: list[Finding] = []
     if visible != prof.gpu_count:
         findings.append(
-            _finding(
+            gpu_finding(
                 cfg,
                 name,
                 COUNT_MISMATCH,
@@ -151,7 +119,7 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
         wrong = [g for g in inv.gpus if g.name and prof.gpu_model.lower() not in g.name.lower()]
         for g in wrong:
             findings.append(
-                _finding(cfg, name, COUNT_MODEL, f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
+                gpu_finding(cfg, name, COUNT_MODEL, f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
             )
     return CheckResult(
         name, findings=tuple(findings), note=f"{visible} GPU(s) as expected for {prof.instance_type}"
@@ -172,7 +140,9 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
             rule = RESPONSIVE_DRIVER
         else:
             return CheckResult(name, unknown=f"could not read {probed.source}: {probed.message}")
-        return CheckResult(name, findings=(_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),))
+        return CheckResult(
+            name, findings=(gpu_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),)
+        )
     gap = input_gap(name, probed)
     if gap is not None:
         return gap
@@ -240,7 +210,7 @@ def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
             )
         )
 
-    return _per_gpu(
+    return per_gpu(
         "gpu.ecc",
         facts,
         cfg,
@@ -267,7 +237,7 @@ def _remap(g: Gpu) -> Iterable[tuple[Rule, str]]:
 
 
 def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
-    return _per_gpu(
+    return per_gpu(
         "gpu.row-remap",
         facts,
         cfg,
@@ -291,7 +261,7 @@ def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
         if p.single_bit is not None and p.single_bit > limit:
             yield RETIRED_PAGES_SINGLE_BIT, f"{p.single_bit} single-bit retired pages (> {limit:g})"
 
-    return _per_gpu(
+    return per_gpu(
         "gpu.retired-pages",
         facts,
         cfg,
@@ -321,7 +291,7 @@ def _recovery(g: Gpu) -> Iterable[tuple[Rule, str]]:
 
 
 def check_recovery_action(facts: NodeFacts, cfg: Config) -> CheckResult:
-    return _per_gpu(
+    return per_gpu(
         "gpu.recovery-action",
         facts,
         cfg,
@@ -347,7 +317,7 @@ def _throttle(g: Gpu) -> Iterable[tuple[Rule, str]]:
 
 def check_throttle(facts: NodeFacts, cfg: Config) -> CheckResult:
     """SW power capping and SW thermal slowdown are normal operation, not findings."""
-    return _per_gpu(
+    return per_gpu(
         "gpu.throttle",
         facts,
         cfg,
@@ -378,7 +348,7 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
             why = f" (this instance type runs x{wired})" if wired else ""
             yield PCIE_WIDTH, f"PCIe link x{p.width_current} of x{p.width_max}{why}"
 
-    return _per_gpu(
+    return per_gpu(
         "gpu.pcie",
         facts,
         cfg,
@@ -390,7 +360,7 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_persistence(facts: NodeFacts, cfg: Config) -> CheckResult:
-    return _per_gpu(
+    return per_gpu(
         "gpu.persistence",
         facts,
         cfg,
@@ -421,7 +391,7 @@ def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
             return False
         return expects is not False
 
-    return _per_gpu(
+    return per_gpu(
         "gpu.fabric",
         facts,
         cfg,
@@ -452,7 +422,7 @@ def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
             f"the device plugin advertises {alloc} of {visible} visible GPU(s) as allocatable: "
             f"it marked {visible - alloc} GPU(s) unhealthy"
         )
-        return CheckResult(name, findings=(_finding(cfg, name, ALLOCATABLE_BELOW_VISIBLE, msg),))
+        return CheckResult(name, findings=(gpu_finding(cfg, name, ALLOCATABLE_BELOW_VISIBLE, msg),))
     return CheckResult(name, note=f"{alloc} GPU(s) allocatable")
 
 
