@@ -47,7 +47,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -394,7 +394,60 @@ def collect(
     return out
 
 
-def main() -> None:
+@dataclass
+class Run:
+    """The arguments and what follows from them alone."""
+
+    args: argparse.Namespace
+    n: int
+    k: int
+    per_proc: int
+    cfg: Config
+
+
+@dataclass
+class Fleet:
+    """The running benchmark: the control plane, its monitors, the Nodes and the simulator processes."""
+
+    run: Run
+    env: Any
+    guard: MemoryGuard
+    trace: ApiserverTrace | None
+    plane: dict[str, int]
+    core: Any
+    procs: list[Any]  # filled in place: the memory guard's callback kills what it holds
+    names: list[str] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)
+    results: Any = None
+    go_mp: Any = None
+    stop_mp: Any = None
+
+
+@dataclass
+class Figures:
+    """What the phases measure, for the report."""
+
+    created: float = 0.0
+    started: float = 0.0
+    ready: dict[int, dict[str, Any]] = field(default_factory=dict)
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    a_start: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    a1: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    start_reqs: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    steady: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    fault_reqs: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    lists: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    lat: dict[Any, float] = field(default_factory=dict)
+    changes: MarksWatch | None = None
+    t_fault: float = 0.0
+    stable_s: float = 0.0
+    tainted: int = 0
+    labelled_fail: int = 0
+    labelled_tainted: int = 0
+
+
+def parse_args() -> Run:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--processes", type=int, default=1, help="simulator processes sharing the identities")
@@ -434,179 +487,219 @@ def main() -> None:
 
     healthy, failing = marks_of(HEALTHY), marks_of(XID79)
     assert not healthy.taint and failing.taint
-    cfg = load_config_dir()
-    mp = multiprocessing.get_context("spawn")
+    return Run(args, n, k, per_proc, load_config_dir())
+
+
+def save_heap(args: argparse.Namespace, env: Any, tag: str) -> None:
+    """With --heap-profile: the Go heap profiles of kube-apiserver and etcd, now."""
+    if args.heap_profile is None:
+        return
+    import urllib.request
+
+    with contextlib.suppress(Exception):
+        rest = KubeRest.of(core_api(env))
+        data = rest.request("GET", "/debug/pprof/heap", accept="*/*", timeout=(5, 60)).data
+        args.heap_profile.write_bytes(data)
+        print(f"fleet: kube-apiserver heap profile ({tag}) saved to {args.heap_profile}", flush=True)
+    with contextlib.suppress(Exception):
+        etcd_url = f"http://127.0.0.1:{env.plane.etcd_port}/debug/pprof/heap"
+        etcd_file = args.heap_profile.with_name(args.heap_profile.stem + ".etcd" + args.heap_profile.suffix)
+        with urllib.request.urlopen(etcd_url, timeout=60) as resp:
+            etcd_file.write_bytes(resp.read())
+        print(f"fleet: etcd heap profile ({tag}) saved to {etcd_file}", flush=True)
+
+
+def kill_simulators(args: argparse.Namespace, env: Any, procs: list[Any]) -> None:
+    """The memory guard's trip: save the heap profiles, then kill the simulator processes."""
+    save_heap(args, env, "memory guard")
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+
+
+def check_memory(fleet: Fleet, phase: str) -> None:
+    if fleet.guard.tripped.is_set():
+        raise SystemExit(
+            f"fleet: STOPPED during {phase}: MemAvailable fell below {fleet.run.args.memory_floor_mib} MiB "
+            f"(simulators killed). {fleet.guard.report()}"
+        )
+
+
+def start_control_plane(run: Run, env: Any) -> Fleet:
+    """The memory guard (and --trace) on the running kube-apiserver and etcd."""
     procs: list[Any] = []
+    guard = MemoryGuard(run.args.memory_floor_mib, lambda: kill_simulators(run.args, env, procs))
+    plane = {"kube-apiserver": env.plane.apiserver.pid, "etcd": env.plane.etcd.pid}
+    for name, pid in plane.items():
+        guard.watch(name, pid)
+    guard.start()
+    trace = ApiserverTrace(env, run.args.trace, plane).start() if run.args.trace else None
+    return Fleet(run, env, guard, trace, plane, core_api(env, pool=64), procs)
 
-    heap_env: list[Any] = []
 
-    def save_heap(tag: str) -> None:
-        if args.heap_profile is None or not heap_env:
-            return
-        import urllib.request
+def create_nodes(fleet: Fleet, figs: Figures) -> None:
+    """Phase 1a: the N Nodes; then the faulty ones are picked."""
+    run = fleet.run
+    fleet.names = [f"gpu-{i:05d}" for i in range(run.n)]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(run.args.workers) as ex:
+        list(ex.map(lambda name: create_node(fleet.core, name), fleet.names))
+    figs.created = time.monotonic() - t0
 
-        with contextlib.suppress(Exception):
-            rest = KubeRest.of(core_api(heap_env[0]))
-            data = rest.request("GET", "/debug/pprof/heap", accept="*/*", timeout=(5, 60)).data
-            args.heap_profile.write_bytes(data)
-            print(f"fleet: kube-apiserver heap profile ({tag}) saved to {args.heap_profile}", flush=True)
-        with contextlib.suppress(Exception):
-            etcd_url = f"http://127.0.0.1:{heap_env[0].plane.etcd_port}/debug/pprof/heap"
-            etcd_file = args.heap_profile.with_name(
-                args.heap_profile.stem + ".etcd" + args.heap_profile.suffix
-            )
-            with urllib.request.urlopen(etcd_url, timeout=60) as resp:
-                etcd_file.write_bytes(resp.read())
-            print(f"fleet: etcd heap profile ({tag}) saved to {etcd_file}", flush=True)
+    rng = random.Random(run.args.seed)
+    fleet.bad = rng.sample(fleet.names, round(run.n * run.args.fault_fraction))
 
-    def kill_simulators() -> None:
-        save_heap("memory guard")
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.kill()
 
-    profiling = args.heap_profile is not None
-    with kube_env(
-        ["--profiling=true"] if profiling else None, ["--enable-pprof"] if profiling else None
-    ) as env:
-        heap_env.append(env)
-        guard = MemoryGuard(args.memory_floor_mib, kill_simulators)
-        plane = {"kube-apiserver": env.plane.apiserver.pid, "etcd": env.plane.etcd.pid}
-        for name, pid in plane.items():
-            guard.watch(name, pid)
-        guard.start()
-        trace = ApiserverTrace(env, args.trace, plane).start() if args.trace else None
+def start_simulators(fleet: Fleet, figs: Figures) -> None:
+    """Phase 1b: the K simulator processes, until each reports "ready" (first marks on all its Nodes)."""
+    run, args, k, names = fleet.run, fleet.run.args, fleet.run.k, fleet.names
+    mp = multiprocessing.get_context("spawn")
+    fleet.results, fleet.go_mp, fleet.stop_mp = mp.Queue(), mp.Event(), mp.Event()
+    figs.a_start = apiserver_requests(fleet.env)
+    t0 = time.monotonic()
+    fleet.procs[:] = [
+        mp.Process(
+            target=shard,
+            args=(
+                i,
+                str(fleet.env.kubeconfig),
+                names[i::k],
+                [b for b in fleet.bad if b in set(names[i::k])],
+                run.per_proc,
+                args.reask_seconds,
+                args.fault_spread_seconds,
+                args.seed,
+                fleet.results,
+                fleet.go_mp,
+                fleet.stop_mp,
+            ),
+            daemon=True,
+        )
+        for i in range(k)
+    ]
+    for p in fleet.procs:
+        p.start()
+        fleet.guard.watch("simulators", p.pid)
+    figs.ready = collect(fleet.results, "ready", k, timeout=3600, abort=fleet.guard.tripped)
+    check_memory(fleet, "the start")
+    figs.started = time.monotonic() - t0
+    time.sleep(3)  # the watches of the last writes arrive
 
-        def check_memory(phase: str) -> None:
-            if guard.tripped.is_set():
-                raise SystemExit(
-                    f"fleet: STOPPED during {phase}: MemAvailable fell below {args.memory_floor_mib} MiB "
-                    f"(simulators killed). {guard.report()}"
-                )
 
-        core = core_api(env, pool=64)
-        names = [f"gpu-{i:05d}" for i in range(n)]
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(args.workers) as ex:
-            list(ex.map(lambda name: create_node(core, name), names))
-        created = time.monotonic() - t0
+def steady_window(fleet: Fleet, figs: Figures) -> None:
+    """Phase 2: --steady-seconds in which nothing changes; the requests in it (and in the start)."""
+    a0 = apiserver_requests(fleet.env)
+    time.sleep(fleet.run.args.steady_seconds)
+    figs.a1 = apiserver_requests(fleet.env)
+    figs.steady = diff(figs.a1, a0)
+    figs.start_reqs = diff(a0, figs.a_start)
 
-        rng = random.Random(args.seed)
-        bad = rng.sample(names, round(n * args.fault_fraction))
-        results, go_mp, stop_mp = mp.Queue(), mp.Event(), mp.Event()
-        a_start = apiserver_requests(env)
-        t0 = time.monotonic()
-        procs[:] = [
-            mp.Process(
-                target=shard,
-                args=(
-                    i,
-                    str(env.kubeconfig),
-                    names[i::k],
-                    [b for b in bad if b in set(names[i::k])],
-                    per_proc,
-                    args.reask_seconds,
-                    args.fault_spread_seconds,
-                    args.seed,
-                    results,
-                    go_mp,
-                    stop_mp,
-                ),
-                daemon=True,
-            )
-            for i in range(k)
-        ]
-        for p in procs:
-            p.start()
-            guard.watch("simulators", p.pid)
-        ready = collect(results, "ready", k, timeout=3600, abort=guard.tripped)
-        check_memory("the start")
-        started = time.monotonic() - t0
-        time.sleep(3)  # the watches of the last writes arrive
 
-        a0 = apiserver_requests(env)
-        time.sleep(args.steady_seconds)
-        a1 = apiserver_requests(env)
-        steady = diff(a1, a0)
-        start_reqs = diff(a0, a_start)
+def fault_window(fleet: Fleet, figs: Figures) -> None:
+    """Phase 3: the fault, then --observe-seconds (cut short by the memory guard); the load in it."""
+    env, args = fleet.env, fleet.run.args
+    figs.changes = MarksWatch(fleet.core)
+    time.sleep(1.5)  # every shard's agent threads are waiting for the go
+    lists0 = node_list_sources(env)
+    cpu_pids = {**fleet.plane, **{f"simulator {i}": p.pid for i, p in enumerate(fleet.procs)}}
+    cpu0 = {name: proc_cpu_s(pid) for name, pid in cpu_pids.items()}
+    lat0 = request_latency_buckets(env)
+    figs.t_fault = time.perf_counter()
+    fleet.go_mp.set()
+    fleet.guard.tripped.wait(args.observe_seconds)
+    check_memory(fleet, "the fault")
+    a2 = apiserver_requests(env)
+    save_heap(args, env, "end of the fault window")
+    lists1 = node_list_sources(env)
+    figs.lists = {key: lists1[key] - lists0[key] for key in lists0}
+    figs.cpu = {name: proc_cpu_s(pid) - cpu0[name] for name, pid in cpu_pids.items()}
+    lat1 = request_latency_buckets(env)
+    figs.lat = {key: lat1[key] - lat0.get(key, 0.0) for key in lat1}
+    figs.fault_reqs = diff(a2, figs.a1)
 
-        changes = MarksWatch(core)
-        time.sleep(1.5)  # every shard's agent threads are waiting for the go
-        lists0 = node_list_sources(env)
-        cpu_pids = {**plane, **{f"simulator {i}": p.pid for i, p in enumerate(procs)}}
-        cpu0 = {name: proc_cpu_s(pid) for name, pid in cpu_pids.items()}
-        lat0 = request_latency_buckets(env)
-        t_fault = time.perf_counter()
-        go_mp.set()
-        guard.tripped.wait(args.observe_seconds)
-        check_memory("the fault")
-        a2 = apiserver_requests(env)
-        save_heap("end of the fault window")
-        lists1 = node_list_sources(env)
-        lists = {key: lists1[key] - lists0[key] for key in lists0}
-        cpu = {name: proc_cpu_s(pid) - cpu0[name] for name, pid in cpu_pids.items()}
-        lat1 = request_latency_buckets(env)
-        lat = {key: lat1[key] - lat0.get(key, 0.0) for key in lat1}
-        stop_mp.set()
-        done = collect(results, "done", k, timeout=120, abort=guard.tripped)
-        check_memory("the end of the fault")
-        for p in procs:
-            p.join(30)
-        changes.stop()
-        last_change = changes.last_change
-        stable_s = last_change - t_fault if last_change > t_fault else 0.0
-        fault_reqs = diff(a2, a1)
-        quiet_from = t_fault + stable_s
 
-        tainted = tainted_nodes(core)
-        labelled_fail = count_nodes(core, "gpu-healthcheck/status=fail")
-        labelled_tainted = count_nodes(core, "gpu-healthcheck/tainted=true")
-        guard.stop()
-        if trace is not None:
-            trace.stop()
+def stop_simulators(fleet: Fleet, figs: Figures) -> None:
+    """The simulators' "done" reports; when the fleet's marks last changed; the Nodes' final state."""
+    assert figs.changes is not None
+    fleet.stop_mp.set()
+    figs.done = collect(fleet.results, "done", fleet.run.k, timeout=120, abort=fleet.guard.tripped)
+    check_memory(fleet, "the end of the fault")
+    for p in fleet.procs:
+        p.join(30)
+    figs.changes.stop()
+    last_change = figs.changes.last_change
+    figs.stable_s = last_change - figs.t_fault if last_change > figs.t_fault else 0.0
 
-    def total(key: str) -> int:
-        return sum(int(d[key]) for d in done.values())
+    figs.tainted = tainted_nodes(fleet.core)
+    figs.labelled_fail = count_nodes(fleet.core, "gpu-healthcheck/status=fail")
+    figs.labelled_tainted = count_nodes(fleet.core, "gpu-healthcheck/tainted=true")
 
-    start_failures, fault_failures = total("start_failures"), total("fault_failures")
-    steady_warnings, fault_warnings, yields = (
-        total("steady_warnings"),
-        total("fault_warnings"),
-        total("yields"),
-    )
-    brake_open = total("brake_open")
-    samples = [s for d in done.values() for s in d["samples"]][:5]
-    frac = cfg.node.max_tainted_fraction
-    limit = math.ceil(frac * n)  # refuse when tainted_now >= frac * n: at most ceil(frac * n) taints
+
+def stop_monitors(fleet: Fleet) -> None:
+    """After a complete run (the control plane itself goes with kube_env, on every path)."""
+    fleet.guard.stop()
+    if fleet.trace is not None:
+        fleet.trace.stop()
+
+
+def print_start_and_steady(fleet: Fleet, figs: Figures) -> None:
+    run, args, n, k, bad = fleet.run, fleet.run.args, fleet.run.n, fleet.run.k, fleet.bad
+    done = figs.done
+    start_failures = sum(int(d["start_failures"]) for d in done.values())
+    steady_warnings = sum(int(d["steady_warnings"]) for d in done.values())
+    frac = run.cfg.node.max_tainted_fraction
     hours = args.steady_seconds / 3600
-    print(f"fleet  machine: {machine()}  apiserver: {env.version}")
+    print(f"fleet  machine: {machine()}  apiserver: {fleet.env.version}")
     print(
         f"parameters: nodes={n} ({k} simulator process{'es' if k > 1 else ''}, each with its own ApiClient: "
         f"{n} NodeWriter+Brake, {n} watches in all) fault on {len(bad)} nodes ({args.fault_fraction:.0%}) "
         f"workers={args.workers} "
         f"maxTaintedFraction={frac}"
     )
-    print(f"start: {n} Nodes created in {created:.1f} s; first marks on all in {started:.1f} s; ", end="")
-    print(f"requests {sum(start_reqs.values()):.0f}, failed applies {start_failures}")
-    watched = max(d["watched_s"] for d in ready.values())
+    print(
+        f"start: {n} Nodes created in {figs.created:.1f} s; first marks on all in {figs.started:.1f} s; ",
+        end="",
+    )
+    print(f"requests {sum(figs.start_reqs.values()):.0f}, failed applies {start_failures}")
+    watched = max(d["watched_s"] for d in figs.ready.values())
     peak = ", ".join(f"{d['vmhwm_kb'] / 1024:.0f}" for _i, d in sorted(done.items()))
     print(
         f"  (all watches open after {watched:.1f} s in the slowest process; peak RSS per process MiB: {peak})"
     )
     print(f"steady state ({args.steady_seconds:.0f} s):")
     print(f"  {'resource':<14} {'verb':<8} {'in window':>9} {'per node-hour':>14}")
-    if not steady:
+    if not figs.steady:
         print(f"  {'nodes/events':<14} {'(any)':<8} {0:>9} {0:>14.2f}")
-    for (res, verb), cnt in sorted(by_verb(steady).items()):
+    for (res, verb), cnt in sorted(by_verb(figs.steady).items()):
         print(f"  {res:<14} {verb:<8} {cnt:>9.0f} {cnt / n / hours:>14.2f}")
-    total_rate = sum(steady.values()) / args.steady_seconds
+    total_rate = sum(figs.steady.values()) / args.steady_seconds
     print(f"  total {total_rate:.3f} requests/s for the fleet; writer warnings {steady_warnings}")
+
+
+def print_fault(fleet: Fleet, figs: Figures) -> None:
+    run, args, n, k = fleet.run, fleet.run.args, fleet.run.n, fleet.run.k
+    changes = figs.changes
+    assert changes is not None
+
+    def total(key: str) -> int:
+        return sum(int(d[key]) for d in figs.done.values())
+
+    start_failures, fault_failures = total("start_failures"), total("fault_failures")
+    fault_warnings, yields = total("fault_warnings"), total("yields")
+    brake_open = total("brake_open")
+    samples = [s for d in figs.done.values() for s in d["samples"]][:5]
+    frac = run.cfg.node.max_tainted_fraction
+    limit = math.ceil(frac * n)  # refuse when tainted_now >= frac * n: at most ceil(frac * n) taints
+    stable_s, lists, cpu = figs.stable_s, figs.lists, figs.cpu
+    tainted, labelled_fail, labelled_tainted = figs.tainted, figs.labelled_fail, figs.labelled_tainted
+    t_fault = figs.t_fault
+    quiet_from = t_fault + stable_s
     spread = (
         f", seen by each agent within {args.fault_spread_seconds:g} s"
         if args.fault_spread_seconds
         else ", seen by all at once"
     )
-    print(f"fault on {len(bad)} nodes{spread}:")
+    print(f"fault on {len(fleet.bad)} nodes{spread}:")
     print(f"  time until the fleet's marks are stable (last change of our keys): {stable_s:.2f} s")
     print(
         f"  tainted {tainted} (label tainted=true: {labelled_tainted}); brake limit {limit} "
@@ -615,9 +708,9 @@ def main() -> None:
     print(f"  most nodes tainted at one time (seen by a watch of all Nodes): {changes.peak_tainted}")
     print(f"  requests in the {args.observe_seconds:.0f} s from the fault (braked agents re-ask meanwhile):")
     print(f"  {'resource':<14} {'verb':<8} {'requests':>9}")
-    for (res, verb), cnt in sorted(by_verb(fault_reqs).items()):
+    for (res, verb), cnt in sorted(by_verb(figs.fault_reqs).items()):
         print(f"  {res:<14} {verb:<8} {cnt:>9.0f}")
-    errs = {**errors_of(fault_reqs), **errors_of(steady), **errors_of(start_reqs)}
+    errs = {**errors_of(figs.fault_reqs), **errors_of(figs.steady), **errors_of(figs.start_reqs)}
     print(
         f"  API errors: non-2xx at the server {sum(errs.values()):.0f} {errs or ''}; failed applies "
         f"{fault_failures + start_failures}; writer warnings {fault_warnings} "
@@ -632,19 +725,37 @@ def main() -> None:
         f"(the machine: {os.cpu_count()} cores x {args.observe_seconds:.0f} s)"
     )
     for verb in ("PATCH", "LIST"):
-        p50, count = bucket_quantile(lat, verb, 0.5)
-        p99, _ = bucket_quantile(lat, verb, 0.99)
+        p50, count = bucket_quantile(figs.lat, verb, 0.5)
+        p99, _ = bucket_quantile(figs.lat, verb, 0.99)
         if count:
             print(
                 f"  server-side latency of Node {verb} (apiserver_request_duration_seconds, bucket bounds): "
                 f"p50 <= {p50:g} s, p99 <= {p99:g} s over {count:.0f}"
             )
-    print(f"  memory over the whole run: {guard.report()}")
+    print(f"  memory over the whole run: {fleet.guard.report()}")
     print(
         f"  marks changes seen by a watch of all Nodes: {changes.changes} (watch re-opened after a "
         f"server close: {changes.restarts}x); the last one "
         f"{stable_s:.2f} s after the fault, then none for {t_fault + args.observe_seconds - quiet_from:.0f} s"
     )
+
+
+def main() -> None:
+    run = parse_args()
+    profiling = run.args.heap_profile is not None
+    figs = Figures()
+    with kube_env(
+        ["--profiling=true"] if profiling else None, ["--enable-pprof"] if profiling else None
+    ) as env:
+        fleet = start_control_plane(run, env)
+        create_nodes(fleet, figs)
+        start_simulators(fleet, figs)
+        steady_window(fleet, figs)
+        fault_window(fleet, figs)
+        stop_simulators(fleet, figs)
+        stop_monitors(fleet)
+    print_start_and_steady(fleet, figs)
+    print_fault(fleet, figs)
 
 
 if __name__ == "__main__":
