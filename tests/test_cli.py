@@ -176,3 +176,26 @@ def test_a_config_naming_an_unknown_check_or_rule_is_a_usage_error(
 ) -> None:
     (tmp_path / "config.yaml").write_text(text)
     assert main(["check", "--config-dir", str(tmp_path), "--from-snapshot", str(HEALTHY)]) == 64
+
+
+def test_the_agent_does_not_start_on_a_config_naming_an_unknown_rule(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("severities:\n  gpu.pcie.widht: reset\n")
+    argv = [
+        "agent",
+        "--node",
+        "n1",
+        "--no-kube",
+        "--once",
+        "--metrics-port",
+        "0",
+        "--config-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.cli", *argv, "--from-snapshot", str(HEALTHY)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 64 and "unknown rule(s) ['gpu.pcie.widht']" in proc.stdout + proc.stderr

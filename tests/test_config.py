@@ -58,7 +58,7 @@ def test_invalid_yaml_names_the_file_and_line(tmp_path: Path) -> None:
 def test_a_configmap_with_only_config_yaml_uses_the_shipped_profiles(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("instanceType: dgx-h100\n")
     cfg = load_config_dir(tmp_path)
-    assert cfg.get("instanceType") == "dgx-h100" and "dgx-h100" in cfg.profiles
+    assert cfg.instance_type == "dgx-h100" and "dgx-h100" in cfg.profiles
 
 
 def test_invalid_profiles_are_rejected(tmp_path: Path) -> None:

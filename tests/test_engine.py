@@ -7,12 +7,14 @@ import shutil
 import threading
 from dataclasses import astuple
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.config import load_config_dir, parse_config
 from agent.config.watch import ConfigWatcher
 from agent.core.contract import CONDITIONS, Reason
+from agent.core.facts import Input
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.kernel_follow import KernelFollower
@@ -34,7 +36,7 @@ def snap(tmp_path: Path) -> Path:
     return dest
 
 
-def engine_for(snap: Path, **cfg_doc: object) -> Engine:
+def engine_for(snap: Path, extra_inputs: dict[Input, Any] | None = None, **cfg_doc: object) -> Engine:
     cfg = load_config_dir(ROOT / "config")
     if cfg_doc:
         base = parse_config(cfg_doc)
@@ -44,7 +46,7 @@ def engine_for(snap: Path, **cfg_doc: object) -> Engine:
             xid_catalog=cfg.xid_catalog,
             severity_overrides=base.severity_overrides,
         )
-    return Engine(SnapshotSource(snap), cfg)
+    return Engine(SnapshotSource(snap), cfg, extra_inputs=extra_inputs)
 
 
 def run_all(engine: Engine) -> None:
@@ -153,11 +155,11 @@ def test_config_watcher_accepts_good_and_rejects_bad_edits(tmp_path: Path) -> No
     assert watcher.poll() is None
     (tmp_path / "config.yaml").write_text("intervals:\n  gpu: 10\n")
     outcome = watcher.poll()
-    assert outcome is not None and outcome.config is not None and outcome.config.get("intervals.gpu") == 10
+    assert outcome is not None and outcome.config is not None and outcome.config.intervals.gpu == 10
     (tmp_path / "config.yaml").write_text("intervals:\n  gpu: ten\n")
     outcome = watcher.poll()
     assert outcome is not None and outcome.config is None and "intervals.gpu" in (outcome.error or "")
-    assert watcher.current.get("intervals.gpu") == 10  # the last good config stays
+    assert watcher.current.intervals.gpu == 10  # the last good config stays
 
 
 def test_the_follower_wakes_on_an_appended_xid_line(snap: Path) -> None:
@@ -221,8 +223,8 @@ def test_metrics_and_health_endpoints(snap: Path) -> None:
 
 def test_a_probe_stuck_past_the_check_timeout_is_unknown_and_does_not_stall(snap: Path) -> None:
     release = threading.Event()
-    eng = engine_for(snap, timeouts={"check": 1})
-    eng.extra_inputs = {"rdma": lambda: release.wait(60)}  # a sysfs read that never returns
+    never = {Input.RDMA: lambda: release.wait(60)}  # a sysfs read that never returns
+    eng = engine_for(snap, extra_inputs=never, timeouts={"check": 1})
     try:
         results = eng.run_tier("efa")
         assert results[0].status is Status.UNKNOWN and "did not finish in 1 s" in results[0].message

@@ -92,8 +92,8 @@ def test_configmap_files_pass_the_agents_validator(tmp_path: Path) -> None:
     for key, text in find("ConfigMap", "gpu-healthcheck-config")["data"].items():
         (tmp_path / key).write_text(text)
     cfg = load_config_dir(tmp_path)
-    assert cfg.get("prefix") == "gpu-healthcheck"
-    assert cfg.get("dcgm.address") == "nvidia-dcgm.gpu-healthcheck.svc:5555"
+    assert cfg.prefix == "gpu-healthcheck"
+    assert cfg.dcgm.address == "nvidia-dcgm.gpu-healthcheck.svc:5555"
 
 
 def test_every_manifest_parses_with_kind_and_namespace() -> None:
@@ -326,7 +326,7 @@ def test_configmap_on_the_server_passes_the_validator(installed: Any, tmp_path: 
     for key, text in cm["data"].items():
         assert text == (CONFIG / key).read_text()
         (tmp_path / key).write_text(text)
-    assert load_config_dir(tmp_path).get("metrics.port") == 9402
+    assert load_config_dir(tmp_path).metrics_port == 9402
 
 
 @pytest.mark.kube

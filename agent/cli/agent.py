@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.registry import RULE_BOOK
-from agent.config import default_config_dir, load_config_dir
+from agent.config import ConfigError, default_config_dir, load_config_dir
 from agent.core.model import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
 from agent.engine.loop import Agent
@@ -49,7 +49,7 @@ def main(args: Any) -> int:
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
     try:
         cfg = load_config_dir(config_dir, rules=RULE_BOOK)
-    except Exception as exc:
+    except ConfigError as exc:
         log.error(f"invalid configuration, cannot start: {exc}", extra={"event": "config"})
         return 64
     node_name = args.node or os.environ.get("NODE_NAME")
@@ -65,12 +65,12 @@ def main(args: Any) -> int:
         kernel_path, device = Path("/dev/kmsg"), True
     writer = None
     node_getter = None
+    metrics = Metrics()
     if not args.no_kube:
         from agent.reporters.brake import Brake
         from agent.reporters.node_writer import NodeWriter
 
         core = kube_core(args.kubeconfig)
-        metrics = Metrics()
         brake = Brake(
             core,
             selector=cfg.node.gpu_node_selector,
@@ -100,8 +100,7 @@ def main(args: Any) -> int:
                 return node_from_dict(current)
             except ParseError as exc:
                 return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
-    else:
-        metrics = Metrics()
+
     extra_inputs, progress = None, None
     if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
         from agent.probes.dcgm.tiers import DcgmTiers

@@ -53,13 +53,6 @@ class Config:
     def enabled(self, check: str) -> bool:
         return bool(self.raw["checks"].get(check, True))
 
-    def get(self, dotted: str) -> Any:
-        """A raw value by its config.yaml path (for tests and tools; the agent reads the typed views)."""
-        node: Any = self.raw
-        for part in dotted.split("."):
-            node = node[part]
-        return node
-
     # Typed views of the sections (config/settings.py); computed once per Config.
     @functools.cached_property
     def intervals(self) -> settings.Intervals:

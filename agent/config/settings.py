@@ -1,6 +1,6 @@
-"""Typed views of config.yaml's sections: the rest of the agent reads `cfg.node.recover_after`, not
-`cfg.get("node.recoverAfter") -> Any`. Built from the validated document, so every value is there
-and of its type."""
+"""Typed views of config.yaml's sections: the agent reads `cfg.node.recover_after`, not
+`cfg.raw["node"]["recoverAfter"]` cast at each call site. Built from the validated document, so
+every value is there and of its type."""
 
 from __future__ import annotations
 

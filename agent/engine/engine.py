@@ -75,6 +75,11 @@ class Engine:
         self.heartbeat = clock()
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
+        self._readers: dict[Input, Callable[[], Any]] = {
+            **source_readers(source),
+            Input.DCGM_HEALTH: lambda: NotCaptured("dcgm health (no host engine configured)"),
+            **self.extra_inputs,
+        }
 
     @property
     def cfg(self) -> Config:
@@ -130,14 +135,7 @@ class Engine:
     # ------------------------------------------------------------------ running
 
     def _read(self, name: Input) -> Any:
-        reader = self.extra_inputs.get(name)
-        if reader is None:
-            readers: dict[Input, Callable[[], Any]] = {
-                **source_readers(self.source),
-                Input.DCGM_HEALTH: lambda: NotCaptured("dcgm health (no host engine configured)"),
-            }
-            reader = readers[name]
-        value = self._bounded(name.value, reader)
+        value = self._bounded(name.value, self._readers[name])
         if isinstance(value, ProbeError):
             self.metrics.record_probe_error(name.value, value.kind.value)
         return value

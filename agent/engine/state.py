@@ -93,7 +93,8 @@ class EngineState:
 
     # ------------------------------------------------------------------ latches
 
-    def latch(self, res: CheckResult, stamp: str) -> list[Latch]:
+    def latch(self, res: CheckResult, stamp: str) -> None:
+        """Latch the result's new latched findings (each gets an Event at the next evaluation)."""
         new = []
         for f in res.findings:
             if self.cleared.get(f.key) == f.message:
@@ -105,7 +106,6 @@ class EngineState:
                 if f.check == "xid" and f.key.startswith("xid/"):
                     self.metrics.record_xid(f.key.split("/")[1])
         self.new_latches.extend(new)
-        return new
 
     def take_new_latches(self) -> list[Latch]:
         new, self.new_latches = self.new_latches, []

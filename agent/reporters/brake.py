@@ -29,7 +29,7 @@ from fractions import Fraction
 from typing import Any
 
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys
-from agent.reporters.kube_rest import KubeRest
+from agent.reporters.kube_rest import KubeRest, api_status
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class Brake:
             try:
                 return self._list(fresh)
             except Exception as exc:
-                if getattr(exc, "status", None) != 504:
+                if api_status(exc) != 504:
                     raise
                 self.stale_reads += 1
                 log.info(

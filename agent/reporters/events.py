@@ -25,7 +25,6 @@ from agent.core.contract import (
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.taint_gate import TaintDecision, TaintState
 
-# The writer's logger: a failed POST is the writer's warning (bench/fleet.py counts them there).
 log = logging.getLogger(__name__)
 
 Note = Callable[[str, str], None]  # (kind, outcome): the writer's on_write hook

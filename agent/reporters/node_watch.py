@@ -19,7 +19,6 @@ from typing import Any
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error, node_path
 from agent.reporters.node_patch import rv_number
 
-# The writer's logger: the watch's warnings are the writer's (bench/fleet.py counts them there).
 log = logging.getLogger(__name__)
 
 OnNode = Callable[[dict[str, Any]], None]
