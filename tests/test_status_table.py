@@ -153,7 +153,7 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
                 condition_message="x",
             )
             assert NodeWriter(core, name).apply(marks).ok
-        out = render_status(core, selector=selector)
+        out = render_status(core, selectors=[selector])
     lines = out.splitlines()
     assert lines[0].split() == ["NODE", "STATUS", "SEVERITY", "WORST", "FINDING", "LAST", "CHECK", "AGE"]
     assert len(lines) == 3 and len(HEADER) == 5

@@ -73,7 +73,9 @@ def main(args: Any) -> int:
         core = kube_core(args.kubeconfig)
         brake = Brake(
             core,
-            selector=cfg.node.gpu_node_selector,
+            selectors=cfg.gpu_node_selection,
+            node_name=node_name,
+            on_count=metrics.record_gpu_nodes,
             max_fraction=cfg.node.max_tainted_fraction,
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,

@@ -13,7 +13,7 @@ from agent import __version__
 from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
 from agent.cli.render import table
 from agent.config import ConfigError, load_config_dir
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
+from agent.core.contract import DEFAULT_PREFIX, now_iso, results_document
 from agent.core.facts import Input
 from agent.core.severity import Status
 from agent.engine.verdict import decide
@@ -74,7 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="the GPU nodes' health marks, as a table")
     st.add_argument("--kubeconfig")
-    st.add_argument("--selector", default=DEFAULT_GPU_NODE_SELECTOR)
+    st.add_argument(
+        "--selector",
+        action="append",
+        metavar="LABELS",
+        help="GPU nodes: a label selector, repeatable, any one matches "
+        "(default: the shipped node.gpuNodeSelector and profile instance types, as the agent)",
+    )
     st.add_argument("--prefix", default=DEFAULT_PREFIX)
 
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
@@ -146,8 +152,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from agent.cli.status import render_status
 
     try:
+        selectors = tuple(args.selector or load_config_dir(rules=RULE_BOOK).gpu_node_selection)
         core = kube_core(args.kubeconfig)
-        print(render_status(core, prefix=args.prefix, selector=args.selector))
+        print(render_status(core, prefix=args.prefix, selectors=selectors))
     except Exception as exc:  # no cluster, no permission: one clear line
         print(f"gpu-healthcheck: cannot read the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys, decode_results
+from agent.core.contract import DEFAULT_PREFIX, Keys, decode_results
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest
@@ -101,27 +102,30 @@ def format_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def list_nodes(core: Any, selector: str) -> list[dict[str, Any]]:
-    """All Nodes matching *selector* as API JSON (paged)."""
+def list_nodes(core: Any, selectors: Sequence[str]) -> list[dict[str, Any]]:
+    """All Nodes matching any of *selectors* as API JSON (paged; each Node once)."""
     rest = KubeRest.of(core)
-    nodes: list[dict[str, Any]] = []
-    cont: str | None = None
-    while True:
-        query = {"labelSelector": selector, "limit": 500, "continue": cont}
-        doc = rest.json("GET", "/api/v1/nodes", query=query, timeout=REQUEST_TIMEOUT)
-        nodes.extend(doc.get("items") or ())
-        cont = (doc.get("metadata") or {}).get("continue")
-        if not cont:
-            return nodes
+    nodes: dict[str, dict[str, Any]] = {}
+    for selector in selectors:
+        cont: str | None = None
+        while True:
+            query = {"labelSelector": selector, "limit": 500, "continue": cont}
+            doc = rest.json("GET", "/api/v1/nodes", query=query, timeout=REQUEST_TIMEOUT)
+            for item in doc.get("items") or ():
+                nodes.setdefault(str((item.get("metadata") or {}).get("name")), item)
+            cont = (doc.get("metadata") or {}).get("continue")
+            if not cont:
+                break
+    return list(nodes.values())
 
 
 def render_status(
     core: Any,
     *,
     prefix: str = DEFAULT_PREFIX,
-    selector: str = DEFAULT_GPU_NODE_SELECTOR,
+    selectors: Sequence[str] = DEFAULT_GPU_NODE_SELECTORS,
     now: datetime | None = None,
 ) -> str:
-    """The status table of every node matching *selector*. API errors propagate to the CLI."""
-    nodes = list_nodes(core, selector)
+    """The status table of every node matching any of *selectors*. API errors propagate to the CLI."""
+    nodes = list_nodes(core, selectors)
     return format_table(status_rows(nodes, prefix=prefix, now=now or datetime.now(timezone.utc)))

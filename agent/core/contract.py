@@ -19,7 +19,6 @@ from agent.core.text import shorten
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
-DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
 EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
 
@@ -74,8 +73,10 @@ class Keys:
     def ours(self, key: str) -> bool:
         return key.startswith(f"{self.prefix}/")
 
-    def selector(self, base: str, own: str) -> str:
-        return f"{base},{own}" if base else own
+    @staticmethod
+    def selector(base: str, own: str) -> str:
+        """Both label selectors (AND); either may be empty."""
+        return ",".join(s for s in (base, own) if s)
 
     def tainted_selector(self, base: str) -> str:
         """GPU nodes (base selector) that carry our taint."""
