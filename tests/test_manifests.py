@@ -217,6 +217,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
         (("",), ("nodes",)): ["get", "list", "patch", "watch"],
         (("",), ("nodes/status",)): ["patch"],
         (("",), ("pods",)): ["list"],
+        (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
     events = find("Role", "gpu-healthcheck-agent-events")
     assert events["metadata"]["namespace"] == "default"

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,22 @@ from agent.reporters.kube_rest import KubeRest
 from agent.reporters.metrics import Metrics
 
 BRAKE_WARM_JITTER_S = 30.0
+
+
+def start_fence_proof(core: Any, node_name: str, prefix: str, metrics: Metrics) -> threading.Thread:
+    """Prove the admission fence in the background (reporters/fence.py): log and metric."""
+    from agent.reporters.fence import prove_fence, report_fence
+
+    def run() -> None:
+        proof = prove_fence(core, node_name, prefix)
+        report_fence(proof)
+        metrics.record_fence(proof.result.value)
+
+    thread = threading.Thread(target=run, name="fence-proof", daemon=True)
+    thread.start()
+    return thread
+
+
 log = logging.getLogger("gpu-healthcheck.agent")
 ETC_CONFIG = Path("/etc/gpu-healthcheck")
 
@@ -65,6 +82,7 @@ def main(args: Any) -> int:
         kernel_path, device = Path("/dev/kmsg"), True
     writer = None
     node_getter = None
+    fence: threading.Thread | None = None
     metrics = Metrics()
     if not args.no_kube:
         from agent.reporters.brake import Brake
@@ -83,6 +101,7 @@ def main(args: Any) -> int:
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
+        fence = start_fence_proof(core, node_name, cfg.prefix, metrics)
         writer = NodeWriter(
             core,
             node_name,
@@ -129,6 +148,8 @@ def main(args: Any) -> int:
     signal.signal(signal.SIGINT, lambda *_: agent.request_stop())
     log.info(f"agent starting on node {node_name}", extra={"node": node_name, "event": "start"})
     agent.run(once=args.once)
+    if fence is not None and args.once:
+        fence.join(timeout=30)  # a one-shot run reports its fence too
     if server is not None:
         server.shutdown()
     return 0
