@@ -233,6 +233,8 @@ def test_prometheus_rules_name_metrics_the_agent_exports() -> None:
     alerts = {r["alert"]: r["expr"] for r in rules["rules"]}
     assert {"GPUNodeFailing", "GPUNodeUnknownTooLong", "GPUHealthcheckAgentDown"} <= set(alerts)
     assert {"DCGMEngineUnreachable", "GPUHealthcheckBrakeOpen"} <= set(alerts)
+    assert {"GPUHealthcheckAgentVanished", "GPUNodeWithoutAgent", "GPUHealthcheckUnfenced"} <= set(alerts)
+    assert {"GPUNodeSelectorMissesThisNode"} <= set(alerts)
     import re
 
     used = {m for e in alerts.values() for m in re.findall(r"\bgpu_healthcheck_[a-z_]+", e)}
