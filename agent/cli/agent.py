@@ -125,9 +125,9 @@ def main(args: Any) -> int:
     extra_inputs, progress = None, None
     if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
         from agent.probes.dcgm.tiers import DcgmTiers
-        from agent.reporters.pods import gpu_pods_on_node, pods_unknown
+        from agent.probes.pod_resources import gpu_pods
 
-        pods = gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown
+        pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
         dcgm = DcgmTiers(cfg, pods, metrics)
         extra_inputs, progress = dcgm.inputs(), dcgm.progress
     agent = Agent(
