@@ -296,3 +296,60 @@ def test_status_command_shows_the_fleet(kube: Any, gpu_node: Callable[..., Any])
         and "Traceback" not in broken.stderr
         and "cannot read the cluster" in broken.stderr
     )
+
+
+def start_agent(kube: Any, gpu_node: Callable[..., Any], tmp_path: Path, config: str) -> dict[str, Any]:
+    """An agent process on a copy of the healthy snapshot, with this config.yaml."""
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir(exist_ok=True)
+    (cfg / "config.yaml").write_text(config)
+    agent = AgentProcess(kube, node, snap, cfg, tmp_path / "agent.log")
+    return {"node": node, "snap": snap, "cfg": cfg, "agent": agent, "core": kube.api_client(), "kube": kube}
+
+
+def condition(world: dict[str, Any], ctype: str = COND) -> dict[str, Any] | None:
+    return next((c for c in node_dict(world)["status"].get("conditions") or [] if c["type"] == ctype), None)
+
+
+def hang_nvidia_smi(snap: Path) -> None:
+    """A recorded nvidia-smi timeout: a GPU failure (reboot) that is not latched."""
+    (snap / "errors.json").write_text(
+        json.dumps({"nvidia-smi-q.txt": {"kind": "timeout", "message": "no answer after 30 s; killed"}})
+    )
+
+
+def test_a_tainted_node_whose_nvidia_smi_output_turns_unreadable_stays_tainted(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    world = start_agent(kube, gpu_node, tmp_path, "intervals:\n  gpu: 1\nnode:\n  recoverAfter: 3\n")
+    try:
+        wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass", what="pass")
+        hang_nvidia_smi(world["snap"])
+        taint = wait_for(lambda: our_taint(node_dict(world)), timeout=20, what="taint")
+        assert taint["value"] == "reboot"
+        (world["snap"] / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 not nvidia-smi output")
+        (world["snap"] / "errors.json").unlink()
+        wait_for(
+            lambda: "recovery paused" in ((condition(world) or {}).get("message") or ""),
+            timeout=20,
+            what="the condition to say recovery is paused",
+        )
+        runs_before = world["agent"].log.read_text().count("tier gpu:")
+        wait_for(
+            lambda: world["agent"].log.read_text().count("tier gpu:") >= runs_before + 6,
+            timeout=30,
+            what="six more gpu cycles",
+        )
+        node = node_dict(world)
+        assert node["metadata"]["labels"][K.status] == "unknown"
+        assert our_taint(node) == taint, "an unknown cycle never clears the taint nor changes its value"
+        assert (condition(world) or {}).get("status") == CONDITIONS[Status.UNKNOWN].status
+        # Readable and healthy again: the taint goes after recoverAfter passing cycles.
+        shutil.copy(HEALTHY / "nvidia-smi-q.txt", world["snap"] / "nvidia-smi-q.txt")
+        wait_for(lambda: our_taint(node_dict(world)) is None, timeout=30, what="untaint after 3 passes")
+        assert "TaintRemoved" in events(world)
+    finally:
+        world["agent"].stop(signal.SIGKILL)

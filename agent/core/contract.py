@@ -146,6 +146,13 @@ class Marks:
     condition_message: str
     events: tuple[NodeEvent, ...] = field(default=())
     drop_annotations: tuple[str, ...] = field(default=())  # our annotations to remove (consumed requests)
+    # The taint's value: the last failing severity, kept while a tainted node recovers or is unknown
+    # (None: the verdict's severity).
+    taint_severity: Severity | None = None
+
+    @property
+    def taint_value(self) -> str:
+        return (self.taint_severity or self.severity).label
 
     @property
     def condition_status(self) -> str:
@@ -161,6 +168,7 @@ class Marks:
 
 RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
+TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 
 
 def now_iso() -> str:
@@ -176,6 +184,7 @@ def results_document(
     instance_type: str | None,
     latched: Sequence[dict[str, Any]] | None = None,
     check_times: dict[str, str] | None = None,
+    taint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -214,6 +223,8 @@ def results_document(
         "checks": checks,
         "latched": list(latched),
     }
+    if taint is not None:
+        doc[TAINT_FIELD] = taint
     return fit(doc)
 
 

@@ -227,8 +227,9 @@ class Engine:
         verdict = decide(results)
         self.metrics.record_verdict(verdict.status, results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
+        recover_after = self.cfg.node.recover_after
         taint = self.state.settle_taint(
-            verdict.status, self.last_run.get("gpu", -1.0), self.cfg.node.recover_after
+            verdict.status, verdict.severity, self.last_run.get("gpu", -1.0), recover_after
         )
         self.metrics.record_taint_wanted(taint)
         events = self._events(verdict) + ((clear_event,) if clear_event else ())
@@ -243,9 +244,13 @@ class Engine:
             instance_type=resolve_instance_type(self.source, self.cfg, node, None)[0],
             latched=[latch.as_dict() for latch in self.latches.values()],
             check_times=self.result_at,
+            taint=self.state.taint_document(),
         )
         worst = verdict.worst
-        message = f"{verdict.status.value}: " + (
+        # The recovery note goes first: a long list of unknown checks must not cut it off.
+        note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""
+        message = verdict.status.value + (f" ({note})" if note else "") + ": "
+        message += (
             f"{worst.check}: {worst.message}"
             if worst is not None and worst.severity > Severity.NONE
             else "; ".join(f"{r.name}: {r.message}" for r in results if r.status is Status.UNKNOWN)
@@ -262,6 +267,7 @@ class Engine:
             condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
             drop_annotations=(drop,) if drop else (),
+            taint_severity=self.state.taint_severity if taint else None,
         )
         return verdict, marks
 

@@ -45,7 +45,7 @@ def transition_events(
     taint_on, brake_open, disabled = decided.taint_on, decided.brake_open, decided.disabled
     brake_reason = decided.brake_reason
     keys = Keys(prefix)
-    taint = f"{keys.taint}={marks.severity.label}:{effect}"
+    taint = f"{keys.taint}={marks.taint_value}:{effect}"
     disable_label = f"{keys.taint_opt_out}={DISABLED}"
     out: list[NodeEvent] = []
     if taint_on and not had_taint:

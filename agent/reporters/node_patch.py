@@ -70,7 +70,7 @@ def plan_node_patch(
     ours = find_our_taint(node, prefix, effect)
     new_taints: list[dict[str, Any]] | None = None
     if taint_on:
-        want = {"key": Keys(prefix).taint, "value": marks.severity.label, "effect": effect}
+        want = {"key": Keys(prefix).taint, "value": marks.taint_value, "effect": effect}
         if ours is None:
             new_taints = [*taints, want]
         elif ours.get("value") != want["value"]:
