@@ -353,3 +353,52 @@ def test_a_tainted_node_whose_nvidia_smi_output_turns_unreadable_stays_tainted(
         assert "TaintRemoved" in events(world)
     finally:
         world["agent"].stop(signal.SIGKILL)
+
+
+def reload_config(world: dict[str, Any], text: str) -> None:
+    """Edit config.yaml and wait until the agent applied it (one more ConfigReloaded Event)."""
+    before = events(world).count("ConfigReloaded")
+    (world["cfg"] / "config.yaml").write_text(text)
+    wait_for(lambda: events(world).count("ConfigReloaded") > before, timeout=20, what="ConfigReloaded")
+
+
+def test_modes_observe_label_taint_and_an_effect_change_moves_the_taint(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    base = "intervals:\n  gpu: 30\nnode:\n  maxTaintedFraction: 0\n"
+    world = start_agent(kube, gpu_node, tmp_path, base + "  mode: observe\n")
+    try:
+        wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass", what="pass")
+        with (world["snap"] / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+        wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "fail", what="fail")
+        wait_for(lambda: "GPUHealthChanged" in events(world), what="GPUHealthChanged")
+        time.sleep(2)
+        node = node_dict(world)
+        assert our_taint(node) is None and K.unhealthy not in node["metadata"]["labels"]
+        assert (condition(world) or {}).get("status") == "False"
+        assert not {"BrakeOpen", "TaintAdded"} & set(events(world)), "observe: no taint, no brake"
+
+        reload_config(world, base + "  mode: label\n")
+        wait_for(
+            lambda: node_dict(world)["metadata"]["labels"].get(K.unhealthy) == "reboot",
+            what="the unhealthy label in label mode",
+        )
+        assert our_taint(node_dict(world)) is None and "BrakeOpen" not in events(world)
+
+        taint_mode = "intervals:\n  gpu: 30\nnode:\n  mode: taint\n"
+        reload_config(world, taint_mode + "  taintEffectBySeverity: {reboot: NoExecute}\n")
+        taint = wait_for(lambda: our_taint(node_dict(world)), what="the taint in taint mode")
+        assert (taint["value"], taint["effect"]) == ("reboot", "NoExecute")
+        assert K.unhealthy not in node_dict(world)["metadata"]["labels"]
+
+        reload_config(world, taint_mode + "  taintEffect: PreferNoSchedule\n")
+        wait_for(
+            lambda: (
+                [t["effect"] for t in node_dict(world)["spec"]["taints"] if t["key"] == TAINT]
+                == ["PreferNoSchedule"]
+            ),
+            what="exactly one taint of ours, with the new effect",
+        )
+    finally:
+        world["agent"].stop(signal.SIGKILL)

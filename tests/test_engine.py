@@ -324,3 +324,43 @@ def test_an_unknown_cycle_between_passes_neither_counts_nor_resets(snap: Path) -
     eng.run_tier("gpu")  # pass 3
     _, marks = eng.evaluate()
     assert not marks.taint
+
+
+def test_observe_and_label_modes_never_ask_for_a_taint(snap: Path) -> None:
+    for mode, label in (("observe", False), ("label", True)):
+        eng = engine_for(snap, node={"mode": mode})
+        _gpu_timeout(snap)
+        run_all(eng)
+        verdict, marks = eng.evaluate()
+        assert verdict.status is Status.FAIL and not marks.taint
+        assert marks.unhealthy_label is label and marks.taint_value == "reboot"
+        (snap / "errors.json").unlink()
+
+
+def test_the_lowest_severity_that_taints_and_the_effect_per_severity(snap: Path) -> None:
+    _gpu_timeout(snap)  # a reboot failure
+    high = engine_for(snap, node={"taintMinSeverity": "isolate"})
+    run_all(high)
+    verdict, marks = high.evaluate()
+    assert verdict.severity is Severity.REBOOT and not marks.taint, "reboot is below isolate"
+    assert marks.condition_status == "False"  # still reported as failing
+
+    eng = engine_for(
+        snap, node={"taintMinSeverity": "reboot", "taintEffectBySeverity": {"reboot": "NoExecute"}}
+    )
+    run_all(eng)
+    _, marks = eng.evaluate()
+    assert marks.taint and marks.taint_effect == "NoExecute"
+    plain = engine_for(snap, node={"taintEffectBySeverity": {"isolate": "NoExecute"}})
+    run_all(plain)
+    _, marks = plain.evaluate()
+    assert marks.taint and marks.taint_effect == "NoSchedule"
+
+
+def test_an_effect_for_a_severity_that_never_taints_is_rejected() -> None:
+    from agent.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"taintEffectBySeverity\.monitor"):
+        parse_config({"node": {"taintEffectBySeverity": {"monitor": "NoExecute"}}})
+    with pytest.raises(ConfigError, match=r"node\.mode"):
+        parse_config({"node": {"mode": "shadow"}})

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.severity import Severity
+
 
 @dataclass(frozen=True)
 class Intervals:
@@ -37,12 +39,19 @@ class Thresholds:
 class NodeSettings:
     """How the agent marks its Node, and the brake."""
 
+    mode: str  # observe | label | taint
     recover_after: int
+    taint_min_severity: Severity
     taint_effect: str
+    taint_effect_by_severity: Mapping[Severity, str]
     condition_type: str
     max_tainted_fraction: float
     max_tainted_nodes: int
     gpu_node_selector: str
+
+    def effect_for(self, severity: Severity) -> str:
+        """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
+        return self.taint_effect_by_severity.get(severity, self.taint_effect)
 
 
 @dataclass(frozen=True)
@@ -76,8 +85,13 @@ def thresholds(raw: Mapping[str, Any]) -> Thresholds:
 def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
     s = raw["node"]
     return NodeSettings(
+        mode=str(s["mode"]),
         recover_after=int(s["recoverAfter"]),
+        taint_min_severity=Severity.parse(str(s["taintMinSeverity"])),
         taint_effect=str(s["taintEffect"]),
+        taint_effect_by_severity={
+            Severity.parse(k): str(v) for k, v in s["taintEffectBySeverity"].items() if v is not None
+        },
         condition_type=str(s["conditionType"]),
         max_tainted_fraction=float(s["maxTaintedFraction"]),
         max_tainted_nodes=int(s["maxTaintedNodes"]),

@@ -19,6 +19,13 @@ from agent.core.text import shorten
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
+# node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
+# the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
+MODE_OBSERVE, MODE_LABEL, MODE_TAINT = "observe", "label", "taint"
+MODES = (MODE_OBSERVE, MODE_LABEL, MODE_TAINT)
+DEFAULT_MODE = MODE_TAINT
 DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
 EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
@@ -56,6 +63,11 @@ class Keys:
     def taint(self) -> str:
         """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
         return f"{self.prefix}/unhealthy"
+
+    @property
+    def unhealthy(self) -> str:
+        """Label (mode `label`): the taint's key and value, where the taint would be."""
+        return self.taint
 
     @property
     def taint_opt_out(self) -> str:
@@ -115,6 +127,7 @@ class Reason:
     BRAKE_CLOSED = "BrakeClosed"
     CONFIG_RELOADED = "ConfigReloaded"
     CONFIG_REJECTED = "ConfigRejected"
+    CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
 
 
 NORMAL, WARNING = "Normal", "Warning"
@@ -135,8 +148,9 @@ class NodeEvent:
 class Marks:
     """The desired state of this agent's keys on its own Node.
 
-    `taint` is the engine's wish (status fail, after hysteresis); the writer still honours the
-    `<prefix>/taint=disabled` label and the cluster-wide brake before adding a taint.
+    `taint` is the engine's wish (status fail at taintMinSeverity or above, after hysteresis, mode
+    `taint`); the writer still honours the `<prefix>/taint=disabled` label and the cluster-wide brake
+    before adding a taint.
     """
 
     status: Status
@@ -149,6 +163,8 @@ class Marks:
     # The taint's value: the last failing severity, kept while a tainted node recovers or is unknown
     # (None: the verdict's severity).
     taint_severity: Severity | None = None
+    taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
+    unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
 
     @property
     def taint_value(self) -> str:

@@ -48,8 +48,12 @@ class Agent:
         metrics: Telemetry | None = None,
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
+        on_config: Callable[[Config, Config], None] | None = None,
     ) -> None:
+        """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
+        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine."""
         self.cfg = cfg
+        self.on_config = on_config
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.engine = Engine(
             source,
@@ -139,12 +143,34 @@ class Agent:
             )
             self.pending_events.append(NodeEvent(Reason.CONFIG_REJECTED, f"{outcome.error}", WARNING))
             return True
-        self.cfg = outcome.config
+        old, self.cfg = self.cfg, outcome.config
         self.engine.cfg = outcome.config
         self.engine.reschedule_all()
+        if self.on_config is not None:
+            try:
+                self.on_config(old, outcome.config)
+            except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
+                log.exception("applying the reloaded config failed", extra={"event": "config"})
+                self.pending_events.append(
+                    NodeEvent(Reason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING)
+                )
         self.metrics.record_config_reload("applied")
-        log.info("config reloaded", extra={"event": "config"})
-        self.pending_events.append(NodeEvent(Reason.CONFIG_RELOADED, "configuration reloaded and applied"))
+        applied = ", ".join(outcome.changed) or "no key changed"
+        log.info(f"config reloaded, applied: {applied}", extra={"event": "config"})
+        self.pending_events.append(
+            NodeEvent(Reason.CONFIG_RELOADED, f"configuration reloaded and applied: {applied}")
+        )
+        if outcome.needs_restart:
+            kept = "; ".join(outcome.needs_restart)
+            self.metrics.record_config_reload("restart_required")
+            log.warning(f"config not applied until the agent restarts: {kept}", extra={"event": "config"})
+            self.pending_events.append(
+                NodeEvent(
+                    Reason.CONFIG_RESTART_REQUIRED,
+                    f"not applied until the agent restarts (old value kept): {kept}",
+                    WARNING,
+                )
+            )
         return True
 
     def _publish(self) -> None:
