@@ -402,3 +402,38 @@ def test_modes_observe_label_taint_and_an_effect_change_moves_the_taint(
         )
     finally:
         world["agent"].stop(signal.SIGKILL)
+
+
+def test_brake_limits_condition_type_and_prefix_after_a_reload(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    base = "intervals:\n  gpu: 30\n"
+    world = start_agent(kube, gpu_node, tmp_path, base + "node:\n  maxTaintedFraction: 0\n")
+    try:
+        wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass", what="pass")
+        with (world["snap"] / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+        wait_for(lambda: "BrakeOpen" in events(world), what="BrakeOpen under maxTaintedFraction 0")
+        assert our_taint(node_dict(world)) is None
+
+        reload_config(world, base + "node:\n  maxTaintedFraction: 1\n")  # the brake takes it at once
+        wait_for(lambda: our_taint(node_dict(world)), what="the taint under the new limit")
+
+        new_type = "AcceleratedHardwareReady"
+        reload_config(world, base + f"node:\n  maxTaintedFraction: 1\n  conditionType: {new_type}\n")
+        wait_for(
+            lambda: condition(world, new_type) is not None and condition(world, COND) is None,
+            what="the condition under its new type, the old one gone",
+        )
+        assert (condition(world, new_type) or {})["status"] == "False"
+
+        reload_config(
+            world, base + f"prefix: other\nnode:\n  maxTaintedFraction: 1\n  conditionType: {new_type}\n"
+        )
+        wait_for(lambda: "ConfigRestartRequired" in events(world), what="ConfigRestartRequired")
+        node = node_dict(world)
+        assert node["metadata"]["labels"][K.status] == "fail" and our_taint(node) is not None
+        assert not any(k.startswith("other/") for k in node["metadata"]["labels"])
+        assert world["agent"].proc.poll() is None
+    finally:
+        world["agent"].stop(signal.SIGKILL)
