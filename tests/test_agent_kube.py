@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,15 +61,28 @@ def agent_argv(kubeconfig: Path, node: str, snapshot: Path, *extra: str) -> list
 
 
 def run_agent_once(kube: Any, node: str, snapshot: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = agent_argv(kube.kubeconfig, node, ROOT / "examples" / "snapshots" / snapshot, "--once", *extra)
-    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    with tempfile.TemporaryDirectory() as state:
+        argv = agent_argv(
+            kube.kubeconfig,
+            node,
+            ROOT / "examples" / "snapshots" / snapshot,
+            "--once",
+            "--state-dir",
+            state,
+            *extra,
+        )
+        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 class AgentProcess:
-    def __init__(self, kube: Any, node: str, snap: Path, config_dir: Path, log: Path) -> None:
+    def __init__(self, kube: Any, node: str, snap: Path, config_dir: Path, log: Path, *extra: str) -> None:
         self.log = log
+        state = log.parent / "state"  # the last good config: this test's own, never /tmp's
         self.proc = subprocess.Popen(
-            agent_argv(kube.kubeconfig, node, snap, "--config-dir", str(config_dir)),
+            agent_argv(
+                kube.kubeconfig, node, snap, "--config-dir", str(config_dir), "--state-dir", str(state)
+            )
+            + list(extra),
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -435,5 +449,72 @@ def test_brake_limits_condition_type_and_prefix_after_a_reload(
         assert node["metadata"]["labels"][K.status] == "fail" and our_taint(node) is not None
         assert not any(k.startswith("other/") for k in node["metadata"]["labels"])
         assert world["agent"].proc.poll() is None
+    finally:
+        world["agent"].stop(signal.SIGKILL)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def metric(port: int, name: str) -> float | None:
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_an_agent_started_under_an_invalid_config_runs_and_says_why(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text("intervals:\n  gpu: 30\nnode:\n  futureKnob: true\n")  # a newer key
+    port = free_port()
+    world = {"node": node, "snap": snap, "cfg": cfg, "core": kube.api_client(), "kube": kube}
+    agent = AgentProcess(kube, node, snap, cfg, tmp_path / "agent.log", "--metrics-port", str(port))
+    world["agent"] = agent
+    try:
+        cond = wait_for(lambda: condition(world), what="the condition under the shipped defaults")
+        assert cond["status"] == "True" and cond["reason"] == "ConfigRejected"
+        assert "node.futureKnob" in cond["message"] and "shipped default" in cond["message"]
+        assert node_dict(world)["metadata"]["labels"][K.status] == "pass"
+        wait_for(lambda: "ConfigRejected" in events(world), what="ConfigRejected Event")
+        assert wait_for(lambda: metric(port, "gpu_healthcheck_config_rejected") == 1.0, what="metric")
+        assert agent.proc.poll() is None
+
+        # The ConfigMap is fixed: the agent applies it and the condition says so.
+        (cfg / "config.yaml").write_text("intervals:\n  gpu: 30\nnode:\n  conditionType: GPUOk\n")
+        wait_for(
+            lambda: (condition(world, "GPUOk") or {}).get("reason") == "AllChecksPassed",
+            what="the fixed config in force",
+        )
+        assert metric(port, "gpu_healthcheck_config_rejected") == 0.0
+        agent.stop(signal.SIGKILL)
+
+        # A restart under a bad edit: the last good config (conditionType GPUOk) stays in force.
+        (cfg / "config.yaml").write_text("intervals:\n  gpu: soon\n")
+        agent = AgentProcess(kube, node, snap, cfg, tmp_path / "agent2.log")
+        world["agent"] = agent
+        wait_for(
+            lambda: (condition(world, "GPUOk") or {}).get("reason") == "ConfigRejected",
+            what="the last good config in force, rejected reason",
+        )
+        message = (condition(world, "GPUOk") or {})["message"]
+        assert "intervals.gpu" in message and "last good configuration" in message
+        assert agent.proc.poll() is None
     finally:
         world["agent"].stop(signal.SIGKILL)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.checks.registry import RULE_BOOK
-from agent.config import Config, ConfigError, default_config_dir, load_config_dir
+from agent.config import Config, default_config_dir
+from agent.config.last_good import load_at_start
 from agent.core.facts import Input
 from agent.core.model import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
@@ -111,11 +112,11 @@ def main(args: Any) -> int:
 
     logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
-    try:
-        cfg = load_config_dir(config_dir, rules=RULE_BOOK)
-    except ConfigError as exc:
-        log.error(f"invalid configuration, cannot start: {exc}", extra={"event": "config"})
-        return 64
+    state_dir = args.state_dir
+    # An invalid (or newer) config never stops the agent: it runs on the last good one or the shipped
+    # defaults and says why (Event, metric, condition reason; agent.config.last_good).
+    start = load_at_start(config_dir, state_dir, RULE_BOOK)
+    cfg = start.config
     node_name = args.node or os.environ.get("NODE_NAME")
     if not node_name:
         log.error("no node name: pass --node or set NODE_NAME (downward API)")
@@ -183,6 +184,8 @@ def main(args: Any) -> int:
         metrics=metrics,
         extra_inputs=extra_inputs,
         progress=progress,
+        config_problem=start.problem,
+        state_dir=state_dir,
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port

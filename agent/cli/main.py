@@ -22,6 +22,7 @@ from agent.probes.snapshot import SnapshotError, SnapshotSource
 from agent.probes.source import Source, gather_facts
 
 EXIT_USAGE = 64
+DEFAULT_STATE_DIR = Path("/tmp/gpu-healthcheck")  # the agent pod's own emptyDir (/tmp)
 EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}
 
 
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--from-snapshot", metavar="DIR", help="judge a snapshot directory, re-read every tick")
     a.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     a.add_argument("--config-dir", type=Path, help="config directory (default: /etc/gpu-healthcheck)")
+    a.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="where the last good config is kept, to start on it under an invalid one "
+        f"(default: {DEFAULT_STATE_DIR}, the pod's emptyDir)",
+    )
     a.add_argument("--metrics-port", type=int, default=None, help="metrics/health port (default: config)")
     a.add_argument(
         "--dry-run", action="store_true", help="judge and log what would be written; write nothing"
@@ -86,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     km.add_argument("--yes", action="store_true", help="required: every reader of the kernel log sees it")
 
     sub.add_parser("rules", help="list the severity rules and their defaults")
+
+    cf = sub.add_parser("config", help="the configuration directory (the ConfigMap)")
+    cf_sub = cf.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    v = cf_sub.add_parser(
+        "validate",
+        help="check a config directory the way the agent loads it (exit 0 valid, 1 invalid)",
+    )
+    v.add_argument("dir", type=Path, help="the directory (config.yaml and the tables)")
     return p
 
 
@@ -174,6 +190,22 @@ def cmd_rules(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """`config validate DIR`: the agent's own load (agent.config.load_config_dir with the rule
+    registry), so CI and the agent never disagree. A file the directory lacks is the shipped one."""
+    from agent.config import CONFIG_FILES
+
+    try:
+        load_config_dir(args.dir, rules=RULE_BOOK)
+    except ConfigError as exc:
+        print(f"{args.dir}: invalid: {exc}", file=sys.stderr)
+        return EXIT_CODES[Status.FAIL]
+    missing = [name for name in CONFIG_FILES if not (args.dir / name).is_file()]
+    shipped = f" (shipped: {', '.join(missing)})" if missing else ""
+    print(f"{args.dir}: valid{shipped}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {
@@ -183,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": cmd_status,
         "inject": cmd_inject,
         "rules": cmd_rules,
+        "config": cmd_config,
     }
     try:
         return handlers[args.command](args)

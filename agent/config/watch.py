@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
+from agent.config.last_good import save_last_good
 from agent.config.schema import RESTART_ONLY, SCHEMA
 from agent.core.rules import RuleBook
 
@@ -68,8 +69,17 @@ def keep_restart_only(old: Config, new: Config) -> tuple[Config, list[str]]:
 
 
 class ConfigWatcher:
-    def __init__(self, directory: Path | None, current: Config, rules: RuleBook | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        current: Config,
+        rules: RuleBook | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        """current: the config in force (at start maybe a fallback, when the mounted one is invalid);
+        state_dir: where each accepted config is kept (last_good)."""
         self.directory = directory
+        self.state_dir = state_dir
         self.current = current
         self.rules = rules
         self._fingerprint = self._digest()
@@ -115,6 +125,7 @@ class ConfigWatcher:
             loaded = load_config_dir(self.directory, rules=self.rules)
         except ConfigError as exc:
             return ReloadOutcome(config=None, error=str(exc))
+        save_last_good(self.directory, self.state_dir)
         cfg, kept = keep_restart_only(self.current, loaded)
         changed = changed_keys(self.current, cfg)
         self.current = cfg

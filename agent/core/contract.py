@@ -130,6 +130,8 @@ class Reason:
     CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
 
 
+CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
+
 NORMAL, WARNING = "Normal", "Warning"
 EVENT_MESSAGE_MAX = 1024
 CONDITION_MESSAGE_MAX = 1024
@@ -165,6 +167,7 @@ class Marks:
     taint_severity: Severity | None = None
     taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
     unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
+    config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
 
     @property
     def taint_value(self) -> str:
@@ -177,7 +180,9 @@ class Marks:
 
     @property
     def condition_reason(self) -> str:
-        return CONDITIONS[self.status].reason
+        """The status's reason, or ConfigRejected while the agent runs on a config it fell back to
+        (the status still tells health; the message says which config is in force and why)."""
+        return CONFIG_REJECTED_REASON if self.config_rejected else CONDITIONS[self.status].reason
 
 
 # ----------------------------------------------------------------------------- the results annotation
