@@ -284,20 +284,56 @@ def test_an_operator_clears_a_latched_xid(world: dict[str, Any]) -> None:
     )
 
 
-def test_status_command_shows_the_fleet(kube: Any, gpu_node: Callable[..., Any]) -> None:
-    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
-    run = run_agent_once(kube, node, "p5.48xlarge-xid79")
-    assert run.returncode == 0, run.stdout + run.stderr
-    status = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "status", "--kubeconfig", str(kube.kubeconfig)],
+def status_cli(kube: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", "status", "--kubeconfig", str(kube.kubeconfig), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=60,
     )
-    assert status.returncode == 0, status.stderr
+
+
+def test_status_command_shows_the_fleet(kube: Any, gpu_node: Callable[..., Any]) -> None:
+    from kubernetes import client
+
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    run = run_agent_once(kube, node, "p5.48xlarge-xid79")
+    assert run.returncode == 0, run.stdout + run.stderr
+    status = status_cli(kube)
+    assert status.returncode == 1, status.stderr  # a node fails: `check`'s exit code for fail
     line = next(row for row in status.stdout.splitlines() if row.startswith(node))
-    assert "fail" in line and "reboot" in line and "0000:97:00.0" in line
+    assert "fail" in line and "reboot" in line and "0000:97:00.0" in line and " none " in line
+
+    # An agent pod on the node, Ready (the kubelet's word: checked within staleAfterSeconds).
+    core = client.CoreV1Api(kube.api_client())
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(
+            generate_name="agent-", labels={"app.kubernetes.io/name": "gpu-healthcheck-agent"}
+        ),
+        spec=client.V1PodSpec(
+            node_name=node, containers=[client.V1Container(name="agent", image="agent:test")]
+        ),
+    )
+    try:  # no controller-manager here: the ServiceAccount admission needs the account to exist
+        core.create_namespaced_service_account(
+            "default", client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="default"))
+        )
+    except client.ApiException as exc:
+        assert exc.status == 409
+    made = core.create_namespaced_pod("default", pod)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": now}
+    core.patch_namespaced_pod_status(made.metadata.name, "default", {"status": {"conditions": [ready]}})
+    items = json.loads(status_cli(kube, "-o", "json").stdout)
+    mine = next(i for i in items if i["node"] == node)
+    assert mine["agent"] == "ready" and mine["agentPod"] == made.metadata.name
+    assert mine["lastCheck"].startswith("<") and mine["lastCheckMaxSeconds"] <= 180 + 30
+    assert mine["taint"] == "reboot:NoSchedule"
+    wide = status_cli(kube, "-o", "wide")
+    assert "TAINT" in wide.stdout.splitlines()[0] and "p5.48xlarge" in wide.stdout
+    assert status_cli(kube, "-o", "yaml").stdout.startswith("- node:")
+
     broken = subprocess.run(
         [sys.executable, "-m", "agent.cli", "status", "--kubeconfig", "/nonexistent/kubeconfig"],
         capture_output=True,
@@ -306,10 +342,11 @@ def test_status_command_shows_the_fleet(kube: Any, gpu_node: Callable[..., Any])
         timeout=60,
     )
     assert (
-        broken.returncode == 2
+        broken.returncode == 69
         and "Traceback" not in broken.stderr
         and "cannot read the cluster" in broken.stderr
     )
+    assert status_cli(kube, "-o", "xml").returncode == 64
 
 
 def start_agent(kube: Any, gpu_node: Callable[..., Any], tmp_path: Path, config: str) -> dict[str, Any]:

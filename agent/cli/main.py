@@ -12,6 +12,8 @@ from typing import NoReturn
 from agent import __version__
 from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
 from agent.cli.render import table
+from agent.cli.status import AGENT_SELECTOR, EXIT_UNAVAILABLE
+from agent.cli.status import FORMATS as STATUS_FORMATS
 from agent.config import ConfigError, load_config_dir
 from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
 from agent.core.facts import Input
@@ -80,10 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-kube", action="store_true", help="no API server at all: log the marks only")
     a.add_argument("--once", action="store_true", help="run every tier once, write, and exit")
 
-    st = sub.add_parser("status", help="the GPU nodes' health marks, as a table")
-    st.add_argument("--kubeconfig")
-    st.add_argument("--selector", default=DEFAULT_GPU_NODE_SELECTOR)
-    st.add_argument("--prefix", default=DEFAULT_PREFIX)
+    st = sub.add_parser(
+        "status",
+        help="the GPU nodes' health marks and the age of their last check "
+        "(exit 0 all pass/warn, 1 a node fails, 2 a node could not be judged, 69 no cluster)",
+    )
+    st.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    st.add_argument("--selector", default=DEFAULT_GPU_NODE_SELECTOR, help="which Nodes are GPU nodes")
+    st.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+    st.add_argument("--agent-selector", default=AGENT_SELECTOR, help="the agent pods' labels (any namespace)")
+    st.add_argument("-o", "--output", choices=STATUS_FORMATS, default="table", help="output format")
 
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
@@ -163,11 +171,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     try:
         core = kube_core(args.kubeconfig)
-        print(render_status(core, prefix=args.prefix, selector=args.selector))
+        out, code = render_status(
+            core,
+            prefix=args.prefix,
+            selector=args.selector,
+            agent_selector=args.agent_selector,
+            fmt=args.output,
+        )
     except Exception as exc:  # no cluster, no permission: one clear line
         print(f"gpu-healthcheck: cannot read the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_UNAVAILABLE
+    sys.stdout.write(out)
+    return code
 
 
 def cmd_inject(args: argparse.Namespace) -> int:

@@ -190,6 +190,13 @@ class Marks:
 RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
+STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
+
+
+def stale_after_s(gpu_interval_s: float) -> int:
+    """How long the agent may go without a check before /healthz and /readyz fail: its readiness
+    then means "checked within this", which `status` turns into the age of the last check."""
+    return int(max(60.0, 3 * gpu_interval_s))
 
 
 def now_iso() -> str:
@@ -206,6 +213,7 @@ def results_document(
     latched: Sequence[dict[str, Any]] | None = None,
     check_times: dict[str, str] | None = None,
     taint: dict[str, Any] | None = None,
+    stale_after: int | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -246,6 +254,8 @@ def results_document(
     }
     if taint is not None:
         doc[TAINT_FIELD] = taint
+    if stale_after is not None:
+        doc[STALE_AFTER_FIELD] = stale_after
     return fit(doc)
 
 

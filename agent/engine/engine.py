@@ -30,6 +30,7 @@ from agent.core.contract import (
     encode,
     now_iso,
     results_document,
+    stale_after_s,
 )
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
@@ -261,6 +262,7 @@ class Engine:
             latched=[latch.as_dict() for latch in self.latches.values()],
             check_times=self.result_at,
             taint=self.state.taint_document(),
+            stale_after=stale_after_s(self.cfg.intervals.gpu),
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.

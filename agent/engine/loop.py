@@ -14,7 +14,15 @@ from typing import Any, Protocol
 from agent.checks.registry import RULE_BOOK
 from agent.config import Config
 from agent.config.watch import ConfigWatcher
-from agent.core.contract import CONDITION_MESSAGE_MAX, WARNING, Keys, Marks, NodeEvent, Reason
+from agent.core.contract import (
+    CONDITION_MESSAGE_MAX,
+    WARNING,
+    Keys,
+    Marks,
+    NodeEvent,
+    Reason,
+    stale_after_s,
+)
 from agent.core.facts import Input
 from agent.core.model import NodeObject
 from agent.core.probed import Probed
@@ -228,8 +236,10 @@ class Agent:
         return isinstance(node, NodeObject) and key in node.annotations
 
     def healthy(self) -> bool:
-        limit = max(60.0, 3 * self.cfg.intervals.gpu)
-        return time.monotonic() - self.engine.heartbeat < limit
+        """The loop checked within stale_after_s (liveness)."""
+        return time.monotonic() - self.engine.heartbeat < stale_after_s(self.cfg.intervals.gpu)
 
     def ready(self) -> bool:
-        return self.engine.evaluations > 0
+        """A verdict exists and is fresh: `status` reads a Ready agent as "checked within
+        stale_after_s" (the results annotation carries that bound), without any heartbeat write."""
+        return self.engine.evaluations > 0 and self.healthy()
