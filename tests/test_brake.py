@@ -465,3 +465,30 @@ def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Ap
     with pytest.raises(ApiException) as exc:
         brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400
+
+
+@pytest.mark.kube
+def test_a_reconfigured_brake_counts_with_the_new_selector_and_limits(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """A config reload: a new selector is a new GPU-node total, new limits apply to the next ask."""
+    small, big = unique_name("small"), unique_name("big")
+    asker = gpu_node(labels={"test.example/pool": small}).metadata.name
+    gpu_node(labels={"test.example/pool": small, K.tainted: TRUE})
+    for _ in range(3):
+        gpu_node(labels={"test.example/pool": big})
+    scope = f"test.example/pool in ({small},{big})"  # keeps other tests' tainted Nodes out
+    brake = Brake(
+        core, selectors=[f"test.example/pool={small}"], scope=scope, max_fraction=0.2, cache_seconds=60
+    )
+    ok, _ = brake.allows_new_taint(asker)
+    assert not ok and brake.state is not None and (brake.state.tainted, brake.state.total) == (1, 2)
+    brake.reconfigure(selectors=[f"test.example/pool={small}"], max_fraction=1.0, max_nodes=0)
+    ok, _ = brake.allows_new_taint(asker)  # the cached refusal went with the old limits
+    assert ok
+    brake.reconfigure(
+        selectors=[f"test.example/pool={big}", f"test.example/pool={small}"], max_fraction=0.5, max_nodes=1
+    )
+    ok, reason = brake.allows_new_taint(asker)
+    assert not ok and "maxTaintedNodes=1" in reason
+    assert brake.state is not None and brake.state.total == 5  # counted with the new selector

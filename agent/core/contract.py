@@ -19,6 +19,13 @@ from agent.core.text import shorten
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
+# node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
+# the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
+MODE_OBSERVE, MODE_LABEL, MODE_TAINT = "observe", "label", "taint"
+MODES = (MODE_OBSERVE, MODE_LABEL, MODE_TAINT)
+DEFAULT_MODE = MODE_TAINT
 COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
 EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
 
@@ -55,6 +62,11 @@ class Keys:
     def taint(self) -> str:
         """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
         return f"{self.prefix}/unhealthy"
+
+    @property
+    def unhealthy(self) -> str:
+        """Label (mode `label`): the taint's key and value, where the taint would be."""
+        return self.taint
 
     @property
     def taint_opt_out(self) -> str:
@@ -116,7 +128,10 @@ class Reason:
     BRAKE_CLOSED = "BrakeClosed"
     CONFIG_RELOADED = "ConfigReloaded"
     CONFIG_REJECTED = "ConfigRejected"
+    CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
 
+
+CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
 
 NORMAL, WARNING = "Normal", "Warning"
 EVENT_MESSAGE_MAX = 1024
@@ -136,8 +151,9 @@ class NodeEvent:
 class Marks:
     """The desired state of this agent's keys on its own Node.
 
-    `taint` is the engine's wish (status fail, after hysteresis); the writer still honours the
-    `<prefix>/taint=disabled` label and the cluster-wide brake before adding a taint.
+    `taint` is the engine's wish (status fail at taintMinSeverity or above, after hysteresis, mode
+    `taint`); the writer still honours the `<prefix>/taint=disabled` label and the cluster-wide brake
+    before adding a taint.
     """
 
     status: Status
@@ -147,6 +163,16 @@ class Marks:
     condition_message: str
     events: tuple[NodeEvent, ...] = field(default=())
     drop_annotations: tuple[str, ...] = field(default=())  # our annotations to remove (consumed requests)
+    # The taint's value: the last failing severity, kept while a tainted node recovers or is unknown
+    # (None: the verdict's severity).
+    taint_severity: Severity | None = None
+    taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
+    unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
+    config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
+
+    @property
+    def taint_value(self) -> str:
+        return (self.taint_severity or self.severity).label
 
     @property
     def condition_status(self) -> str:
@@ -155,13 +181,23 @@ class Marks:
 
     @property
     def condition_reason(self) -> str:
-        return CONDITIONS[self.status].reason
+        """The status's reason, or ConfigRejected while the agent runs on a config it fell back to
+        (the status still tells health; the message says which config is in force and why)."""
+        return CONFIG_REJECTED_REASON if self.config_rejected else CONDITIONS[self.status].reason
 
 
 # ----------------------------------------------------------------------------- the results annotation
 
 RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
+TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
+STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
+
+
+def stale_after_s(gpu_interval_s: float) -> int:
+    """How long the agent may go without a check before /healthz and /readyz fail: its readiness
+    then means "checked within this", which `status` turns into the age of the last check."""
+    return int(max(60.0, 3 * gpu_interval_s))
 
 
 def now_iso() -> str:
@@ -177,6 +213,8 @@ def results_document(
     instance_type: str | None,
     latched: Sequence[dict[str, Any]] | None = None,
     check_times: dict[str, str] | None = None,
+    taint: dict[str, Any] | None = None,
+    stale_after: int | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -215,6 +253,10 @@ def results_document(
         "checks": checks,
         "latched": list(latched),
     }
+    if taint is not None:
+        doc[TAINT_FIELD] = taint
+    if stale_after is not None:
+        doc[STALE_AFTER_FIELD] = stale_after
     return fit(doc)
 
 

@@ -19,6 +19,8 @@ from agent.checks.registry import CHECKS, run_checks
 from agent.config import Config
 from agent.core.contract import (
     CONDITION_MESSAGE_MAX,
+    MODE_LABEL,
+    MODE_TAINT,
     NORMAL,
     WARNING,
     Keys,
@@ -28,6 +30,7 @@ from agent.core.contract import (
     encode,
     now_iso,
     results_document,
+    stale_after_s,
 )
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
@@ -75,10 +78,18 @@ class Engine:
         self.heartbeat = clock()
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
-        self._readers: dict[Input, Callable[[], Any]] = {
-            **source_readers(source),
+        self._readers: dict[Input, Callable[[], Any]] = {}
+        self.set_inputs(self.extra_inputs, progress)
+
+    def set_inputs(
+        self, extra_inputs: dict[Input, Callable[[], Any]], progress: Callable[[], str] | None
+    ) -> None:
+        """How inputs are read beyond the source; a reload that rebuilt the DCGM client calls it again."""
+        self.extra_inputs, self.progress = extra_inputs, progress
+        self._readers = {
+            **source_readers(self.source),
             Input.DCGM_HEALTH: lambda: NotCaptured("dcgm health (no host engine configured)"),
-            **self.extra_inputs,
+            **extra_inputs,
         }
 
     @property
@@ -227,9 +238,16 @@ class Engine:
         verdict = decide(results)
         self.metrics.record_verdict(verdict.status, results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
-        taint = self.state.settle_taint(
-            verdict.status, self.last_run.get("gpu", -1.0), self.cfg.node.recover_after
+        policy = self.cfg.node
+        recover_after = policy.recover_after
+        wanted = self.state.settle_taint(
+            verdict.status,
+            verdict.severity,
+            self.last_run.get("gpu", -1.0),
+            recover_after,
+            policy.taint_min_severity,
         )
+        taint = wanted and policy.mode == MODE_TAINT  # observe and label modes never taint
         self.metrics.record_taint_wanted(taint)
         events = self._events(verdict) + ((clear_event,) if clear_event else ())
         self.state.last_status = verdict.status
@@ -243,9 +261,14 @@ class Engine:
             instance_type=resolve_instance_type(self.source, self.cfg, node, None)[0],
             latched=[latch.as_dict() for latch in self.latches.values()],
             check_times=self.result_at,
+            taint=self.state.taint_document(),
+            stale_after=stale_after_s(self.cfg.intervals.gpu),
         )
         worst = verdict.worst
-        message = f"{verdict.status.value}: " + (
+        # The recovery note goes first: a long list of unknown checks must not cut it off.
+        note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""
+        message = verdict.status.value + (f" ({note})" if note else "") + ": "
+        message += (
             f"{worst.check}: {worst.message}"
             if worst is not None and worst.severity > Severity.NONE
             else "; ".join(f"{r.name}: {r.message}" for r in results if r.status is Status.UNKNOWN)
@@ -262,6 +285,9 @@ class Engine:
             condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
             drop_annotations=(drop,) if drop else (),
+            taint_severity=self.state.taint_severity if wanted else None,
+            taint_effect=policy.effect_for(self.state.taint_severity),
+            unhealthy_label=wanted and policy.mode == MODE_LABEL,
         )
         return verdict, marks
 
@@ -295,6 +321,9 @@ def fingerprint(marks: Marks) -> str:
             marks.status.value,
             marks.severity.label,
             str(marks.taint),
+            marks.taint_value,
+            marks.taint_effect,
+            str(marks.unhealthy_label),
             marks.condition_status,
             marks.condition_reason,
             marks.condition_message,

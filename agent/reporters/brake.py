@@ -385,6 +385,19 @@ class Brake:
             return True, reason
         return False, ""
 
+    def reconfigure(self, *, selectors: Sequence[str], max_fraction: float, max_nodes: int) -> None:
+        """A reloaded config: new limits count from the next ask (a cached refusal is dropped); a new
+        GPU-node selector drops the GPU-node total and reads it again now."""
+        with self._lock:
+            self.max_fraction, self.max_nodes = max_fraction, max_nodes
+            self._state = None
+            self._ranked_out_since = None
+            new_selector = tuple(selectors) != self.selectors
+            self.selectors = tuple(selectors)
+        if new_selector:
+            self._total_cache = None
+            self.warm()
+
     def forget(self) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""
         with self._lock:
