@@ -52,13 +52,24 @@ def test_results_json_follows_the_node_contract(capsys: pytest.CaptureFixture[st
         "agentVersion",
         "checks",
         "latched",
+        "gpus",
     }
     assert doc["version"] == 1 and doc["instanceType"] == "p5.48xlarge"
     assert doc["bootId"] == "3f0c1c56-2f4a-4b8e-9a7d-6c1e2b9d0a11"
     for c in doc["checks"]:
-        assert set(c) == {"name", "status", "severity", "message", "at", "durationMs", "entities"}
+        base = {"name", "status", "severity", "message", "at", "durationMs", "entities"}
+        assert set(c) == (base | {"action", "escalation"} if c["severity"] != "none" else base)
     for item in doc["latched"]:
-        assert set(item) == {"check", "key", "severity", "since", "message"}
+        assert set(item) == {"check", "key", "severity", "since", "message", "action"}
+    xid = next(c for c in doc["checks"] if c["name"] == "xid")
+    assert (xid["action"], xid["escalation"]) == ("reboot", ["service"])  # NVIDIA: RESTART_BM
+    # GPU 4 fell off the bus: the driver lists it as lost (no index, no UUID), with both findings
+    (gpu4,) = [g for g in doc["gpus"] if g["status"] == "fail"]
+    assert gpu4["lost"] is True and gpu4["pci"] == "0000:97:00.0" and gpu4["severity"] == "reboot"
+    assert "xid/79/0000:97:00.0" in gpu4["findings"] and gpu4["action"] == "reboot"
+    healthy = [g for g in doc["gpus"] if not g.get("lost")]
+    assert [g["index"] for g in healthy] == [0, 1, 2, 3, 5, 6, 7] and all(g["uuid"] for g in healthy)
+    assert all(g["status"] == "pass" and "findings" not in g for g in healthy)
     assert len(json.dumps(doc, separators=(",", ":")).encode()) < 16 * 1024
 
 

@@ -7,13 +7,10 @@ are tested against the real wire format."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +20,8 @@ import pytest
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.workloads import ContainerDevices, DraDevice, GpuIdentity, gpu_holders, pods_holding_gpus
 from agent.probes.pod_resources import gpu_pods, list_devices
+from tests.fake_kubelet import compile_api, serve
 
-PROTO = Path(__file__).parent / "fixtures" / "kubelet" / "podresources-v1-api.proto"
 UUID = [f"GPU-{i:08x}-99e6-cc74-af59-87a49bc07d7f" for i in range(8)]
 MIG = "MIG-0a1b2c3d-1111-2222-3333-444455556666"
 MIG_UNKNOWN = "MIG-ffffffff-1111-2222-3333-444455556666"
@@ -34,22 +31,7 @@ GPUS = tuple(GpuIdentity(i, UUID[i], (MIG,) if i == 6 else ()) for i in range(8)
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The published API compiled by protoc: the fake kubelet's message and service classes."""
-    out = tmp_path_factory.mktemp("podresources")
-    from grpc_tools import protoc
-
-    stem = "fake_kubelet_podresources_v1"  # a module name of its own; the file is copied unchanged
-    (out / f"{stem}.proto").write_bytes(PROTO.read_bytes())
-    rc = protoc.main(
-        ["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}", f"{stem}.proto"]
-    )
-    assert rc == 0
-    sys.path.insert(0, str(out))
-    try:
-        pb2 = importlib.import_module(f"{stem}_pb2")
-        pb2_grpc = importlib.import_module(f"{stem}_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
-    return pb2, pb2_grpc
+    return compile_api(tmp_path_factory.mktemp("podresources"))
 
 
 def _response(pb2: Any) -> Any:
@@ -101,25 +83,8 @@ def _response(pb2: Any) -> Any:
 @pytest.fixture
 def kubelet(api: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A fake kubelet at tmp/kubelet.sock answering List with `state["response"]` (or a status)."""
-    pb2, pb2_grpc = api
-    state: dict[str, Any] = {"response": _response(pb2), "status": None, "delay": 0.0, "calls": 0}
-
-    class Lister(pb2_grpc.PodResourcesListerServicer):  # type: ignore[misc,name-defined]
-        def List(self, request: Any, context: Any) -> Any:  # the API's method name
-            state["calls"] += 1
-            time.sleep(state["delay"])
-            if state["status"] is not None:
-                context.abort(state["status"], "kubelet says no")
-            return state["response"]
-
-    sock = tmp_path / "kubelet.sock"
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb2_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)
-    server.add_insecure_port(f"unix://{sock}")
-    server.start()
-    state["socket"] = str(sock)
-    yield state
-    server.stop(None)
+    with serve(api, tmp_path / "kubelet.sock", _response(api[0])) as state:
+        yield state
 
 
 def test_every_way_a_container_holds_a_gpu_is_mapped_to_it(kubelet: dict[str, Any]) -> None:

@@ -187,7 +187,7 @@ def main(args: Any) -> int:
             except ParseError as exc:
                 return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
 
-    from agent.probes.pod_resources import gpu_pods
+    from agent.probes.pod_resources import gpu_pods, list_devices
 
     pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
     live = LiveParts(source, writer, brake, metrics, pods, dcgm_wanted=not args.from_snapshot)
@@ -205,6 +205,7 @@ def main(args: Any) -> int:
         progress=progress,
         config_problem=start.problem,
         state_dir=state_dir,
+        workloads=None if args.from_snapshot else list_devices,  # who is hit: the kubelet says
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port

@@ -18,6 +18,7 @@ from agent.config import ConfigError, load_config_dir
 from agent.core.contract import DEFAULT_PREFIX, now_iso, results_document
 from agent.core.facts import Input
 from agent.core.severity import Status
+from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.verdict import decide
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotError, SnapshotSource
@@ -141,7 +142,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     verdict = decide(run_checks(specs, facts, cfg))
     if args.json:
         doc = results_document(
-            verdict, checked_at=now_iso(), boot_id=facts.boot_id, instance_type=facts.instance_type
+            verdict,
+            checked_at=now_iso(),
+            boot_id=facts.boot_id,
+            instance_type=facts.instance_type,
+            gpus=gpu_verdicts(verdict.results, facts.gpus, verdict.status),
         )
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
-from agent.core.findings import Verdict
+from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten
 
@@ -191,6 +191,7 @@ class Marks:
 RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
+GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 
 
@@ -215,6 +216,7 @@ def results_document(
     check_times: dict[str, str] | None = None,
     taint: dict[str, Any] | None = None,
     stale_after: int | None = None,
+    gpus: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -226,6 +228,7 @@ def results_document(
             "at": (check_times or {}).get(r.name, checked_at),
             "durationMs": round(r.duration_ms, 2),
             "entities": list(r.all_entities()),
+            **_next_step(r),
         }
         for r in verdict.results
     ]
@@ -237,6 +240,7 @@ def results_document(
                 "severity": f.severity.label,
                 "since": checked_at,
                 "message": f.message,
+                "action": f.recommendation.describe(),
             }
             for r in verdict.results
             for f in r.findings
@@ -257,7 +261,17 @@ def results_document(
         doc[TAINT_FIELD] = taint
     if stale_after is not None:
         doc[STALE_AFTER_FIELD] = stale_after
+    if gpus is not None:
+        doc[GPUS_FIELD] = list(gpus)
     return fit(doc)
+
+
+def _next_step(result: CheckResult) -> dict[str, Any]:
+    """{"action", "escalation"} of a check's worst finding (core/actions.py); {} without one."""
+    worst = max(result.findings, key=lambda f: f.severity, default=None)
+    if worst is None or worst.severity <= Severity.NONE:
+        return {}
+    return worst.recommendation.as_dict()
 
 
 def encode(doc: dict[str, Any]) -> str:
@@ -284,6 +298,10 @@ def fit(doc: dict[str, Any], limit: int = MAX_RESULTS_BYTES) -> dict[str, Any]:
             item["message"] = shorten(item["message"], msg_len)
             if "entities" in item and len(item["entities"]) > ent_len:
                 item["entities"] = [*item["entities"][:ent_len], f"+{len(item['entities']) - ent_len} more"]
+    for entry in doc.get(GPUS_FIELD) or ():  # pods are a courtesy: they go before any latch
+        if len(encode(doc).encode()) <= limit:
+            break
+        entry.pop("pods", None)
     while len(encode(doc).encode()) > limit and len(doc["latched"]) > 1:
         # Latched findings are ordered oldest first; keep the most severe when something must go.
         doc["latched"].sort(key=lambda x: Severity.parse(x["severity"]))

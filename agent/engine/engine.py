@@ -33,11 +33,13 @@ from agent.core.contract import (
     stale_after_s,
 )
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Verdict
-from agent.core.model import NodeObject, RdmaSample
+from agent.core.findings import CheckResult, Finding, Verdict
+from agent.core.model import GpuInventory, NodeObject, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
+from agent.core.workloads import GpuIdentity, gpu_holders
+from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
 from agent.engine.verdict import decide
@@ -59,6 +61,7 @@ class Engine:
         rng: random.Random | None = None,
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
+        workloads: Callable[[], Any] | None = None,
     ) -> None:
         """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);
         progress() adds a line to the condition message (a DCGM diag in progress)."""
@@ -70,6 +73,7 @@ class Engine:
         self.node_getter = node_getter
         self.extra_inputs = extra_inputs or {}
         self.progress = progress
+        self.workloads = workloads  # the kubelet's device holders (probes/pod_resources.list_devices)
         self.clock = clock
         self.inputs: dict[Input, Any] = {}
         self.results: dict[str, CheckResult] = {}
@@ -249,7 +253,9 @@ class Engine:
         )
         taint = wanted and policy.mode == MODE_TAINT  # observe and label modes never taint
         self.metrics.record_taint_wanted(taint)
-        events = self._events(verdict) + ((clear_event,) if clear_event else ())
+        holders = self._holders if self.workloads is not None else None
+        gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
+        events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
         self.state.last_status = verdict.status
         self.evaluations += 1
         self.heartbeat = self.clock()
@@ -263,6 +269,7 @@ class Engine:
             check_times=self.result_at,
             taint=self.state.taint_document(),
             stale_after=stale_after_s(self.cfg.intervals.gpu),
+            gpus=gpus,
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
@@ -291,20 +298,40 @@ class Engine:
         )
         return verdict, marks
 
-    def _events(self, verdict: Verdict) -> tuple[NodeEvent, ...]:
+    def _holders(self) -> dict[int, tuple[str, ...]]:
+        """GPU index -> the containers holding it, as the kubelet says (asked only when a GPU has
+        a finding); {} when it cannot be asked."""
+        assert self.workloads is not None
+        containers = self._bounded("pod-resources", self.workloads)
+        inv = self.inputs.get(Input.GPUS)
+        if isinstance(containers, ProbeError) or not isinstance(inv, GpuInventory):
+            return {}
+        ids = [GpuIdentity(g.index, g.uuid) for g in inv.gpus]
+        return gpu_holders(containers, ids)[0]
+
+    def _events(self, verdict: Verdict, gpus: list[dict[str, Any]] | None = None) -> tuple[NodeEvent, ...]:
         events: list[NodeEvent] = []
         last_status = self.state.last_status
+        gpus = gpus or []
         if verdict.status is not last_status:
             worst = verdict.worst
-            detail = f": {worst.check}: {worst.message}" if worst is not None else ""
+            detail = ""
+            if worst is not None:
+                detail = f": {worst.check}: {worst.message}"
+                if worst.severity > Severity.NONE:
+                    detail += f" → {worst.recommendation.describe()}{pods_text(gpus, worst)}"
             was = last_status.value if last_status else "none"
             kind = WARNING if verdict.status in (Status.FAIL, Status.UNKNOWN) else NORMAL
             events.append(
                 NodeEvent(Reason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
             )
         for latch in self.state.take_new_latches():
+            then = f" → {latch.action}" if latch.action else ""
+            pods = pods_text(gpus, Finding(latch.check, "", latch.severity, latch.message, key=latch.key))
             events.append(
-                NodeEvent(Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}", WARNING)
+                NodeEvent(
+                    Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}{then}{pods}", WARNING
+                )
             )
         return tuple(events)
 

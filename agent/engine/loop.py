@@ -60,6 +60,7 @@ class Agent:
         on_config: Callable[[Config, Config], None] | None = None,
         config_problem: str = "",
         state_dir: Path | None = None,
+        workloads: Callable[[], Any] | None = None,
     ) -> None:
         """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
         the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine."""
@@ -73,6 +74,7 @@ class Agent:
             node_getter=node_getter,
             extra_inputs=extra_inputs,
             progress=progress,
+            workloads=workloads,
         )
         self.writer = writer
         self.watcher = (

@@ -28,15 +28,19 @@ class Latch:
     severity: Severity
     since: str
     message: str
+    action: str = ""  # its next step and escalation ("reboot (then: service)")
 
     def as_dict(self) -> dict[str, str]:
-        return {
+        out = {
             "check": self.check,
             "key": self.key,
             "severity": self.severity.label,
             "since": self.since,
             "message": self.message,
         }
+        if self.action:
+            out["action"] = self.action
+        return out
 
 
 class EngineState:
@@ -71,6 +75,7 @@ class EngineState:
                         Severity.parse(str(item["severity"])),
                         str(item["since"]),
                         str(item["message"]),
+                        str(item.get("action") or ""),
                     )
                 except (KeyError, TypeError, ValueError):
                     continue
@@ -111,7 +116,7 @@ class EngineState:
             if self.cleared.get(f.key) == f.message:
                 continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
-                latch = Latch(f.check, f.key, f.severity, stamp, f.message)
+                latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation.describe())
                 self.latches[f.key] = latch
                 new.append(latch)
                 if f.check == "xid" and f.key.startswith("xid/"):
