@@ -97,13 +97,24 @@ def make_value(field_id: int, value: int, ts_us: int) -> FieldValueV1:
     return v
 
 
+def as_handle(handle: Any) -> ctypes.c_void_p:
+    """dcgmHandle_t from the bindings' DcgmHandle.handle: a ctypes.c_void_p in DCGM's own bindings
+    (int() of it raises), a plain int in some wrappers."""
+    if isinstance(handle, ctypes.c_void_p):
+        return handle
+    if isinstance(handle, int) and not isinstance(handle, bool):
+        return ctypes.c_void_p(handle)
+    raise RuntimeError(f"unexpected DCGM connection handle type {type(handle).__name__}")
+
+
 def inject_values(
-    fn: Callable[..., int], handle: int, gpu: int, injects: Sequence[Inject], offset_s: float, now: float
+    fn: Callable[..., int], handle: Any, gpu: int, injects: Sequence[Inject], offset_s: float, now: float
 ) -> None:
     """Call dcgmInjectEntityFieldValue once per value; raise RuntimeError on a non-zero DCGM status."""
+    h = as_handle(handle)
     for inj in injects:
         v = make_value(inj.field_id, inj.value, int((now + offset_s + inj.offset_s) * 1_000_000))
-        rc = fn(ctypes.c_void_p(handle), ctypes.c_uint(DCGM_FE_GPU), ctypes.c_uint(gpu), ctypes.byref(v))
+        rc = fn(h, ctypes.c_uint(DCGM_FE_GPU), ctypes.c_uint(gpu), ctypes.byref(v))
         if rc != 0:
             raise RuntimeError(f"dcgmInjectEntityFieldValue(field {inj.field_id}) returned DCGM status {rc}")
 
@@ -143,13 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a clear must be later than the fault's future timestamp, or live sampling stays blocked
         inject_values(
             fn,
-            int(handle.handle),
+            handle.handle,
             a.gpu,
             clear if a.clear else fault,
             a.offset * (2 if a.clear else 1),
             time.time(),
         )
-    except (EngineUnavailable, OSError, RuntimeError) as exc:
+    except (EngineUnavailable, OSError, RuntimeError, AttributeError) as exc:  # AttributeError: no symbol
         print(f"inject failed: {exc}", file=sys.stderr)
         return 1
     finally:

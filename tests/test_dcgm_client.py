@@ -97,6 +97,21 @@ def test_engine_restart_rebuilds_groups_and_watches(fake_dcgm: Any) -> None:
     assert [i.code for i in again.incidents] == [4]
 
 
+def test_failed_health_polls_do_not_leak_engine_groups(fake_dcgm: Any) -> None:
+    """The engine has 64 groups for all its clients together; a persistent error must not eat them."""
+    fake_dcgm.health_error = -3  # DCGM_ST_NOT_SUPPORTED on every Check, connection stays up
+    c = client()
+    poller = HealthPoller(c)
+    for _ in range(70):
+        out = poller.poll()
+        assert isinstance(out, ProbeError) and out.kind is ProbeErrorKind.TOOL_FAILED
+    assert c.state == "connected" and len(fake_dcgm.groups) <= 1
+    exporter = client()  # another client of the same engine (dcgm-exporter) still gets a group
+    fake_dcgm.health_error = None
+    assert isinstance(HealthPoller(exporter).poll(), HealthReport)
+    assert isinstance(poller.poll(), HealthReport) and len(fake_dcgm.groups) == 2
+
+
 def test_health_watches_all_systems_and_incidents_map_through_the_table(fake_dcgm: Any) -> None:
     fake_dcgm.gpus = [0, 1, 2]
     fake_dcgm.incidents = [
@@ -155,6 +170,7 @@ def test_diag_runs_level_2_with_timeout_and_heartbeat_and_latches(fake_dcgm: Any
     assert isinstance(rep, DiagReport) and rep.source == "DCGM API" and rep.level == 2
     st = {(x.test, x.gpu): x.status for x in rep.results}
     assert st[("diagnostic", "3")] is DiagStatus.FAIL and st[("diagnostic", "0")] is DiagStatus.PASS
+    assert {x.category for x in rep.results} == {"Hardware"}  # char[5][20] read as text, not an object
     res = check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG)
     assert res.status is Status.FAIL and res.findings[0].rule == "dcgm-diag.fail-isolate"
     assert "GPU 3" in res.findings[0].message

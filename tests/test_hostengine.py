@@ -179,6 +179,20 @@ def test_injection_passes_the_dcgm_struct_to_the_c_function(fake_lib: ctypes.CDL
     assert fake_lib.fake_group(i) == 1 and fake_lib.fake_entity(i) == 3 and fake_lib.fake_handle(i) == 1001
 
 
+def test_inject_main_end_to_end_passes_the_real_handle(
+    fake_dcgm: Any, fake_lib: ctypes.CDLL, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() connects through the bindings (handle = ctypes.c_void_p, as in DCGM's own) and hands that
+    connection to dcgmInjectEntityFieldValue of the same library."""
+    start = fake_lib.fake_count()
+    rc = inject.main(["dbe", "--gpu", "1", "--yes", "--lib", fake_lib._name, "--address", "127.0.0.1:5555"])
+    assert rc == 0, capsys.readouterr().err
+    assert fake_lib.fake_count() == start + 1
+    assert fake_lib.fake_handle(start) == fake_dcgm.next_conn  # the connection id, not a crash
+    assert (fake_lib.fake_field(start), fake_lib.fake_entity(start)) == (311, 1)
+    assert "dbe on GPU 1 injected" in capsys.readouterr().out
+
+
 def test_injection_error_status_raises(fake_lib: ctypes.CDLL) -> None:
     fn = inject.inject_function(fake_lib)
     with pytest.raises(RuntimeError, match="status -3"):

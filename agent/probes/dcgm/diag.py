@@ -36,7 +36,9 @@ _GROUPS = {DCGM_FE_GPU: "GPU", 3: "NVSwitch", 7: "CPU"}
 
 
 def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace").rstrip("\x00") if isinstance(value, bytes) else str(value)
+    """bytes, or a fixed-size char array (c_char*N, e.g. an item of `categories`, whose .value is bytes)."""
+    raw = getattr(value, "value", value) if not isinstance(value, (bytes, str)) else value
+    return raw.decode("utf-8", "replace").rstrip("\x00") if isinstance(raw, bytes) else str(raw)
 
 
 def _entity(group: int, eid: int) -> str:

@@ -73,6 +73,7 @@ class HealthPoller:
             groupName=f"gpu-healthcheck-health-{os.getpid()}",
             groupType=getattr(b.dcgm_structs, "DCGM_GROUP_EMPTY", 0),
         )
+        self._group, self._switches = group, len(switches)  # held from here: released on any failure
         for g in gpus:
             group.AddEntity(DCGM_FE_GPU, g)
         for s in switches:
@@ -83,14 +84,13 @@ class HealthPoller:
             )
         except TypeError:  # older bindings: Set(mask) only (30 s / 600 s defaults)
             group.health.Set(self.systems)
-        self._group, self._switches = group, len(switches)
         log.info("DCGM health watches set on %d GPU(s), %d NVSwitch(es)", len(gpus), len(switches))
 
     def _check(self, handle: Any) -> HealthReport:
         if self._group is None or self._generation != self.client.generation:
-            self._group = None
-            self._setup(handle)
+            self._group = None  # made on a closed connection: the engine freed it with that connection
             self._generation = self.client.generation
+            self._setup(handle)
         resp = self._group.health.Check()
         incidents = tuple(
             HealthIncident(
@@ -112,14 +112,26 @@ class HealthPoller:
             engine=self.client.address,
         )
 
+    def _release_group(self) -> None:
+        """Delete our group on the engine before the next poll makes a new one. The engine has 64 groups
+        for all its clients together (DCGM_MAX_NUM_GROUPS) and keeps each until deleted or its
+        connection closes: one leaked per failed poll would soon starve dcgm-exporter too."""
+        group, self._group = self._group, None
+        if group is None or self._generation != self.client.generation:
+            return
+        try:
+            group.Delete()
+        except Exception as exc:  # cannot free it: drop the connection, which frees every group on it
+            self.client.drop(f"could not delete DCGM group after a failed poll ({type(exc).__name__}: {exc})")
+
     def poll(self) -> Probed[HealthReport]:
         try:
             report = self.client.call(self._check)
         except EngineUnavailable as exc:
-            self._group = None
+            self._group = None  # the connection is gone, and its groups with it
             return ProbeError(SOURCE, ProbeErrorKind.UNAVAILABLE, str(exc))
         except Exception as exc:  # an answer we did not expect: cannot judge, say so
-            self._group = None
+            self._release_group()
             return ProbeError(SOURCE, ProbeErrorKind.TOOL_FAILED, f"{type(exc).__name__}: {exc}")
         keys = {incident_key(i) for i in report.incidents}
         self.new_keys = tuple(sorted(keys - self._seen))

@@ -25,7 +25,7 @@ class DcgmDiag:
 
     def Execute(self, handle: int) -> Any:
         fake_engine.diag_calls.append(dict(self.args))
-        if not fake_engine.up or handle != 1000 + fake_engine.generation:
+        if not fake_engine.up or not fake_engine.connection_alive(handle):
             raise dcgm_structs.DCGMError_ConnectionNotValid()
         if fake_engine.diag_hold.is_set():
             fake_engine.diag_release.wait(30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace as NS
 from typing import Any
 
@@ -32,7 +33,10 @@ class DcgmHandle:
         if not fake_engine.up:
             raise dcgm_structs.DCGMError_ConnectionNotValid()
         self.generation = fake_engine.generation
-        self.handle = 1000 + self.generation
+        fake_engine.next_conn += 1
+        self.conn = fake_engine.next_conn
+        fake_engine.conns[self.conn] = self.generation
+        self.handle = ctypes.c_void_p(self.conn)  # the real bindings' handle is a c_void_p, not an int
         self.closed = False
 
     def GetSystem(self) -> Any:
@@ -47,6 +51,7 @@ class DcgmHandle:
 
     def Shutdown(self) -> None:
         self.closed = True
+        fake_engine.disconnect(self.conn)  # the engine frees the groups of a closed connection
 
 
 class _Health:
@@ -59,6 +64,8 @@ class _Health:
 
     def Check(self) -> Any:
         _alive(self.group.generation)
+        if fake_engine.health_error is not None:
+            raise dcgm_structs.DCGMError(fake_engine.health_error)
         mine = [i for i in fake_engine.incidents if (i["group"], i["id"]) in self.group.entities]
         incs = [
             NS(
@@ -84,7 +91,11 @@ class DcgmGroup:
         self.generation = dcgmHandle.generation
         self.entities: list[tuple[int, int]] = []
         self.health = _Health(self)
-        fake_engine.groups_created += 1
+        self._groupId = fake_engine.group_create(dcgmHandle.conn)
+
+    def Delete(self) -> None:
+        _alive(self.generation)
+        fake_engine.group_destroy(self._groupId)
 
     def AddEntity(self, entityGroupId: int, entityId: int) -> None:
         _alive(self.generation)
