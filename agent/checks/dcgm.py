@@ -2,8 +2,9 @@
 
 dcgm-diag: FAIL maps to the error's DCGM severity (ISOLATE → dcgm-diag.fail-isolate, RESET →
 dcgm-diag.fail-reset, anything else → dcgm-diag.fail), WARN → dcgm-diag.warn. A run that could not
-run, or a test that failed only with errors not tied to a GPU (an NVVS internal error), is `unknown`,
-never pass. dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
+run, a test that failed only with errors not tied to a GPU (an NVVS internal error), or a result with
+no status word and no ISOLATE/RESET error, is `unknown`, never pass.
+dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
 """
 
 from __future__ import annotations
@@ -97,10 +98,14 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
     assert isinstance(report, DiagReport)
     findings: list[Finding] = []
     infra: list[str] = []
+    unnamed: list[str] = []
     for r in report.results:
         if r.status in (DiagStatus.PASS, DiagStatus.SKIP, DiagStatus.NOT_RUN):
             continue
         hardware = any(e.severity in (DCGM_ERROR_ISOLATE, DCGM_ERROR_RESET) for e in r.errors)
+        if r.status is DiagStatus.UNKNOWN and not hardware:  # no result word, no fault stated
+            unnamed.append(f"{r.test} on {_entity(r.gpu)}")
+            continue
         if r.gpu == "node" and not hardware:
             infra.append(f"{r.test}: {_why(r)}")
             continue
@@ -126,6 +131,8 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
         unknown = f"DCGM diag could not run: {report.runtime_error[:MAX_TEXT]}"
     elif infra:
         unknown = "DCGM diag failed with errors not tied to a GPU (retry): " + "; ".join(infra)[:MAX_TEXT]
+    elif unnamed:
+        unknown = "DCGM diag result without a status (unknown result code): " + ", ".join(unnamed)[:MAX_TEXT]
     elif not report.results:
         unknown = "DCGM diag report holds no test results"
     tested = report.gpus()

@@ -21,6 +21,7 @@ class DiagStatus(str, enum.Enum):
     WARN = "warn"
     SKIP = "skip"
     NOT_RUN = "not-run"
+    UNKNOWN = "unknown"  # no status the tool could name (dcgmi prints "" for an unknown result code)
 
 
 @dataclass(frozen=True)

@@ -75,15 +75,15 @@ def response_to_report(resp: Any, level: int | None = None, finished_at: float |
         for ri in list(t.resultIndices)[: int(t.numResults)]:
             r = resp.results[ri]
             group, eid = int(r.entity.entityGroupId), int(r.entity.entityId)
-            raw = _RESULTS.get(int(r.result), DiagStatus.FAIL)
+            raw = _RESULTS.get(int(r.result), DiagStatus.UNKNOWN)
             errors = as_errors(mine(errs, group, eid))
             status = effective_status(raw, errors)
             info = tuple(_text(i.msg) for i in mine(infos, group, eid))
             per_entity.append(DiagResult(name, _entity(group, eid), status, cat, errors, info, raw.value))
         results.extend(per_entity)
-        test_status = _RESULTS.get(int(t.result), DiagStatus.FAIL)
+        test_status = _RESULTS.get(int(t.result), DiagStatus.UNKNOWN)
         node_errs = as_errors([e for e in errs if int(e.entity.entityGroupId) == DCGM_FE_NONE])
-        bad = (DiagStatus.FAIL, DiagStatus.WARN)
+        bad = (DiagStatus.FAIL, DiagStatus.WARN, DiagStatus.UNKNOWN)
         if test_status in bad and not any(r.status in bad for r in per_entity):
             results.append(DiagResult(name, "node", test_status, cat, node_errs, (), test_status.value))
     version = _text(getattr(resp, "dcgmVersion", "")) or None
