@@ -236,9 +236,8 @@ def test_quarantine_job_template() -> None:
     job = next(d for d in docs(MANIFESTS / "jobs") if d["kind"] == "Job")
     spec = job["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "gpu-healthcheck-quarantine"
-    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "NODE_NAME"}
-    script = spec["containers"][0]["args"][0]
-    assert "dcgmi diag" in script and "gpu-healthcheck/quarantine-result" in script
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "__NODE__"}
+    assert spec["containers"][0]["command"] == ["python3", "-m", "agent.cli.quarantine"]
     assert {t["key"] for t in spec["tolerations"]} >= {TAINT, "node.kubernetes.io/unschedulable"}
 
 
@@ -337,7 +336,7 @@ def test_optional_and_job_manifests_validate(installed: Any, tmp_path: Path) -> 
     assert "configmap/gpu-healthcheck-dashboard created (server dry run)" in out
     kubectl_ok(installed, "apply", "--server-side", "-f", str(MANIFESTS / "jobs" / "quarantine-rbac.yaml"))
     job = (MANIFESTS / "jobs" / "quarantine-job.yaml").read_text()
-    job = job.replace("NODE_NAME", "some-node").replace('"DIAG_LEVEL"', '"3"')
+    job = job.replace("__NODE__", "some-node").replace("__LEVEL__", "3")
     out = str(installed.kubectl("create", "--dry-run=server", "-f", "-", input=job).stdout)
     assert "job.batch/gpu-quarantine-" in out and "(server dry run)" in out
 
