@@ -74,7 +74,7 @@ def test_entrypoint_runs_engine_in_foreground_forwards_log_and_stops_on_sigterm(
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     out = "".join(lines) + rest
-    assert f"args: -n -b ALL -p {port} --log-level INFO -f -" in out
+    assert f"args: -n -b 127.0.0.1 -p {port} --log-level INFO -f -" in out
     assert "fake engine: got SIGTERM" in out  # the child was terminated, its log forwarded
     assert proc.returncode == 0
 

@@ -164,10 +164,17 @@ def test_hostengine_daemonset_service_and_networkpolicy() -> None:
     (c,) = spec["containers"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert c["ports"] == [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
-    assert c["livenessProbe"]["tcpSocket"] and c["readinessProbe"]["tcpSocket"]
+    probe = ["python3", "-m", "hostengine.probe", "--address", "127.0.0.1:5555", "--timeout", "5"]
+    assert c["readinessProbe"]["exec"]["command"] == probe  # a real DCGM connection
+    assert c["livenessProbe"]["exec"]["command"] == [*probe, "--allow-no-gpu"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["HOSTENGINE_GUARD_LISTEN"] == "$(POD_IP)" and "HOSTENGINE_BIND" not in env
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     sc = c["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True  # the guard lists its allowed clients
+    role = find("Role", "nvidia-dcgm-guard")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     svc = find("Service", "nvidia-dcgm")
     assert svc["spec"]["internalTrafficPolicy"] == "Local"
     assert svc["spec"]["ports"][0]["port"] == 5555
