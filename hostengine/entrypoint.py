@@ -2,8 +2,10 @@
 
 Runs `nv-hostengine -n -b <bind> -p <port> --log-level <level> -f -`, forwards its log lines to stdout,
 terminates it on SIGTERM/SIGINT, and refuses to start (exit 3, one clear log line) when another engine
-already serves this node: the port already accepts connections, or an nv-hostengine process is running
-(a second engine breaks the exporter's modules and splits the view of the GPUs, dcgm.md §7.4).
+already serves this node: the port already accepts connections, an nv-hostengine process is running in
+this pod, or (with the API, NODE_NAME) another pod on this node runs one: the GPU Operator's nvidia-dcgm
+or a dcgm-exporter with an embedded engine (a second engine breaks the exporter's modules and splits
+the view of the GPUs, dcgm.md §7.4).
 Settings: flags, else env HOSTENGINE_BIND (127.0.0.1, DCGM's default), HOSTENGINE_PORT (5555),
 HOSTENGINE_LOG_LEVEL (ERROR).
 
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from agent.probes.dcgm.engines import engines_in
 from hostengine.guard import DEFAULT_SELECTOR, SA_DIR, Allowlist, Api, Guard, allowed_pod_ips
 
 EXIT_ALREADY_SERVED = 3
@@ -89,6 +92,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def api_of(args: argparse.Namespace) -> Api | None:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    return Api.in_cluster(host, port, Path(args.sa_dir)) if host and args.node else None
+
+
+def engines_in_other_pods(args: argparse.Namespace) -> list[str] | None:
+    """DCGM engines in the other pods on this node (the GPU Operator's nvidia-dcgm, a dcgm-exporter that
+    embeds its own), from the API server; None when it cannot be asked."""
+    api = api_of(args)
+    if api is None:
+        return None
+    try:
+        listing = api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={args.node},status.phase=Running"})
+    except (OSError, ValueError) as exc:
+        log(f"cannot list this node's pods for other DCGM engines ({exc}); the agent reports them")
+        return None
+    own = f"{os.environ.get('POD_NAMESPACE', '')}/{os.environ.get('POD_NAME', socket.gethostname())}"
+    return engines_in(listing, exclude=[own])
+
+
 def start_guard(args: argparse.Namespace) -> Guard:
     """The guard in front of the engine; OSError/ValueError when it cannot listen or is not configured."""
     host, port = (
@@ -122,6 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(
             "refusing to start: nv-hostengine already running on this node "
             f"(pid {', '.join(map(str, others))})"
+        )
+        return EXIT_ALREADY_SERVED
+    elsewhere = engines_in_other_pods(args)
+    if elsewhere:
+        log(
+            f"refusing to start: another DCGM engine runs on this node: {', '.join(elsewhere)}; use the "
+            "GPU Operator overlay (overlays/) so that one engine serves the node"
         )
         return EXIT_ALREADY_SERVED
     guard: Guard | None = None

@@ -68,12 +68,13 @@ class Api:
 
 
 def allowed_pod_ips(api: Api, node: str, namespaces: Iterable[str], selector: str) -> set[str]:
-    """IPs of the Running pods on `node` in `namespaces` that match the label `selector`."""
+    """IPs of the Running pods on `node` in `namespaces` that match the label `selector` (several
+    selectors separated by ";" are alternatives, e.g. the GPU Operator's exporter is `app=...`)."""
     ips: set[str] = set()
-    for ns in namespaces:
+    for ns, sel in ((n, s.strip()) for n in namespaces for s in selector.split(";") if s.strip()):
         doc = api.get(
             f"/api/v1/namespaces/{urllib.parse.quote(ns)}/pods",
-            {"labelSelector": selector, "fieldSelector": f"spec.nodeName={node},status.phase=Running"},
+            {"labelSelector": sel, "fieldSelector": f"spec.nodeName={node},status.phase=Running"},
         )
         items = doc.get("items")
         for pod in items if isinstance(items, list) else []:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from hostengine.guard import DEFAULT_SELECTOR, Allowlist, Api, Guard, allowed_pod_ips
 
@@ -84,13 +85,39 @@ def talk(port: int, source: str) -> bytes:
             return b""
 
 
-def add_pod(kube: Any, ns: str, name: str, node: str, ip: str, labels: dict[str, str]) -> None:
+def engine_rbac(kube: Any, ns: str) -> None:
+    """The engine's ClusterRole as 40-hostengine.yaml grants it, bound to ServiceAccount ns/nvidia-dcgm."""
+    role = next(
+        d
+        for d in yaml.safe_load_all((REPO / "manifests" / "40-hostengine.yaml").read_text())
+        if d["kind"] == "ClusterRole"
+    )
+    name = f"nvidia-dcgm-{ns}"
+    status, body = kube.request(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {"metadata": {"name": name}, "rules": role["rules"]},
+    )
+    assert status == 201, body
+    binding = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "nvidia-dcgm", "namespace": ns}],
+    }
+    status, body = kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    assert status == 201, body
+
+
+def add_pod(
+    kube: Any, ns: str, name: str, node: str, ip: str, labels: dict[str, str], container: Any = None
+) -> None:
+    """A pod on `node`, Running with `ip` (set through the status subresource, as a kubelet would)."""
     status, body = kube.request(
         "POST",
         f"/api/v1/namespaces/{ns}/pods",
         {
             "metadata": {"name": name, "labels": labels},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            "spec": {"nodeName": node, "containers": [container or {"name": "c", "image": "busybox"}]},
         },
     )
     assert status == 201, body
@@ -117,23 +144,7 @@ def guard_api(kube: Any, kube_namespace: str, gpu_node: Any) -> dict[str, Any]:
     add_pod(kube, ns, "exporter", node, "127.0.0.4", EXPORTER)
     add_pod(kube, ns, "intruder", node, "127.0.0.3", {"app.kubernetes.io/name": "something-else"})
     add_pod(kube, ns, "agent-elsewhere", other, "127.0.0.5", AGENT)
-    kube.request(
-        "POST",
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-        {
-            "metadata": {"name": "nvidia-dcgm-guard"},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
-        },
-    )
-    kube.request(
-        "POST",
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
-        {
-            "metadata": {"name": "nvidia-dcgm-guard"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "nvidia-dcgm-guard"},
-            "subjects": [{"kind": "ServiceAccount", "name": "nvidia-dcgm", "namespace": ns}],
-        },
-    )
+    engine_rbac(kube, ns)
     token = kube.token_for(ns, "nvidia-dcgm", expiration=600)
     api = Api(kube.url, lambda: token, str(kube.ca_cert))
     return {"kube": kube, "ns": ns, "node": node, "api": api, "token": token}

@@ -173,7 +173,7 @@ def test_hostengine_daemonset_service_and_networkpolicy() -> None:
     sc = c["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
     assert spec["automountServiceAccountToken"] is True  # the guard lists its allowed clients
-    role = find("Role", "nvidia-dcgm-guard")
+    role = find("ClusterRole", "nvidia-dcgm")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     svc = find("Service", "nvidia-dcgm")
     assert svc["spec"]["internalTrafficPolicy"] == "Local"

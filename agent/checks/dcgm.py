@@ -61,6 +61,13 @@ DCGM_HEALTH_UNLISTED_WARN = Rule(
 )
 
 
+DCGM_HEALTH_SECOND_ENGINE = Rule(
+    "dcgm-health.second-engine",
+    Severity.MONITOR,
+    "more than one DCGM host engine runs on this node (pods of the GPU Operator, an embedded exporter)",
+)
+
+
 DIAG, HEALTH = "dcgm-diag", "dcgm-health"
 MAX_TEXT = 200
 _ENTITY_GROUPS = {1: "GPU", 2: "VGPU", 3: "NVSwitch", 4: "GPU-I", 5: "GPU-CI", 6: "link", 7: "CPU"}
@@ -187,6 +194,21 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
             (where,),
             key,
         )
+    engines = report.engines_on_node or ()
+    if len(engines) > 1:
+        merged["dcgm-health/second-engine"] = Finding(
+            HEALTH,
+            DCGM_HEALTH_SECOND_ENGINE.name,
+            cfg.severity(DCGM_HEALTH_SECOND_ENGINE),
+            shorten(
+                f"{len(engines)} DCGM host engines on this node: {', '.join(engines)}; two engines give "
+                "contradictory views and break each other's modules (README: With the NVIDIA GPU Operator)",
+                MAX_TEXT * 2,
+            ),
+            ("node",),
+            "dcgm-health/second-engine",
+        )
+        merged = {k: f for k, f in merged.items() if f.severity > Severity.NONE}
     note = "DCGM health watches report no incident"
     if ignored:
         note += f" ({ignored} ignored by the incident table)"
@@ -199,7 +221,7 @@ CHECKS = (
         check_dcgm_health,
         (Input.DCGM_HEALTH,),
         "dcgm-health",
-        (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN),
+        (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN, DCGM_HEALTH_SECOND_ENGINE),
     ),
     CheckSpec(
         "dcgm-diag",

@@ -103,11 +103,13 @@ def main(args: Any) -> int:
 
     extra_inputs, progress = None, None
     if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
+        from agent.cli.dcgm_engines import dcgm_engines_on_node
         from agent.probes.dcgm.tiers import DcgmTiers
         from agent.reporters.pods import gpu_pods_on_node, pods_unknown
 
         pods = gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown
-        dcgm = DcgmTiers(cfg, pods, metrics)
+        engines = dcgm_engines_on_node(core, node_name) if writer is not None else None
+        dcgm = DcgmTiers(cfg, pods, metrics, engines_on_node=engines)
         extra_inputs, progress = dcgm.inputs(), dcgm.progress
     agent = Agent(
         source,

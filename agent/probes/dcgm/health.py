@@ -46,6 +46,7 @@ class HealthPoller:
         update_interval_s: float = 30.0,
         max_keep_age_s: float = 600.0,
         single_node_nvswitch: bool | None = None,
+        engines_on_node: Callable[[], list[str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -53,6 +54,7 @@ class HealthPoller:
         self.update_interval_s = update_interval_s
         self.max_keep_age_s = max_keep_age_s
         self.single_node_nvswitch = single_node_nvswitch
+        self.engines_on_node = engines_on_node
         self._clock = clock
         self._group: Any = None
         self._generation = -1
@@ -110,7 +112,18 @@ class HealthPoller:
             single_node_nvswitch=single,
             polled_at=self._clock(),
             engine=self.client.address,
+            engines_on_node=self._engines(),
         )
+
+    def _engines(self) -> tuple[str, ...] | None:
+        """The DCGM engines in this node's pods (engines.py), or None when they cannot be listed."""
+        if self.engines_on_node is None:
+            return None
+        try:
+            return tuple(self.engines_on_node())
+        except Exception as exc:  # no API access: a missing signal, not a finding
+            log.warning("cannot list the DCGM engines on this node: %s", exc)
+            return None
 
     def _release_group(self) -> None:
         """Delete our group on the engine before the next poll makes a new one. The engine has 64 groups
