@@ -93,7 +93,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def api_of(args: argparse.Namespace) -> Api | None:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST", ""), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     return Api.in_cluster(host, port, Path(args.sa_dir)) if host and args.node else None
 
 
@@ -104,7 +105,8 @@ def engines_in_other_pods(args: argparse.Namespace) -> list[str] | None:
     if api is None:
         return None
     try:
-        listing = api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={args.node},status.phase=Running"})
+        running = f"spec.nodeName={args.node},status.phase=Running"
+        listing = api.get("/api/v1/pods", {"fieldSelector": running})
     except (OSError, ValueError) as exc:
         log(f"cannot list this node's pods for other DCGM engines ({exc}); the agent reports them")
         return None

@@ -85,6 +85,22 @@ def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) ->
     assert eng.results["dcgm-health"].status is Status.PASS
 
 
+def test_an_injected_fault_reaches_the_verdict_through_the_tiers(fake_dcgm: Any, tmp_path: Path) -> None:
+    """hostengine.inject main() → the engine's health watch → the agent's dcgm-health tier → verdict."""
+    from hostengine import inject
+
+    tiers = tiers_with(lambda: [])
+    eng = engine_for(tiers, tmp_path)
+    eng.run_tier("dcgm-health")
+    assert eng.results["dcgm-health"].status is Status.PASS
+    assert inject.main(["row-remap-failure", "--gpu", "1", "--yes", "--address", CFG.dcgm.address]) == 0
+    eng.run_tier("dcgm-health")
+    verdict, marks = eng.evaluate()
+    assert eng.results["dcgm-health"].status is Status.FAIL
+    assert verdict.severity is Severity.ISOLATE and marks.taint
+    assert "row remap failure" in eng.results["dcgm-health"].message
+
+
 def test_live_source_dcgm_diag_is_not_captured() -> None:
     assert LiveSource().dcgm_diag().__class__.__name__ == "NotCaptured"
 
