@@ -212,6 +212,30 @@ def test_an_unknown_result_code_from_the_api_is_unknown_not_fail(fake_dcgm: Any)
     assert res.status is Status.UNKNOWN and not res.findings
 
 
+def test_not_run_results_are_neither_pass_nor_fail(fake_dcgm: Any) -> None:
+    doc = json.loads((FIX / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json").read_text())
+    test = doc["DCGM Diagnostic"]["test_categories"][0]["tests"][0]
+    for r in test["results"]:
+        r["status"], r["warnings"] = "Not Run", []  # DCGM_DIAG_RESULT_NOT_RUN (4): dcgmi -j omits these
+    test["test_summary"] = {"status": "Not Run"}
+    fake_dcgm.set_diag_response(fake_dcgm.diag_response(doc))
+    r = runner(client())
+    r.run_if_idle()
+    rep = r.latest
+    assert isinstance(rep, DiagReport) and {x.status for x in rep.results} == {DiagStatus.NOT_RUN}
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG)
+    assert not res.findings and res.status is Status.UNKNOWN  # nothing ran: no fault, and no pass either
+    assert "ran no test" in (res.unknown or "")
+
+
+def test_connect_waits_within_its_timeout_for_an_engine_that_comes_up(fake_dcgm: Any) -> None:
+    fake_dcgm.set_up(False)
+    threading.Timer(0.3, fake_dcgm.set_up, (True,)).start()
+    c = client(timeout=3.0)
+    c.handle()  # DCGM retries every 50 ms within timeoutMs
+    assert c.state == "connected"
+
+
 def test_diag_node_level_error_and_config_warning_from_the_api(fake_dcgm: Any) -> None:
     fake_dcgm.load_diag(str(FIX / "dcgmi_diag_r4_json_v4-DERIVED-pcie-node-error-software-warn.json"))
     r = runner(client())

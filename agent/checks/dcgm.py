@@ -142,8 +142,10 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
         unknown = "DCGM diag result without a status (unknown result code): " + ", ".join(unnamed)[:MAX_TEXT]
     elif not report.results:
         unknown = "DCGM diag report holds no test results"
+    elif all(r.status in (DiagStatus.SKIP, DiagStatus.NOT_RUN) for r in report.results):
+        unknown = "DCGM diag ran no test (every result skipped or not run)"
     tested = report.gpus()
-    ran = {r.test for r in report.results if r.status is not DiagStatus.SKIP}
+    ran = {r.test for r in report.results if r.status not in (DiagStatus.SKIP, DiagStatus.NOT_RUN)}
     version = f" {report.version}" if report.version else ""
     note = f"{len(ran)} test(s) on {len(tested) or 'all'} GPU(s) passed ({report.source}{version})"
     return CheckResult(DIAG, findings=tuple(findings), unknown=unknown, note=note)
