@@ -84,10 +84,12 @@ class LiveParts:
         brake: Brake | None,
         metrics: Metrics,
         pods: Callable[[], list[str]] | None,
+        engines: Callable[[], list[str]] | None = None,
         *,
         dcgm_wanted: bool,
     ) -> None:
         self.source, self.writer, self.brake, self.metrics, self.pods = source, writer, brake, metrics, pods
+        self.engines = engines
         self.dcgm_wanted = dcgm_wanted  # a snapshot-backed agent reads DCGM from the snapshot
         self.dcgm: DcgmTiers | None = None
 
@@ -98,7 +100,10 @@ class LiveParts:
         from agent.probes.dcgm.tiers import DcgmTiers
         from agent.probes.pod_resources import gpu_pods
 
-        old, self.dcgm = self.dcgm, DcgmTiers(cfg, self.pods or gpu_pods(), self.metrics)
+        old, self.dcgm = (
+            self.dcgm,
+            DcgmTiers(cfg, self.pods or gpu_pods(), self.metrics, engines_on_node=self.engines),
+        )
         if old is not None:
             if not old.runner.in_progress:
                 self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
@@ -190,7 +195,12 @@ def main(args: Any) -> int:
     from agent.probes.pod_resources import gpu_pods, list_devices
 
     pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
-    live = LiveParts(source, writer, brake, metrics, pods, dcgm_wanted=not args.from_snapshot)
+    engines = None
+    if writer is not None:
+        from agent.cli.dcgm_engines import dcgm_engines_on_node
+
+        engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
+    live = LiveParts(source, writer, brake, metrics, pods, engines, dcgm_wanted=not args.from_snapshot)
     extra_inputs, progress = live.dcgm_inputs(cfg)
     agent = Agent(
         source,
