@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys
+from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
 from agent.reporters.kube_rest import KubeRest, api_status
 
 log = logging.getLogger(__name__)
@@ -148,12 +148,14 @@ class Brake:
         rank_patience_s: float = 90,
         settle_s: float = 1.0,
         settle_max_s: float = 6.0,
+        min_severity: str = TAINT_SEVERITIES[0],
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selector = selector
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
         self.prefix = prefix
+        self.min_severity = min_severity  # node.taintMinSeverity: who contends for a slot
         self.cache_seconds = cache_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -177,7 +179,7 @@ class Brake:
     @property
     def contenders_selector(self) -> str:
         """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
-        return Keys(self.prefix).contenders_selector(self.selector)
+        return Keys(self.prefix).contenders_selector(self.selector, self.min_severity)
 
     @property
     def tainted_selector(self) -> str:
@@ -347,11 +349,14 @@ class Brake:
             return True, reason
         return False, ""
 
-    def reconfigure(self, *, selector: str, max_fraction: float, max_nodes: int) -> None:
+    def reconfigure(
+        self, *, selector: str, max_fraction: float, max_nodes: int, min_severity: str = TAINT_SEVERITIES[0]
+    ) -> None:
         """A reloaded config: new limits count from the next ask (a cached refusal is dropped); a new
         GPU-node selector drops the GPU-node total and reads it again now."""
         with self._lock:
             self.max_fraction, self.max_nodes = max_fraction, max_nodes
+            self.min_severity = min_severity
             self._state = None
             self._ranked_out_since = None
             new_selector = selector != self.selector
