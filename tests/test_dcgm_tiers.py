@@ -16,8 +16,8 @@ from agent.engine.engine import Engine
 from agent.probes.dcgm.idle import IdleGate
 from agent.probes.dcgm.tiers import DcgmTiers
 from agent.probes.live import LiveSource
+from agent.probes.pod_resources import gpu_pods
 from agent.probes.snapshot import SnapshotSource
-from agent.reporters.pods import gpu_pods_on_node, pods_unknown
 
 ROOT = Path(__file__).parent.parent
 FAKE = Path(__file__).parent / "fakes" / "dcgm"
@@ -72,10 +72,11 @@ def test_a_gpu_pod_postpones_the_diag(fake_dcgm: Any, tmp_path: Path) -> None:
     assert "team-a/train-0" in tiers.progress()
 
 
-def test_without_api_access_the_gpus_are_never_called_idle() -> None:
+def test_without_the_kubelet_the_gpus_are_never_called_idle(tmp_path: Path) -> None:
+    unknown = gpu_pods(str(tmp_path / "no-kubelet.sock"))
     with pytest.raises(RuntimeError):
-        pods_unknown()
-    assert IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods_unknown).check().idle is False
+        unknown()
+    assert IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=unknown).check().idle is False
 
 
 def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) -> None:
@@ -87,32 +88,3 @@ def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) ->
 
 def test_live_source_dcgm_diag_is_not_captured() -> None:
     assert LiveSource().dcgm_diag().__class__.__name__ == "NotCaptured"
-
-
-@pytest.mark.kube
-def test_gpu_pods_on_node_reads_the_real_api(kube: Any, gpu_node: Any, kube_namespace: str) -> None:
-    from kubernetes import client
-
-    node = gpu_node().metadata.name
-    kube.create_service_account(kube_namespace, "default")  # no controller-manager makes it here
-    core = client.CoreV1Api(kube.api_client())
-    pods = gpu_pods_on_node(core, node)
-    assert pods() == []
-
-    def pod(name: str, gpus: str | None) -> None:
-        resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
-        core.create_namespaced_pod(
-            kube_namespace,
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "c", "image": "busybox", "resources": resources}],
-                },
-            },
-        )
-
-    pod("cpu-only", None)
-    assert pods() == []
-    pod("trainer", "1")
-    assert pods() == [f"{kube_namespace}/trainer"]

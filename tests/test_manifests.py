@@ -23,6 +23,7 @@ import yaml
 import agent
 from agent.config import load_config_dir
 from agent.core.contract import DEFAULT_CONDITION_TYPE, TRUE, Keys, Reason
+from agent.core.gpu_nodes import node_selector_terms
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -144,18 +145,29 @@ def test_agent_daemonset_contract() -> None:
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
 
 
-def test_daemonsets_tolerate_our_taint_and_nvidia_gpu_and_select_gpu_nodes() -> None:
+def test_daemonsets_run_on_every_gpu_node_whatever_its_taints() -> None:
+    """The DaemonSets select GPU nodes as the brake and `status` do (core/gpu_nodes.py, with the
+    profiles' instance types) and tolerate every taint; gen-configmap.py writes both."""
     assert {d["metadata"]["name"] for d in daemonsets()} == {
         "gpu-healthcheck-agent",
         "nvidia-dcgm",
         "dcgm-exporter",
     }
+    want = node_selector_terms(load_config_dir(CONFIG).gpu_node_selection)
     for ds in daemonsets():
         spec = ds["spec"]["template"]["spec"]
-        keys = {t["key"]: t for t in spec["tolerations"]}
-        assert keys[TAINT]["operator"] == "Exists", ds["metadata"]["name"]
-        assert keys["nvidia.com/gpu"]["operator"] == "Exists"
-        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert spec["tolerations"] == [{"operator": "Exists"}], ds["metadata"]["name"]
+        assert "nodeSelector" not in spec
+        req = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert req["nodeSelectorTerms"] == want, ds["metadata"]["name"]
+        if ds["metadata"]["name"] != "dcgm-exporter":  # the exporter may go first under pressure
+            assert spec["priorityClassName"] == "system-node-critical"
+
+
+def test_gke_quota_admits_the_critical_priority_class() -> None:
+    quota = find("ResourceQuota", "gpu-healthcheck-critical-pods")
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert expr["scopeName"] == "PriorityClass" and "system-node-critical" in expr["values"]
 
 
 def test_hostengine_daemonset_service_and_networkpolicy() -> None:
@@ -204,7 +216,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     assert rules == {
         (("",), ("nodes",)): ["get", "list", "patch", "watch"],
         (("",), ("nodes/status",)): ["patch"],
-        (("",), ("pods",)): ["list"],
+        (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
     events = find("Role", "gpu-healthcheck-agent-events")
     assert events["metadata"]["namespace"] == "default"
@@ -220,6 +232,8 @@ def test_prometheus_rules_name_metrics_the_agent_exports() -> None:
     alerts = {r["alert"]: r["expr"] for r in rules["rules"]}
     assert {"GPUNodeFailing", "GPUNodeUnknownTooLong", "GPUHealthcheckAgentDown"} <= set(alerts)
     assert {"DCGMEngineUnreachable", "GPUHealthcheckBrakeOpen"} <= set(alerts)
+    assert {"GPUHealthcheckAgentVanished", "GPUNodeWithoutAgent", "GPUHealthcheckUnfenced"} <= set(alerts)
+    assert {"GPUNodeSelectorMissesThisNode"} <= set(alerts)
     import re
 
     used = {m for e in alerts.values() for m in re.findall(r"\bgpu_healthcheck_[a-z_]+", e)}
@@ -353,13 +367,14 @@ def test_rbac_grants_are_exactly_the_agents_needs(agent_token: dict[str, Any]) -
     for allowed in (
         ("get", "nodes"), ("list", "nodes"), ("watch", "nodes"), ("patch", "nodes"),
         ("patch", "nodes", "--subresource=status"), ("create", "events", "-n", "default"),
-        ("patch", "events", "-n", "default"), ("list", "pods", "--all-namespaces"),
+        ("patch", "events", "-n", "default"),
     ):  # fmt: skip
         assert can(*allowed), allowed
     for refused in (
         ("delete", "nodes"), ("create", "nodes"), ("update", "nodes"), ("get", "secrets", "-n", NS),
         ("list", "secrets", "--all-namespaces"), ("get", "pods", "-n", NS), ("create", "events", "-n", NS),
-        ("delete", "pods", "-n", NS), ("get", "configmaps", "-n", NS), ("create", "pods/eviction", "-n", NS),
+        ("delete", "pods", "-n", NS), ("list", "pods", "--all-namespaces"),
+        ("get", "configmaps", "-n", NS), ("create", "pods/eviction", "-n", NS),
     ):  # fmt: skip
         assert not can(*refused), refused
 

@@ -586,7 +586,7 @@ def test_a_taint_whose_answer_was_lost_is_still_recounted(kube: Any, gpu_node: A
 
     with kube.api_client() as api:
         core = k8s.CoreV1Api(api)
-        brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0)
+        brake = Brake(core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0)
         writer = NodeWriter(LosesTheTaintAnswer(api), me, brake=brake)
         writer.verify_delay_s = 0.2
         res = writer.apply(FAIL)

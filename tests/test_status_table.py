@@ -209,7 +209,7 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
                 condition_message="x",
             )
             assert NodeWriter(core, name).apply(marks).ok
-        out, code = render_status(core, selector=selector)
+        out, code = render_status(core, selectors=[selector])
     lines = out.splitlines()
     assert lines[0].split() == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "WORST", "FINDING"]
     assert len(lines) == 3 and len(HEADER) == 6

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,22 @@ if TYPE_CHECKING:
     from agent.reporters.node_writer import NodeWriter
 
 BRAKE_WARM_JITTER_S = 30.0
+
+
+def start_fence_proof(core: Any, node_name: str, prefix: str, metrics: Metrics) -> threading.Thread:
+    """Prove the admission fence in the background (reporters/fence.py): log and metric."""
+    from agent.reporters.fence import prove_fence, report_fence
+
+    def run() -> None:
+        proof = prove_fence(core, node_name, prefix)
+        report_fence(proof)
+        metrics.record_fence(proof.result.value)
+
+    thread = threading.Thread(target=run, name="fence-proof", daemon=True)
+    thread.start()
+    return thread
+
+
 log = logging.getLogger("gpu-healthcheck.agent")
 ETC_CONFIG = Path("/etc/gpu-healthcheck")
 
@@ -79,9 +96,8 @@ class LiveParts:
         if not self.dcgm_wanted or not any(cfg.enabled(c) for c in DCGM_CHECKS):
             return {}, None
         from agent.probes.dcgm.tiers import DcgmTiers
-        from agent.reporters.pods import pods_unknown
 
-        old, self.dcgm = self.dcgm, DcgmTiers(cfg, self.pods or pods_unknown, self.metrics)
+        old, self.dcgm = self.dcgm, DcgmTiers(cfg, self.pods, self.metrics)
         if old is not None:
             if not old.runner.in_progress:
                 self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
@@ -94,7 +110,7 @@ class LiveParts:
         if self.brake is not None:
             n = new.node
             self.brake.reconfigure(
-                selector=n.gpu_node_selector,
+                selectors=new.gpu_node_selection,
                 max_fraction=n.max_tainted_fraction,
                 max_nodes=n.max_tainted_nodes,
                 min_severity=n.taint_min_severity.label,
@@ -132,6 +148,7 @@ def main(args: Any) -> int:
     writer: NodeWriter | None = None
     brake: Brake | None = None
     node_getter = None
+    fence: threading.Thread | None = None
     metrics = Metrics()
     if not args.no_kube:
         from agent.reporters.brake import Brake
@@ -140,7 +157,9 @@ def main(args: Any) -> int:
         core = kube_core(args.kubeconfig)
         brake = Brake(
             core,
-            selector=cfg.node.gpu_node_selector,
+            selectors=cfg.gpu_node_selection,
+            node_name=node_name,
+            on_count=metrics.record_gpu_nodes,
             max_fraction=cfg.node.max_tainted_fraction,
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,
@@ -149,6 +168,7 @@ def main(args: Any) -> int:
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
+        fence = start_fence_proof(core, node_name, cfg.prefix, metrics)
         writer = NodeWriter(
             core,
             node_name,
@@ -169,10 +189,10 @@ def main(args: Any) -> int:
                 return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
 
     pods = None
-    if writer is not None:
-        from agent.reporters.pods import gpu_pods_on_node
+    if not args.from_snapshot:
+        from agent.probes.pod_resources import gpu_pods
 
-        pods = gpu_pods_on_node(core, node_name)
+        pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
     live = LiveParts(source, writer, brake, metrics, pods, dcgm_wanted=not args.from_snapshot)
     extra_inputs, progress = live.dcgm_inputs(cfg)
     agent = Agent(
@@ -196,6 +216,8 @@ def main(args: Any) -> int:
     signal.signal(signal.SIGINT, lambda *_: agent.request_stop())
     log.info(f"agent starting on node {node_name}", extra={"node": node_name, "event": "start"})
     agent.run(once=args.once)
+    if fence is not None and args.once:
+        fence.join(timeout=30)  # a one-shot run reports its fence too
     if server is not None:
         server.shutdown()
     return 0

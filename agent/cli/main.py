@@ -15,7 +15,7 @@ from agent.cli.render import table
 from agent.cli.status import AGENT_SELECTOR, EXIT_UNAVAILABLE
 from agent.cli.status import FORMATS as STATUS_FORMATS
 from agent.config import ConfigError, load_config_dir
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
+from agent.core.contract import DEFAULT_PREFIX, now_iso, results_document
 from agent.core.facts import Input
 from agent.core.severity import Status
 from agent.engine.verdict import decide
@@ -88,7 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit 0 all pass/warn, 1 a node fails, 2 a node could not be judged, 69 no cluster)",
     )
     st.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
-    st.add_argument("--selector", default=DEFAULT_GPU_NODE_SELECTOR, help="which Nodes are GPU nodes")
+    st.add_argument(
+        "--selector",
+        action="append",
+        metavar="LABELS",
+        help="GPU nodes: a label selector, repeatable, any one matches "
+        "(default: the shipped node.gpuNodeSelector and profile instance types, as the agent)",
+    )
     st.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
     st.add_argument("--agent-selector", default=AGENT_SELECTOR, help="the agent pods' labels (any namespace)")
     st.add_argument("-o", "--output", choices=STATUS_FORMATS, default="table", help="output format")
@@ -170,11 +176,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from agent.cli.status import render_status
 
     try:
+        selectors = tuple(args.selector or load_config_dir(rules=RULE_BOOK).gpu_node_selection)
         core = kube_core(args.kubeconfig)
         out, code = render_status(
             core,
             prefix=args.prefix,
-            selector=args.selector,
+            selectors=selectors,
             agent_selector=args.agent_selector,
             fmt=args.output,
         )

@@ -22,13 +22,8 @@ from typing import Any
 
 import yaml
 
-from agent.core.contract import (
-    DEFAULT_GPU_NODE_SELECTOR,
-    DEFAULT_PREFIX,
-    STALE_AFTER_FIELD,
-    Keys,
-    decode_results,
-)
+from agent.core.contract import DEFAULT_PREFIX, STALE_AFTER_FIELD, Keys, decode_results
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest, api_status
@@ -274,8 +269,13 @@ def list_all(core: Any, path: str, selector: str) -> list[dict[str, Any]]:
             return items
 
 
-def list_nodes(core: Any, selector: str) -> list[dict[str, Any]]:
-    return list_all(core, "/api/v1/nodes", selector)
+def list_nodes(core: Any, selectors: Sequence[str]) -> list[dict[str, Any]]:
+    """All Nodes matching any of *selectors* as API JSON (paged; each Node once)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for selector in selectors:
+        for item in list_all(core, "/api/v1/nodes", selector):
+            nodes.setdefault(str((item.get("metadata") or {}).get("name")), item)
+    return list(nodes.values())
 
 
 def list_agent_pods(core: Any, selector: str) -> list[dict[str, Any]] | None:
@@ -302,15 +302,15 @@ def render_status(
     core: Any,
     *,
     prefix: str = DEFAULT_PREFIX,
-    selector: str = DEFAULT_GPU_NODE_SELECTOR,
+    selectors: Sequence[str] = DEFAULT_GPU_NODE_SELECTORS,
     agent_selector: str = AGENT_SELECTOR,
     fmt: str = "table",
     now: datetime | None = None,
 ) -> tuple[str, int]:
-    """The output and exit code for every node matching *selector*. API errors propagate to the CLI
+    """The output and exit code for every node matching any of *selectors*. API errors propagate to the CLI
     (except a forbidden pod list: the AGENT column then says `?`)."""
     now = now or datetime.now(timezone.utc)
-    nodes = list_nodes(core, selector)
+    nodes = list_nodes(core, selectors)
     pods = list_agent_pods(core, agent_selector)
     statuses = status_list(nodes, pods, prefix=prefix, now=now)
     return render(statuses, fmt, now), exit_code(statuses)

@@ -23,6 +23,7 @@ from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
 from agent.config.schema import SCHEMA, ConfigError, validate
 from agent.config.xid_catalog import XidCatalog, parse_catalog
+from agent.core import gpu_nodes
 from agent.core.profile import InstanceProfile
 from agent.core.rules import Rule, RuleBook
 from agent.core.severity import Severity
@@ -73,6 +74,12 @@ class Config:
     @functools.cached_property
     def dcgm(self) -> settings.DcgmSettings:
         return settings.dcgm_settings(self.raw)
+
+    @functools.cached_property
+    def gpu_node_selection(self) -> tuple[str, ...]:
+        """Which Nodes are GPU nodes (core/gpu_nodes.py): the configured selectors, and the
+        instance types of the profiles."""
+        return gpu_nodes.selection(self.node.gpu_node_selectors, self.profiles)
 
     @property
     def prefix(self) -> str:
@@ -125,6 +132,7 @@ def parse_config(
         if not str(code).isdigit():
             raise ConfigError(f"xid.overrides.{code}: Xid codes are integers")
     raw["xid"]["overrides"] = {str(k): v for k, v in raw["xid"]["overrides"].items()}
+    settings.gpu_node_selectors(raw["node"]["gpuNodeSelector"])  # raises ConfigError
     try:
         profiles = parse_profiles(profiles_doc) if profiles_doc is not None else {}
         catalog = (

@@ -10,7 +10,6 @@ from typing import Any
 
 from agent.core.contract import (
     DEFAULT_CONDITION_TYPE,
-    DEFAULT_GPU_NODE_SELECTOR,
     DEFAULT_MODE,
     DEFAULT_PREFIX,
     DEFAULT_TAINT_EFFECT,
@@ -18,6 +17,7 @@ from agent.core.contract import (
     TAINT_EFFECTS,
     TAINT_SEVERITIES,
 )
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 
 
@@ -78,7 +78,7 @@ SCHEMA: dict[str, Any] = {
         "conditionType": Spec(str, DEFAULT_CONDITION_TYPE),
         "maxTaintedFraction": _num(0.2, 0, 1),
         "maxTaintedNodes": _num(0, 0, 10**6),
-        "gpuNodeSelector": Spec(str, DEFAULT_GPU_NODE_SELECTOR),
+        "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
     },
     "metrics": {"port": _num(9402, 0, 65535)},
     "configPollSeconds": _num(2, 0.1, 300),

@@ -26,7 +26,6 @@ TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a 
 MODE_OBSERVE, MODE_LABEL, MODE_TAINT = "observe", "label", "taint"
 MODES = (MODE_OBSERVE, MODE_LABEL, MODE_TAINT)
 DEFAULT_MODE = MODE_TAINT
-DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
 COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
 EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
 
@@ -86,8 +85,10 @@ class Keys:
     def ours(self, key: str) -> bool:
         return key.startswith(f"{self.prefix}/")
 
-    def selector(self, base: str, own: str) -> str:
-        return f"{base},{own}" if base else own
+    @staticmethod
+    def selector(base: str, own: str) -> str:
+        """Both label selectors (AND); either may be empty."""
+        return ",".join(s for s in (base, own) if s)
 
     def tainted_selector(self, base: str) -> str:
         """GPU nodes (base selector) that carry our taint."""
