@@ -119,6 +119,7 @@ class LiveParts:
                 selectors=new.gpu_node_selection,
                 max_fraction=n.max_tainted_fraction,
                 max_nodes=n.max_tainted_nodes,
+                min_severity=n.taint_min_severity.label,
             )
         if isinstance(self.source, LiveSource):
             self.source.timeout_s = new.timeouts.nvidia_smi
@@ -168,6 +169,7 @@ def main(args: Any) -> int:
             max_fraction=cfg.node.max_tainted_fraction,
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,
+            min_severity=cfg.node.taint_min_severity.label,
         )
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.

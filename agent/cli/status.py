@@ -270,7 +270,7 @@ def list_all(core: Any, path: str, selector: str) -> list[dict[str, Any]]:
 
 
 def list_nodes(core: Any, selectors: Sequence[str]) -> list[dict[str, Any]]:
-    """All Nodes matching any of *selectors* (core/gpu_nodes.py), each once."""
+    """All Nodes matching any of *selectors* as API JSON (paged; each Node once)."""
     nodes: dict[str, dict[str, Any]] = {}
     for selector in selectors:
         for item in list_all(core, "/api/v1/nodes", selector):

@@ -94,9 +94,14 @@ class Keys:
         """GPU nodes (base selector) that carry our taint."""
         return self.selector(base, f"{self.tainted}={TRUE}")
 
-    def contenders_selector(self, base: str) -> str:
-        """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
-        own = f"{self.status}={Status.FAIL.value},{self.tainted}!={TRUE},{self.taint_opt_out}!={DISABLED}"
+    def contenders_selector(self, base: str, min_severity: str = TAINT_SEVERITIES[0]) -> str:
+        """Failing GPU nodes that want our taint (at node.taintMinSeverity or above) and do not have
+        it (nor refuse it). A node failing below that severity is no contender: it never taints."""
+        worthy = ",".join(TAINT_SEVERITIES[TAINT_SEVERITIES.index(min_severity) :])
+        own = (
+            f"{self.status}={Status.FAIL.value},{self.severity} in ({worthy}),"
+            f"{self.tainted}!={TRUE},{self.taint_opt_out}!={DISABLED}"
+        )
         return self.selector(base, own)
 
 

@@ -219,15 +219,16 @@ class EngineState:
         return self.taint_wanted
 
     def recovery_note(self, recover_after: int) -> str:
-        """What the condition message says of a taint kept while the verdict is not fail."""
+        """What the condition message says of a node kept unhealthy (tainted, or labelled in mode
+        `label`) while its verdict is not fail."""
         if not self.taint_wanted:
             return ""
         if self.recovery_frozen:
             return (
-                f"taint kept: recovery paused at {self.pass_streak}/{recover_after} passing cycles "
-                "(an unknown cycle does not count as passing)"
+                f"recovery paused at {self.pass_streak}/{recover_after} passing cycles: "
+                "an unknown cycle does not count as passing"
             )
-        return f"taint kept until {recover_after} passing cycles: {self.pass_streak}/{recover_after}"
+        return f"recovering: {self.pass_streak}/{recover_after} passing cycles"
 
     def taint_document(self) -> dict[str, Any] | None:
         """The results annotation's `taint` field: present while the taint is wanted, so that a

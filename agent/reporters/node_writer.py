@@ -69,7 +69,7 @@ from agent.reporters.taint_gate import TaintDecision, TaintGate
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 10)
-CONFLICT_ATTEMPTS = 8
+CONFLICT_ATTEMPTS = 12  # a busy controller on the same Node; each try re-reads the watched copy
 PENDING_EVENTS_MAX = 64
 WATCH_TIMEOUT_SECONDS = 300
 
@@ -266,7 +266,7 @@ class NodeWriter:
 
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
-            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=1.0),
             retry=tenacity.retry_if_exception(_is_conflict),
             reraise=True,
         )
