@@ -43,6 +43,7 @@ class NodeSettings:
 
     mode: str  # observe | label | taint
     recover_after: int
+    escalate_after_reboots: int  # a failing finding back on the same GPU after N reboots: isolate (0 off)
     taint_min_severity: Severity
     taint_effect: str
     taint_effect_by_severity: Mapping[Severity, str]
@@ -89,6 +90,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
     return NodeSettings(
         mode=str(s["mode"]),
         recover_after=int(s["recoverAfter"]),
+        escalate_after_reboots=int(s["escalateAfterReboots"]),
         taint_min_severity=Severity.parse(str(s["taintMinSeverity"])),
         taint_effect=str(s["taintEffect"]),
         taint_effect_by_severity={

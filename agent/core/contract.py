@@ -197,6 +197,7 @@ RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
+HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 
 
@@ -222,6 +223,7 @@ def results_document(
     taint: dict[str, Any] | None = None,
     stale_after: int | None = None,
     gpus: Sequence[dict[str, Any]] | None = None,
+    history: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -268,6 +270,8 @@ def results_document(
         doc[STALE_AFTER_FIELD] = stale_after
     if gpus is not None:
         doc[GPUS_FIELD] = list(gpus)
+    if history:
+        doc[HISTORY_FIELD] = list(history)
     return fit(doc)
 
 

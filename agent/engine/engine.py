@@ -39,6 +39,7 @@ from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
+from agent.engine import history
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
@@ -239,6 +240,10 @@ class Engine:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
         results = self.current_results()
+        after = self.cfg.node.escalate_after_reboots
+        gpus_seen = self.inputs.get(Input.GPUS)
+        self.state.history = history.record(self.state.history, results, self.boot_id, gpus_seen, after + 1)
+        results = history.escalate(results, self.state.history, gpus_seen, after)
         verdict = decide(results)
         self.metrics.record_verdict(verdict.status, results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
@@ -270,6 +275,7 @@ class Engine:
             taint=self.state.taint_document(),
             stale_after=stale_after_s(self.cfg.intervals.gpu),
             gpus=gpus,
+            history=[seen.as_dict() for seen in self.state.history.values()],
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.

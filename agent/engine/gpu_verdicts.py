@@ -27,6 +27,11 @@ def _pcis(texts: Iterable[str]) -> set[str]:
     return {normalize_pci(m.group(1) + (m.group(2) or ".0")) for t in texts for m in PCI.finditer(t)}
 
 
+def finding_pcis(finding: Finding) -> set[str]:
+    """The normalised PCI addresses a finding names in its key or entities."""
+    return _pcis((finding.key, *finding.entities))
+
+
 def findings_by_gpu(results: Iterable[CheckResult], by_pci: Mapping[str, int]) -> dict[int, list[Finding]]:
     """Pure: GPU index -> the findings (severity above none) that name its PCI address."""
     out: dict[int, list[Finding]] = {}

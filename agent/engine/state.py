@@ -17,6 +17,7 @@ from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
+from agent.engine import history
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -57,6 +58,7 @@ class EngineState:
         self.pass_streak = 0
         self.recovery_frozen = False  # the last gpu cycle while tainted was not a pass/warn
         self.last_status: Status | None = None
+        self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
         self._last_gpu_run_seen = -1.0
 
     # ------------------------------------------------------------------ restore
@@ -80,6 +82,7 @@ class EngineState:
                 except (KeyError, TypeError, ValueError):
                     continue
                 self.latches[latch.key] = latch
+        self.history = history.parse(doc)  # across boots: that is its point
         taint = doc.get(TAINT_FIELD)
         if isinstance(taint, dict):  # tainted, maybe recovering or frozen: keep the count and value
             self.taint_wanted = True
@@ -149,6 +152,7 @@ class EngineState:
         )
         for key in keys:
             self.cleared[key] = self.latches.pop(key).message
+        self.history = history.forget(self.history, keys)  # a cleared latch starts afresh
         for res in results.values():
             for f in res.findings:
                 if f.key in keys:
