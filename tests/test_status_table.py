@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +30,7 @@ from tests.kubeenv import unique_name
 P = DEFAULT_PREFIX
 K = Keys(P)
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+XID79 = Path(__file__).parent.parent / "examples" / "snapshots" / "p5.48xlarge-xid79"
 
 
 def _results(
@@ -122,13 +126,25 @@ def test_rows_sorted_fail_first() -> None:
         "a-pass",
         "c-unmarked",
     ]
-    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "xid: Xid 79")
-    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-")
+    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "-", "xid: Xid 79")
+    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-", "-")
+
+
+def test_the_next_step_comes_from_the_agents_own_annotation() -> None:
+    """What the engine writes for the xid79 snapshot: the worst finding's step and escalation."""
+    from agent.cli.main import main as cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        cli(["check", "--json", "--from-snapshot", str(XID79)])
+    doc = json.loads(buf.getvalue())
+    (row,) = status_rows([_node("broken", doc)], prefix=P, now=NOW)
+    assert row[2] == "reboot" and row[5] == "reboot (then: service)"
 
 
 def test_corrupt_annotation_does_not_break_the_table() -> None:
     node = {"metadata": {"name": "n", "labels": {K.status: "fail"}, "annotations": {K.results: "{"}}}
-    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-")]
+    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-", "-")]
 
 
 def _pod(node: str, ready: bool, period: int = 10, failures: int = 3) -> dict[str, Any]:
@@ -211,8 +227,9 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
             assert NodeWriter(core, name).apply(marks).ok
         out, code = render_status(core, selectors=[selector])
     lines = out.splitlines()
-    assert lines[0].split() == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "WORST", "FINDING"]
-    assert len(lines) == 3 and len(HEADER) == 6
+    head = ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "NEXT", "STEP", "WORST", "FINDING"]
+    assert lines[0].split() == head
+    assert len(lines) == 3 and len(HEADER) == 7
     assert code == 1  # a node fails
     assert lines[1].startswith(broken) and "fail" in lines[1] and "reboot" in lines[1]
     assert "xid: GPU 2: Xid 48 double-bit ECC error" in lines[1]

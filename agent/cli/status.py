@@ -29,8 +29,8 @@ from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest, api_status
 
 AGENT_SELECTOR = "app.kubernetes.io/name=gpu-healthcheck-agent"  # the agent DaemonSet's pod label
-HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "WORST FINDING")
-WIDE_HEADER = (*HEADER[:5], "TAINT", "INSTANCE TYPE", "CHANGED", "VERSION", HEADER[5])
+HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "NEXT STEP", "WORST FINDING")
+WIDE_HEADER = (*HEADER[:5], "TAINT", "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[5:])
 FORMATS = ("table", "wide", "json", "yaml")
 STATUS_ORDER = {"fail": 0, "unknown": 1, "warn": 2, "pass": 3}
 CHECK_STATUS_RANK = {"fail": 3, "unknown": 2, "warn": 1}
@@ -54,6 +54,7 @@ class NodeStatus:
     status: str
     severity: str
     worstFinding: str  # the JSON field names are camelCase, like the annotation's
+    nextStep: str  # the worst finding's action and escalation (core/actions.py), or "-"
     lastCheck: str  # "<3m": checked less than that ago (Ready agent); "≤2d": at most that
     lastCheckMaxSeconds: int | None  # the bound behind lastCheck (None: unknown)
     agent: str  # ready | not-ready | none | ? (pods not readable)
@@ -77,10 +78,29 @@ def _severity(text: Any) -> Severity:
 
 def worst_finding(results: Mapping[str, Any] | None) -> str:
     """The message of the most severe non-passing check (then latched finding), or "-"."""
-    if not results:
+    return _worst(results)[0]
+
+
+def next_step(results: Mapping[str, Any] | None) -> str:
+    """The worst finding's next step and escalation ("reboot (then: service)"), or "-"."""
+    return _worst(results)[1]
+
+
+def _step(entry: Mapping[str, Any]) -> str:
+    action = entry.get("action")
+    if not action:
         return "-"
+    then = entry.get("escalation")
+    if isinstance(then, list):  # a check: action + escalation; a latch: already "x (then: y)"
+        return f"{action} (then: {', '.join(map(str, then))})" if then else str(action)
+    return str(action)
+
+
+def _worst(results: Mapping[str, Any] | None) -> tuple[str, str]:
+    if not results:
+        return "-", "-"
     best: tuple[int, int] | None = None
-    text = "-"
+    text, step = "-", "-"
     for c in results.get("checks") or ():
         if not isinstance(c, Mapping):
             continue
@@ -89,15 +109,16 @@ def worst_finding(results: Mapping[str, Any] | None) -> str:
             continue
         key = (int(_severity(c.get("severity"))), rank)
         if best is None or key > best:
-            best, text = key, f"{c.get('name', '?')}: {c.get('message', '')}"
+            best, text, step = key, f"{c.get('name', '?')}: {c.get('message', '')}", _step(c)
     for latch in results.get("latched") or ():
         if not isinstance(latch, Mapping):
             continue
         key = (int(_severity(latch.get("severity"))), 3)
         if best is None or key > best:
             best, text = key, f"{latch.get('check', '?')}: {latch.get('message', '')} (latched)"
+            step = _step(latch)
     text = " ".join(text.split())
-    return shorten(text, FINDING_WIDTH)
+    return shorten(text, FINDING_WIDTH), step
 
 
 def _parse_time(text: Any) -> datetime | None:
@@ -184,6 +205,7 @@ def node_status(
         status=str(labels.get(keys.status) or results.get("status") or "-"),
         severity=str(labels.get(keys.severity) or results.get("severity") or "-"),
         worstFinding=worst_finding(results),
+        nextStep=next_step(results),
         lastCheck=last,
         lastCheckMaxSeconds=bound,
         agent=agent,
@@ -223,7 +245,7 @@ def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False
     for s in statuses:
         base = (s.node, s.status, s.severity, s.lastCheck, s.agent)
         extra = (s.taint or "-", s.instanceType or "-", age(s.changedAt, now), s.agentVersion or "-")
-        rows.append((*base, *(extra if wide else ()), s.worstFinding))
+        rows.append((*base, *(extra if wide else ()), s.nextStep, s.worstFinding))
     return rows
 
 
