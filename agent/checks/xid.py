@@ -1,51 +1,42 @@
-"""The `xid` check: every Xid/SXid of the current boot, one latched finding per (device, code).
+"""The `xid` check: every Xid/SXid (and PCIe AER fatal error) of the current boot, one latched
+finding per (device, code) with how many lines and the recent rate.
 
 Severity comes from the Xid catalog (config/xid-catalog.yaml, overridable per code). Xid 154 also
 escalates by the recovery action its line names; the GPU's latest 154 counts, since a later
 "... to 0x0 (None)" means the action was taken. SXids (NVSwitch) use the rule `xid.sxid`; codes the
 catalog does not list use `xid.unknown-code`.
+
+Application faults (Xid 13, 31, 43, 45: NVIDIA says restart the application) are severity `none` one
+by one: a job's bad pointer is not a bad GPU. A GPU that logs one at `stormPerMinute` or more (a storm:
+it faults for every job) takes the catalog's `storm` severity, `monitor`: worth a look, not a taint,
+since the same storm is also what a broken job in a restart loop prints.
+
+A PCIe AER uncorrected fatal error ("Uncorrected (Fatal)", "can't recover", "device recovery failed")
+on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from agent.checks import CheckSpec, input_gap
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
+from agent.core.model import GpuInventory, KernelXids, RdmaSample, XidTally, normalize_pci, short_pci
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 from agent.core.text import shorten
-from agent.probes.xid_events import extract_xids
 
 SXID = Rule("xid.sxid", Severity.MONITOR, "NVSwitch SXid in the kernel log")
 UNKNOWN_CODE = Rule("xid.unknown-code", Severity.MONITOR, "an Xid code not in the catalog")
+PCIE_AER = Rule(
+    "xid.pcie-aer", Severity.RESET, "PCIe AER uncorrected fatal error on a GPU or RDMA adapter"
+)
 
 
 NAME = "xid"
 MAX_TEXT = 160
-_REBOOT_ACTIONS = ("node reboot required", "system reboot")
-_RESET_ACTIONS = ("gpu reset required", "drain and reset", "drain p2p", "bus reset")
-
-
-@dataclass
-class _Group:
-    first: XidEvent
-    events: list[XidEvent] = field(default_factory=list)
-
-    @property
-    def count(self) -> int:
-        """Lines that carry an Xid number; the number-less "fallen off the bus" companion line of an
-        Xid 79 is the same event printed twice, so it counts only when no numbered line exists."""
-        numbered = sum(1 for e in self.events if e.sxid or "Xid" in e.message)
-        return numbered or len(self.events)
-
-    @property
-    def text(self) -> str:
-        numbered = [e for e in self.events if e.sxid or "Xid" in e.message]
-        return (numbered or self.events)[0].message
+_REBOOT_ACTIONS = ("node reboot required", "system reboot", "reboot")
+_RESET_ACTIONS = ("gpu reset required", "drain and reset", "drain p2p", "bus reset", "gpu reset")
 
 
 def recovery_severity(action: str | None) -> Severity:
@@ -69,11 +60,40 @@ def _gpu_labels(facts: NodeFacts) -> dict[str, str]:
     return {normalize_pci(g.pci_bus_id): g.label for g in facts.gpus.gpus}
 
 
-def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Finding:
-    ev = group.first
+def _nic_names(facts: NodeFacts) -> dict[str, str]:
+    """RDMA adapters by PCI address, as the efa tier last read them (none when not read)."""
+    if not isinstance(facts.rdma, RdmaSample):
+        return {}
+    return {d.pci: d.name for d in facts.rdma.devices if d.pci}
+
+
+def _count(tally: XidTally) -> str:
+    rate = f", {tally.per_minute:g}/min" if tally.count > 1 and tally.per_minute > 1 else ""
+    return f"×{tally.count}{rate}"
+
+
+def _aer_finding(tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config) -> Finding | None:
+    pci = tally.first.pci or ""
+    where = labels.get(pci) or (f"RDMA adapter {nics[pci]}" if pci in nics else None)
+    if where is None:
+        return None  # a bridge, a disk, a device that is not ours to judge
+    where = where if where.startswith(("GPU ", "RDMA ")) else f"GPU {where}"
+    return Finding(
+        check=NAME,
+        rule=PCIE_AER.name,
+        severity=cfg.severity(PCIE_AER),
+        message=f"PCIe AER fatal error on {where} ({short_pci(pci)}) {_count(tally)}: {_trim(tally.latest.message)}",
+        entities=(labels.get(pci) or nics[pci],),
+        key=f"aer/{short_pci(pci)}",
+        latched=True,
+    )
+
+
+def _finding(tally: XidTally, labels: dict[str, str], cfg: Config) -> Finding:
+    ev = tally.first
     pci = short_pci(ev.pci) if ev.pci else "unknown PCI"
-    count = f"×{group.count}"
-    text = _trim(group.text)
+    count = _count(tally)
+    text = _trim(ev.message)
     if ev.sxid:
         return Finding(
             check=NAME,
@@ -91,16 +111,21 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
     else:
         rule = UNKNOWN_CODE.name
         severity = cfg.severity(UNKNOWN_CODE)
+    storm = cfg.xid_catalog.storm(ev.code)
+    stormy = storm is not None and tally.per_minute >= cfg.xid_catalog.storm_per_minute
+    if stormy and storm is not None and not cfg.xid_overridden(ev.code):
+        severity = max(severity, storm)
     if ev.code == 154:
-        severity = max(severity, recovery_severity(group.events[-1].recovery_action))
-    label = facts_labels.get(ev.pci or "") or pci
+        severity = max(severity, recovery_severity(tally.latest.recovery_action))
+    label = labels.get(ev.pci or "") or pci
     where = label if label.startswith("GPU ") else f"GPU {label}"
     name = cfg.xid_catalog.name(ev.code)
+    storm_note = " (storm)" if stormy else ""
     return Finding(
         check=NAME,
         rule=rule,
         severity=severity,
-        message=f"Xid {ev.code} ({name}) on {where} {count}: {text}",
+        message=f"Xid {ev.code} ({name}) on {where} {count}{storm_note}: {text}",
         entities=(label,),
         key=f"xid/{ev.code}/{pci}",
         latched=True,
@@ -108,18 +133,19 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
 
 
 def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
-    """Judge every Xid of the current boot (facts.kernel holds only this boot's records)."""
+    """Judge every Xid of the current boot (facts.kernel folds only this boot's records)."""
     gap = input_gap(NAME, facts.kernel)
     if gap is not None:
         return gap
-    log = facts.kernel
-    assert isinstance(log, KernelLog)
-    groups: dict[tuple[bool, int, str | None], _Group] = {}
-    for ev in extract_xids(log):
-        group = groups.setdefault((ev.sxid, ev.code, ev.pci), _Group(first=ev))
-        group.events.append(ev)
+    xids = facts.kernel
+    assert isinstance(xids, KernelXids)
     labels = _gpu_labels(facts)
-    findings = [_finding(g, labels, cfg) for g in groups.values()]
+    nics = _nic_names(facts)
+    findings: list[Finding] = []
+    for tally in xids.tallies:
+        found = _aer_finding(tally, labels, nics, cfg) if tally.first.aer else _finding(tally, labels, cfg)
+        if found is not None:
+            findings.append(found)
     findings.sort(key=lambda f: -int(f.severity))  # stable: equal severities keep log order
     return CheckResult(
         NAME,
@@ -128,4 +154,6 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-CHECKS = (CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE)),)
+CHECKS = (
+    CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE, PCIE_AER)),
+)

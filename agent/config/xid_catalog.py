@@ -16,16 +16,22 @@ class XidEntry:
     severity: Severity
     nvidia_action: str = ""  # NVIDIA's resolution bucket (RESTART_APP, RESET_GPU, ...)
     note: str = ""
+    storm: Severity | None = None  # the severity once the code's rate reaches stormPerMinute on one GPU
 
 
 @dataclass(frozen=True)
 class XidCatalog:
     entries: dict[int, XidEntry] = field(default_factory=dict)
     unknown_severity: Severity = Severity.MONITOR
+    storm_per_minute: float = 600.0
 
     def severity(self, code: int) -> Severity:
         entry = self.entries.get(code)
         return entry.severity if entry else self.unknown_severity
+
+    def storm(self, code: int) -> Severity | None:
+        entry = self.entries.get(code)
+        return entry.storm if entry else None
 
     def name(self, code: int) -> str:
         entry = self.entries.get(code)
@@ -36,7 +42,7 @@ def parse_catalog(doc: Any, nvlink: Severity = Severity.RESET) -> XidCatalog:
     """Validate the catalog YAML. Entries whose severity is `nvlink` take the configured NVLink default."""
     if not isinstance(doc, Mapping):
         raise ValueError("xid-catalog: expected a mapping with 'codes'")
-    unknown = set(doc) - {"version", "unknownSeverity", "codes"}
+    unknown = set(doc) - {"version", "unknownSeverity", "stormPerMinute", "codes"}
     if unknown:
         raise ValueError(f"xid-catalog: unknown key(s) {sorted(unknown)}")
     codes = doc.get("codes")
@@ -49,7 +55,7 @@ def parse_catalog(doc: Any, nvlink: Severity = Severity.RESET) -> XidCatalog:
             raise ValueError(f"{where}: Xid codes are integers")
         if not isinstance(body, Mapping):
             raise ValueError(f"{where}: must be a mapping")
-        extra = set(body) - {"name", "severity", "nvidia", "note"}
+        extra = set(body) - {"name", "severity", "nvidia", "note", "storm"}
         if extra:
             raise ValueError(f"{where}: unknown key(s) {sorted(extra)}")
         sev_text = str(body.get("severity", ""))
@@ -60,7 +66,13 @@ def parse_catalog(doc: Any, nvlink: Severity = Severity.RESET) -> XidCatalog:
             severity=sev,
             nvidia_action=str(body.get("nvidia", "")),
             note=str(body.get("note", "")),
+            storm=Severity.parse(str(body["storm"])) if "storm" in body else None,
         )
+    storm = doc.get("stormPerMinute", 600)
+    if isinstance(storm, bool) or not isinstance(storm, (int, float)) or storm <= 0:
+        raise ValueError(f"xid-catalog: stormPerMinute must be a positive number, not {storm!r}")
     return XidCatalog(
-        entries=entries, unknown_severity=Severity.parse(str(doc.get("unknownSeverity", "monitor")))
+        entries=entries,
+        unknown_severity=Severity.parse(str(doc.get("unknownSeverity", "monitor"))),
+        storm_per_minute=float(storm),
     )

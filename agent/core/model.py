@@ -223,6 +223,7 @@ class XidEvent:
     seq: int | None = None
     ts_us: int | None = None
     wallclock: str | None = None
+    aer: bool = False  # a PCIe AER fatal/unrecovered line on `pci` (code 0), not an NVIDIA Xid
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,29 @@ class KernelLog:
 
     records: tuple[KernelRecord, ...]
     format: str  # "kmsg", "dmesg", "journalctl-short-iso", "syslog", "plain"
+
+
+@dataclass(frozen=True)
+class XidTally:
+    """Every line of one (kind, code, device) this boot folded into one: a storm of 400,000 lines is
+    one of these. `per_minute` is the rate over the last minute of log time (sliding window)."""
+
+    first: XidEvent
+    latest: XidEvent
+    count: int
+    per_minute: float
+
+
+@dataclass(frozen=True)
+class KernelXids:
+    """This boot's kernel log as the xid check judges it, read incrementally and bounded in size
+    whatever the log's length: one tally per distinct (kind, code, device)."""
+
+    tallies: tuple[XidTally, ...]  # in order of first appearance
+    records: int  # kernel records read this boot
+    format: str  # the most common line format seen ("kmsg", "dmesg", ...)
+    lost: int = 0  # records the ring overwrote before we read them (EPIPE on /dev/kmsg)
+    untallied: int = 0  # lines of distinct keys past the bound (counted, not kept)
 
 
 # --------------------------------------------------------------------------- RDMA (EFA / Mellanox)

@@ -1,13 +1,18 @@
-"""Kernel log records → Xid / SXid events. Every matching line is one event; the xid check de-duplicates.
+"""Kernel log records → Xid / SXid / PCIe AER events, one record at a time with O(1) context.
 
 Recognised lines (anywhere in the record text):
 - ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` (also ``(PCI:0000:3b:00.0)`` and
   the older ``(0000:3b:00)``), including Blackwell NVLink 144–150 sub-code lines;
 - Xid 154 ``... GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``: the text in the
   last parentheses becomes ``recovery_action``;
-- "fallen off the bus" lines without an Xid number (``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``,
-  ``NVRM: The NVIDIA GPU 0000:3b:00.0 ... has fallen off the bus``) → code 79: some drivers print only these;
-- NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``.
+- "fallen off the bus" lines without an Xid number (``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``)
+  → code 79: some drivers print only these. The driver also prints one record over three lines
+  (``NVRM: The NVIDIA GPU 0000:3b:00.0`` / ``NVRM: (PCI ID: 10de:2330) installed in this system has`` /
+  ``NVRM: fallen off the bus and is not responding to commands.``): the address of the first line is
+  carried to the third, so a dmesg or journal capture still gives one Xid 79 on that GPU;
+- NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``;
+- PCIe AER ``Uncorrected (Fatal)``, ``can't recover``, ``device recovery failed`` → ``aer=True`` (code 0)
+  on the device the line names (``error received: <bdf>`` names the source; else the line's own device).
 
 Multi-line GSP banners (``NVRM: _kgspLogXid119: *** GSP Timeout ***``, RPC history rows) carry no
 ``Xid (<pci>): <code>`` and produce nothing.
@@ -16,6 +21,7 @@ Multi-line GSP banners (``NVRM: _kgspLogXid119: *** GSP Timeout ***``, RPC histo
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from agent.core.model import KernelLog, KernelRecord, XidEvent, normalize_pci
 
@@ -23,16 +29,23 @@ _XID = re.compile(r"NVRM:\s*(Xid \(([^)]*)\):\s*(\d+)\b.*)$")
 _SXID = re.compile(r"(?:^|\s|:)(SXid \(([^)]*)\):\s*(\d+)\b.*)$")
 _NVRM = re.compile(r"NVRM:\s*(.*)$")
 _PCI = re.compile(r"\b(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
+_FULL_PCI = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _LAST_PARENS = re.compile(r"\(([^()]*)\)[^()]*$")
 _FALLEN_OFF = "fallen off the bus"
+_GPU_HEADER = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(\S+)")  # first line of the three-line record
+_HEADER_REACH = 3  # records: the header, "(PCI ID: ...) installed in this system has", "fallen off ..."
+_AER_LINE = re.compile(r"^(?:\S+\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$")
+_AER_SOURCE = re.compile(r"error received:\s*(?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+_AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 
 
+@lru_cache(maxsize=1024)  # a storm repeats a handful of addresses; bounded whatever the log holds
 def _pci(text: str) -> str | None:
     m = _PCI.search(text)
     if m is None:
         return None
     norm = normalize_pci(m.group(1))
-    return norm if re.fullmatch(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", norm) else None
+    return norm if _FULL_PCI.fullmatch(norm) else None
 
 
 def _event(
@@ -42,6 +55,7 @@ def _event(
     message: str,
     sxid: bool = False,
     recovery_action: str | None = None,
+    aer: bool = False,
 ) -> XidEvent:
     return XidEvent(
         code=code,
@@ -52,38 +66,70 @@ def _event(
         seq=rec.seq,
         ts_us=rec.ts_us,
         wallclock=rec.wallclock,
+        aer=aer,
     )
 
 
-def _from_record(rec: KernelRecord) -> XidEvent | None:
+def _aer(rec: KernelRecord) -> XidEvent | None:
     text = rec.message
-    if "Xid" not in text and _FALLEN_OFF not in text:
+    m = _AER_LINE.search(text)
+    if m is None or not any(f in text for f in _AER_FATAL):
         return None
-    m = _XID.search(text)
-    if m:
-        code = int(m.group(3))
-        action = None
-        if code == 154:
-            pm = _LAST_PARENS.search(m.group(1))
-            action = pm.group(1).strip() if pm else None
-        return _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
-    m = _SXID.search(text)
-    if m:
-        prefix = text[: m.start(1)].strip()
-        message = f"{prefix} {m.group(1)}" if prefix else m.group(1)
-        return _event(rec, int(m.group(3)), _pci(m.group(2)), message, sxid=True)
-    if _FALLEN_OFF in text:
-        n = _NVRM.search(text)
-        if n:
-            return _event(rec, 79, _pci(n.group(1)), n.group(1))
-    return None
+    src = _AER_SOURCE.search(text)
+    pci = _pci(src.group(1) if src else m.group(1))
+    return _event(rec, 0, pci, text, aer=True)
+
+
+class XidReader:
+    """Records in, events out. The only context kept is the last GPU header line (O(1))."""
+
+    def __init__(self) -> None:
+        self.header_pci: str | None = None
+        self.since_header = _HEADER_REACH
+
+    def reset(self) -> None:
+        self.header_pci, self.since_header = None, _HEADER_REACH
+
+    def feed(self, rec: KernelRecord) -> XidEvent | None:
+        text = rec.message
+        self.since_header += 1
+        if "AER" in text:
+            return _aer(rec)
+        if "NVRM" not in text and "SXid" not in text:
+            return None
+        if "Xid" in text:
+            m = _XID.search(text)
+            if m:
+                code = int(m.group(3))
+                action = None
+                if code == 154:
+                    pm = _LAST_PARENS.search(m.group(1))
+                    action = pm.group(1).strip() if pm else None
+                return _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
+            m = _SXID.search(text)
+            if m:
+                prefix = text[: m.start(1)].strip()
+                message = f"{prefix} {m.group(1)}" if prefix else m.group(1)
+                return _event(rec, int(m.group(3)), _pci(m.group(2)), message, sxid=True)
+        h = _GPU_HEADER.search(text)
+        if h:
+            self.header_pci, self.since_header = _pci(h.group(1)), 0
+        if _FALLEN_OFF in text:
+            n = _NVRM.search(text)
+            if n:
+                pci = _pci(n.group(1))
+                if pci is None and self.since_header < _HEADER_REACH:
+                    pci = self.header_pci
+                return _event(rec, 79, pci, n.group(1))
+        return None
 
 
 def extract_xids(log: KernelLog) -> list[XidEvent]:
-    """Every Xid/SXid event in the log, in log order (no de-duplication)."""
+    """Every Xid/SXid/AER event in the log, in log order (no de-duplication)."""
+    reader = XidReader()
     events: list[XidEvent] = []
     for rec in log.records:
-        ev = _from_record(rec)
+        ev = reader.feed(rec)
         if ev is not None:
             events.append(ev)
     return events

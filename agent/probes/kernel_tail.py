@@ -1,0 +1,216 @@
+"""The kernel log read incrementally: each record is parsed once, as it arrives, into the Xid ledger.
+
+The whole log is read only at start (the current boot's records still in the ring or the file, so
+Xids from before the agent started count) and when what we were reading is gone: EPIPE on /dev/kmsg
+(the ring overwrote records under us; the next read goes on with the oldest one left), or a snapshot
+file truncated or replaced. Everything else is read from where the last read stopped. State is O(1)
+apart from the ledger, which is bounded by the number of distinct (kind, code, device).
+
+Two kinds of path:
+- a device (/dev/kmsg): opened once, non-blocking; one record per read(), EAGAIN when caught up.
+  A regular file or a FIFO standing in for it behaves the same (EOF or EAGAIN ends a read);
+- a file (a snapshot's kmsg.log): read from the last offset; a smaller size, another inode or other
+  first bytes mean truncated or replaced, and it is read again from the top.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from agent.core.model import KernelRecord, KernelXids
+from agent.probes.kernel_log import NEW_BOOT, LineReader, is_binary, looks_quoted
+from agent.probes.xid_events import XidReader
+from agent.probes.xid_ledger import XidLedger
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 20
+MAX_LINE = 64 * 1024  # a longer line is cut: no record is that long, and the buffer stays bounded
+HEAD_BYTES = 256  # a file whose first bytes changed was replaced, even at the same size and inode
+DEVICE_READ_S = 2.0  # one poll of the device reads at most this long, then lets the engine look
+
+
+class Change(enum.IntEnum):
+    NONE = 0
+    COUNTS = 1  # only counts (and rates) of known findings moved
+    NEW = 2  # a new (kind, code, device), an Xid 154 action changed, or the log was read again
+
+
+class BinaryLog(Exception):
+    """The log is not text (NUL bytes dominate)."""
+
+
+class KernelTail:
+    """One reader of one kernel log; poll() and view() are safe from any thread."""
+
+    def __init__(self, path: str, *, device: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.device = device
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.ledger = XidLedger(clock)
+        self.full_reads = 0  # start, EPIPE, truncation, replacement: how often the whole log was read
+        self.lines_read = 0  # every line fed, this process (for the benchmark and the metric)
+        self._start()
+        self.fd: int | None = None
+        self.identity: tuple[int, int] | None = None
+        self.offset = 0
+        self.head = b""
+        self.binary = False
+
+    def _start(self) -> None:
+        """Forget everything: the log is about to be read from its start."""
+        self.lines = LineReader()
+        self.xids = XidReader()
+        self.ledger.reset()
+        self.records = 0
+        self.lost = 0
+        self.last_seq: int | None = None
+        self.partial = b""
+        self.change = Change.NEW
+
+    # ------------------------------------------------------------------ feeding
+
+    def _boot(self) -> None:
+        self.ledger.reset()
+        self.xids.reset()
+        self.records = 0
+        self.change = Change.NEW
+
+    def _record(self, rec: KernelRecord) -> None:
+        self.records += 1
+        if rec.seq is not None:
+            if self.last_seq is not None and rec.seq > self.last_seq + 1:
+                self.lost += rec.seq - self.last_seq - 1
+            self.last_seq = rec.seq
+        ev = self.xids.feed(rec)
+        if ev is None:
+            return
+        if self.ledger.add(ev):
+            self.change = Change.NEW
+        elif self.change is Change.NONE:
+            self.change = Change.COUNTS
+
+    def _line(self, raw: bytes) -> None:
+        self.lines_read += 1
+        rec = self.lines.feed(raw.decode("utf-8", errors="replace"))
+        if rec is NEW_BOOT:
+            self._boot()
+            rec = self.lines.pending
+        if rec is not None:
+            self._record(rec)
+
+    def _data(self, data: bytes, *, first: bool = False) -> None:
+        if first:
+            text = data[:CHUNK].decode("utf-8", errors="replace")
+            if is_binary(text):
+                raise BinaryLog("kernel log: binary data (mostly NUL bytes), not text")
+            self.lines.quoted = looks_quoted(text)
+        buf = self.partial + data if self.partial else data
+        lines = buf.split(b"\n")
+        self.partial = lines.pop()
+        for raw in lines:
+            self._line(raw)
+        if len(self.partial) > MAX_LINE:
+            self._line(self.partial[:MAX_LINE])
+            self.partial = b""
+
+    # ------------------------------------------------------------------ reading
+
+    def poll(self) -> Change:
+        """Read what is new. Raises OSError when the log cannot be opened or read, BinaryLog."""
+        with self.lock:
+            self.change = Change.NONE
+            if self.device:
+                self._poll_device()
+            else:
+                self._poll_file()
+            return self.change
+
+    def forget(self) -> None:
+        """The log is gone (a snapshot without kmsg.log): read it whole when it is back."""
+        with self.lock:
+            self._close()
+            self.identity = None
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _full_read(self, why: str) -> None:
+        self.full_reads += 1
+        if self.full_reads > 1:
+            log.warning(f"kernel log {self.path}: {why}; reading it again from the start")
+        self._start()
+
+    def _poll_file(self) -> None:
+        st = os.stat(self.path)
+        identity = (st.st_dev, st.st_ino)
+        head = b""
+        if self.identity == identity and st.st_size >= self.offset and self.offset > 0:
+            with open(self.path, "rb") as fh:
+                head = fh.read(min(HEAD_BYTES, len(self.head)))
+        if self.identity != identity or st.st_size < self.offset or head != self.head[: len(head)]:
+            why = "replaced" if self.identity not in (None, identity) else "truncated or rewritten"
+            self._full_read(why)
+            self.identity, self.offset, self.head, self.binary = identity, 0, b"", False
+        if st.st_size == self.offset:
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            while True:
+                data = fh.read(CHUNK)
+                if not data:
+                    break
+                first = self.offset == 0
+                if len(self.head) < HEAD_BYTES:
+                    self.head = (self.head + data)[:HEAD_BYTES]
+                self.offset += len(data)
+                self._data(data, first=first)
+
+    def _poll_device(self) -> None:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            self._full_read("opened")
+        deadline = self.clock() + DEVICE_READ_S
+        while self.clock() < deadline:
+            try:
+                data = os.read(self.fd, 8192)  # /dev/kmsg: exactly one record
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+                # The ring overwrote records we had not read; the next read gives the oldest left.
+                # Nothing read so far is read twice, so the ledger stays; the gap shows in `lost`.
+                self.full_reads += 1
+                self.change = Change.NEW
+                log.warning(f"kernel log {self.path}: records were overwritten before we read them")
+                continue
+            if not data:
+                return  # a regular file at its end (a stand-in for the device); later reads go on
+            self._data(data, first=self.records == 0 and not self.partial)
+
+    def view(self) -> KernelXids:
+        with self.lock:
+            return self.ledger.view(self.records, self.lines.format, self.lost)
+
+
+def fold_kernel_text(text: str) -> KernelXids:
+    """A whole kernel log text through the reader the agent uses (tests, one-shot tools).
+    Raises BinaryLog for data that is not text."""
+    tail = KernelTail("<text>", device=False)
+    with tail.lock:
+        tail._data(text.encode("utf-8", errors="replace"), first=True)
+        if tail.partial:
+            tail._line(tail.partial)
+            tail.partial = b""
+    return tail.view()

@@ -1,0 +1,146 @@
+"""This boot's Xid/SXid/AER events folded per (kind, code, device): O(1) per event, bounded memory.
+
+A storm of 400,000 identical Xid lines is one tally with a count and a rate, never 400,000 objects.
+The rate is a sliding one-minute window over log time (the kernel's own timestamp where the line has
+one, else its wall-clock stamp; the time we read it when it has neither), kept as two counters per
+tally.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+
+from agent.core.model import KernelXids, XidEvent, XidTally
+
+WINDOW_S = 60.0
+MAX_KEYS = 512  # distinct (kind, code, device); a real node has a few dozen at most
+_Key = tuple[str, int, "str | None"]
+
+
+@dataclass
+class _Tally:
+    first: XidEvent
+    latest: XidEvent
+    numbered: int  # lines that carry an Xid number (or SXid / AER lines)
+    companions: int  # number-less "fallen off the bus" lines: the same event printed again
+    win_start: float
+    win_count: int
+    prev_count: int
+
+    def count(self) -> int:
+        return self.numbered or self.companions
+
+    def per_minute(self, now: float) -> float:
+        """Sliding-window estimate: the previous window weighted by how much of it still overlaps."""
+        elapsed = now - self.win_start
+        if elapsed >= 2 * WINDOW_S:
+            return 0.0
+        if elapsed >= WINDOW_S:
+            prev, cur, elapsed = self.win_count, 0, elapsed - WINDOW_S
+        else:
+            prev, cur = self.prev_count, self.win_count
+        return round((prev * max(0.0, 1.0 - elapsed / WINDOW_S) + cur) * 60.0 / WINDOW_S, 1)
+
+
+@lru_cache(maxsize=256)  # a storm repeats the same second many times
+def _wall_seconds(stamp: str) -> float | None:
+    """Seconds of a wall-clock stamp (ISO with or without fraction, ctime, syslog); None if none."""
+    text = stamp.replace(",", ".")
+    if len(text) > 5 and text[-5] in "+-" and text[-3] != ":":  # journalctl's +0000 → +00:00
+        text = f"{text[:-2]}:{text[-2:]}"
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        pass
+    for fmt in ("%a %b %d %H:%M:%S %Y", "%b %d %H:%M:%S"):
+        try:
+            return datetime.strptime(" ".join(text.split()), fmt).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def _log_time(ev: XidEvent) -> float | None:
+    if ev.ts_us is not None:
+        return ev.ts_us / 1e6
+    if ev.wallclock is None:
+        return None
+    whole, dot, frac = ev.wallclock.partition(".")
+    if dot and whole[:1].isalpha() and frac.isdigit():  # syslog short-precise: cache the second
+        base = _wall_seconds(whole)
+        return base + float(f"0.{frac}") if base is not None else None
+    return _wall_seconds(ev.wallclock)
+
+
+def _key(ev: XidEvent) -> _Key:
+    kind = "aer" if ev.aer else "sxid" if ev.sxid else "xid"
+    return kind, ev.code, ev.pci
+
+
+def _numbered(ev: XidEvent) -> bool:
+    return ev.sxid or ev.aer or ev.message.startswith("Xid")
+
+
+class XidLedger:
+    """What the xid check needs from the whole boot, updated one event at a time."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.tallies: dict[_Key, _Tally] = {}
+        self.untallied = 0
+        self.now = 0.0  # the latest log time seen
+        self.version = 0  # bumped on every change: a view is rebuilt only when it moved
+
+    def reset(self) -> None:
+        """A new boot, or the log was replaced: nothing of what we held is this log's any more."""
+        self.tallies.clear()
+        self.untallied = 0
+        self.version += 1
+
+    def add(self, ev: XidEvent) -> bool:
+        """Fold one event in; True when the engine should look now (a new kind/code/device, or an
+        Xid 154 whose recovery action changed), False when only counts moved."""
+        logged = _log_time(ev)
+        t = logged if logged is not None else self.clock()
+        self.now = max(self.now, t)
+        self.version += 1
+        key = _key(ev)
+        tally = self.tallies.get(key)
+        if tally is None:
+            if len(self.tallies) >= MAX_KEYS:
+                self.untallied += 1
+                return False
+            numbered = _numbered(ev)
+            self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0)
+            return True
+        if _numbered(ev):
+            tally.numbered += 1
+            if not _numbered(tally.first):
+                tally.first = ev
+        else:
+            tally.companions += 1
+        if t - tally.win_start >= WINDOW_S:
+            gap = t - tally.win_start
+            tally.prev_count = tally.win_count if gap < 2 * WINDOW_S else 0
+            tally.win_start, tally.win_count = t, 0
+        if _numbered(ev) or not tally.numbered:
+            tally.win_count += 1
+        changed = ev.recovery_action != tally.latest.recovery_action
+        if _numbered(ev) or not _numbered(tally.latest):
+            tally.latest = ev
+        return changed
+
+    def view(self, records: int, fmt: str, lost: int = 0) -> KernelXids:
+        return KernelXids(
+            tallies=tuple(
+                XidTally(t.first, t.latest, t.count(), t.per_minute(self.now)) for t in self.tallies.values()
+            ),
+            records=records,
+            format=fmt,
+            lost=lost,
+            untallied=self.untallied,
+        )
