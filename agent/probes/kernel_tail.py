@@ -173,6 +173,9 @@ class KernelTail:
                     self.head = (self.head + data)[:HEAD_BYTES]
                 self.offset += len(data)
                 self._data(data, first=first)
+        if self.partial:  # writers append whole lines; a last line without its newline is still a line
+            self._line(self.partial)
+            self.partial = b""
 
     def _poll_device(self) -> None:
         if self.fd is None:
