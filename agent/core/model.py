@@ -4,6 +4,7 @@ None means "the tool did not say" (N/A, not supported, not captured), never zero
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # --------------------------------------------------------------------------- GPUs
 
@@ -198,9 +199,9 @@ class NvlinkReport:
 # --------------------------------------------------------------------------- kernel log
 
 
-@dataclass(frozen=True)
-class KernelRecord:
-    """One kernel log line. `seq`/`ts_us` come from /dev/kmsg records when present."""
+class KernelRecord(NamedTuple):
+    """One kernel log line. `seq`/`ts_us` come from /dev/kmsg records when present. A NamedTuple,
+    not a frozen dataclass: one is made per line read, and a storm is 40,000 lines a second."""
 
     message: str
     ts_us: int | None = None  # microseconds since boot (kmsg, dmesg) when known
@@ -211,9 +212,8 @@ class KernelRecord:
     priority: int | None = None
 
 
-@dataclass(frozen=True)
-class XidEvent:
-    """An NVRM Xid (or SXid) line. pci is normalised; gpu_index is filled when the PCI id maps to a GPU."""
+class XidEvent(NamedTuple):
+    """An NVRM Xid (or SXid) line. pci is normalised. A NamedTuple for the same reason as KernelRecord."""
 
     code: int
     pci: str | None

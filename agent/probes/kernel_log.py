@@ -91,6 +91,11 @@ def _is_journal_meta(line: str) -> bool:
 
 def _inner(text: str) -> tuple[str, int | None, str | None]:
     """Strip a timestamp that follows a facility/level or host prefix: ([mono] | [iso] | iso | [ctime])."""
+    if text[:1].isdigit():  # the common case of --decode --time-format iso: no regex
+        stamp, _, rest = text.partition(" ")
+        if len(stamp) >= 19 and stamp[4] == "-" and stamp[10] == "T" and stamp[13] == ":":
+            return rest, None, stamp
+        return text, None, None
     m = _MONO.match(text)
     if m:
         return m.group(3), _mono_us(m.group(1), m.group(2)), None
@@ -225,14 +230,15 @@ class LineReader:
             line = _unquote(line)
         if not line.strip():
             return None
-        if self.in_kmsg and line.startswith(" "):
+        if self.in_kmsg and line[0] == " ":
             return None  # kmsg dictionary continuation (" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0")
-        stripped = line.strip()
-        if _is_boot_separator(stripped):
-            self.prev = None
-            return NEW_BOOT
-        if _is_journal_meta(stripped):
-            return None
+        if "-- " in line[:8]:
+            stripped = line.strip()
+            if _is_boot_separator(stripped):
+                self.prev = None
+                return NEW_BOOT
+            if _is_journal_meta(stripped):
+                return None
         rec, fmt = _parse_line(line)
         self.in_kmsg = fmt == "kmsg"
         self.formats[fmt] += 1

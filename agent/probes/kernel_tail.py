@@ -66,7 +66,7 @@ class KernelTail:
     def _start(self) -> None:
         """Forget everything: the log is about to be read from its start."""
         self.lines = LineReader()
-        self.xids = XidReader()
+        self.xids = XidReader(memo=True)
         self.ledger.reset()
         self.records = 0
         self.lost = 0
@@ -91,14 +91,14 @@ class KernelTail:
         ev = self.xids.feed(rec)
         if ev is None:
             return
-        if self.ledger.add(ev):
+        if self.ledger.add(ev, rec):
             self.change = Change.NEW
         elif self.change is Change.NONE:
             self.change = Change.COUNTS
 
-    def _line(self, raw: bytes) -> None:
+    def _line(self, line: str) -> None:
         self.lines_read += 1
-        rec = self.lines.feed(raw.decode("utf-8", errors="replace"))
+        rec = self.lines.feed(line)
         if rec is NEW_BOOT:
             self._boot()
             rec = self.lines.pending
@@ -112,13 +112,19 @@ class KernelTail:
                 raise BinaryLog("kernel log: binary data (mostly NUL bytes), not text")
             self.lines.quoted = looks_quoted(text)
         buf = self.partial + data if self.partial else data
-        lines = buf.split(b"\n")
-        self.partial = lines.pop()
-        for raw in lines:
-            self._line(raw)
+        end = buf.rfind(b"\n") + 1  # UTF-8 never has a newline byte inside a character
+        self.partial = buf[end:]
+        if end:
+            for line in buf[:end].decode("utf-8", errors="replace").split("\n")[:-1]:
+                self._line(line)
         if len(self.partial) > MAX_LINE:
-            self._line(self.partial[:MAX_LINE])
-            self.partial = b""
+            self._flush(MAX_LINE)
+
+    def _flush(self, limit: int = MAX_LINE) -> None:
+        """The partial line counts as a line (a file's last line without its newline, or too long)."""
+        if self.partial:
+            self._line(self.partial[:limit].decode("utf-8", errors="replace"))
+        self.partial = b""
 
     # ------------------------------------------------------------------ reading
 
@@ -173,9 +179,7 @@ class KernelTail:
                     self.head = (self.head + data)[:HEAD_BYTES]
                 self.offset += len(data)
                 self._data(data, first=first)
-        if self.partial:  # writers append whole lines; a last line without its newline is still a line
-            self._line(self.partial)
-            self.partial = b""
+        self._flush()  # writers append whole lines; a last line without its newline is still a line
 
     def _poll_device(self) -> None:
         if self.fd is None:
@@ -213,7 +217,5 @@ def fold_kernel_text(text: str) -> KernelXids:
     tail = KernelTail("<text>", device=False)
     with tail.lock:
         tail._data(text.encode("utf-8", errors="replace"), first=True)
-        if tail.partial:
-            tail._line(tail.partial)
-            tail.partial = b""
+        tail._flush()
     return tail.view()

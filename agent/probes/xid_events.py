@@ -80,17 +80,42 @@ def _aer(rec: KernelRecord) -> XidEvent | None:
     return _event(rec, 0, pci, text, aer=True)
 
 
-class XidReader:
-    """Records in, events out. The only context kept is the last GPU header line (O(1))."""
+MEMO_SIZE = 512
 
-    def __init__(self) -> None:
+
+class XidReader:
+    """Records in, events out. The only context kept is the last GPU header line (O(1)).
+
+    memo=True (the agent's tail): a line whose text was seen before gives the event parsed then, its
+    seq and stamps those of that earlier line (a storm repeats a few texts thousands of times; the
+    ledger takes each line's time from its record). Bounded: cleared when MEMO_SIZE texts are held."""
+
+    def __init__(self, memo: bool = False) -> None:
         self.header_pci: str | None = None
         self.since_header = _HEADER_REACH
+        self.memo: dict[str, XidEvent] | None = {} if memo else None
 
     def reset(self) -> None:
         self.header_pci, self.since_header = None, _HEADER_REACH
+        if self.memo is not None:
+            self.memo.clear()
 
     def feed(self, rec: KernelRecord) -> XidEvent | None:
+        memo = self.memo
+        if memo is None:
+            return self._feed(rec)
+        hit = memo.get(rec.message)
+        if hit is not None:
+            self.since_header += 1
+            return hit
+        ev = self._feed(rec)
+        if ev is not None and (ev.sxid or ev.message.startswith("Xid")):  # context-free lines only
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[rec.message] = ev
+        return ev
+
+    def _feed(self, rec: KernelRecord) -> XidEvent | None:
         text = rec.message
         self.since_header += 1
         if "AER" in text:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from agent.core.model import KernelXids, XidEvent, XidTally
+from agent.core.model import KernelRecord, KernelXids, XidEvent, XidTally
 
 WINDOW_S = 60.0
 MAX_KEYS = 512  # distinct (kind, code, device); a real node has a few dozen at most
@@ -30,6 +30,7 @@ class _Tally:
     win_start: float
     win_count: int
     prev_count: int
+    first_companion: bool = False  # `first` is a number-less line: the first numbered one replaces it
 
     def count(self) -> int:
         return self.numbered or self.companions
@@ -46,17 +47,12 @@ class _Tally:
         return round((prev * max(0.0, 1.0 - elapsed / WINDOW_S) + cur) * 60.0 / WINDOW_S, 1)
 
 
-@lru_cache(maxsize=256)  # a storm repeats the same second many times
+@lru_cache(maxsize=256)
 def _wall_seconds(stamp: str) -> float | None:
-    """Seconds of a wall-clock stamp (ISO with or without fraction, ctime, syslog); None if none."""
-    text = stamp.replace(",", ".")
-    if len(text) > 5 and text[-5] in "+-" and text[-3] != ":":  # journalctl's +0000 → +00:00
-        text = f"{text[:-2]}:{text[-2:]}"
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        pass
-    for fmt in ("%a %b %d %H:%M:%S %Y", "%b %d %H:%M:%S"):
+    """Seconds of a wall-clock stamp cut to the second (ISO, ctime, syslog); None if none. Seconds
+    are enough for a one-minute window, and a storm repeats the same second thousands of times."""
+    text = stamp.replace("Z", "")
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%a %b %d %H:%M:%S %Y", "%b %d %H:%M:%S"):
         try:
             return datetime.strptime(" ".join(text.split()), fmt).timestamp()
         except ValueError:
@@ -64,16 +60,11 @@ def _wall_seconds(stamp: str) -> float | None:
     return None
 
 
-def _log_time(ev: XidEvent) -> float | None:
-    if ev.ts_us is not None:
-        return ev.ts_us / 1e6
-    if ev.wallclock is None:
-        return None
-    whole, dot, frac = ev.wallclock.partition(".")
-    if dot and whole[:1].isalpha() and frac.isdigit():  # syslog short-precise: cache the second
-        base = _wall_seconds(whole)
-        return base + float(f"0.{frac}") if base is not None else None
-    return _wall_seconds(ev.wallclock)
+def _second(wallclock: str) -> str:
+    """The stamp up to its whole second: "2025-01-21T02:21:33,4985+00:00" → "2025-01-21T02:21:33"."""
+    if wallclock[:4].isdigit():
+        return wallclock[:19]
+    return wallclock.partition(".")[0]
 
 
 def _key(ev: XidEvent) -> _Key:
@@ -94,6 +85,8 @@ class XidLedger:
         self.untallied = 0
         self.now = 0.0  # the latest log time seen
         self.version = 0  # bumped on every change: a view is rebuilt only when it moved
+        self._last_second: str | None = None  # a one-entry cache: a storm repeats the same second
+        self._last_seconds: float | None = None
 
     def reset(self) -> None:
         """A new boot, or the log was replaced: nothing of what we held is this log's any more."""
@@ -101,36 +94,49 @@ class XidLedger:
         self.untallied = 0
         self.version += 1
 
-    def add(self, ev: XidEvent) -> bool:
-        """Fold one event in; True when the engine should look now (a new kind/code/device, or an
-        Xid 154 whose recovery action changed), False when only counts moved."""
-        logged = _log_time(ev)
-        t = logged if logged is not None else self.clock()
-        self.now = max(self.now, t)
+    def _log_time(self, ts_us: int | None, wallclock: str | None) -> float:
+        """The kernel's timestamp, else the wall-clock stamp's second, else when we read it."""
+        if ts_us is not None:
+            return ts_us / 1e6
+        if wallclock is not None:
+            second = _second(wallclock)
+            if second != self._last_second:
+                self._last_second, self._last_seconds = second, _wall_seconds(second)
+            if self._last_seconds is not None:
+                return self._last_seconds
+        return self.clock()
+
+    def add(self, ev: XidEvent, rec: KernelRecord | None = None) -> bool:
+        """Fold one event in (its time from `rec`, the line it came from, when given); True when the
+        engine should look now (a new kind/code/device, or an Xid 154 whose recovery action
+        changed), False when only counts moved."""
+        t = self._log_time(ev.ts_us, ev.wallclock) if rec is None else self._log_time(rec.ts_us, rec.wallclock)
+        if t > self.now:
+            self.now = t
         self.version += 1
         key = _key(ev)
         tally = self.tallies.get(key)
+        numbered = _numbered(ev)
         if tally is None:
             if len(self.tallies) >= MAX_KEYS:
                 self.untallied += 1
                 return False
-            numbered = _numbered(ev)
-            self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0)
+            self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0, not numbered)
             return True
-        if _numbered(ev):
+        if numbered:
             tally.numbered += 1
-            if not _numbered(tally.first):
-                tally.first = ev
+            if tally.first_companion:
+                tally.first, tally.first_companion = ev, False
         else:
             tally.companions += 1
         if t - tally.win_start >= WINDOW_S:
             gap = t - tally.win_start
             tally.prev_count = tally.win_count if gap < 2 * WINDOW_S else 0
             tally.win_start, tally.win_count = t, 0
-        if _numbered(ev) or not tally.numbered:
+        if numbered or not tally.numbered:
             tally.win_count += 1
         changed = ev.recovery_action != tally.latest.recovery_action
-        if _numbered(ev) or not _numbered(tally.latest):
+        if numbered or not tally.numbered:
             tally.latest = ev
         return changed
 
