@@ -62,13 +62,13 @@ BATCH_S = 0.01
 WRITES = ("PATCH", "PUT", "POST", "UPDATE", "CREATE", "APPLY")
 
 
-def _stamp() -> str:
-    now = datetime.now(timezone.utc)
+def _stamp(at: float | None = None) -> str:
+    now = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc)
     return now.strftime("%Y-%m-%dT%H:%M:%S,") + f"{now.microsecond:06d}+00:00"
 
 
-def _line(level: str, msg: str) -> bytes:
-    return f"kern  :{level:<5} : {_stamp()} {msg}\n".encode()
+def _line(level: str, msg: str, at: float | None = None) -> bytes:
+    return f"kern  :{level:<5} : {_stamp(at)} {msg}\n".encode()
 
 
 def _node_writes(env: Any, before: dict[Any, float]) -> int:
@@ -78,16 +78,24 @@ def _node_writes(env: Any, before: dict[Any, float]) -> int:
 
 def _storm(fd: int, lines: int, seconds: float, at_middle: bytes | None = None) -> float | None:
     """Append `lines` storm lines over `seconds` in whole-line batches; returns the perf_counter()
-    after the middle line was written (None without one)."""
+    after the middle line was written (None without one). The batches are made beforehand, stamped
+    with the time each will be written, so the benchmark's own CPU does not compete with the agent's
+    while the storm runs."""
     batches = max(1, int(seconds / BATCH_S))
     per = lines // batches
-    start = time.monotonic()
-    written, t_mid = 0, None
+    begin = time.time() + 2.0
+    data: list[bytes] = []
+    written = 0
     for b in range(batches):
         n = per if b < batches - 1 else lines - written
-        data = b"".join(_line("warn", STORM[(written + i) % 2]) for i in range(n))
-        os.write(fd, data)
+        at = begin + b * BATCH_S
+        data.append(b"".join(_line("warn", STORM[(written + i) % 2], at + i * BATCH_S / n) for i in range(n)))
         written += n
+    time.sleep(max(0.0, begin - time.time()))
+    start = time.monotonic()
+    t_mid = None
+    for b, chunk in enumerate(data):
+        os.write(fd, chunk)
         if at_middle is not None and t_mid is None and b == batches // 2:
             os.write(fd, at_middle)
             t_mid = time.perf_counter()

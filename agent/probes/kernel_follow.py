@@ -34,13 +34,25 @@ class KernelFollower(threading.Thread):
         self.on_trigger = on_trigger
         self.clock = clock
         self.stopped = threading.Event()
-        self.counts_at = 0.0
+        self.counts_at = clock()  # the last wake-up; counts alone wake the engine COUNTS_EVERY_S later
         self.counts_pending = False
 
     def stop(self) -> None:
         self.stopped.set()
 
     def run(self) -> None:
+        try:
+            if self.tail.poll() is Change.NEW:  # the whole log, before the engine stops reading it
+                self.on_trigger()
+        except Exception as exc:  # reported by the engine's read (tail.error), and retried below
+            log.warning(f"kernel log follower: {type(exc).__name__}: {exc}; retrying")
+        self.tail.followed = True
+        try:
+            self._follow()
+        finally:
+            self.tail.followed = False
+
+    def _follow(self) -> None:
         failures = 0
         while not self.stopped.is_set():
             try:
@@ -54,7 +66,7 @@ class KernelFollower(threading.Thread):
 
     def _step(self) -> None:
         before = self.tail.lines_read
-        change = self.tail.poll()
+        change = self.tail.poll(early=True)
         now = self.clock()
         if change is Change.NEW:
             self.counts_pending, self.counts_at = False, now
@@ -67,6 +79,8 @@ class KernelFollower(threading.Thread):
         self._wait(idle=self.tail.lines_read == before)
 
     def _wait(self, idle: bool) -> None:
+        if not idle and self.tail.behind():
+            return  # more is waiting (a poll stops early for news, or when a storm outruns it)
         fd = self.tail.fd if self.tail.device else None
         if fd is None or idle:  # a file, or a stand-in for the device that poll(2) calls always readable
             self.stopped.wait(POLL_SECONDS)

@@ -216,6 +216,7 @@ class LineReader:
         self.in_kmsg = False
         self.formats: Counter[str] = Counter()  # bounded: keys are format names
         self.pending: KernelRecord | None = None
+        self.last_format = "plain"
 
     @property
     def format(self) -> str:
@@ -240,10 +241,17 @@ class LineReader:
             if _is_journal_meta(stripped):
                 return None
         rec, fmt = _parse_line(line)
+        if rec is None:
+            self.in_kmsg = fmt == "kmsg"
+            self.formats[fmt] += 1
+            return None
+        return self.accept(rec, fmt)
+
+    def accept(self, rec: KernelRecord, fmt: str) -> KernelRecord:
+        """Count a record parsed elsewhere (or here) in: its format, and whether a boot starts."""
         self.in_kmsg = fmt == "kmsg"
         self.formats[fmt] += 1
-        if rec is None:
-            return None
+        self.last_format = fmt
         boot = _new_boot(self.prev, rec)
         if rec.seq is not None or rec.ts_us is not None:
             self.prev = rec

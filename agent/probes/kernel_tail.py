@@ -19,26 +19,73 @@ import enum
 import errno
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
 
-from agent.core.model import KernelRecord, KernelXids
+from agent.core.model import KernelRecord, KernelXids, XidEvent
 from agent.probes.kernel_log import NEW_BOOT, LineReader, is_binary, looks_quoted
 from agent.probes.xid_events import XidReader
 from agent.probes.xid_ledger import XidLedger
 
 log = logging.getLogger(__name__)
-CHUNK = 1 << 20
+CHUNK = 256 * 1024  # a poll stops after the chunk that held news, so the engine hears of it at once
 MAX_LINE = 64 * 1024  # a longer line is cut: no record is that long, and the buffer stays bounded
 HEAD_BYTES = 256  # a file whose first bytes changed was replaced, even at the same size and inode
-DEVICE_READ_S = 2.0  # one poll of the device reads at most this long, then lets the engine look
+DEVICE_READ_S = 0.1  # the follower's poll of the device reads at most this long, then lets the engine look
+DEVICE_FULL_READ_S = 5.0  # the engine's read (a whole ring at start takes ~0.1 s)
 
 
 class Change(enum.IntEnum):
     NONE = 0
     COUNTS = 1  # only counts (and rates) of known findings moved
     NEW = 2  # a new (kind, code, device), an Xid 154 action changed, or the log was read again
+
+
+class Repeat:
+    """The shape of the last Xid line parsed the slow way, so that a line of the same shape (its
+    prefix equal but for digits) whose text the XidReader already knows is counted without parsing
+    it again: the record's stamps are cut from the places the slow parse found them."""
+
+    __slots__ = ("plen", "shape", "fmt", "seq", "ts", "wall")
+
+    def __init__(self, plen: int, shape: re.Pattern[str], fmt: str) -> None:
+        self.plen, self.shape, self.fmt = plen, shape, fmt
+        self.seq: tuple[int, int] | None = None
+        self.ts: tuple[int, int] | None = None
+        self.wall: tuple[int, int] | None = None
+
+    @staticmethod
+    def learn(line: str, rec: KernelRecord, fmt: str) -> Repeat | None:
+        plen = len(line) - len(rec.message)
+        if plen <= 0 or line[plen:] != rec.message:
+            return None
+        prefix = line[:plen]
+        pattern = "".join(r"\d" if c.isdigit() else re.escape(c) for c in prefix)
+        shape = Repeat(plen, re.compile(pattern), fmt)  # re's own cache: a storm has one shape
+        if rec.seq is not None:  # kmsg "prio,seq,ts,flags;": the fields between the commas
+            a = prefix.index(",") + 1
+            b = prefix.index(",", a)
+            c = prefix.index(",", b + 1)
+            shape.seq, shape.ts = (a, b), (b + 1, c)
+        elif rec.ts_us is not None:
+            return None  # "[ 123.456]" stamps: rare in storms, parsed the slow way
+        if rec.wallclock is not None:
+            at = prefix.find(rec.wallclock)
+            if at < 0:
+                return None
+            shape.wall = (at, at + len(rec.wallclock))
+        return shape
+
+    def record(self, line: str) -> KernelRecord | None:
+        """The record of a line of this shape (None when the prefix is not of this shape)."""
+        if self.shape.fullmatch(line, 0, self.plen) is None:
+            return None
+        seq = int(line[self.seq[0] : self.seq[1]]) if self.seq else None
+        ts = int(line[self.ts[0] : self.ts[1]]) if self.ts else None
+        wall = line[self.wall[0] : self.wall[1]] if self.wall else None
+        return KernelRecord(line[self.plen :], ts_us=ts, wallclock=wall, seq=seq)
 
 
 class BinaryLog(Exception):
@@ -62,6 +109,11 @@ class KernelTail:
         self.offset = 0
         self.head = b""
         self.binary = False
+        self.urgent = False
+        self.early = False
+        self.timed_out = False
+        self.followed = False  # a follower thread is the reader: the engine only takes the view
+        self.error: OSError | BinaryLog | None = None  # what the last poll raised
 
     def _start(self) -> None:
         """Forget everything: the log is about to be read from its start."""
@@ -73,6 +125,7 @@ class KernelTail:
         self.last_seq: int | None = None
         self.partial = b""
         self.change = Change.NEW
+        self.repeat: Repeat | None = None
 
     # ------------------------------------------------------------------ feeding
 
@@ -81,8 +134,9 @@ class KernelTail:
         self.xids.reset()
         self.records = 0
         self.change = Change.NEW
+        self.repeat = None
 
-    def _record(self, rec: KernelRecord) -> None:
+    def _record(self, rec: KernelRecord, line: str | None = None) -> None:
         self.records += 1
         if rec.seq is not None:
             if self.last_seq is not None and rec.seq > self.last_seq + 1:
@@ -91,19 +145,38 @@ class KernelTail:
         ev = self.xids.feed(rec)
         if ev is None:
             return
+        if line is not None and self.xids.memo and rec.message in self.xids.memo:
+            self.repeat = Repeat.learn(line, rec, self.lines.last_format)
+        self._count(ev, rec)
+
+    def _count(self, ev: XidEvent, rec: KernelRecord) -> None:
         if self.ledger.add(ev, rec):
             self.change = Change.NEW
+            self.urgent = True
         elif self.change is Change.NONE:
             self.change = Change.COUNTS
 
     def _line(self, line: str) -> None:
         self.lines_read += 1
+        repeat = self.repeat
+        if repeat is not None:  # a storm: the same texts over and over, only the stamps differ
+            ev = self.xids.memo.get(line[repeat.plen :]) if self.xids.memo is not None else None
+            if ev is not None:
+                rec = repeat.record(line)
+                if rec is not None and self.lines.accept(rec, repeat.fmt) is rec:
+                    self.records += 1
+                    if rec.seq is not None:
+                        if self.last_seq is not None and rec.seq > self.last_seq + 1:
+                            self.lost += rec.seq - self.last_seq - 1
+                        self.last_seq = rec.seq
+                    self._count(ev, rec)
+                    return
         rec = self.lines.feed(line)
         if rec is NEW_BOOT:
             self._boot()
             rec = self.lines.pending
         if rec is not None:
-            self._record(rec)
+            self._record(rec, line)
 
     def _data(self, data: bytes, *, first: bool = False) -> None:
         if first:
@@ -128,14 +201,23 @@ class KernelTail:
 
     # ------------------------------------------------------------------ reading
 
-    def poll(self) -> Change:
-        """Read what is new. Raises OSError when the log cannot be opened or read, BinaryLog."""
+    def poll(self, *, early: bool = False) -> Change:
+        """Read what is new: everything there is now, or (early=True, the follower) stop after the
+        chunk that held news, or after DEVICE_READ_S, so the engine hears of it at once.
+        Raises OSError when the log cannot be opened or read, BinaryLog."""
         with self.lock:
             self.change = Change.NONE
-            if self.device:
-                self._poll_device()
-            else:
-                self._poll_file()
+            self.urgent = False
+            self.early = early
+            try:
+                if self.device:
+                    self._poll_device()
+                else:
+                    self._poll_file()
+            except (OSError, BinaryLog) as exc:
+                self.error = exc
+                raise
+            self.error = None
             return self.change
 
     def forget(self) -> None:
@@ -166,12 +248,13 @@ class KernelTail:
             why = "replaced" if self.identity not in (None, identity) else "truncated or rewritten"
             self._full_read(why)
             self.identity, self.offset, self.head, self.binary = identity, 0, b"", False
-        if st.st_size == self.offset:
+        end = st.st_size  # not "until EOF": a storm may grow the file as fast as we read it
+        if end == self.offset:
             return
         with open(self.path, "rb") as fh:
             fh.seek(self.offset)
-            while True:
-                data = fh.read(CHUNK)
+            while self.offset < end and not (self.early and self.urgent):
+                data = fh.read(min(CHUNK, end - self.offset))
                 if not data:
                     break
                 first = self.offset == 0
@@ -179,17 +262,20 @@ class KernelTail:
                     self.head = (self.head + data)[:HEAD_BYTES]
                 self.offset += len(data)
                 self._data(data, first=first)
-        self._flush()  # writers append whole lines; a last line without its newline is still a line
+        if self.offset >= end:  # writers append whole lines; a last line without its newline is a line
+            self._flush()
 
     def _poll_device(self) -> None:
         if self.fd is None:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             self._full_read("opened")
-        deadline = self.clock() + DEVICE_READ_S
-        while self.clock() < deadline:
+        deadline = self.clock() + (DEVICE_READ_S if self.early else DEVICE_FULL_READ_S)
+        self.timed_out = True
+        while not (self.early and self.urgent) and self.clock() < deadline:
             try:
                 data = os.read(self.fd, 8192)  # /dev/kmsg: exactly one record
             except BlockingIOError:
+                self.timed_out = False
                 return
             except InterruptedError:
                 continue
@@ -203,8 +289,13 @@ class KernelTail:
                 log.warning(f"kernel log {self.path}: records were overwritten before we read them")
                 continue
             if not data:
+                self.timed_out = False
                 return  # a regular file at its end (a stand-in for the device); later reads go on
             self._data(data, first=self.records == 0 and not self.partial)
+
+    def behind(self) -> bool:
+        """The last poll stopped before the end (news found, or the device read's time was up)."""
+        return (self.early and self.urgent) or (self.device and self.timed_out)
 
     def view(self) -> KernelXids:
         with self.lock:

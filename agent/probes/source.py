@@ -84,9 +84,14 @@ def read_rdma_tree(class_dir: Path, pci_dir: Path) -> Probed[RdmaSample]:
 
 
 def read_kernel_tail(tail: KernelTail, name: str) -> Probed[KernelXids]:
-    """What is new in the kernel log, folded in; the log's view, or why it cannot be read."""
+    """The kernel log's view, or why it cannot be read. With a follower running, the follower is the
+    reader (the engine must not parse a storm's backlog before it can judge the line that woke it);
+    without one (`check`, tests), what is new is read now."""
     try:
-        tail.poll()
+        if not tail.followed:
+            tail.poll()
+        elif tail.error is not None:
+            raise tail.error
     except FileNotFoundError:
         tail.forget()
         return NotCaptured(name)
