@@ -35,18 +35,23 @@ PCIE_AER = Rule(
 
 NAME = "xid"
 MAX_TEXT = 160
+# Every wording of the driver's Xid 154 action (R565+; Blackwell adds "Drain and Reset", R570+ "PF FLR")
+# and of nvidia-smi's "GPU Recovery Action" (Reset, Reboot, ...).
 _REBOOT_ACTIONS = ("node reboot required", "system reboot", "reboot")
-_RESET_ACTIONS = ("gpu reset required", "drain and reset", "drain p2p", "bus reset", "gpu reset")
+_RESET_ACTIONS = ("gpu reset required", "drain and reset", "drain p2p", "pf flr", "flr", "reset", "recover imex")
 
 
 def recovery_severity(action: str | None) -> Severity:
-    """Severity an Xid 154 recovery-action text asks for (NONE for "None" or unknown text)."""
+    """Severity an Xid 154 recovery-action text asks for: NONE for "None" (the action was taken) or
+    no text, MONITOR for a wording we do not know (never guessed from the number alone)."""
     text = (action or "").strip().lower()
+    if not text or text == "none":
+        return Severity.NONE
     if any(a in text for a in _REBOOT_ACTIONS):
         return Severity.REBOOT
     if any(a in text for a in _RESET_ACTIONS):
         return Severity.RESET
-    return Severity.NONE
+    return Severity.MONITOR
 
 
 def _trim(text: str) -> str:

@@ -224,6 +224,7 @@ class XidEvent(NamedTuple):
     ts_us: int | None = None
     wallclock: str | None = None
     aer: bool = False  # a PCIe AER fatal/unrecovered line on `pci` (code 0), not an NVIDIA Xid
+    wrapped: bool = False  # the second line of an Xid 154 wrapped onto two: its action, not a new line
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,10 @@ _FALLEN_OFF = "fallen off the bus"
 _GPU_HEADER = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(\S+)")  # first line of the three-line record
 _HEADER_REACH = 3  # records: the header, "(PCI ID: ...) installed in this system has", "fallen off ..."
 _AER_LINE = re.compile(r"^(?:\S+\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$")
-_AER_SOURCE = re.compile(r"error received:\s*(?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+_AER_SOURCE = re.compile(  # the port names the device that sent it (kernels < 6.x, then 6.x wording)
+    r"(?:error received:|error message received from)\s*(?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
+)
+_ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 
 
@@ -93,6 +96,7 @@ class XidReader:
     def __init__(self, memo: bool = False) -> None:
         self.header_pci: str | None = None
         self.since_header = _HEADER_REACH
+        self.open_154: XidEvent | None = None  # an Xid 154 whose line ended before its action
         self.memo: dict[str, XidEvent] | None = {} if memo else None
 
     def reset(self) -> None:
@@ -109,7 +113,7 @@ class XidReader:
             self.since_header += 1
             return hit
         ev = self._feed(rec)
-        if ev is not None and (ev.sxid or ev.message.startswith("Xid")):  # context-free lines only
+        if ev is not None and (ev.sxid or ev.message.startswith("Xid")) and self.open_154 is None:
             if len(memo) >= MEMO_SIZE:
                 memo.clear()
             memo[rec.message] = ev
@@ -118,6 +122,11 @@ class XidReader:
     def _feed(self, rec: KernelRecord) -> XidEvent | None:
         text = rec.message
         self.since_header += 1
+        open_154, self.open_154 = self.open_154, None
+        if open_154 is not None:
+            w = _ACTION_WRAP.match(text)
+            if w:  # "...154, GPU recovery action changed" / "   from 0x0 (None) to 0x2 (...)"
+                return open_154._replace(message=f"{open_154.message} {text.strip()}", recovery_action=w.group(1).strip(), wrapped=True)
         if "AER" in text:
             return _aer(rec)
         if "NVRM" not in text and "SXid" not in text:
@@ -127,10 +136,13 @@ class XidReader:
             if m:
                 code = int(m.group(3))
                 action = None
-                if code == 154:
-                    pm = _LAST_PARENS.search(m.group(1))
+                if code == 154:  # the text in the last parentheses after the code, if any
+                    pm = _LAST_PARENS.search(text, m.end(3))
                     action = pm.group(1).strip() if pm else None
-                return _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
+                ev = _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
+                if code == 154 and action is None:
+                    self.open_154 = ev
+                return ev
             m = _SXID.search(text)
             if m:
                 prefix = text[: m.start(1)].strip()

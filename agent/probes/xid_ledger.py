@@ -123,6 +123,10 @@ class XidLedger:
                 return False
             self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0, not numbered)
             return True
+        if ev.wrapped:  # the rest of the line counted already: only its recovery action is news
+            changed = ev.recovery_action != tally.latest.recovery_action
+            tally.latest = ev
+            return changed
         if numbered:
             tally.numbered += 1
             if tally.first_companion:
