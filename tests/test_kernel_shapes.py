@@ -124,3 +124,24 @@ def test_pcie_aer_fatal_on_a_gpu_and_a_nic_are_findings_without_any_xid(cfg: Con
 
 def test_the_healthy_boot_log_has_no_aer_finding(cfg: Config) -> None:
     assert _judge(KL / "gpud-h100-boot-dmesg-decode-iso-no-xid.log", cfg, gpus=GPU19) == {}
+
+
+def test_xid48_with_a_failed_retirement_in_the_same_burst_is_isolate(cfg: Config) -> None:
+    found = _judge(XK / f"{H100}-DERIVED-xid64-retirement-failed.log", cfg, gpus=GPU19)
+    rule, severity, message = found["xid/48/0000:19:00.0"]
+    assert (rule, severity) == ("xid.48", Severity.ISOLATE)
+    assert "(with Xid 64: page retirement failed)" in message
+    assert found["xid/64/0000:19:00.0"][1] is Severity.RESET
+
+
+def test_xid48_with_a_successful_retirement_stays_reset(cfg: Config) -> None:
+    assert _judge(XK / f"{H100}.log", cfg, gpus=GPU19)["xid/48/0000:19:00.0"][1] is Severity.RESET
+
+
+def test_an_xid64_in_a_later_burst_does_not_escalate_the_dbe(cfg: Config) -> None:
+    """A burst on one GPU lasts until 3 min of silence: a 64 seven minutes later is another incident."""
+    view = fold_kernel_text((XK / f"{H100}-DERIVED-xid64-seven-minutes-later.log").read_text())
+    bursts = {t.first.code: t.burst for t in view.tallies}
+    assert bursts[48] == bursts[63] == bursts[94] == 1 and bursts[64] == 2
+    found = _judge(XK / f"{H100}-DERIVED-xid64-seven-minutes-later.log", cfg, gpus=GPU19)
+    assert found["xid/48/0000:19:00.0"][1] is Severity.RESET

@@ -104,7 +104,8 @@ BUCKET_SEVERITY = {
     "WORKFLOW_NVLINK_ERR": "nvlink",
     "WORKFLOW_NVLINK5_ERR": "monitor",
     "XID_154": "monitor",
-    "CHECK_UVM": "monitor",
+    "CHECK_UVM": "reset",
+    "UPDATE_SWFW": "monitor",
 }
 
 
@@ -296,15 +297,22 @@ def test_xid13_43_application_faults_are_reported_without_a_warning(cfg: Config)
     assert all(len(m.split(": ", 1)[1]) <= 160 for m in msgs.values())
 
 
-def test_blackwell_nvlink_warns(cfg: Config) -> None:
+def test_blackwell_nvlink_fatal_lines_fail_nonfatal_lines_warn(cfg: Config) -> None:
+    """The driver marks each NVLink5 line Fatal or Nonfatal: Fatal takes xid.nvlinkSeverity (reset)."""
     res = check_xid(_facts(XK / "issue-gpud-pr1160-1174-blackwell-nvlink-xid144-145-149-lines.log"), cfg)
-    assert res.status is Status.WARN
-    assert {f.rule for f in res.findings} == {"xid.144", "xid.145", "xid.149"}
-    assert all(f.severity is Severity.MONITOR for f in res.findings)
-    assert {f.key for f in res.findings if f.rule == "xid.149"} == {
-        "xid/149/0000:00:00.0",
-        "xid/149/0019:01:00.0",
+    assert res.status is Status.FAIL
+    by_key = {f.key: f for f in res.findings}
+    assert {k: f.severity for k, f in by_key.items()} == {
+        "xid/149/0000:00:00.0/fatal": Severity.RESET,
+        "xid/149/0019:01:00.0/fatal": Severity.RESET,
+        "xid/144/0000:01:00.0": Severity.MONITOR,
+        "xid/145/0018:01:00.0": Severity.MONITOR,
     }
+    assert "(Fatal): Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal" in by_key["xid/149/0000:00:00.0/fatal"].message
+    assert "RLW_RXPIPE Nonfatal" in by_key["xid/145/0018:01:00.0"].message
+    reset_default = parse_config({"xid": {"nvlinkSeverity": "reboot"}}, catalog_doc=yaml.safe_load(CATALOG_YAML.read_text()))
+    res = check_xid(_facts(XK / "issue-gpud-pr1160-1174-blackwell-nvlink-xid144-145-149-lines.log"), reset_default)
+    assert res.severity is Severity.REBOOT  # the configured NVLink default
 
 
 @pytest.mark.parametrize(
@@ -399,7 +407,7 @@ def test_catalog_severities_follow_the_documented_mapping() -> None:
             assert body["severity"] == BUCKET_SEVERITY[bucket], code
         elif bucket == "CONTACT_SUPPORT":
             assert body["severity"] == "monitor", code
-    picks = {c: doc["codes"][c]["severity"] for c in (54, 63, 64, 74, 79, 95, 168, 171, 172)}
+    picks = {c: doc["codes"][c]["severity"] for c in (54, 63, 64, 74, 79, 95, 159, 167, 168, 171, 172)}
     assert picks == {
         54: "isolate",
         63: "monitor",
@@ -407,10 +415,16 @@ def test_catalog_severities_follow_the_documented_mapping() -> None:
         74: "nvlink",
         79: "reboot",
         95: "reset",
+        159: "reset",
+        167: "reboot",
         168: "reboot",
         171: "reset",
-        172: "isolate",
+        172: "reset",
     }
+    # Every code NVIDIA marks used on A100/H100/B100/GB200 (shared/reference/xid-catalog-check.md §2).
+    used_missing_before = {11, 14, 25, 37, 38, 39, 40, 41, 44, 60, 66, 67, 70, 71, 72, 75, 76, 77, 78, 82, 83, 84, 85}
+    used_missing_before |= {86, 88, 89, 93, *range(96, 109), *range(127, 136), 137, 139, 141, 160, 161}
+    assert len(used_missing_before) == 54 and used_missing_before <= set(doc["codes"])
 
 
 def test_catalog_header_names_every_deviation() -> None:

@@ -11,6 +11,11 @@ by one: a job's bad pointer is not a bad GPU. A GPU that logs one at `stormPerMi
 it faults for every job) takes the catalog's `storm` severity, `monitor`: worth a look, not a taint,
 since the same storm is also what a broken job in a restart loop prints.
 
+Decoding NVIDIA gives us: an NVLink5 Xid (144-150) the driver marks Fatal or Link Fatal is its own
+finding at `xid.nvlinkSeverity` (42 of the 44 Fatal rows of NVIDIA's decode sheet are RESET_GPU); a
+Nonfatal one stays at its catalog severity. Xid 48 together with Xid 64 on the same GPU in the same
+burst (Xids of a GPU until 3 minutes of silence) is a DBE whose page retirement failed: isolate.
+
 A PCIe AER uncorrected fatal error ("Uncorrected (Fatal)", "can't recover", "device recovery failed")
 on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid.
 """
@@ -94,7 +99,19 @@ def _aer_finding(tally: XidTally, labels: dict[str, str], nics: dict[str, str], 
     )
 
 
-def _finding(tally: XidTally, labels: dict[str, str], cfg: Config) -> Finding:
+def _nvlink_severity(cfg: Config) -> Severity:
+    return Severity.parse(str(cfg.raw["xid"]["nvlinkSeverity"]))
+
+
+def _retirement_failed(tally: XidTally, xids: KernelXids) -> bool:
+    """Xid 48 (DBE) with Xid 64 (page retirement/row remap failed) on the same GPU in the same burst."""
+    return any(
+        t.first.code == 64 and not t.first.sxid and t.first.pci == tally.first.pci and t.burst == tally.burst
+        for t in xids.tallies
+    )
+
+
+def _finding(tally: XidTally, labels: dict[str, str], cfg: Config, xids: KernelXids) -> Finding:
     ev = tally.first
     pci = short_pci(ev.pci) if ev.pci else "unknown PCI"
     count = _count(tally)
@@ -122,17 +139,21 @@ def _finding(tally: XidTally, labels: dict[str, str], cfg: Config) -> Finding:
         severity = max(severity, storm)
     if ev.code == 154:
         severity = max(severity, recovery_severity(tally.latest.recovery_action))
+    note, suffix = (" (storm)" if stormy else ""), ""
+    if ev.variant == "fatal":  # an NVLink5 line the driver marks Fatal: its own finding, the NVLink default
+        severity, note, suffix = max(severity, _nvlink_severity(cfg)), f"{note} (Fatal)", "/fatal"
+    if ev.code == 48 and _retirement_failed(tally, xids):
+        severity, note = max(severity, Severity.ISOLATE), f"{note} (with Xid 64: page retirement failed)"
     label = labels.get(ev.pci or "") or pci
     where = label if label.startswith("GPU ") else f"GPU {label}"
     name = cfg.xid_catalog.name(ev.code)
-    storm_note = " (storm)" if stormy else ""
     return Finding(
         check=NAME,
         rule=rule,
         severity=severity,
-        message=f"Xid {ev.code} ({name}) on {where} {count}{storm_note}: {text}",
+        message=f"Xid {ev.code} ({name}) on {where} {count}{note}: {text}",
         entities=(label,),
-        key=f"xid/{ev.code}/{pci}",
+        key=f"xid/{ev.code}/{pci}{suffix}",
         latched=True,
     )
 
@@ -148,7 +169,7 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     nics = _nic_names(facts)
     findings: list[Finding] = []
     for tally in xids.tallies:
-        found = _aer_finding(tally, labels, nics, cfg) if tally.first.aer else _finding(tally, labels, cfg)
+        found = _aer_finding(tally, labels, nics, cfg) if tally.first.aer else _finding(tally, labels, cfg, xids)
         if found is not None:
             findings.append(found)
     findings.sort(key=lambda f: -int(f.severity))  # stable: equal severities keep log order

@@ -225,6 +225,7 @@ class XidEvent(NamedTuple):
     wallclock: str | None = None
     aer: bool = False  # a PCIe AER fatal/unrecovered line on `pci` (code 0), not an NVIDIA Xid
     wrapped: bool = False  # the second line of an Xid 154 wrapped onto two: its action, not a new line
+    variant: str = ""  # "fatal" for an NVLink5 (144-150) line the driver marks Fatal or Link Fatal
 
 
 @dataclass(frozen=True)
@@ -244,6 +245,7 @@ class XidTally:
     latest: XidEvent
     count: int
     per_minute: float
+    burst: int = 0  # which burst of its device its latest line belongs to (a burst ends after BURST_QUIET_S)
 
 
 @dataclass(frozen=True)

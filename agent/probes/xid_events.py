@@ -10,6 +10,8 @@ Recognised lines (anywhere in the record text):
   (``NVRM: The NVIDIA GPU 0000:3b:00.0`` / ``NVRM: (PCI ID: 10de:2330) installed in this system has`` /
   ``NVRM: fallen off the bus and is not responding to commands.``): the address of the first line is
   carried to the third, so a dmesg or journal capture still gives one Xid 79 on that GPU;
+- Blackwell NVLink5 (144-150) ``149, NETIR_LINK_EVT  Fatal  XC0 i0 Link 09 (...)``: the sub-code unit and
+  the driver's Fatal / Link Fatal / Nonfatal; a Fatal one is ``variant="fatal"`` (its own finding);
 - NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``;
 - PCIe AER ``Uncorrected (Fatal)``, ``can't recover``, ``device recovery failed`` → ``aer=True`` (code 0)
   on the device the line names (``error received: <bdf>`` names the source; else the line's own device).
@@ -38,6 +40,7 @@ _AER_LINE = re.compile(r"^(?:\S+\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{
 _AER_SOURCE = re.compile(  # the port names the device that sent it (kernels < 6.x, then 6.x wording)
     r"(?:error received:|error message received from)\s*(?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
 )
+_NVLINK5 = re.compile(r"\s*(\w+)\s+(Link Fatal|Fatal|Nonfatal|Non-fatal)\b")  # "149, NETIR_LINK_EVT  Fatal  XC0"
 _ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 
@@ -140,6 +143,10 @@ class XidReader:
                     pm = _LAST_PARENS.search(text, m.end(3))
                     action = pm.group(1).strip() if pm else None
                 ev = _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
+                if 144 <= code <= 150:
+                    nv = _NVLINK5.match(text, m.end(3) + 1)
+                    if nv is not None and "Fatal" in nv.group(2):
+                        ev = ev._replace(variant="fatal")
                 if code == 154 and action is None:
                     self.open_154 = ev
                 return ev

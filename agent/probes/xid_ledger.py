@@ -17,8 +17,9 @@ from functools import lru_cache
 from agent.core.model import KernelRecord, KernelXids, XidEvent, XidTally
 
 WINDOW_S = 60.0
+BURST_QUIET_S = 180.0  # a device's burst of Xids ends after 3 min of silence (NVIDIA Fleet Intelligence)
 MAX_KEYS = 512  # distinct (kind, code, device); a real node has a few dozen at most
-_Key = tuple[str, int, "str | None"]
+_Key = tuple[str, int, "str | None", str]
 
 
 @dataclass
@@ -31,6 +32,7 @@ class _Tally:
     win_count: int
     prev_count: int
     first_companion: bool = False  # `first` is a number-less line: the first numbered one replaces it
+    burst: int = 0
 
     def count(self) -> int:
         return self.numbered or self.companions
@@ -69,7 +71,7 @@ def _second(wallclock: str) -> str:
 
 def _key(ev: XidEvent) -> _Key:
     kind = "aer" if ev.aer else "sxid" if ev.sxid else "xid"
-    return kind, ev.code, ev.pci
+    return kind, ev.code, ev.pci, ev.variant
 
 
 def _numbered(ev: XidEvent) -> bool:
@@ -85,12 +87,14 @@ class XidLedger:
         self.untallied = 0
         self.now = 0.0  # the latest log time seen
         self.version = 0  # bumped on every change: a view is rebuilt only when it moved
+        self.bursts: dict[str | None, list[float]] = {}  # device → [last line's time, burst number]
         self._last_second: str | None = None  # a one-entry cache: a storm repeats the same second
         self._last_seconds: float | None = None
 
     def reset(self) -> None:
         """A new boot, or the log was replaced: nothing of what we held is this log's any more."""
         self.tallies.clear()
+        self.bursts.clear()
         self.untallied = 0
         self.version += 1
 
@@ -121,8 +125,10 @@ class XidLedger:
             if len(self.tallies) >= MAX_KEYS:
                 self.untallied += 1
                 return False
-            self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0, not numbered)
+            burst = self._burst(ev.pci, t)
+            self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0, not numbered, burst)
             return True
+        tally.burst = self._burst(ev.pci, t)
         if ev.wrapped:  # the rest of the line counted already: only its recovery action is news
             changed = ev.recovery_action != tally.latest.recovery_action
             tally.latest = ev
@@ -144,10 +150,21 @@ class XidLedger:
             tally.latest = ev
         return changed
 
+    def _burst(self, device: str | None, t: float) -> int:
+        """The burst number of a line on `device` at time t (O(1); one entry per tallied device)."""
+        state = self.bursts.get(device)
+        if state is None:
+            self.bursts[device] = state = [t, 1.0]
+        elif t - state[0] > BURST_QUIET_S:
+            state[1] += 1
+        state[0] = max(state[0], t)
+        return int(state[1])
+
     def view(self, records: int, fmt: str, lost: int = 0) -> KernelXids:
         return KernelXids(
             tallies=tuple(
-                XidTally(t.first, t.latest, t.count(), t.per_minute(self.now)) for t in self.tallies.values()
+                XidTally(t.first, t.latest, t.count(), t.per_minute(self.now), t.burst)
+                for t in self.tallies.values()
             ),
             records=records,
             format=fmt,
