@@ -44,9 +44,9 @@ from bench._kube import (
     our_taint,
     proc_cpu_s,
     proc_rss_kb,
+    snapshot_copy,
     wait_for,
     write_config,
-    snapshot_copy,
 )
 
 STORM = (
@@ -55,9 +55,7 @@ STORM = (
     "NVRM: Xid (PCI:0000:53:00): 31, pid=48213, name=python3, Ch 00000010, intr 00000000. MMU Fault: "
     "ENGINE GRAPHICS GPCCLIENT_T1_2 faulted @ 0x7f3a_2c000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
 )
-XID79 = (
-    "NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-)
+XID79 = "NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 BATCH_S = 0.01
 WRITES = ("PATCH", "PUT", "POST", "UPDATE", "CREATE", "APPLY")
 
@@ -174,14 +172,17 @@ def main() -> None:
                     os.close(fd)
                 time.sleep(2.0)
                 rss1 = proc_rss_kb(agent.pid)
-                rows.append((trial, (t1 - t0) * 1000, cpu1 - cpu0, rss0 / 1024, rss1 / 1024, writes, args.lines))
+                rows.append(
+                    (trial, (t1 - t0) * 1000, cpu1 - cpu0, rss0 / 1024, rss1 / 1024, writes, args.lines)
+                )
         finally:
             watch.stop()
             agent.stop()
         print(f"xid_storm  machine: {machine()}  apiserver: {env.version}")
         print(
             f"parameters: lines={args.lines} seconds={args.seconds:g} (Xid 13/31 alternating on one GPU, "
-            f"dmesg --decode iso lines appended every {BATCH_S * 1000:.0f} ms) intervals.gpu={args.gpu_interval:g}s "
+            f"dmesg --decode iso lines appended every {BATCH_S * 1000:.0f} ms) "
+            f"intervals.gpu={args.gpu_interval:g}s "
             "snapshot=p5.48xlarge-healthy"
         )
         head = (

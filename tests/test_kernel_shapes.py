@@ -40,7 +40,8 @@ def _counts(found: dict[str, tuple[str, Severity, str]]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    "variant", ["dmesg-T", "dmesg-H", "journal-short-precise", "syslog-no-host", "journal-short-iso-no-host", "talos"]
+    "variant",
+    ["dmesg-T", "dmesg-H", "journal-short-precise", "syslog-no-host", "journal-short-iso-no-host", "talos"],
 )
 def test_every_line_format_gives_the_findings_of_the_real_capture(variant: str, cfg: Config) -> None:
     real = _judge(XK / f"{HGX}-BLOCKQUOTE.txt", cfg)
@@ -86,7 +87,9 @@ def test_a_user_space_line_is_never_the_driver_even_without_a_host_field(cfg: Co
         ("reset-then-none", Severity.MONITOR),
     ],
 )
-def test_xid154_follows_the_recovery_action_in_every_wording(slug: str, severity: Severity, cfg: Config) -> None:
+def test_xid154_follows_the_recovery_action_in_every_wording(
+    slug: str, severity: Severity, cfg: Config
+) -> None:
     found = _judge(XK / f"{H100}-DERIVED-xid154-{slug}.log", cfg, gpus=GPU19)
     rule, got, message = found["xid/154/0000:19:00.0"]
     assert (rule, got) == ("xid.154", severity)
@@ -97,7 +100,14 @@ def test_recovery_action_wordings() -> None:
     assert recovery_severity("None") is Severity.NONE and recovery_severity(None) is Severity.NONE
     assert recovery_severity("Node Reboot Required") is Severity.REBOOT
     assert recovery_severity("Reboot") is Severity.REBOOT  # nvidia-smi's wording
-    for text in ("GPU Reset Required", "Drain and Reset", "Drain P2P", "PF FLR", "Reset", "Recover IMEX Domain"):
+    for text in (
+        "GPU Reset Required",
+        "Drain and Reset",
+        "Drain P2P",
+        "PF FLR",
+        "Reset",
+        "Recover IMEX Domain",
+    ):
         assert recovery_severity(text) is Severity.RESET, text
     assert recovery_severity("Something New") is Severity.MONITOR  # not guessed, not ignored
 
@@ -106,7 +116,9 @@ def test_pcie_aer_fatal_on_a_gpu_and_a_nic_are_findings_without_any_xid(cfg: Con
     nic = RdmaDevice(name="mlx5_0", pci="00000000:1a:00.0", vendor="0x15b3", driver="mlx5_core", ports=())
     res = check_xid(
         NodeFacts(
-            kernel=fold_kernel_text((KL / "gpud-h100-boot-dmesg-decode-iso-DERIVED-pcie-aer-gpu-and-nic.log").read_text()),
+            kernel=fold_kernel_text(
+                (KL / "gpud-h100-boot-dmesg-decode-iso-DERIVED-pcie-aer-gpu-and-nic.log").read_text()
+            ),
             gpus=GPU19,
             rdma=RdmaSample(devices=(nic,), taken_at=0.0),
         ),

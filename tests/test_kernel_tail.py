@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import Config, load_config_dir
 from agent.checks.xid import check_xid
+from agent.config import Config, load_config_dir
 from agent.core.facts import NodeFacts
 from agent.core.model import KernelXids
 from agent.core.probed import ProbeError
@@ -49,7 +49,9 @@ def _tallies(view: object) -> dict[tuple[int, str | None], int]:
 # --------------------------------------------------------------------------- /dev/kmsg (syscall fake)
 
 
-def test_device_reads_the_ring_at_start_then_only_new_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_reads_the_ring_at_start_then_only_new_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kmsg = FakeKmsg(tmp_path / "kmsg", monkeypatch)
     kmsg.write("Linux version 6.8.0", prio=5)
     kmsg.write(XID79)  # before the agent started: still found
@@ -67,7 +69,9 @@ def test_device_reads_the_ring_at_start_then_only_new_records(tmp_path: Path, mo
     assert isinstance(view, KernelXids) and view.records == 503 and view.format == "kmsg" and view.lost == 0
 
 
-def test_device_overrun_epipe_goes_on_with_the_oldest_record_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_overrun_epipe_goes_on_with_the_oldest_record_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kmsg = FakeKmsg(tmp_path / "kmsg", monkeypatch, capacity=50)
     kmsg.write(XID79)
     tail = KernelTail(kmsg.path, device=True)
@@ -79,7 +83,11 @@ def test_device_overrun_epipe_goes_on_with_the_oldest_record_left(tmp_path: Path
     view = tail.view()
     assert tail.full_reads == 2  # start, and the overrun
     assert view.lost == 151  # seq 1..151 overwritten before we read them (the ring keeps 152..201)
-    assert _tallies(view) == {(79, "00000000:53:00.0"): 1, (13, "00000000:38:00.0"): 49, (31, "00000000:38:00.0"): 1}
+    assert _tallies(view) == {
+        (79, "00000000:53:00.0"): 1,
+        (13, "00000000:38:00.0"): 49,
+        (31, "00000000:38:00.0"): 1,
+    }
 
 
 def test_a_fifo_stands_in_for_the_device(tmp_path: Path) -> None:
@@ -107,7 +115,9 @@ def test_a_fifo_stands_in_for_the_device(tmp_path: Path) -> None:
         tail.forget()
 
 
-def test_follower_on_the_device_wakes_the_engine_for_a_new_xid_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_follower_on_the_device_wakes_the_engine_for_a_new_xid_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kmsg = FakeKmsg(tmp_path / "kmsg", monkeypatch)
     kmsg.write(XID13)
     src = LiveSource(kmsg_path=kmsg.path)
@@ -199,7 +209,9 @@ def test_state_is_bounded_by_distinct_findings_not_lines() -> None:
     lines = [f"4,{i},{1_000_000 + i * 10},-;{XID13}" for i in range(100_000)]
     view = fold_kernel_text("\n".join(lines) + "\n")
     assert _tallies(view) == {(13, "00000000:38:00.0"): 100_000} and view.records == 100_000
-    many = [f"4,{i},{i},-;NVRM: Xid (PCI:{i // 256:04x}:{i % 256:02x}:00): 13, x" for i in range(MAX_KEYS + 100)]
+    many = [
+        f"4,{i},{i},-;NVRM: Xid (PCI:{i // 256:04x}:{i % 256:02x}:00): 13, x" for i in range(MAX_KEYS + 100)
+    ]
     view = fold_kernel_text("\n".join(many) + "\n")
     assert len(view.tallies) == MAX_KEYS and view.untallied == 100
 

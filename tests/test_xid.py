@@ -292,7 +292,9 @@ def test_xid13_43_application_faults_are_reported_without_a_warning(cfg: Config)
     assert res.severity is Severity.NONE
     msgs = {f.rule: f.message for f in res.findings}
     assert set(msgs) == {"xid.13", "xid.43"}
-    assert msgs["xid.13"].startswith("Xid 13 (ROBUST_CHANNEL_GR_EXCEPTION) on GPU 0000:38:00.0 ×629, 59/min: ")
+    assert msgs["xid.13"].startswith(
+        "Xid 13 (ROBUST_CHANNEL_GR_EXCEPTION) on GPU 0000:38:00.0 ×629, 59/min: "
+    )
     assert "×7" in msgs["xid.43"]
     assert all(len(m.split(": ", 1)[1]) <= 160 for m in msgs.values())
 
@@ -308,10 +310,17 @@ def test_blackwell_nvlink_fatal_lines_fail_nonfatal_lines_warn(cfg: Config) -> N
         "xid/144/0000:01:00.0": Severity.MONITOR,
         "xid/145/0018:01:00.0": Severity.MONITOR,
     }
-    assert "(Fatal): Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal" in by_key["xid/149/0000:00:00.0/fatal"].message
+    assert (
+        "(Fatal): Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal"
+        in by_key["xid/149/0000:00:00.0/fatal"].message
+    )
     assert "RLW_RXPIPE Nonfatal" in by_key["xid/145/0018:01:00.0"].message
-    reset_default = parse_config({"xid": {"nvlinkSeverity": "reboot"}}, catalog_doc=yaml.safe_load(CATALOG_YAML.read_text()))
-    res = check_xid(_facts(XK / "issue-gpud-pr1160-1174-blackwell-nvlink-xid144-145-149-lines.log"), reset_default)
+    reset_default = parse_config(
+        {"xid": {"nvlinkSeverity": "reboot"}}, catalog_doc=yaml.safe_load(CATALOG_YAML.read_text())
+    )
+    res = check_xid(
+        _facts(XK / "issue-gpud-pr1160-1174-blackwell-nvlink-xid144-145-149-lines.log"), reset_default
+    )
     assert res.severity is Severity.REBOOT  # the configured NVLink default
 
 
@@ -422,7 +431,31 @@ def test_catalog_severities_follow_the_documented_mapping() -> None:
         172: "reset",
     }
     # Every code NVIDIA marks used on A100/H100/B100/GB200 (shared/reference/xid-catalog-check.md §2).
-    used_missing_before = {11, 14, 25, 37, 38, 39, 40, 41, 44, 60, 66, 67, 70, 71, 72, 75, 76, 77, 78, 82, 83, 84, 85}
+    used_missing_before = {
+        11,
+        14,
+        25,
+        37,
+        38,
+        39,
+        40,
+        41,
+        44,
+        60,
+        66,
+        67,
+        70,
+        71,
+        72,
+        75,
+        76,
+        77,
+        78,
+        82,
+        83,
+        84,
+        85,
+    }
     used_missing_before |= {86, 88, 89, 93, *range(96, 109), *range(127, 136), 137, 139, 141, 160, 161}
     assert len(used_missing_before) == 54 and used_missing_before <= set(doc["codes"])
 

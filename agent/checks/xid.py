@@ -33,9 +33,7 @@ from agent.core.text import shorten
 
 SXID = Rule("xid.sxid", Severity.MONITOR, "NVSwitch SXid in the kernel log")
 UNKNOWN_CODE = Rule("xid.unknown-code", Severity.MONITOR, "an Xid code not in the catalog")
-PCIE_AER = Rule(
-    "xid.pcie-aer", Severity.RESET, "PCIe AER uncorrected fatal error on a GPU or RDMA adapter"
-)
+PCIE_AER = Rule("xid.pcie-aer", Severity.RESET, "PCIe AER uncorrected fatal error on a GPU or RDMA adapter")
 
 
 NAME = "xid"
@@ -43,7 +41,15 @@ MAX_TEXT = 160
 # Every wording of the driver's Xid 154 action (R565+; Blackwell adds "Drain and Reset", R570+ "PF FLR")
 # and of nvidia-smi's "GPU Recovery Action" (Reset, Reboot, ...).
 _REBOOT_ACTIONS = ("node reboot required", "system reboot", "reboot")
-_RESET_ACTIONS = ("gpu reset required", "drain and reset", "drain p2p", "pf flr", "flr", "reset", "recover imex")
+_RESET_ACTIONS = (
+    "gpu reset required",
+    "drain and reset",
+    "drain p2p",
+    "pf flr",
+    "flr",
+    "reset",
+    "recover imex",
+)
 
 
 def recovery_severity(action: str | None) -> Severity:
@@ -82,7 +88,9 @@ def _count(tally: XidTally) -> str:
     return f"×{tally.count}{rate}"
 
 
-def _aer_finding(tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config) -> Finding | None:
+def _aer_finding(
+    tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config
+) -> Finding | None:
     pci = tally.first.pci or ""
     where = labels.get(pci) or (f"RDMA adapter {nics[pci]}" if pci in nics else None)
     if where is None:
@@ -92,7 +100,10 @@ def _aer_finding(tally: XidTally, labels: dict[str, str], nics: dict[str, str], 
         check=NAME,
         rule=PCIE_AER.name,
         severity=cfg.severity(PCIE_AER),
-        message=f"PCIe AER fatal error on {where} ({short_pci(pci)}) {_count(tally)}: {_trim(tally.latest.message)}",
+        message=(
+            f"PCIe AER fatal error on {where} ({short_pci(pci)}) {_count(tally)}: "
+            f"{_trim(tally.latest.message)}"
+        ),
         entities=(labels.get(pci) or nics[pci],),
         key=f"aer/{short_pci(pci)}",
         latched=True,
@@ -169,7 +180,9 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     nics = _nic_names(facts)
     findings: list[Finding] = []
     for tally in xids.tallies:
-        found = _aer_finding(tally, labels, nics, cfg) if tally.first.aer else _finding(tally, labels, cfg, xids)
+        found = (
+            _aer_finding(tally, labels, nics, cfg) if tally.first.aer else _finding(tally, labels, cfg, xids)
+        )
         if found is not None:
             findings.append(found)
     findings.sort(key=lambda f: -int(f.severity))  # stable: equal severities keep log order
@@ -180,6 +193,4 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-CHECKS = (
-    CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE, PCIE_AER)),
-)
+CHECKS = (CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE, PCIE_AER)),)

@@ -10,7 +10,7 @@ mix formats. Accepted line shapes:
   ``--ctime``: ``[Thu Jun 20 21:24:53 2024] msg``;
 - ``dmesg -H``: ``[Jun20 21:24] msg`` then ``[  +0.000123] msg``;
 - ``journalctl -k -o short-iso``: ``2024-06-20T21:24:53+0000 host kernel: msg``;
-- syslog and ``journalctl -o short``/``short-precise``: ``Jun 20 21:24:53[.123456] host kernel: [123.45] msg``;
+- syslog, ``journalctl -o short``/``short-precise``: ``Jun 20 21:24:53[.123456] host kernel: [123.45] msg``;
 - journal and syslog lines pasted without their host field: ``Jun 20 21:24:53 kernel: msg``;
 - remote collectors (talosctl dmesg): ``10.0.0.1: kern: warning: [2026-04-22T21:27:51.28Z]: msg``;
 - anything else is kept as a plain message (kernel logs are free text).
@@ -61,7 +61,8 @@ _SYSLOG = re.compile(
 _HOST_IDENT = re.compile(r"^(\S+)\s+([^\s:\[]+)(?:\[\d+\])?:\s?(.*)$")
 _IDENT_ONLY = re.compile(r"^([^\s:\[]+)(?:\[\d+\])?:\s(.*)$")  # a pasted line without its host field
 _HUMAN = re.compile(  # dmesg -H: "[Jun20 21:24] msg", "[Thu Jun20 21:24] msg", then "[  +0.000123] msg"
-    r"^\[(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) )?(?:[A-Z][a-z]{2}\s?\d{1,2} \d{2}:\d{2}(?::\d{2})?|\s*[+-]\s*\d+\.\d+)\]"
+    r"^\[(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) )?"
+    r"(?:[A-Z][a-z]{2}\s?\d{1,2} \d{2}:\d{2}(?::\d{2})?|\s*[+-]\s*\d+\.\d+)\]"
     r"\s?(.*)$"
 )
 _LEVEL_NUM = {

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from agent.core.model import KernelRecord, KernelXids, XidEvent
 from agent.probes.kernel_log import NEW_BOOT, LineReader, is_binary, looks_quoted
 from agent.probes.xid_events import XidReader
-from agent.probes.xid_ledger import XidLedger
+from agent.probes.xid_ledger import MAX_KEYS, XidLedger
 
 log = logging.getLogger(__name__)
 CHUNK = 256 * 1024  # a poll stops after the chunk that held news, so the engine hears of it at once
@@ -48,7 +48,7 @@ class Repeat:
     prefix equal but for digits) whose text the XidReader already knows is counted without parsing
     it again: the record's stamps are cut from the places the slow parse found them."""
 
-    __slots__ = ("plen", "shape", "fmt", "seq", "ts", "wall")
+    __slots__ = ("fmt", "plen", "seq", "shape", "ts", "wall")
 
     def __init__(self, plen: int, shape: re.Pattern[str], fmt: str) -> None:
         self.plen, self.shape, self.fmt = plen, shape, fmt
@@ -112,6 +112,7 @@ class KernelTail:
         self.urgent = False
         self.early = False
         self.timed_out = False
+        self.warned = False
         self.followed = False  # a follower thread is the reader: the engine only takes the view
         self.error: OSError | BinaryLog | None = None  # what the last poll raised
 
@@ -299,6 +300,12 @@ class KernelTail:
 
     def view(self) -> KernelXids:
         with self.lock:
+            if self.ledger.untallied and not self.warned:
+                self.warned = True
+                log.warning(
+                    f"kernel log {self.path}: more than {MAX_KEYS} distinct Xid (kind, code, device); "
+                    "lines of further ones are counted as untallied, not kept"
+                )
             return self.ledger.view(self.records, self.lines.format, self.lost)
 
 

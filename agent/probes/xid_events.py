@@ -38,9 +38,12 @@ _GPU_HEADER = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(\S+)")  # first line of the
 _HEADER_REACH = 3  # records: the header, "(PCI ID: ...) installed in this system has", "fallen off ..."
 _AER_LINE = re.compile(r"^(?:\S+\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$")
 _AER_SOURCE = re.compile(  # the port names the device that sent it (kernels < 6.x, then 6.x wording)
-    r"(?:error received:|error message received from)\s*(?:id=)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
+    r"(?:error received:|error message received from)\s*(?:id=)?"
+    r"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
 )
-_NVLINK5 = re.compile(r"\s*(\w+)\s+(Link Fatal|Fatal|Nonfatal|Non-fatal)\b")  # "149, NETIR_LINK_EVT  Fatal  XC0"
+_NVLINK5 = re.compile(
+    r"\s*(\w+)\s+(Link Fatal|Fatal|Nonfatal|Non-fatal)\b"
+)  # "149, NETIR_LINK_EVT  Fatal  XC0"
 _ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 
@@ -129,7 +132,11 @@ class XidReader:
         if open_154 is not None:
             w = _ACTION_WRAP.match(text)
             if w:  # "...154, GPU recovery action changed" / "   from 0x0 (None) to 0x2 (...)"
-                return open_154._replace(message=f"{open_154.message} {text.strip()}", recovery_action=w.group(1).strip(), wrapped=True)
+                return open_154._replace(
+                    message=f"{open_154.message} {text.strip()}",
+                    recovery_action=w.group(1).strip(),
+                    wrapped=True,
+                )
         if "AER" in text:
             return _aer(rec)
         if "NVRM" not in text and "SXid" not in text:

@@ -114,7 +114,11 @@ class XidLedger:
         """Fold one event in (its time from `rec`, the line it came from, when given); True when the
         engine should look now (a new kind/code/device, or an Xid 154 whose recovery action
         changed), False when only counts moved."""
-        t = self._log_time(ev.ts_us, ev.wallclock) if rec is None else self._log_time(rec.ts_us, rec.wallclock)
+        t = (
+            self._log_time(ev.ts_us, ev.wallclock)
+            if rec is None
+            else self._log_time(rec.ts_us, rec.wallclock)
+        )
         if t > self.now:
             self.now = t
         self.version += 1
