@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.checks.xid import check_xid
 from agent.config import Config, load_config_dir
@@ -233,3 +235,25 @@ def test_the_same_faults_spread_out_are_not_a_storm(cfg: Config) -> None:
     assert res.status is Status.PASS and res.severity is Severity.NONE
     assert {f.rule for f in res.findings} == {"xid.13", "xid.31"}
     assert all("storm" not in f.message for f in res.findings)
+
+
+def test_a_storm_that_stopped_decays_as_the_kernel_logs_on(cfg: Config) -> None:
+    storm = _storm(4000, 40)  # kmsg records: 100 s of storm
+    later = "".join(
+        f"6,{5000 + i},{1_000_000 + 100_000_000 + (i + 1) * 10_000_000},-;eth0: link up\n" for i in range(13)
+    )
+    res = check_xid(NodeFacts(kernel=fold_kernel_text(storm + later)), cfg)  # 130 s of other lines later
+    assert res.severity is Severity.NONE
+    assert all("storm" not in f.message for f in res.findings)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("NVRM: Xid (PCI:0000:3b:00): 79,13 154 AER\n[]0123.>-,;kern")),
+        max_size=400,
+    )
+)
+def test_any_text_folds_without_an_error(text: str) -> None:
+    view = fold_kernel_text(text)
+    assert view.records <= text.count("\n") + 1 and len(view.tallies) <= MAX_KEYS

@@ -145,6 +145,8 @@ class KernelTail:
             self.last_seq = rec.seq
         ev = self.xids.feed(rec)
         if ev is None:
+            if rec.ts_us is not None and rec.ts_us > self.ledger.now * 1e6:
+                self.ledger.now = rec.ts_us / 1e6  # log time goes on: a storm that stopped decays
             return
         if line is not None and self.xids.memo and rec.message in self.xids.memo:
             self.repeat = Repeat.learn(line, rec, self.lines.last_format)

@@ -85,7 +85,7 @@ class XidLedger:
         self.clock = clock
         self.tallies: dict[_Key, _Tally] = {}
         self.untallied = 0
-        self.now = 0.0  # the latest log time seen
+        self.now = 0.0  # the latest log time seen (of any record with a kernel timestamp): rates are "now"
         self.version = 0  # bumped on every change: a view is rebuilt only when it moved
         self.bursts: dict[str | None, list[float]] = {}  # device → [last line's time, burst number]
         self._last_second: str | None = None  # a one-entry cache: a storm repeats the same second
