@@ -299,22 +299,24 @@ def test_xid13_43_application_faults_are_reported_without_a_warning(cfg: Config)
     assert all(len(m.split(": ", 1)[1]) <= 160 for m in msgs.values())
 
 
-def test_blackwell_nvlink_fatal_lines_fail_nonfatal_lines_warn(cfg: Config) -> None:
-    """The driver marks each NVLink5 line Fatal or Nonfatal: Fatal takes xid.nvlinkSeverity (reset)."""
+def test_blackwell_nvlink_lines_are_decoded_by_nvidias_sheet(cfg: Config) -> None:
+    """Each NVLink5 line's IntrInfo/ErrorStatus decoded with NVIDIA's "Xid 144-150 Decode" sheet: a
+    RESET_GPU sub-code takes xid.nvlinkSeverity (reset), an IGNORE one stays monitor, even when the
+    driver prints "Fatal" (0x026001c6 is a link-down NVIDIA says to ignore; 0x025001c6 is not)."""
     res = check_xid(_facts(XK / "issue-gpud-pr1160-1174-blackwell-nvlink-xid144-145-149-lines.log"), cfg)
     assert res.status is Status.FAIL
     by_key = {f.key: f for f in res.findings}
+    down = "NETIR_LINK_EVT/NETIR_LINK_DOWN"
     assert {k: f.severity for k, f in by_key.items()} == {
-        "xid/149/0000:00:00.0/fatal": Severity.RESET,
-        "xid/149/0019:01:00.0/fatal": Severity.RESET,
-        "xid/144/0000:01:00.0": Severity.MONITOR,
-        "xid/145/0018:01:00.0": Severity.MONITOR,
+        f"xid/149/0000:00:00.0/{down}/reset_gpu": Severity.RESET,  # 0x025001c6
+        "xid/149/0019:01:00.0/NETIR/NETIR_INT/reset_gpu": Severity.RESET,
+        "xid/144/0000:01:00.0/SAW_MVB/ignore": Severity.MONITOR,
+        f"xid/149/0000:00:00.0/{down}/ignore": Severity.MONITOR,  # 0x026001c6
+        "xid/145/0018:01:00.0/RLW_RXPIPE/ignore": Severity.MONITOR,
     }
-    assert (
-        "(Fatal): Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal"
-        in by_key["xid/149/0000:00:00.0/fatal"].message
-    )
-    assert "RLW_RXPIPE Nonfatal" in by_key["xid/145/0018:01:00.0"].message
+    reset = by_key[f"xid/149/0000:00:00.0/{down}/reset_gpu"].message
+    assert f"({down}, Link Fatal: RESET_GPU): Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal" in reset
+    assert "(RLW_RXPIPE, Non-fatal: IGNORE)" in by_key["xid/145/0018:01:00.0/RLW_RXPIPE/ignore"].message
     reset_default = parse_config(
         {"xid": {"nvlinkSeverity": "reboot"}}, catalog_doc=yaml.safe_load(CATALOG_YAML.read_text())
     )
@@ -483,3 +485,28 @@ def test_override_changes_the_check_verdict() -> None:
     res = check_xid(_facts(XK / "gpud-h100-xid48-63-94-dbe-rowremap-iso.log"), strict)
     assert res.severity is Severity.ISOLATE
     assert res.findings[0].rule == "xid.63"
+
+
+def test_nvlink5_decode_follows_the_drivers_bit_patterns(cfg: Config) -> None:
+    """The sheet has one IntrInfo pattern for drivers < R575 and one for >= R575; the GPU's driver
+    version picks it. NVSentinel's test line 0x025525c6 decodes to RESET_GPU with the < R575 table."""
+    cat = cfg.xid_catalog
+    assert len(cat.nvlink5) == 95 and sum(r.bucket == "RESET_GPU" for r in cat.nvlink5) == 42
+    row = cat.decode_nvlink5(149, 0x025525C6, 0, driver_major=570)
+    assert row is not None and (row.mnemonic, row.bucket) == ("NETIR_LINK_EVT/NETIR_LINK_DOWN", "RESET_GPU")
+    assert cat.decode_nvlink5(149, 0x025525C6, 0, driver_major=580) is None  # not a >= R575 pattern
+    row = cat.decode_nvlink5(144, 0x1, 0x8, driver_major=580)
+    assert row is not None and (row.mnemonic, row.bucket) == ("SAW_MVB", "IGNORE")
+    text = "NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 09 (0x025525c6 0x00000000)\n"
+    gpus = GpuInventory(
+        source="test", gpus=(Gpu(index=2, pci_bus_id="00000018:01:00.0"),), driver_version="580.65.06"
+    )
+    (f,) = check_xid(NodeFacts(kernel=fold_kernel_text(text), gpus=gpus), cfg).findings
+    assert (f.key, f.severity) == ("xid/149/0018:01:00.0/fatal", Severity.RESET)  # no >= R575 row: "Fatal"
+
+
+def test_the_nvlink5_decode_table_is_validated() -> None:
+    doc = yaml.safe_load(CATALOG_YAML.read_text())
+    doc["nvlink5Decode"] = [[149, "X", "01x", "0", "", "RESET_GPU", "Fatal"]]
+    with pytest.raises(ValueError, match="IntrInfo patterns"):
+        parse_catalog(doc)

@@ -22,8 +22,11 @@ on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even w
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.checks import CheckSpec, input_gap
 from agent.config import Config
+from agent.config.xid_catalog import Nvlink5Row
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import GpuInventory, KernelXids, RdmaSample, XidTally, normalize_pci, short_pci
@@ -122,7 +125,50 @@ def _retirement_failed(tally: XidTally, xids: KernelXids) -> bool:
     )
 
 
-def _finding(tally: XidTally, labels: dict[str, str], cfg: Config, xids: KernelXids) -> Finding:
+def _driver_major(facts: NodeFacts) -> int | None:
+    version = facts.gpus.driver_version if isinstance(facts.gpus, GpuInventory) else None
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _decode(tally: XidTally, cfg: Config, driver: int | None) -> Nvlink5Row | None:
+    ev = tally.first
+    if not 144 <= ev.code <= 150 or ev.subcode is None or ev.sxid:
+        return None
+    return cfg.xid_catalog.decode_nvlink5(ev.code, ev.subcode[0], ev.subcode[1], driver)
+
+
+def _merge_nvlink5(
+    xids: KernelXids, cfg: Config, driver: int | None
+) -> list[tuple[XidTally, Nvlink5Row | None]]:
+    """NVLink5 lines of one GPU and code that decode to the same sub-code are one finding."""
+    merged: dict[tuple[object, ...], tuple[XidTally, Nvlink5Row | None]] = {}
+    for tally in xids.tallies:
+        row = _decode(tally, cfg, driver)
+        ev = tally.first
+        key: tuple[object, ...] = (
+            (ev.code, ev.pci, row.mnemonic, row.bucket) if row is not None else (id(tally),)
+        )
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = (tally, row)
+        else:
+            t = seen[0]
+            merged[key] = (
+                replace(
+                    t,
+                    latest=tally.latest,
+                    count=t.count + tally.count,
+                    per_minute=t.per_minute + tally.per_minute,
+                ),
+                row,
+            )
+    return list(merged.values())
+
+
+def _finding(
+    tally: XidTally, labels: dict[str, str], cfg: Config, xids: KernelXids, row: Nvlink5Row | None = None
+) -> Finding:
     ev = tally.first
     pci = short_pci(ev.pci) if ev.pci else "unknown PCI"
     count = _count(tally)
@@ -151,7 +197,14 @@ def _finding(tally: XidTally, labels: dict[str, str], cfg: Config, xids: KernelX
     if ev.code == 154:
         severity = max(severity, recovery_severity(tally.latest.recovery_action))
     note, suffix = (" (storm)" if stormy else ""), ""
-    if ev.variant == "fatal":  # an NVLink5 line the driver marks Fatal: its own finding, the NVLink default
+    if row is not None:  # decoded by NVIDIA's sheet: RESET_GPU takes the NVLink default
+        if row.bucket == "RESET_GPU":
+            severity = max(severity, _nvlink_severity(cfg))
+        note, suffix = (
+            f"{note} ({row.mnemonic}, {row.nvidia_severity}: {row.bucket})",
+            f"/{row.mnemonic}/{row.bucket.lower()}",
+        )
+    elif ev.variant == "fatal":  # not in the sheet, but the driver says Fatal: the NVLink default
         severity, note, suffix = max(severity, _nvlink_severity(cfg)), f"{note} (Fatal)", "/fatal"
     if ev.code == 48 and _retirement_failed(tally, xids):
         severity, note = max(severity, Severity.ISOLATE), f"{note} (with Xid 64: page retirement failed)"
@@ -179,9 +232,11 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     labels = _gpu_labels(facts)
     nics = _nic_names(facts)
     findings: list[Finding] = []
-    for tally in xids.tallies:
+    for tally, row in _merge_nvlink5(xids, cfg, _driver_major(facts)):
         found = (
-            _aer_finding(tally, labels, nics, cfg) if tally.first.aer else _finding(tally, labels, cfg, xids)
+            _aer_finding(tally, labels, nics, cfg)
+            if tally.first.aer
+            else _finding(tally, labels, cfg, xids, row)
         )
         if found is not None:
             findings.append(found)

@@ -226,6 +226,7 @@ class XidEvent(NamedTuple):
     aer: bool = False  # a PCIe AER fatal/unrecovered line on `pci` (code 0), not an NVIDIA Xid
     wrapped: bool = False  # the second line of an Xid 154 wrapped onto two: its action, not a new line
     variant: str = ""  # "fatal" for an NVLink5 (144-150) line the driver marks Fatal or Link Fatal
+    subcode: tuple[int, int] | None = None  # NVLink5 (144-150): the line's IntrInfo and ErrorStatus
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ _AER_SOURCE = re.compile(  # the port names the device that sent it (kernels < 6
 _NVLINK5 = re.compile(
     r"\s*(\w+)\s+(Link Fatal|Fatal|Nonfatal|Non-fatal)\b"
 )  # "149, NETIR_LINK_EVT  Fatal  XC0"
+_NVLINK5_REGS = re.compile(
+    r"\((0x[0-9a-fA-F]+)\s+(0x[0-9a-fA-F]+)"
+)  # "(0x025525c6 0x00000000": IntrInfo, status
 _ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 
@@ -154,6 +157,9 @@ class XidReader:
                     nv = _NVLINK5.match(text, m.end(3) + 1)
                     if nv is not None and "Fatal" in nv.group(2):
                         ev = ev._replace(variant="fatal")
+                    regs = _NVLINK5_REGS.search(text, m.end(3))
+                    if regs is not None:
+                        ev = ev._replace(subcode=(int(regs.group(1), 16), int(regs.group(2), 16)))
                 if code == 154 and action is None:
                     self.open_154 = ev
                 return ev
