@@ -27,6 +27,7 @@ from dataclasses import replace
 from agent.checks import CheckSpec, input_gap
 from agent.config import Config
 from agent.config.xid_catalog import Nvlink5Row
+from agent.core.actions import from_nvidia_bucket
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import GpuInventory, KernelXids, RdmaSample, XidTally, normalize_pci, short_pci
@@ -211,6 +212,11 @@ def _finding(
     label = labels.get(ev.pci or "") or pci
     where = label if label.startswith("GPU ") else f"GPU {label}"
     name = cfg.xid_catalog.name(ev.code)
+    entry = cfg.xid_catalog.entries.get(ev.code)
+    # NVIDIA's bucket says what fixes it (a decoded NVLink5 sub-code: its own bucket); Xid 154 carries
+    # the driver's own recovery action instead
+    bucket = row.bucket if row is not None else entry.nvidia_action if entry else ""
+    action = None if ev.code == 154 else from_nvidia_bucket(bucket)
     return Finding(
         check=NAME,
         rule=rule,
@@ -219,6 +225,7 @@ def _finding(
         entities=(label,),
         key=f"xid/{ev.code}/{pci}{suffix}",
         latched=True,
+        action=action,
     )
 
 
