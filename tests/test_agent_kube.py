@@ -555,3 +555,33 @@ def test_an_agent_started_under_an_invalid_config_runs_and_says_why(
         assert agent.proc.poll() is None
     finally:
         world["agent"].stop(signal.SIGKILL)
+
+
+def test_an_xid79_after_a_storm_taints_and_the_storm_is_one_finding_per_gpu_and_code(
+    world: dict[str, Any],
+) -> None:
+    """20,000 Xid 13/31 lines appended at once, then an Xid 79: the taint comes (the follower reads
+    the storm once and wakes the engine for the new code), and the storm is two latched findings."""
+    wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass", what="status=pass")
+    lines = [
+        f"kern  :warn  : 2025-01-21T03:12:{i * 50 // 20000:02d},{i % 1000:06d}+00:00 "
+        "NVRM: Xid (PCI:0000:53:00): "
+        + (
+            "13, pid='4821', name=python3, Graphics SM Warp Exception"
+            if i % 2
+            else "31, pid=4821, name=python3, MMU Fault"
+        )
+        for i in range(20000)
+    ]
+    fd = os.open(world["snap"] / "kmsg.log", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, ("\n".join(lines) + "\n").encode())
+        os.write(fd, XID_LINE.encode())
+    finally:
+        os.close(fd)
+    wait_for(lambda: our_taint(node_dict(world)), timeout=60, what="taint after the storm's Xid 79")
+    doc = json.loads(node_dict(world)["metadata"]["annotations"][K.results])
+    keys = [latch["key"] for latch in doc["latched"] if latch["check"] == "xid"]
+    assert sorted(keys) == ["xid/13/0000:53:00.0", "xid/31/0000:53:00.0", "xid/79/0000:97:00.0"]
+    storm = next(latch for latch in doc["latched"] if latch["key"] == "xid/13/0000:53:00.0")
+    assert storm["severity"] == "monitor" and "(storm)" in storm["message"]

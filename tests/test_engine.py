@@ -164,9 +164,11 @@ def test_config_watcher_accepts_good_and_rejects_bad_edits(tmp_path: Path) -> No
 
 def test_the_follower_wakes_on_an_appended_xid_line(snap: Path) -> None:
     wake = threading.Event()
-    follower = KernelFollower(snap / "kmsg.log", wake.set, device=False)
+    follower = KernelFollower(SnapshotSource(snap).kernel_tail, wake.set)
     follower.start()
     try:
+        assert wake.wait(10)  # the full read at start
+        wake.clear()
         with (snap / "kmsg.log").open("a") as fh:
             fh.write("kern  :info  : 2025-01-21T03:12:40,0+00:00 eth0: link up\n")
         assert not wake.wait(0.3)

@@ -1,62 +1,72 @@
-"""The `xid` check: every Xid/SXid of the current boot, one latched finding per (device, code).
+"""The `xid` check: every Xid/SXid (and PCIe AER fatal error) of the current boot, one latched
+finding per (device, code) with how many lines and the recent rate.
 
 Severity comes from the Xid catalog (config/xid-catalog.yaml, overridable per code). Xid 154 also
 escalates by the recovery action its line names; the GPU's latest 154 counts, since a later
 "... to 0x0 (None)" means the action was taken. SXids (NVSwitch) use the rule `xid.sxid`; codes the
 catalog does not list use `xid.unknown-code`.
+
+Application faults (Xid 13, 31, 43, 45: NVIDIA says restart the application) are severity `none` one
+by one: a job's bad pointer is not a bad GPU. A GPU that logs one at `stormPerMinute` or more (a storm:
+it faults for every job) takes the catalog's `storm` severity, `monitor`: worth a look, not a taint,
+since the same storm is also what a broken job in a restart loop prints.
+
+Decoding NVIDIA gives us: an NVLink5 Xid (144-150) the driver marks Fatal or Link Fatal is its own
+finding at `xid.nvlinkSeverity` (42 of the 44 Fatal rows of NVIDIA's decode sheet are RESET_GPU); a
+Nonfatal one stays at its catalog severity. Xid 48 together with Xid 64 on the same GPU in the same
+burst (Xids of a GPU until 3 minutes of silence) is a DBE whose page retirement failed: isolate.
+
+A PCIe AER uncorrected fatal error ("Uncorrected (Fatal)", "can't recover", "device recovery failed")
+on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 from agent.checks import CheckSpec, input_gap
 from agent.config import Config
+from agent.config.xid_catalog import Nvlink5Row
 from agent.core.actions import from_nvidia_bucket
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
+from agent.core.model import GpuInventory, KernelXids, RdmaSample, XidTally, normalize_pci, short_pci
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 from agent.core.text import shorten
-from agent.probes.xid_events import extract_xids
 
 SXID = Rule("xid.sxid", Severity.MONITOR, "NVSwitch SXid in the kernel log")
 UNKNOWN_CODE = Rule("xid.unknown-code", Severity.MONITOR, "an Xid code not in the catalog")
+PCIE_AER = Rule("xid.pcie-aer", Severity.RESET, "PCIe AER uncorrected fatal error on a GPU or RDMA adapter")
 
 
 NAME = "xid"
 MAX_TEXT = 160
-_REBOOT_ACTIONS = ("node reboot required", "system reboot")
-_RESET_ACTIONS = ("gpu reset required", "drain and reset", "drain p2p", "bus reset")
-
-
-@dataclass
-class _Group:
-    first: XidEvent
-    events: list[XidEvent] = field(default_factory=list)
-
-    @property
-    def count(self) -> int:
-        """Lines that carry an Xid number; the number-less "fallen off the bus" companion line of an
-        Xid 79 is the same event printed twice, so it counts only when no numbered line exists."""
-        numbered = sum(1 for e in self.events if e.sxid or "Xid" in e.message)
-        return numbered or len(self.events)
-
-    @property
-    def text(self) -> str:
-        numbered = [e for e in self.events if e.sxid or "Xid" in e.message]
-        return (numbered or self.events)[0].message
+# Every wording of the driver's Xid 154 action (R565+; Blackwell adds "Drain and Reset", R570+ "PF FLR")
+# and of nvidia-smi's "GPU Recovery Action" (Reset, Reboot, ...).
+_REBOOT_ACTIONS = ("node reboot required", "system reboot", "reboot")
+_RESET_ACTIONS = (
+    "gpu reset required",
+    "drain and reset",
+    "drain p2p",
+    "pf flr",
+    "flr",
+    "reset",
+    "recover imex",
+)
 
 
 def recovery_severity(action: str | None) -> Severity:
-    """Severity an Xid 154 recovery-action text asks for (NONE for "None" or unknown text)."""
+    """Severity an Xid 154 recovery-action text asks for: NONE for "None" (the action was taken) or
+    no text, MONITOR for a wording we do not know (never guessed from the number alone)."""
     text = (action or "").strip().lower()
+    if not text or text == "none":
+        return Severity.NONE
     if any(a in text for a in _REBOOT_ACTIONS):
         return Severity.REBOOT
     if any(a in text for a in _RESET_ACTIONS):
         return Severity.RESET
-    return Severity.NONE
+    return Severity.MONITOR
 
 
 def _trim(text: str) -> str:
@@ -70,11 +80,100 @@ def _gpu_labels(facts: NodeFacts) -> dict[str, str]:
     return {normalize_pci(g.pci_bus_id): g.label for g in facts.gpus.gpus}
 
 
-def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Finding:
-    ev = group.first
+def _nic_names(facts: NodeFacts) -> dict[str, str]:
+    """RDMA adapters by PCI address, as the efa tier last read them (none when not read)."""
+    if not isinstance(facts.rdma, RdmaSample):
+        return {}
+    return {d.pci: d.name for d in facts.rdma.devices if d.pci}
+
+
+def _count(tally: XidTally) -> str:
+    rate = f", {tally.per_minute:g}/min" if tally.count > 1 and tally.per_minute > 1 else ""
+    return f"×{tally.count}{rate}"
+
+
+def _aer_finding(
+    tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config
+) -> Finding | None:
+    pci = tally.first.pci or ""
+    where = labels.get(pci) or (f"RDMA adapter {nics[pci]}" if pci in nics else None)
+    if where is None:
+        return None  # a bridge, a disk, a device that is not ours to judge
+    where = where if where.startswith(("GPU ", "RDMA ")) else f"GPU {where}"
+    return Finding(
+        check=NAME,
+        rule=PCIE_AER.name,
+        severity=cfg.severity(PCIE_AER),
+        message=(
+            f"PCIe AER fatal error on {where} ({short_pci(pci)}) {_count(tally)}: "
+            f"{_trim(tally.latest.message)}"
+        ),
+        entities=(labels.get(pci) or nics[pci],),
+        key=f"aer/{short_pci(pci)}",
+        latched=True,
+    )
+
+
+def _nvlink_severity(cfg: Config) -> Severity:
+    return Severity.parse(str(cfg.raw["xid"]["nvlinkSeverity"]))
+
+
+def _retirement_failed(tally: XidTally, xids: KernelXids) -> bool:
+    """Xid 48 (DBE) with Xid 64 (page retirement/row remap failed) on the same GPU in the same burst."""
+    return any(
+        t.first.code == 64 and not t.first.sxid and t.first.pci == tally.first.pci and t.burst == tally.burst
+        for t in xids.tallies
+    )
+
+
+def _driver_major(facts: NodeFacts) -> int | None:
+    version = facts.gpus.driver_version if isinstance(facts.gpus, GpuInventory) else None
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _decode(tally: XidTally, cfg: Config, driver: int | None) -> Nvlink5Row | None:
+    ev = tally.first
+    if not 144 <= ev.code <= 150 or ev.subcode is None or ev.sxid:
+        return None
+    return cfg.xid_catalog.decode_nvlink5(ev.code, ev.subcode[0], ev.subcode[1], driver)
+
+
+def _merge_nvlink5(
+    xids: KernelXids, cfg: Config, driver: int | None
+) -> list[tuple[XidTally, Nvlink5Row | None]]:
+    """NVLink5 lines of one GPU and code that decode to the same sub-code are one finding."""
+    merged: dict[tuple[object, ...], tuple[XidTally, Nvlink5Row | None]] = {}
+    for tally in xids.tallies:
+        row = _decode(tally, cfg, driver)
+        ev = tally.first
+        key: tuple[object, ...] = (
+            (ev.code, ev.pci, row.mnemonic, row.bucket) if row is not None else (id(tally),)
+        )
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = (tally, row)
+        else:
+            t = seen[0]
+            merged[key] = (
+                replace(
+                    t,
+                    latest=tally.latest,
+                    count=t.count + tally.count,
+                    per_minute=t.per_minute + tally.per_minute,
+                ),
+                row,
+            )
+    return list(merged.values())
+
+
+def _finding(
+    tally: XidTally, labels: dict[str, str], cfg: Config, xids: KernelXids, row: Nvlink5Row | None = None
+) -> Finding:
+    ev = tally.first
     pci = short_pci(ev.pci) if ev.pci else "unknown PCI"
-    count = f"×{group.count}"
-    text = _trim(group.text)
+    count = _count(tally)
+    text = _trim(ev.message)
     if ev.sxid:
         return Finding(
             check=NAME,
@@ -92,39 +191,62 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
     else:
         rule = UNKNOWN_CODE.name
         severity = cfg.severity(UNKNOWN_CODE)
+    storm = cfg.xid_catalog.storm(ev.code)
+    stormy = storm is not None and tally.per_minute >= cfg.xid_catalog.storm_per_minute
+    if stormy and storm is not None and not cfg.xid_overridden(ev.code):
+        severity = max(severity, storm)
     if ev.code == 154:
-        severity = max(severity, recovery_severity(group.events[-1].recovery_action))
-    label = facts_labels.get(ev.pci or "") or pci
+        severity = max(severity, recovery_severity(tally.latest.recovery_action))
+    note, suffix = (" (storm)" if stormy else ""), ""
+    if row is not None:  # decoded by NVIDIA's sheet: RESET_GPU takes the NVLink default
+        if row.bucket == "RESET_GPU":
+            severity = max(severity, _nvlink_severity(cfg))
+        note, suffix = (
+            f"{note} ({row.mnemonic}, {row.nvidia_severity}: {row.bucket})",
+            f"/{row.mnemonic}/{row.bucket.lower()}",
+        )
+    elif ev.variant == "fatal":  # not in the sheet, but the driver says Fatal: the NVLink default
+        severity, note, suffix = max(severity, _nvlink_severity(cfg)), f"{note} (Fatal)", "/fatal"
+    if ev.code == 48 and _retirement_failed(tally, xids):
+        severity, note = max(severity, Severity.ISOLATE), f"{note} (with Xid 64: page retirement failed)"
+    label = labels.get(ev.pci or "") or pci
     where = label if label.startswith("GPU ") else f"GPU {label}"
     name = cfg.xid_catalog.name(ev.code)
     entry = cfg.xid_catalog.entries.get(ev.code)
-    # NVIDIA's bucket says what fixes it; Xid 154 carries the driver's own recovery action instead
-    action = None if ev.code == 154 else from_nvidia_bucket(entry.nvidia_action if entry else "")
+    # NVIDIA's bucket says what fixes it (a decoded NVLink5 sub-code: its own bucket); Xid 154 carries
+    # the driver's own recovery action instead
+    bucket = row.bucket if row is not None else entry.nvidia_action if entry else ""
+    action = None if ev.code == 154 else from_nvidia_bucket(bucket)
     return Finding(
         check=NAME,
         rule=rule,
         severity=severity,
-        message=f"Xid {ev.code} ({name}) on {where} {count}: {text}",
+        message=f"Xid {ev.code} ({name}) on {where} {count}{note}: {text}",
         entities=(label,),
-        key=f"xid/{ev.code}/{pci}",
+        key=f"xid/{ev.code}/{pci}{suffix}",
         latched=True,
         action=action,
     )
 
 
 def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
-    """Judge every Xid of the current boot (facts.kernel holds only this boot's records)."""
+    """Judge every Xid of the current boot (facts.kernel folds only this boot's records)."""
     gap = input_gap(NAME, facts.kernel)
     if gap is not None:
         return gap
-    log = facts.kernel
-    assert isinstance(log, KernelLog)
-    groups: dict[tuple[bool, int, str | None], _Group] = {}
-    for ev in extract_xids(log):
-        group = groups.setdefault((ev.sxid, ev.code, ev.pci), _Group(first=ev))
-        group.events.append(ev)
+    xids = facts.kernel
+    assert isinstance(xids, KernelXids)
     labels = _gpu_labels(facts)
-    findings = [_finding(g, labels, cfg) for g in groups.values()]
+    nics = _nic_names(facts)
+    findings: list[Finding] = []
+    for tally, row in _merge_nvlink5(xids, cfg, _driver_major(facts)):
+        found = (
+            _aer_finding(tally, labels, nics, cfg)
+            if tally.first.aer
+            else _finding(tally, labels, cfg, xids, row)
+        )
+        if found is not None:
+            findings.append(found)
     findings.sort(key=lambda f: -int(f.severity))  # stable: equal severities keep log order
     return CheckResult(
         NAME,
@@ -133,4 +255,4 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-CHECKS = (CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE)),)
+CHECKS = (CheckSpec("xid", check_xid, (Input.KERNEL, Input.GPUS), "xid", (SXID, UNKNOWN_CODE, PCIE_AER)),)

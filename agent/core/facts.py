@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
 from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
 
@@ -39,7 +39,7 @@ class NodeFacts:
     gpus: Probed[GpuInventory] = NotCaptured("nvidia-smi")
     topo: Probed[TopoMatrix] = NotCaptured("nvidia-smi topo -m")
     nvlink: Probed[NvlinkReport] = NotCaptured("nvidia-smi nvlink -s")
-    kernel: Probed[KernelLog] = NotCaptured("kernel log")
+    kernel: Probed[KernelXids] = NotCaptured("kernel log")
     rdma: Probed[RdmaSample] = NotCaptured("sysfs infiniband")
     rdma_previous: RdmaSample | None = None  # the agent's previous read, for counter rates
     node: Probed[NodeObject] = NotCaptured("node.json")

@@ -92,7 +92,7 @@ class Agent:
             self._config_rejected(config_problem)
         self.follower: KernelFollower | None = None
         if kernel_path is not None:
-            self.follower = KernelFollower(kernel_path, self._xid_seen, device=kernel_is_device)
+            self.follower = KernelFollower(source.kernel_tail, self._xid_seen)  # reads for the xid tier
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -1,80 +1,90 @@
 """Follow the kernel log as it is written, so a new Xid reaches the Node in a fraction of a second.
 
-Live: a blocking read of /dev/kmsg from its end. Snapshot: the kmsg.log file is polled every 50 ms
-(tests append to it). Either way the follower only wakes the engine; the engine re-reads the log.
+The follower is the kernel log's reader: it feeds each record, once, into the source's KernelTail,
+and wakes the engine only when the ledger says so: at once for a new (kind, code, device) or an Xid
+154 whose recovery action changed, at most every COUNTS_EVERY_S when only counts moved (a storm of
+repeated lines costs a few Node writes, not one per line). The engine's xid tier then takes the
+tail's view; it reads nothing itself but what the follower has not read yet.
+
+Live: poll(2) on /dev/kmsg (readable when a record is waiting). Snapshot: kmsg.log is polled every
+50 ms (tests and the benchmark append to it).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
+import select
 import threading
+import time
 from collections.abc import Callable
-from pathlib import Path
+
+from agent.probes.kernel_tail import Change, KernelTail
 
 log = logging.getLogger(__name__)
-TRIGGERS = (b"Xid", b"fallen off the bus", b"SXid")
 POLL_SECONDS = 0.05
+COUNTS_EVERY_S = 5.0
 
 
 class KernelFollower(threading.Thread):
-    def __init__(self, path: Path, on_trigger: Callable[[], None], *, device: bool) -> None:
+    def __init__(
+        self, tail: KernelTail, on_trigger: Callable[[], None], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__(name="kernel-follower", daemon=True)
-        self.path = path
+        self.tail = tail
         self.on_trigger = on_trigger
-        self.device = device
+        self.clock = clock
         self.stopped = threading.Event()
+        self.counts_at = clock()  # the last wake-up; counts alone wake the engine COUNTS_EVERY_S later
+        self.counts_pending = False
 
     def stop(self) -> None:
         self.stopped.set()
 
     def run(self) -> None:
         try:
-            self._follow_device() if self.device else self._follow_file()
-        except Exception:  # the follower must never take the agent down; the tier still polls
-            log.exception("kernel log follower stopped; Xids are still read on every gpu tier run")
-
-    def _hit(self, data: bytes) -> None:
-        if any(t in data for t in TRIGGERS):
-            self.on_trigger()
-
-    def _follow_file(self) -> None:
-        path = str(self.path)  # os.stat on a str: this runs 20 times a second
-        try:
-            offset = os.stat(path).st_size
-        except OSError:
-            offset = 0
-        while not self.stopped.wait(POLL_SECONDS):
-            try:
-                size = os.stat(path).st_size
-            except OSError:
-                continue
-            if size < offset:  # truncated or replaced: start over
-                offset = 0
+            if self.tail.poll() is Change.NEW:  # the whole log, before the engine stops reading it
                 self.on_trigger()
-            if size == offset:
-                continue
-            with self.path.open("rb") as fh:
-                fh.seek(offset)
-                data = fh.read(size - offset)
-            offset += len(data)
-            self._hit(data)
-
-    def _follow_device(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY)
+        except Exception as exc:  # reported by the engine's read (tail.error), and retried below
+            log.warning(f"kernel log follower: {type(exc).__name__}: {exc}; retrying")
+        self.tail.followed = True
         try:
-            os.lseek(fd, 0, os.SEEK_END)
-            while not self.stopped.is_set():
-                try:
-                    record = os.read(fd, 8192)  # one record per read; blocks until the next one
-                except OSError as exc:
-                    if exc.errno == errno.EPIPE:  # we fell behind and records were overwritten
-                        self.on_trigger()
-                        continue
-                    raise
-                if not record:
-                    break
-                self._hit(record)
+            self._follow()
         finally:
-            os.close(fd)
+            self.tail.followed = False
+
+    def _follow(self) -> None:
+        failures = 0
+        while not self.stopped.is_set():
+            try:
+                self._step()
+                failures = 0
+            except Exception as exc:  # the follower must never take the agent down; the tier still reads
+                failures += 1
+                if failures == 1:
+                    log.warning(f"kernel log follower: {type(exc).__name__}: {exc}; retrying")
+                self.stopped.wait(min(30.0, POLL_SECONDS * 2**failures))
+
+    def _step(self) -> None:
+        before = self.tail.lines_read
+        change = self.tail.poll(early=True)
+        now = self.clock()
+        if change is Change.NEW:
+            self.counts_pending, self.counts_at = False, now
+            self.on_trigger()
+        elif change is Change.COUNTS or self.counts_pending:
+            self.counts_pending = True
+            if now - self.counts_at >= COUNTS_EVERY_S:
+                self.counts_pending, self.counts_at = False, now
+                self.on_trigger()
+        self._wait(idle=self.tail.lines_read == before)
+
+    def _wait(self, idle: bool) -> None:
+        if not idle and self.tail.behind():
+            return  # more is waiting (a poll stops early for news, or when a storm outruns it)
+        fd = self.tail.fd if self.tail.device else None
+        if fd is None or idle:  # a file, or a stand-in for the device that poll(2) calls always readable
+            self.stopped.wait(POLL_SECONDS)
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLERR | select.POLLPRI)
+        poller.poll(500)  # ms: wakes at once for a new record (or EPIPE), and to notice stop()

@@ -8,8 +8,10 @@ mix formats. Accepted line shapes:
 - ``dmesg``: ``[ 1234.567890] msg``; ``--decode``: ``kern  :info  : [ 1234.56] msg``;
   ``--time-format iso``: ``2024-06-20T21:24:53,799999+00:00 msg``;
   ``--ctime``: ``[Thu Jun 20 21:24:53 2024] msg``;
+- ``dmesg -H``: ``[Jun20 21:24] msg`` then ``[  +0.000123] msg``;
 - ``journalctl -k -o short-iso``: ``2024-06-20T21:24:53+0000 host kernel: msg``;
-- syslog: ``Jun 20 21:24:53 host kernel: [123.45] msg``;
+- syslog, ``journalctl -o short``/``short-precise``: ``Jun 20 21:24:53[.123456] host kernel: [123.45] msg``;
+- journal and syslog lines pasted without their host field: ``Jun 20 21:24:53 kernel: msg``;
 - remote collectors (talosctl dmesg): ``10.0.0.1: kern: warning: [2026-04-22T21:27:51.28Z]: msg``;
 - anything else is kept as a plain message (kernel logs are free text).
 
@@ -53,8 +55,16 @@ _CTIME = re.compile(
     r"^\[((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
     r"+\d+ \d{2}:\d{2}:\d{2} \d{4})\]\s?(.*)$"
 )
-_SYSLOG = re.compile(r"^((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d+ \d{2}:\d{2}:\d{2})\s+(.*)$")
+_SYSLOG = re.compile(
+    r"^((?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +\d+ \d{2}:\d{2}:\d{2}(?:\.\d+)?)\s+(.*)$"
+)
 _HOST_IDENT = re.compile(r"^(\S+)\s+([^\s:\[]+)(?:\[\d+\])?:\s?(.*)$")
+_IDENT_ONLY = re.compile(r"^([^\s:\[]+)(?:\[\d+\])?:\s(.*)$")  # a pasted line without its host field
+_HUMAN = re.compile(  # dmesg -H: "[Jun20 21:24] msg", "[Thu Jun20 21:24] msg", then "[  +0.000123] msg"
+    r"^\[(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) )?"
+    r"(?:[A-Z][a-z]{2}\s?\d{1,2} \d{2}:\d{2}(?::\d{2})?|\s*[+-]\s*\d+\.\d+)\]"
+    r"\s?(.*)$"
+)
 _LEVEL_NUM = {
     "emerg": 0,
     "alert": 1,
@@ -82,6 +92,11 @@ def _is_journal_meta(line: str) -> bool:
 
 def _inner(text: str) -> tuple[str, int | None, str | None]:
     """Strip a timestamp that follows a facility/level or host prefix: ([mono] | [iso] | iso | [ctime])."""
+    if text[:1].isdigit():  # the common case of --decode --time-format iso: no regex
+        stamp, _, rest = text.partition(" ")
+        if len(stamp) >= 19 and stamp[4] == "-" and stamp[10] == "T" and stamp[13] == ":":
+            return rest, None, stamp
+        return text, None, None
     m = _MONO.match(text)
     if m:
         return m.group(3), _mono_us(m.group(1), m.group(2)), None
@@ -100,6 +115,19 @@ def _inner(text: str) -> tuple[str, int | None, str | None]:
 def _mono_us(sec: str, frac: str) -> int:
     frac6 = (frac + "000000")[:6]
     return int(sec) * 1_000_000 + int(frac6)
+
+
+def _host_ident(rest: str) -> tuple[str, str] | None:
+    """(identifier, message) of a journal/syslog line after its time stamp, host field or not."""
+    m = _IDENT_ONLY.match(rest)
+    if m and m.group(1) in ("kernel", "kern"):
+        return m.group(1), m.group(2)
+    h = _HOST_IDENT.match(rest)
+    if h:
+        return h.group(2), h.group(3)
+    if m:
+        return m.group(1), m.group(2)
+    return None
 
 
 def _parse_line(line: str) -> tuple[KernelRecord | None, str]:
@@ -126,25 +154,28 @@ def _parse_line(line: str) -> tuple[KernelRecord | None, str]:
     m = _CTIME.match(line)
     if m:
         return KernelRecord(m.group(2), wallclock=m.group(1)), "dmesg"
+    m = _HUMAN.match(line)
+    if m:
+        return KernelRecord(m.group(1)), "dmesg"
     m = _ISO_PREFIX.match(line)
     if m:
         stamp, rest = m.group(1), m.group(2)
         if "," in stamp:  # dmesg --time-format iso always prints ",usec"; journalctl never does
             return KernelRecord(rest, wallclock=stamp), "dmesg"
-        h = _HOST_IDENT.match(rest)
+        h = _host_ident(rest)
         if h:
-            if h.group(2) != "kernel":
+            if h[0] != "kernel":
                 return None, "journalctl-short-iso"
-            msg, ts, _ = _inner(h.group(3))
+            msg, ts, _ = _inner(h[1])
             return KernelRecord(msg, ts_us=ts, wallclock=stamp), "journalctl-short-iso"
         return KernelRecord(rest, wallclock=stamp), "plain"
     m = _SYSLOG.match(line)
     if m:
-        h = _HOST_IDENT.match(m.group(2))
+        h = _host_ident(m.group(2))
         if h:
-            if h.group(2) != "kernel":
+            if h[0] != "kernel":
                 return None, "syslog"
-            msg, ts, _ = _inner(h.group(3))
+            msg, ts, _ = _inner(h[1])
             return KernelRecord(msg, ts_us=ts, wallclock=m.group(1)), "syslog"
         return KernelRecord(m.group(2), wallclock=m.group(1)), "syslog"
     m = _REMOTE.match(line)
@@ -173,42 +204,88 @@ def _new_boot(prev: KernelRecord | None, rec: KernelRecord) -> bool:
     return prev.ts_us is not None and rec.ts_us is not None and rec.ts_us < prev.ts_us - _REBOOT_DROP_US
 
 
+NEW_BOOT = KernelRecord("-- new boot --")  # feed()'s marker: every record before this one is gone
+
+
+class LineReader:
+    """Kernel log lines in, records out, one line at a time and O(1) state: the incremental form of
+    parse_kernel_log (a follower feeds appended lines; the full read feeds a whole file)."""
+
+    def __init__(self, quoted: bool = False) -> None:
+        self.quoted = quoted  # decided by the caller from the text it has (a whole file at start)
+        self.prev: KernelRecord | None = None
+        self.in_kmsg = False
+        self.formats: Counter[str] = Counter()  # bounded: keys are format names
+        self.pending: KernelRecord | None = None
+        self.last_format = "plain"
+
+    @property
+    def format(self) -> str:
+        return self.formats.most_common(1)[0][0] if self.formats else "plain"
+
+    def feed(self, line: str) -> KernelRecord | None:
+        """The record this line is, NEW_BOOT at a boot boundary (the caller drops what it holds; the
+        line's own record follows from `self.pending`), or None (blank, metadata, user space)."""
+        self.pending = None
+        line = line.rstrip("\r\n")
+        if self.quoted:
+            line = _unquote(line)
+        if not line.strip():
+            return None
+        if self.in_kmsg and line[0] == " ":
+            return None  # kmsg dictionary continuation (" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0")
+        if "-- " in line[:8]:
+            stripped = line.strip()
+            if _is_boot_separator(stripped):
+                self.prev = None
+                return NEW_BOOT
+            if _is_journal_meta(stripped):
+                return None
+        rec, fmt = _parse_line(line)
+        if rec is None:
+            self.in_kmsg = fmt == "kmsg"
+            self.formats[fmt] += 1
+            return None
+        return self.accept(rec, fmt)
+
+    def accept(self, rec: KernelRecord, fmt: str) -> KernelRecord:
+        """Count a record parsed elsewhere (or here) in: its format, and whether a boot starts."""
+        self.in_kmsg = fmt == "kmsg"
+        self.formats[fmt] += 1
+        self.last_format = fmt
+        boot = _new_boot(self.prev, rec)
+        if rec.seq is not None or rec.ts_us is not None:
+            self.prev = rec
+        if boot:
+            self.pending = rec
+            return NEW_BOOT
+        return rec
+
+
+def is_binary(text: str) -> bool:
+    return bool(text) and text.count("\x00") * 4 > len(text)
+
+
+def looks_quoted(text: str) -> bool:
+    """A markdown blockquote as a whole (a log pasted into an issue), never a real kernel log."""
+    return _looks_quoted(text.split("\n"))
+
+
 def parse_kernel_log(text: str) -> KernelLog:
     """Parse kernel log text of any supported format; see the module docstring. Raises ParseError
     only for input that is not text (NUL bytes dominate); an empty log is zero records."""
-    if text and text.count("\x00") * 4 > len(text):
+    if is_binary(text):
         raise ParseError("kernel log: binary data (mostly NUL bytes), not text")
-    lines = [ln.rstrip("\r") for ln in text.split("\n")]
-    if _looks_quoted(lines):
-        lines = [_unquote(ln) for ln in lines]
+    reader = LineReader(quoted=looks_quoted(text))
     records: list[KernelRecord] = []
-    formats: Counter[str] = Counter()
-    prev: KernelRecord | None = None
-    in_kmsg = False
-    for line in lines:
-        if not line.strip():
-            continue
-        if in_kmsg and line.startswith(" "):
-            continue  # kmsg dictionary continuation (" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0")
-        stripped = line.strip()
-        if _is_boot_separator(stripped):
+    for line in text.split("\n"):
+        rec = reader.feed(line)
+        if rec is NEW_BOOT:
             records.clear()
-            prev = None
-            continue
-        if _is_journal_meta(stripped):
-            continue
-        rec, fmt = _parse_line(line)
-        in_kmsg = fmt == "kmsg"
-        formats[fmt] += 1
-        if rec is None:
-            continue
-        if _new_boot(prev, rec):
-            records.clear()
-        if rec.seq is not None or rec.ts_us is not None:
-            prev = rec
-        records.append(rec)
-    fmt = formats.most_common(1)[0][0] if formats else "plain"
-    return KernelLog(records=tuple(records), format=fmt)
+            rec = reader.pending
+        if rec is not None:
+            records.append(rec)
+    return KernelLog(records=tuple(records), format=reader.format)
 
 
 def read_kmsg_live(path: str = "/dev/kmsg", timeout_s: float = 5.0) -> KernelLog:

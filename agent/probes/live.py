@@ -8,15 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.command import CommandOutput, run_command
-from agent.probes.kernel_log import read_kmsg_live
+from agent.probes.kernel_tail import KernelTail
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
-from agent.probes.source import ParseMemo, read_rdma_tree
+from agent.probes.source import ParseMemo, read_kernel_tail, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 
@@ -41,6 +41,7 @@ class LiveSource:
         self.node_loader = node_loader
         self._instance_type = instance_type
         self.memo = ParseMemo()
+        self.kernel_tail = KernelTail(kmsg_path, device=True)
 
     def run(self, name: str) -> CommandOutput | ProbeError:
         return run_command(COMMANDS[name], self.timeout_s)
@@ -67,17 +68,11 @@ class LiveSource:
     def nvlink(self) -> Probed[NvlinkReport]:
         return self.memo.parse(source_name(NVLINK), self.text(NVLINK), parse_nvlink)
 
-    def kernel(self) -> Probed[KernelLog]:
-        try:
-            return read_kmsg_live(self.kmsg_path, timeout_s=min(self.timeout_s, 5.0))
-        except FileNotFoundError:
+    def kernel(self) -> Probed[KernelXids]:
+        """/dev/kmsg, opened once and read on from where the last read stopped (kernel_tail)."""
+        if not os.path.exists(self.kmsg_path):
             return ProbeError(self.kmsg_path, ProbeErrorKind.UNAVAILABLE, "not present (mount /dev/kmsg)")
-        except PermissionError:
-            return ProbeError(
-                self.kmsg_path, ProbeErrorKind.UNAVAILABLE, "permission denied (needs CAP_SYSLOG)"
-            )
-        except OSError as exc:
-            return ProbeError(self.kmsg_path, ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
+        return read_kernel_tail(self.kernel_tail, self.kmsg_path)
 
     def rdma(self) -> Probed[RdmaSample]:
         class_dir = self.sys_root / "class" / "infiniband"

@@ -1,5 +1,8 @@
 """A recorded node snapshot directory as a Source (`check --from-snapshot DIR`, tests, the demo).
 
+kmsg.log may grow while the agent runs (tests and the benchmark append to it): it is read
+incrementally, like /dev/kmsg on a live node (agent.probes.kernel_tail).
+
 Snapshot file names (all optional; a missing file means "not captured"):
 
   instance-type, boot_id, nvidia-smi-q.xml | nvidia-smi-q.txt, nvidia-smi-topo-m.txt,
@@ -15,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
-from agent.probes.kernel_log import parse_kernel_log
+from agent.probes.kernel_tail import KernelTail
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.source import ParseMemo, read_rdma_tree
+from agent.probes.source import ParseMemo, read_kernel_tail, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 XML, TEXT, TOPO, NVLINK = (
@@ -61,6 +64,7 @@ class SnapshotSource:
             raise SnapshotError(f"{root} is not a directory")
         self.root = root
         self.memo = ParseMemo()
+        self.kernel_tail = KernelTail(str(root / KMSG), device=False)
 
     def _errors(self) -> dict[str, Any]:
         path = self.root / ERRORS
@@ -114,8 +118,15 @@ class SnapshotSource:
     def nvlink(self) -> Probed[NvlinkReport]:
         return self.memo.parse(NVLINK, self.text(NVLINK), parse_nvlink)
 
-    def kernel(self) -> Probed[KernelLog]:
-        return self.memo.parse(KMSG, self.text(KMSG), parse_kernel_log)
+    def kernel(self) -> Probed[KernelXids]:
+        """kmsg.log read incrementally: only what was appended since the last read is parsed."""
+        recorded = self._errors().get(KMSG)
+        if isinstance(recorded, dict):
+            self.kernel_tail.forget()
+            text = self.text(KMSG)
+            assert isinstance(text, ProbeError)
+            return text
+        return read_kernel_tail(self.kernel_tail, KMSG)
 
     def rdma(self) -> Probed[RdmaSample]:
         class_dir = self.root / "sys" / "class" / "infiniband"

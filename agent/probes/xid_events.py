@@ -1,13 +1,20 @@
-"""Kernel log records → Xid / SXid events. Every matching line is one event; the xid check de-duplicates.
+"""Kernel log records → Xid / SXid / PCIe AER events, one record at a time with O(1) context.
 
 Recognised lines (anywhere in the record text):
 - ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` (also ``(PCI:0000:3b:00.0)`` and
   the older ``(0000:3b:00)``), including Blackwell NVLink 144–150 sub-code lines;
 - Xid 154 ``... GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)``: the text in the
   last parentheses becomes ``recovery_action``;
-- "fallen off the bus" lines without an Xid number (``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``,
-  ``NVRM: The NVIDIA GPU 0000:3b:00.0 ... has fallen off the bus``) → code 79: some drivers print only these;
-- NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``.
+- "fallen off the bus" lines without an Xid number (``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``)
+  → code 79: some drivers print only these. The driver also prints one record over three lines
+  (``NVRM: The NVIDIA GPU 0000:3b:00.0`` / ``NVRM: (PCI ID: 10de:2330) installed in this system has`` /
+  ``NVRM: fallen off the bus and is not responding to commands.``): the address of the first line is
+  carried to the third, so a dmesg or journal capture still gives one Xid 79 on that GPU;
+- Blackwell NVLink5 (144-150) ``149, NETIR_LINK_EVT  Fatal  XC0 i0 Link 09 (...)``: the sub-code unit and
+  the driver's Fatal / Link Fatal / Nonfatal; a Fatal one is ``variant="fatal"`` (its own finding);
+- NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``;
+- PCIe AER ``Uncorrected (Fatal)``, ``can't recover``, ``device recovery failed`` → ``aer=True`` (code 0)
+  on the device the line names (``error received: <bdf>`` names the source; else the line's own device).
 
 Multi-line GSP banners (``NVRM: _kgspLogXid119: *** GSP Timeout ***``, RPC history rows) carry no
 ``Xid (<pci>): <code>`` and produce nothing.
@@ -16,6 +23,7 @@ Multi-line GSP banners (``NVRM: _kgspLogXid119: *** GSP Timeout ***``, RPC histo
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from agent.core.model import KernelLog, KernelRecord, XidEvent, normalize_pci
 
@@ -23,16 +31,33 @@ _XID = re.compile(r"NVRM:\s*(Xid \(([^)]*)\):\s*(\d+)\b.*)$")
 _SXID = re.compile(r"(?:^|\s|:)(SXid \(([^)]*)\):\s*(\d+)\b.*)$")
 _NVRM = re.compile(r"NVRM:\s*(.*)$")
 _PCI = re.compile(r"\b(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
+_FULL_PCI = re.compile(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _LAST_PARENS = re.compile(r"\(([^()]*)\)[^()]*$")
 _FALLEN_OFF = "fallen off the bus"
+_GPU_HEADER = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(\S+)")  # first line of the three-line record
+_HEADER_REACH = 3  # records: the header, "(PCI ID: ...) installed in this system has", "fallen off ..."
+_AER_LINE = re.compile(r"^(?:\S+\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$")
+_AER_SOURCE = re.compile(  # the port names the device that sent it (kernels < 6.x, then 6.x wording)
+    r"(?:error received:|error message received from)\s*(?:id=)?"
+    r"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
+)
+_NVLINK5 = re.compile(
+    r"\s*(\w+)\s+(Link Fatal|Fatal|Nonfatal|Non-fatal)\b"
+)  # "149, NETIR_LINK_EVT  Fatal  XC0"
+_NVLINK5_REGS = re.compile(
+    r"\((0x[0-9a-fA-F]+)\s+(0x[0-9a-fA-F]+)"
+)  # "(0x025525c6 0x00000000": IntrInfo, status
+_ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
+_AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 
 
+@lru_cache(maxsize=1024)  # a storm repeats a handful of addresses; bounded whatever the log holds
 def _pci(text: str) -> str | None:
     m = _PCI.search(text)
     if m is None:
         return None
     norm = normalize_pci(m.group(1))
-    return norm if re.fullmatch(r"[0-9a-f]{8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", norm) else None
+    return norm if _FULL_PCI.fullmatch(norm) else None
 
 
 def _event(
@@ -42,6 +67,7 @@ def _event(
     message: str,
     sxid: bool = False,
     recovery_action: str | None = None,
+    aer: bool = False,
 ) -> XidEvent:
     return XidEvent(
         code=code,
@@ -52,38 +78,115 @@ def _event(
         seq=rec.seq,
         ts_us=rec.ts_us,
         wallclock=rec.wallclock,
+        aer=aer,
     )
 
 
-def _from_record(rec: KernelRecord) -> XidEvent | None:
+def _aer(rec: KernelRecord) -> XidEvent | None:
     text = rec.message
-    if "Xid" not in text and _FALLEN_OFF not in text:
+    m = _AER_LINE.search(text)
+    if m is None or not any(f in text for f in _AER_FATAL):
         return None
-    m = _XID.search(text)
-    if m:
-        code = int(m.group(3))
-        action = None
-        if code == 154:
-            pm = _LAST_PARENS.search(m.group(1))
-            action = pm.group(1).strip() if pm else None
-        return _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
-    m = _SXID.search(text)
-    if m:
-        prefix = text[: m.start(1)].strip()
-        message = f"{prefix} {m.group(1)}" if prefix else m.group(1)
-        return _event(rec, int(m.group(3)), _pci(m.group(2)), message, sxid=True)
-    if _FALLEN_OFF in text:
-        n = _NVRM.search(text)
-        if n:
-            return _event(rec, 79, _pci(n.group(1)), n.group(1))
-    return None
+    src = _AER_SOURCE.search(text)
+    pci = _pci(src.group(1) if src else m.group(1))
+    return _event(rec, 0, pci, text, aer=True)
+
+
+MEMO_SIZE = 512
+
+
+class XidReader:
+    """Records in, events out. The only context kept is the last GPU header line (O(1)).
+
+    memo=True (the agent's tail): a line whose text was seen before gives the event parsed then, its
+    seq and stamps those of that earlier line (a storm repeats a few texts thousands of times; the
+    ledger takes each line's time from its record). Bounded: cleared when MEMO_SIZE texts are held."""
+
+    def __init__(self, memo: bool = False) -> None:
+        self.header_pci: str | None = None
+        self.since_header = _HEADER_REACH
+        self.open_154: XidEvent | None = None  # an Xid 154 whose line ended before its action
+        self.memo: dict[str, XidEvent] | None = {} if memo else None
+
+    def reset(self) -> None:
+        self.header_pci, self.since_header = None, _HEADER_REACH
+        if self.memo is not None:
+            self.memo.clear()
+
+    def feed(self, rec: KernelRecord) -> XidEvent | None:
+        memo = self.memo
+        if memo is None:
+            return self._feed(rec)
+        hit = memo.get(rec.message)
+        if hit is not None:
+            self.since_header += 1
+            return hit
+        ev = self._feed(rec)
+        if ev is not None and (ev.sxid or ev.message.startswith("Xid")) and self.open_154 is None:
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[rec.message] = ev
+        return ev
+
+    def _feed(self, rec: KernelRecord) -> XidEvent | None:
+        text = rec.message
+        self.since_header += 1
+        open_154, self.open_154 = self.open_154, None
+        if open_154 is not None:
+            w = _ACTION_WRAP.match(text)
+            if w:  # "...154, GPU recovery action changed" / "   from 0x0 (None) to 0x2 (...)"
+                return open_154._replace(
+                    message=f"{open_154.message} {text.strip()}",
+                    recovery_action=w.group(1).strip(),
+                    wrapped=True,
+                )
+        if "AER" in text:
+            return _aer(rec)
+        if "NVRM" not in text and "SXid" not in text:
+            return None
+        if "Xid" in text:
+            m = _XID.search(text)
+            if m:
+                code = int(m.group(3))
+                action = None
+                if code == 154:  # the text in the last parentheses after the code, if any
+                    pm = _LAST_PARENS.search(text, m.end(3))
+                    action = pm.group(1).strip() if pm else None
+                ev = _event(rec, code, _pci(m.group(2)), m.group(1), recovery_action=action)
+                if 144 <= code <= 150:
+                    nv = _NVLINK5.match(text, m.end(3) + 1)
+                    if nv is not None and "Fatal" in nv.group(2):
+                        ev = ev._replace(variant="fatal")
+                    regs = _NVLINK5_REGS.search(text, m.end(3))
+                    if regs is not None:
+                        ev = ev._replace(subcode=(int(regs.group(1), 16), int(regs.group(2), 16)))
+                if code == 154 and action is None:
+                    self.open_154 = ev
+                return ev
+            m = _SXID.search(text)
+            if m:
+                prefix = text[: m.start(1)].strip()
+                message = f"{prefix} {m.group(1)}" if prefix else m.group(1)
+                return _event(rec, int(m.group(3)), _pci(m.group(2)), message, sxid=True)
+        h = _GPU_HEADER.search(text)
+        if h:
+            self.header_pci, self.since_header = _pci(h.group(1)), 0
+        if _FALLEN_OFF in text:
+            n = _NVRM.search(text)
+            if n:
+                pci = _pci(n.group(1))
+                if pci is None and self.since_header < _HEADER_REACH:
+                    pci = self.header_pci
+                return _event(rec, 79, pci, n.group(1))
+        return None
 
 
 def extract_xids(log: KernelLog) -> list[XidEvent]:
-    """Every Xid/SXid event in the log, in log order (no de-duplication)."""
+    """Every Xid/SXid/AER event in the log, in log order (no de-duplication)."""
+    reader = XidReader()
     events: list[XidEvent] = []
     for rec in log.records:
-        ev = _from_record(rec)
+        ev = reader.feed(rec)
         if ev is not None:
             events.append(ev)
     return events

@@ -1,0 +1,321 @@
+"""The kernel log read incrementally: each record is parsed once, as it arrives, into the Xid ledger.
+
+The whole log is read only at start (the current boot's records still in the ring or the file, so
+Xids from before the agent started count) and when what we were reading is gone: EPIPE on /dev/kmsg
+(the ring overwrote records under us; the next read goes on with the oldest one left), or a snapshot
+file truncated or replaced. Everything else is read from where the last read stopped. State is O(1)
+apart from the ledger, which is bounded by the number of distinct (kind, code, device).
+
+Two kinds of path:
+- a device (/dev/kmsg): opened once, non-blocking; one record per read(), EAGAIN when caught up.
+  A regular file or a FIFO standing in for it behaves the same (EOF or EAGAIN ends a read);
+- a file (a snapshot's kmsg.log): read from the last offset; a smaller size, another inode or other
+  first bytes mean truncated or replaced, and it is read again from the top.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+
+from agent.core.model import KernelRecord, KernelXids, XidEvent
+from agent.probes.kernel_log import NEW_BOOT, LineReader, is_binary, looks_quoted
+from agent.probes.xid_events import XidReader
+from agent.probes.xid_ledger import MAX_KEYS, XidLedger
+
+log = logging.getLogger(__name__)
+CHUNK = 256 * 1024  # a poll stops after the chunk that held news, so the engine hears of it at once
+MAX_LINE = 64 * 1024  # a longer line is cut: no record is that long, and the buffer stays bounded
+HEAD_BYTES = 256  # a file whose first bytes changed was replaced, even at the same size and inode
+DEVICE_READ_S = 0.1  # the follower's poll of the device reads at most this long, then lets the engine look
+DEVICE_FULL_READ_S = 5.0  # the engine's read (a whole ring at start takes ~0.1 s)
+
+
+class Change(enum.IntEnum):
+    NONE = 0
+    COUNTS = 1  # only counts (and rates) of known findings moved
+    NEW = 2  # a new (kind, code, device), an Xid 154 action changed, or the log was read again
+
+
+class Repeat:
+    """The shape of the last Xid line parsed the slow way, so that a line of the same shape (its
+    prefix equal but for digits) whose text the XidReader already knows is counted without parsing
+    it again: the record's stamps are cut from the places the slow parse found them."""
+
+    __slots__ = ("fmt", "plen", "seq", "shape", "ts", "wall")
+
+    def __init__(self, plen: int, shape: re.Pattern[str], fmt: str) -> None:
+        self.plen, self.shape, self.fmt = plen, shape, fmt
+        self.seq: tuple[int, int] | None = None
+        self.ts: tuple[int, int] | None = None
+        self.wall: tuple[int, int] | None = None
+
+    @staticmethod
+    def learn(line: str, rec: KernelRecord, fmt: str) -> Repeat | None:
+        plen = len(line) - len(rec.message)
+        if plen <= 0 or line[plen:] != rec.message:
+            return None
+        prefix = line[:plen]
+        pattern = "".join(r"\d" if c.isdigit() else re.escape(c) for c in prefix)
+        shape = Repeat(plen, re.compile(pattern), fmt)  # re's own cache: a storm has one shape
+        if rec.seq is not None:  # kmsg "prio,seq,ts,flags;": the fields between the commas
+            a = prefix.index(",") + 1
+            b = prefix.index(",", a)
+            c = prefix.index(",", b + 1)
+            shape.seq, shape.ts = (a, b), (b + 1, c)
+        elif rec.ts_us is not None:
+            return None  # "[ 123.456]" stamps: rare in storms, parsed the slow way
+        if rec.wallclock is not None:
+            at = prefix.find(rec.wallclock)
+            if at < 0:
+                return None
+            shape.wall = (at, at + len(rec.wallclock))
+        return shape
+
+    def record(self, line: str) -> KernelRecord | None:
+        """The record of a line of this shape (None when the prefix is not of this shape)."""
+        if self.shape.fullmatch(line, 0, self.plen) is None:
+            return None
+        seq = int(line[self.seq[0] : self.seq[1]]) if self.seq else None
+        ts = int(line[self.ts[0] : self.ts[1]]) if self.ts else None
+        wall = line[self.wall[0] : self.wall[1]] if self.wall else None
+        return KernelRecord(line[self.plen :], ts_us=ts, wallclock=wall, seq=seq)
+
+
+class BinaryLog(Exception):
+    """The log is not text (NUL bytes dominate)."""
+
+
+class KernelTail:
+    """One reader of one kernel log; poll() and view() are safe from any thread."""
+
+    def __init__(self, path: str, *, device: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.device = device
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.ledger = XidLedger(clock)
+        self.full_reads = 0  # start, EPIPE, truncation, replacement: how often the whole log was read
+        self.lines_read = 0  # every line fed, this process (for the benchmark and the metric)
+        self._start()
+        self.fd: int | None = None
+        self.identity: tuple[int, int] | None = None
+        self.offset = 0
+        self.head = b""
+        self.binary = False
+        self.urgent = False
+        self.early = False
+        self.timed_out = False
+        self.warned = False
+        self.followed = False  # a follower thread is the reader: the engine only takes the view
+        self.error: OSError | BinaryLog | None = None  # what the last poll raised
+
+    def _start(self) -> None:
+        """Forget everything: the log is about to be read from its start."""
+        self.lines = LineReader()
+        self.xids = XidReader(memo=True)
+        self.ledger.reset()
+        self.records = 0
+        self.lost = 0
+        self.last_seq: int | None = None
+        self.partial = b""
+        self.change = Change.NEW
+        self.repeat: Repeat | None = None
+
+    # ------------------------------------------------------------------ feeding
+
+    def _boot(self) -> None:
+        self.ledger.reset()
+        self.xids.reset()
+        self.records = 0
+        self.change = Change.NEW
+        self.repeat = None
+
+    def _record(self, rec: KernelRecord, line: str | None = None) -> None:
+        self.records += 1
+        if rec.seq is not None:
+            if self.last_seq is not None and rec.seq > self.last_seq + 1:
+                self.lost += rec.seq - self.last_seq - 1
+            self.last_seq = rec.seq
+        ev = self.xids.feed(rec)
+        if ev is None:
+            if rec.ts_us is not None and rec.ts_us > self.ledger.now * 1e6:
+                self.ledger.now = rec.ts_us / 1e6  # log time goes on: a storm that stopped decays
+            return
+        if line is not None and self.xids.memo and rec.message in self.xids.memo:
+            self.repeat = Repeat.learn(line, rec, self.lines.last_format)
+        self._count(ev, rec)
+
+    def _count(self, ev: XidEvent, rec: KernelRecord) -> None:
+        if self.ledger.add(ev, rec):
+            self.change = Change.NEW
+            self.urgent = True
+        elif self.change is Change.NONE:
+            self.change = Change.COUNTS
+
+    def _line(self, line: str) -> None:
+        self.lines_read += 1
+        repeat = self.repeat
+        if repeat is not None:  # a storm: the same texts over and over, only the stamps differ
+            ev = self.xids.memo.get(line[repeat.plen :]) if self.xids.memo is not None else None
+            if ev is not None:
+                rec = repeat.record(line)
+                if rec is not None and self.lines.accept(rec, repeat.fmt) is rec:
+                    self.records += 1
+                    if rec.seq is not None:
+                        if self.last_seq is not None and rec.seq > self.last_seq + 1:
+                            self.lost += rec.seq - self.last_seq - 1
+                        self.last_seq = rec.seq
+                    self._count(ev, rec)
+                    return
+        rec = self.lines.feed(line)
+        if rec is NEW_BOOT:
+            self._boot()
+            rec = self.lines.pending
+        if rec is not None:
+            self._record(rec, line)
+
+    def _data(self, data: bytes, *, first: bool = False) -> None:
+        if first:
+            text = data[:CHUNK].decode("utf-8", errors="replace")
+            if is_binary(text):
+                raise BinaryLog("kernel log: binary data (mostly NUL bytes), not text")
+            self.lines.quoted = looks_quoted(text)
+        buf = self.partial + data if self.partial else data
+        end = buf.rfind(b"\n") + 1  # UTF-8 never has a newline byte inside a character
+        self.partial = buf[end:]
+        if end:
+            for line in buf[:end].decode("utf-8", errors="replace").split("\n")[:-1]:
+                self._line(line)
+        if len(self.partial) > MAX_LINE:
+            self._flush(MAX_LINE)
+
+    def _flush(self, limit: int = MAX_LINE) -> None:
+        """The partial line counts as a line (a file's last line without its newline, or too long)."""
+        if self.partial:
+            self._line(self.partial[:limit].decode("utf-8", errors="replace"))
+        self.partial = b""
+
+    # ------------------------------------------------------------------ reading
+
+    def poll(self, *, early: bool = False) -> Change:
+        """Read what is new: everything there is now, or (early=True, the follower) stop after the
+        chunk that held news, or after DEVICE_READ_S, so the engine hears of it at once.
+        Raises OSError when the log cannot be opened or read, BinaryLog."""
+        with self.lock:
+            self.change = Change.NONE
+            self.urgent = False
+            self.early = early
+            try:
+                if self.device:
+                    self._poll_device()
+                else:
+                    self._poll_file()
+            except (OSError, BinaryLog) as exc:
+                self.error = exc
+                raise
+            self.error = None
+            return self.change
+
+    def forget(self) -> None:
+        """The log is gone (a snapshot without kmsg.log): read it whole when it is back."""
+        with self.lock:
+            self._close()
+            self.identity = None
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _full_read(self, why: str) -> None:
+        self.full_reads += 1
+        if self.full_reads > 1:
+            log.warning(f"kernel log {self.path}: {why}; reading it again from the start")
+        self._start()
+
+    def _poll_file(self) -> None:
+        st = os.stat(self.path)
+        identity = (st.st_dev, st.st_ino)
+        head = b""
+        if self.identity == identity and st.st_size >= self.offset and self.offset > 0:
+            with open(self.path, "rb") as fh:
+                head = fh.read(min(HEAD_BYTES, len(self.head)))
+        if self.identity != identity or st.st_size < self.offset or head != self.head[: len(head)]:
+            why = "replaced" if self.identity not in (None, identity) else "truncated or rewritten"
+            self._full_read(why)
+            self.identity, self.offset, self.head, self.binary = identity, 0, b"", False
+        end = st.st_size  # not "until EOF": a storm may grow the file as fast as we read it
+        if end == self.offset:
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            while self.offset < end and not (self.early and self.urgent):
+                data = fh.read(min(CHUNK, end - self.offset))
+                if not data:
+                    break
+                first = self.offset == 0
+                if len(self.head) < HEAD_BYTES:
+                    self.head = (self.head + data)[:HEAD_BYTES]
+                self.offset += len(data)
+                self._data(data, first=first)
+        if self.offset >= end:  # writers append whole lines; a last line without its newline is a line
+            self._flush()
+
+    def _poll_device(self) -> None:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            self._full_read("opened")
+        deadline = self.clock() + (DEVICE_READ_S if self.early else DEVICE_FULL_READ_S)
+        self.timed_out = True
+        while not (self.early and self.urgent) and self.clock() < deadline:
+            try:
+                data = os.read(self.fd, 8192)  # /dev/kmsg: exactly one record
+            except BlockingIOError:
+                self.timed_out = False
+                return
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+                # The ring overwrote records we had not read; the next read gives the oldest left.
+                # Nothing read so far is read twice, so the ledger stays; the gap shows in `lost`.
+                self.full_reads += 1
+                self.change = Change.NEW
+                log.warning(f"kernel log {self.path}: records were overwritten before we read them")
+                continue
+            if not data:
+                self.timed_out = False
+                return  # a regular file at its end (a stand-in for the device); later reads go on
+            self._data(data, first=self.records == 0 and not self.partial)
+
+    def behind(self) -> bool:
+        """The last poll stopped before the end (news found, or the device read's time was up)."""
+        return (self.early and self.urgent) or (self.device and self.timed_out)
+
+    def view(self) -> KernelXids:
+        with self.lock:
+            if self.ledger.untallied and not self.warned:
+                self.warned = True
+                log.warning(
+                    f"kernel log {self.path}: more than {MAX_KEYS} distinct Xid (kind, code, device); "
+                    "lines of further ones are counted as untallied, not kept"
+                )
+            return self.ledger.view(self.records, self.lines.format, self.lost)
+
+
+def fold_kernel_text(text: str) -> KernelXids:
+    """A whole kernel log text through the reader the agent uses (tests, one-shot tools).
+    Raises BinaryLog for data that is not text."""
+    tail = KernelTail("<text>", device=False)
+    with tail.lock:
+        tail._data(text.encode("utf-8", errors="replace"), first=True)
+        tail._flush()
+    return tail.view()
