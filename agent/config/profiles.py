@@ -16,6 +16,9 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "nvlinkLinksPerGpu": ("nvlink_links_per_gpu", int),
     "nicAffinity": ("nic_affinity", str),
     "pcieWidth": ("pcie_width", int),
+    "connectxCount": ("connectx_count", int),
+    "connectxRateGbps": ("connectx_rate_gbps", int),
+    "numaNodes": ("numa_nodes", int),
 }
 
 

@@ -7,7 +7,15 @@ import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    KernelLog,
+    NodeObject,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
 
@@ -23,6 +31,7 @@ class Input(str, enum.Enum):
     NODE = "node"
     DCGM_DIAG = "dcgm_diag"
     DCGM_HEALTH = "dcgm_health"
+    PCI = "pci"
 
     def __str__(self) -> str:
         return self.value
@@ -45,3 +54,5 @@ class NodeFacts:
     node: Probed[NodeObject] = NotCaptured("node.json")
     dcgm_diag: Probed[DiagReport] = NotCaptured("dcgm-diag.json")
     dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")
+    pci: Probed[PciSample] = NotCaptured("sysfs pci")
+    pci_previous: PciSample | None = None  # the agent's previous read, for AER counter rates

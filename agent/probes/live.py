@@ -8,7 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    KernelLog,
+    NodeObject,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_log import read_kmsg_live
@@ -16,7 +24,7 @@ from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
-from agent.probes.source import ParseMemo, read_rdma_tree
+from agent.probes.source import ParseMemo, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 
@@ -83,6 +91,9 @@ class LiveSource:
             # No RDMA devices at all on this node: an empty sample, so the EFA count rule can judge it.
             return RdmaSample(devices=(), taken_at=time.monotonic())
         return read_rdma_tree(class_dir, self.sys_root / "bus" / "pci" / "devices")
+
+    def pci(self) -> Probed[PciSample]:
+        return read_pci_tree(self.sys_root / "bus" / "pci" / "devices")
 
     def node(self) -> Probed[NodeObject]:
         if self.node_loader is None:

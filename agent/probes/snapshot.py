@@ -4,6 +4,8 @@ Snapshot file names (all optional; a missing file means "not captured"):
 
   instance-type, boot_id, nvidia-smi-q.xml | nvidia-smi-q.txt, nvidia-smi-topo-m.txt,
   nvidia-smi-nvlink-s.txt, kmsg.log, sys/class/infiniband/..., sys/bus/pci/devices/...,
+  sys/devices/pci*/... (the whole PCI bus, its hierarchy kept; without it the bus is not captured:
+  older snapshots hold only the RDMA NICs' functions under sys/bus/pci/devices),
   node.json, dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
 """
 
@@ -15,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    KernelLog,
+    NodeObject,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.kernel_log import parse_kernel_log
@@ -23,7 +33,7 @@ from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.source import ParseMemo, read_rdma_tree
+from agent.probes.source import ParseMemo, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 XML, TEXT, TOPO, NVLINK = (
@@ -34,6 +44,7 @@ XML, TEXT, TOPO, NVLINK = (
 )
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
 DCGM_DIAG = "dcgm-diag.json"
+PCI_HIERARCHY = "sys/devices"  # written only by a capture of the whole bus
 COMMANDS: dict[str, list[str]] = {
     XML: ["nvidia-smi", "-q", "-x"],
     TOPO: ["nvidia-smi", "topo", "-m"],
@@ -122,6 +133,11 @@ class SnapshotSource:
         if not class_dir.is_dir():
             return NotCaptured("sys/class/infiniband")
         return read_rdma_tree(class_dir, self.root / "sys" / "bus" / "pci" / "devices")
+
+    def pci(self) -> Probed[PciSample]:
+        if not (self.root / PCI_HIERARCHY).is_dir():
+            return NotCaptured(PCI_HIERARCHY)
+        return read_pci_tree(self.root / "sys" / "bus" / "pci" / "devices")
 
     def node(self) -> Probed[NodeObject]:
         return self.memo.parse(NODE, self.text(NODE), parse_node_json)

@@ -17,9 +17,18 @@ from agent.config import Config
 from agent.core.contract import INSTANCE_TYPE_LABEL
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import Input, NodeFacts
-from agent.core.model import GpuInventory, KernelLog, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    KernelLog,
+    NodeObject,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
 from agent.probes.nvsmi_errors import ToolReportedFailure
+from agent.probes.pci import read_pci
 from agent.probes.rdma import read_rdma
 
 T = TypeVar("T")
@@ -66,6 +75,7 @@ class Source(Protocol):
     def rdma(self) -> Probed[RdmaSample]: ...
     def node(self) -> Probed[NodeObject]: ...
     def dcgm_diag(self) -> Probed[DiagReport]: ...
+    def pci(self) -> Probed[PciSample]: ...
     def boot_id(self) -> str | None: ...
     def instance_type(self) -> str | None: ...
 
@@ -78,6 +88,16 @@ def read_rdma_tree(class_dir: Path, pci_dir: Path) -> Probed[RdmaSample]:
         return NotCaptured(str(class_dir))
     except OSError as exc:
         return ProbeError(str(class_dir), ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
+
+
+def read_pci_tree(devices_dir: Path) -> Probed[PciSample]:
+    """/sys/bus/pci/devices as a Probed value: a node without it cannot say what is on its bus."""
+    try:
+        return read_pci(devices_dir)
+    except FileNotFoundError:
+        return ProbeError(str(devices_dir), ProbeErrorKind.UNAVAILABLE, "not present (mount /sys)")
+    except OSError as exc:
+        return ProbeError(str(devices_dir), ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
 
 
 def resolve_instance_type(
@@ -108,6 +128,7 @@ def source_readers(source: Source) -> dict[Input, Callable[[], Any]]:
         Input.KERNEL: source.kernel,
         Input.RDMA: source.rdma,
         Input.DCGM_DIAG: source.dcgm_diag,
+        Input.PCI: source.pci,
     }
 
 
@@ -119,10 +140,12 @@ def assemble_facts(
     boot_id: str | None,
     instance_type: str | None = None,
     rdma_previous: RdmaSample | None = None,
+    pci_previous: PciSample | None = None,
 ) -> NodeFacts:
     """NodeFacts from the inputs read (one not read stays NotCaptured), with the instance type
     resolved (resolve_instance_type) and its profile."""
-    facts = NodeFacts(rdma_previous=rdma_previous, **{name.value: value for name, value in inputs.items()})
+    read = {name.value: value for name, value in inputs.items()}
+    facts = NodeFacts(rdma_previous=rdma_previous, pci_previous=pci_previous, **read)
     itype, itype_source = resolve_instance_type(source, cfg, facts.node, instance_type)
     return replace(
         facts,
