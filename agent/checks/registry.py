@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.checks import CheckSpec, dcgm, efa, gpu, nvlink, pci, topology, xid
+from agent.checks import CheckSpec, dcgm, efa, gpu, host, nvlink, pci, topology, xid
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -21,6 +21,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *topology.CHECKS,
     *efa.CHECKS,
     *pci.CHECKS,
+    *host.CHECKS,
     *dcgm.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}

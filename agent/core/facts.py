@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from agent.core.dcgm_report import DiagReport, HealthReport
 from agent.core.model import (
     GpuInventory,
+    HostInfo,
     KernelLog,
     NodeObject,
     NvlinkReport,
@@ -32,6 +33,7 @@ class Input(str, enum.Enum):
     DCGM_DIAG = "dcgm_diag"
     DCGM_HEALTH = "dcgm_health"
     PCI = "pci"
+    HOST = "host"
 
     def __str__(self) -> str:
         return self.value
@@ -56,3 +58,4 @@ class NodeFacts:
     dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")
     pci: Probed[PciSample] = NotCaptured("sysfs pci")
     pci_previous: PciSample | None = None  # the agent's previous read, for AER counter rates
+    host: Probed[HostInfo] = NotCaptured("sysfs cpu/node")

@@ -345,3 +345,17 @@ class PciSample:
 
     def by_address(self) -> dict[str, PciDevice]:
         return {d.address: d for d in self.devices}
+
+
+# --------------------------------------------------------------------------- host CPUs and NUMA
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """/sys/devices/system/{cpu,node} lists, as sorted ids; None: the file was not there."""
+
+    cpus_online: tuple[int, ...] | None = None
+    cpus_present: tuple[int, ...] | None = None
+    cpus_possible: tuple[int, ...] | None = None
+    numa_online: tuple[int, ...] | None = None
+    numa_with_cpu: tuple[int, ...] | None = None  # has_cpu: GH200's GPU memory nodes have none

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from agent.core.probed import ProbeError
 from agent.probes.command import run_command
+from agent.probes.host import CPU_FILES, NODE_FILES
 from agent.probes.kernel_log import read_kmsg_live
 from agent.probes.pci import PCI_ATTRS
 from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
@@ -58,6 +59,7 @@ def capture(
         problems[KMSG] = errors[KMSG]["message"]
 
     _copy_pci(sys_root, out / "sys", problems)
+    _copy_host(sys_root, out / "sys")
     _copy_rdma(sys_root, out / "sys", problems)
 
     try:
@@ -132,6 +134,14 @@ def _copy_pci(sys_root: Path, dest: Path, problems: dict[str, str]) -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
         if not os.path.lexists(link):
             link.symlink_to(Path("..", "..", "..", "devices", rel))
+
+
+def _copy_host(sys_root: Path, dest: Path) -> None:
+    """The CPU and NUMA lists (agent.probes.host)."""
+    src, dst = sys_root / "devices" / "system", dest / "devices" / "system"
+    for folder, leaves in (("cpu", CPU_FILES), ("node", NODE_FILES)):
+        for leaf in leaves:
+            _copy_file(src / folder / leaf, dst / folder / leaf)
 
 
 def _copy_file(src: Path, dst: Path) -> None:

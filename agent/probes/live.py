@@ -10,6 +10,7 @@ from pathlib import Path
 from agent.core.dcgm_report import DiagReport
 from agent.core.model import (
     GpuInventory,
+    HostInfo,
     KernelLog,
     NodeObject,
     NvlinkReport,
@@ -24,7 +25,7 @@ from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
-from agent.probes.source import ParseMemo, read_pci_tree, read_rdma_tree
+from agent.probes.source import ParseMemo, read_host_tree, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 
@@ -94,6 +95,9 @@ class LiveSource:
 
     def pci(self) -> Probed[PciSample]:
         return read_pci_tree(self.sys_root / "bus" / "pci" / "devices")
+
+    def host(self) -> Probed[HostInfo]:
+        return read_host_tree(self.sys_root / "devices" / "system")
 
     def node(self) -> Probed[NodeObject]:
         if self.node_loader is None:

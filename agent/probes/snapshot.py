@@ -6,6 +6,7 @@ Snapshot file names (all optional; a missing file means "not captured"):
   nvidia-smi-nvlink-s.txt, kmsg.log, sys/class/infiniband/..., sys/bus/pci/devices/...,
   sys/devices/pci*/... (the whole PCI bus, its hierarchy kept; without it the bus is not captured:
   older snapshots hold only the RDMA NICs' functions under sys/bus/pci/devices),
+  sys/devices/system/{cpu,node}/... (CPU and NUMA lists),
   node.json, dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from agent.core.dcgm_report import DiagReport
 from agent.core.model import (
     GpuInventory,
+    HostInfo,
     KernelLog,
     NodeObject,
     NvlinkReport,
@@ -33,7 +35,7 @@ from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.source import ParseMemo, read_pci_tree, read_rdma_tree
+from agent.probes.source import ParseMemo, read_host_tree, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 XML, TEXT, TOPO, NVLINK = (
@@ -44,7 +46,8 @@ XML, TEXT, TOPO, NVLINK = (
 )
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
 DCGM_DIAG = "dcgm-diag.json"
-PCI_HIERARCHY = "sys/devices"  # written only by a capture of the whole bus
+PCI_HIERARCHY = "sys/devices"  # its pci* folders: written only by a capture of the whole bus
+HOST_DIR = "sys/devices/system"
 COMMANDS: dict[str, list[str]] = {
     XML: ["nvidia-smi", "-q", "-x"],
     TOPO: ["nvidia-smi", "topo", "-m"],
@@ -135,9 +138,16 @@ class SnapshotSource:
         return read_rdma_tree(class_dir, self.root / "sys" / "bus" / "pci" / "devices")
 
     def pci(self) -> Probed[PciSample]:
-        if not (self.root / PCI_HIERARCHY).is_dir():
+        tops = self.root / PCI_HIERARCHY
+        if not (tops.is_dir() and any(p.name.startswith("pci") for p in tops.iterdir())):
             return NotCaptured(PCI_HIERARCHY)
         return read_pci_tree(self.root / "sys" / "bus" / "pci" / "devices")
+
+    def host(self) -> Probed[HostInfo]:
+        system = self.root / HOST_DIR
+        if not system.is_dir():
+            return NotCaptured(HOST_DIR)
+        return read_host_tree(system)
 
     def node(self) -> Probed[NodeObject]:
         return self.memo.parse(NODE, self.text(NODE), parse_node_json)

@@ -19,6 +19,7 @@ from agent.core.dcgm_report import DiagReport
 from agent.core.facts import Input, NodeFacts
 from agent.core.model import (
     GpuInventory,
+    HostInfo,
     KernelLog,
     NodeObject,
     NvlinkReport,
@@ -27,6 +28,7 @@ from agent.core.model import (
     TopoMatrix,
 )
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
+from agent.probes.host import read_host
 from agent.probes.nvsmi_errors import ToolReportedFailure
 from agent.probes.pci import read_pci
 from agent.probes.rdma import read_rdma
@@ -76,6 +78,7 @@ class Source(Protocol):
     def node(self) -> Probed[NodeObject]: ...
     def dcgm_diag(self) -> Probed[DiagReport]: ...
     def pci(self) -> Probed[PciSample]: ...
+    def host(self) -> Probed[HostInfo]: ...
     def boot_id(self) -> str | None: ...
     def instance_type(self) -> str | None: ...
 
@@ -98,6 +101,16 @@ def read_pci_tree(devices_dir: Path) -> Probed[PciSample]:
         return ProbeError(str(devices_dir), ProbeErrorKind.UNAVAILABLE, "not present (mount /sys)")
     except OSError as exc:
         return ProbeError(str(devices_dir), ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
+
+
+def read_host_tree(system_dir: Path) -> Probed[HostInfo]:
+    """/sys/devices/system as a Probed value."""
+    try:
+        return read_host(system_dir)
+    except FileNotFoundError:
+        return ProbeError(str(system_dir / "cpu"), ProbeErrorKind.UNAVAILABLE, "not present (mount /sys)")
+    except ParseError as exc:
+        return ProbeError(str(system_dir), ProbeErrorKind.UNREADABLE, str(exc))
 
 
 def resolve_instance_type(
@@ -129,6 +142,7 @@ def source_readers(source: Source) -> dict[Input, Callable[[], Any]]:
         Input.RDMA: source.rdma,
         Input.DCGM_DIAG: source.dcgm_diag,
         Input.PCI: source.pci,
+        Input.HOST: source.host,
     }
 
 
