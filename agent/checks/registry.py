@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.checks import CheckSpec, dcgm, efa, gpu, host, nvlink, pci, topology, xid
+from agent.checks import CheckSpec, connectx, dcgm, efa, gpu, host, nvlink, pci, topology, xid
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -20,6 +20,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *nvlink.CHECKS,
     *topology.CHECKS,
     *efa.CHECKS,
+    *connectx.CHECKS,
     *pci.CHECKS,
     *host.CHECKS,
     *dcgm.CHECKS,
