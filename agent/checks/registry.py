@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.checks import CheckSpec, connectx, dcgm, efa, gpu, host, nvlink, pci, topology, xid
+from agent.checks import CheckSpec, connectx, dcgm, efa, gpu, host, nvlink, nvlink_speed, pci, topology, xid
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -18,6 +18,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
     *xid.CHECKS,
     *nvlink.CHECKS,
+    *nvlink_speed.CHECKS,
     *topology.CHECKS,
     *efa.CHECKS,
     *connectx.CHECKS,

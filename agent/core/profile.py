@@ -22,3 +22,4 @@ class InstanceProfile:
     connectx_count: int = 0  # ConnectX RDMA ports (InfiniBand or RoCE) of the GPU fabric; 0: not checked
     connectx_rate_gbps: int | None = None  # their healthy active rate, e.g. 400 (NDR / 400GbE)
     numa_nodes: int | None = None  # NUMA nodes a healthy node shows online
+    nvlink_link_gbps: float | None = None  # each active NVLink's speed as nvidia-smi nvlink -s prints it
