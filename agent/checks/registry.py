@@ -6,7 +6,20 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.checks import CheckSpec, connectx, dcgm, efa, gpu, host, nvlink, nvlink_speed, pci, topology, xid
+from agent.checks import (
+    CheckSpec,
+    connectx,
+    dcgm,
+    efa,
+    gpu,
+    host,
+    nvlink,
+    nvlink_errors,
+    nvlink_speed,
+    pci,
+    topology,
+    xid,
+)
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -19,6 +32,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *xid.CHECKS,
     *nvlink.CHECKS,
     *nvlink_speed.CHECKS,
+    *nvlink_errors.CHECKS,
     *topology.CHECKS,
     *efa.CHECKS,
     *connectx.CHECKS,

@@ -12,6 +12,7 @@ from agent.core.model import (
     HostInfo,
     KernelLog,
     NodeObject,
+    NvlinkErrorSample,
     NvlinkReport,
     PciSample,
     RdmaSample,
@@ -34,6 +35,7 @@ class Input(str, enum.Enum):
     DCGM_HEALTH = "dcgm_health"
     PCI = "pci"
     HOST = "host"
+    NVLINK_ERRORS = "nvlink_errors"
 
     def __str__(self) -> str:
         return self.value
@@ -59,3 +61,5 @@ class NodeFacts:
     pci: Probed[PciSample] = NotCaptured("sysfs pci")
     pci_previous: PciSample | None = None  # the agent's previous read, for AER counter rates
     host: Probed[HostInfo] = NotCaptured("sysfs cpu/node")
+    nvlink_errors: Probed[NvlinkErrorSample] = NotCaptured("NVLink error counters")
+    nvlink_errors_previous: NvlinkErrorSample | None = None  # the previous read, for rates

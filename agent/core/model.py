@@ -359,3 +359,24 @@ class HostInfo:
     cpus_possible: tuple[int, ...] | None = None
     numa_online: tuple[int, ...] | None = None
     numa_with_cpu: tuple[int, ...] | None = None  # has_cpu: GH200's GPU memory nodes have none
+
+
+# --------------------------------------------------------------------------- NVLink error counters
+
+
+@dataclass(frozen=True)
+class NvlinkErrorCounts:
+    """One GPU's NVLink error counters: link → {"replay", "recovery", "crc_flit", "crc_data"} → count
+    (only the counters the driver reports for that link)."""
+
+    index: int
+    pci_bus_id: str
+    links: dict[int, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class NvlinkErrorSample:
+    """One read of every GPU's NVLink error counters, with the time it was taken (for rates)."""
+
+    gpus: tuple[NvlinkErrorCounts, ...]
+    taken_at: float

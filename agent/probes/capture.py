@@ -11,8 +11,10 @@ from agent.core.probed import ProbeError
 from agent.probes.command import run_command
 from agent.probes.host import CPU_FILES, NODE_FILES
 from agent.probes.kernel_log import read_kmsg_live
+from agent.probes.nvlink_errors import read_nvlink_errors, to_json
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.pci import PCI_ATTRS
-from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
+from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, NVLINK_ERRORS, TEXT
 
 RDMA_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 PCI_FILES = ("vendor", "device", "class", "uevent", "current_link_width", "max_link_width")
@@ -58,6 +60,14 @@ def capture(
         errors[KMSG] = {"kind": "unavailable", "message": f"{kmsg_path}: {exc.strerror or exc}"}
         problems[KMSG] = errors[KMSG]["message"]
 
+    try:
+        (out / NVLINK_ERRORS).write_text(to_json(read_nvlink_errors(timeout_s)), encoding="utf-8")
+    except NvmlUnavailable:
+        pass  # no NVML on this node (like no /sys/class/infiniband): the file stays absent
+    except (ProbeTimeout, ToolReportedFailure) as exc:
+        kind = "timeout" if isinstance(exc, ProbeTimeout) else "tool-failed"
+        errors[NVLINK_ERRORS] = {"kind": kind, "message": str(exc)}
+        problems[NVLINK_ERRORS] = str(exc)
     _copy_pci(sys_root, out / "sys", problems)
     _copy_host(sys_root, out / "sys")
     _copy_rdma(sys_root, out / "sys", problems)

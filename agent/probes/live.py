@@ -13,6 +13,7 @@ from agent.core.model import (
     HostInfo,
     KernelLog,
     NodeObject,
+    NvlinkErrorSample,
     NvlinkReport,
     PciSample,
     RdmaSample,
@@ -96,6 +97,11 @@ class LiveSource:
     def pci(self) -> Probed[PciSample]:
         return read_pci_tree(self.sys_root / "bus" / "pci" / "devices")
 
+    def nvlink_errors(self) -> Probed[NvlinkErrorSample]:
+        if not self.use_nvml:
+            return NotCaptured("NVLink error counters (NVML switched off)")
+        return _read_nvlink_errors(self.timeout_s)
+
     def host(self) -> Probed[HostInfo]:
         return read_host_tree(self.sys_root / "devices" / "system")
 
@@ -129,3 +135,17 @@ def _read_nvml(timeout_s: float) -> Probed[GpuInventory]:
         return ProbeError("nvml", ProbeErrorKind.TIMEOUT, str(exc) or f"no answer after {timeout_s:g} s")
     except ToolReportedFailure as exc:
         return ProbeError("nvml", ProbeErrorKind.TOOL_FAILED, str(exc))
+
+
+def _read_nvlink_errors(timeout_s: float) -> Probed[NvlinkErrorSample]:
+    """NVLink error counters through NVML; not captured where NVML cannot be loaded."""
+    from agent.probes.nvlink_errors import SOURCE, read_nvlink_errors
+
+    try:
+        return read_nvlink_errors(timeout_s)
+    except NvmlUnavailable as exc:
+        return NotCaptured(f"NVLink error counters ({exc})")
+    except ProbeTimeout as exc:
+        return ProbeError(SOURCE, ProbeErrorKind.TIMEOUT, str(exc))
+    except ToolReportedFailure as exc:
+        return ProbeError(SOURCE, ProbeErrorKind.TOOL_FAILED, str(exc))

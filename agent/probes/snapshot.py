@@ -7,6 +7,7 @@ Snapshot file names (all optional; a missing file means "not captured"):
   sys/devices/pci*/... (the whole PCI bus, its hierarchy kept; without it the bus is not captured:
   older snapshots hold only the RDMA NICs' functions under sys/bus/pci/devices),
   sys/devices/system/{cpu,node}/... (CPU and NUMA lists),
+  nvlink-errors.json (NVML's NVLink error counters, our JSON),
   node.json, dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
 """
 
@@ -23,6 +24,7 @@ from agent.core.model import (
     HostInfo,
     KernelLog,
     NodeObject,
+    NvlinkErrorSample,
     NvlinkReport,
     PciSample,
     RdmaSample,
@@ -33,6 +35,7 @@ from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.kernel_log import parse_kernel_log
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
+from agent.probes.nvlink_errors import parse_nvlink_errors_json
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.source import ParseMemo, read_host_tree, read_pci_tree, read_rdma_tree
@@ -46,6 +49,7 @@ XML, TEXT, TOPO, NVLINK = (
 )
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
 DCGM_DIAG = "dcgm-diag.json"
+NVLINK_ERRORS = "nvlink-errors.json"  # our own format: NVML's NVLink error counters
 PCI_HIERARCHY = "sys/devices"  # its pci* folders: written only by a capture of the whole bus
 HOST_DIR = "sys/devices/system"
 COMMANDS: dict[str, list[str]] = {
@@ -142,6 +146,9 @@ class SnapshotSource:
         if not (tops.is_dir() and any(p.name.startswith("pci") for p in tops.iterdir())):
             return NotCaptured(PCI_HIERARCHY)
         return read_pci_tree(self.root / "sys" / "bus" / "pci" / "devices")
+
+    def nvlink_errors(self) -> Probed[NvlinkErrorSample]:
+        return self.memo.parse(NVLINK_ERRORS, self.text(NVLINK_ERRORS), parse_nvlink_errors_json)
 
     def host(self) -> Probed[HostInfo]:
         system = self.root / HOST_DIR

@@ -22,6 +22,7 @@ from agent.core.model import (
     HostInfo,
     KernelLog,
     NodeObject,
+    NvlinkErrorSample,
     NvlinkReport,
     PciSample,
     RdmaSample,
@@ -79,6 +80,7 @@ class Source(Protocol):
     def dcgm_diag(self) -> Probed[DiagReport]: ...
     def pci(self) -> Probed[PciSample]: ...
     def host(self) -> Probed[HostInfo]: ...
+    def nvlink_errors(self) -> Probed[NvlinkErrorSample]: ...
     def boot_id(self) -> str | None: ...
     def instance_type(self) -> str | None: ...
 
@@ -143,6 +145,7 @@ def source_readers(source: Source) -> dict[Input, Callable[[], Any]]:
         Input.DCGM_DIAG: source.dcgm_diag,
         Input.PCI: source.pci,
         Input.HOST: source.host,
+        Input.NVLINK_ERRORS: source.nvlink_errors,
     }
 
 
@@ -155,11 +158,16 @@ def assemble_facts(
     instance_type: str | None = None,
     rdma_previous: RdmaSample | None = None,
     pci_previous: PciSample | None = None,
+    nvlink_errors_previous: NvlinkErrorSample | None = None,
 ) -> NodeFacts:
     """NodeFacts from the inputs read (one not read stays NotCaptured), with the instance type
     resolved (resolve_instance_type) and its profile."""
     read = {name.value: value for name, value in inputs.items()}
-    facts = NodeFacts(rdma_previous=rdma_previous, pci_previous=pci_previous, **read)
+    facts = replace(
+        NodeFacts(rdma_previous=rdma_previous, **read),
+        pci_previous=pci_previous,
+        nvlink_errors_previous=nvlink_errors_previous,
+    )
     itype, itype_source = resolve_instance_type(source, cfg, facts.node, instance_type)
     return replace(
         facts,
