@@ -92,7 +92,7 @@ def _gpu_findings(cfg: Config, facts: NodeFacts, sample: PciSample) -> tuple[lis
             msg = f"GPU {short_pci(addr)} is listed by {inv.source} but is not on the PCI bus"
             findings.append(_finding(cfg, INVENTORY, GPU_OFF_BUS, msg, addr))
     else:
-        notes.append("driver's GPU list unreadable: GPUs invisible to the driver not judged")
+        notes.append(f"GPU list ({inv}): GPUs invisible to the driver not judged")
     prof = facts.profile
     reported = {f.key for f in findings if f.rule == GPU_OFF_BUS.name}
     if prof is not None and len(gpus) < prof.gpu_count and not reported:
@@ -136,7 +136,7 @@ def _nic_findings(cfg: Config, facts: NodeFacts, sample: PciSample) -> tuple[lis
                 msg = f"RDMA device {rdev.name} ({short_pci(rdev.pci)}) is not on the PCI bus"
                 findings.append(_finding(cfg, INVENTORY, NIC_OFF_BUS, msg, rdev.pci))
     else:
-        notes.append("RDMA devices unreadable: NICs invisible to the RDMA driver not judged")
+        notes.append(f"RDMA devices ({rdma}): NICs invisible to the RDMA driver not judged")
     if prof is not None:
         expected = (("EFA", len(efa), prof.efa_count), ("ConnectX", len(cx), prof.connectx_count))
         for what, have, want in expected:
