@@ -8,12 +8,18 @@
   "3: Disabled" / "2: Polling" / "1: Sleep", rate "<Rate> Gb/sec", link_layer as printed.
   ibstat shows no counters: every port gets the IB PMA counters the real tree has, at 0.
 
+* from_ibstatus(): DERIVED from a real `ibstatus` recording, which prints the sysfs values
+  themselves ("4: ACTIVE", "5: LinkUp", "200 Gb/sec (4X HDR)", link_layer): written back as they
+  are; `pci` ({name: BDF}) adds each device's `device` link into root/bus/pci/devices (ibstatus
+  shows no PCI address: the mapping is the test's).
+
 Fault variants are made by `state` ({name: (state, phys_state)}), `rate` ({name: text}),
 `counters` ({name: {counter: value}}) and `drop` (devices left out), and said in each test.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Iterable, Mapping
@@ -96,4 +102,23 @@ def from_ibstat(
             else:
                 (port / "link_layer").write_text(value)
     _adjust(class_dir, state or {}, {}, counters or {})
+    return class_dir
+
+
+def from_ibstatus(root: Path, recording: str, *, pci: Mapping[str, str] | None = None) -> Path:
+    class_dir = root / "class" / "infiniband"
+    port = None
+    names = {"state": "state", "phys state": "phys_state", "rate": "rate", "link_layer": "link_layer"}
+    for line in (IBSTAT / recording).read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^Infiniband device '([^']+)' port (\d+) status:", line)
+        if m:
+            port = class_dir / m.group(1) / "ports" / m.group(2)
+            port.mkdir(parents=True)
+            continue
+        m = re.match(r"^\s+(state|phys state|rate|link_layer):\s+(.+)$", line)
+        if m and port is not None:
+            (port / names[m.group(1)]).write_text(m.group(2).strip())
+    for name, bdf in (pci or {}).items():
+        target = os.path.relpath(root / "bus" / "pci" / "devices" / bdf, class_dir / name)
+        os.symlink(target, class_dir / name / "device")
     return class_dir

@@ -19,6 +19,12 @@
   The CPU's own functions ("System peripheral", "Performance counters", "Generic system
   peripheral": 390 of the 517, on root buses, no PCIe link) are left out to keep the tests fast.
 
+* tests/fixtures/lspci/gpud-azure-a100x8-lspci-nn.txt: a real `lspci -nn` of an Azure ND A100 v4
+  VM (8 A100, 6 NVSwitches, 8 ConnectX-6 VFs, one ConnectX-4 Lx VF, NVMe), each device alone in its
+  own PCI domain as Hyper-V presents them. DERIVED: vendor, device and class from the numbers lspci
+  printed; every device on its own root bus (no upstream port); no driver, link or AER files
+  (lspci -nn shows none).
+
 Fault variants are made by `override` ({BDF: {attribute: text, or None to delete}}) and `drop`
 (functions left out), and said in each test.
 """
@@ -34,6 +40,7 @@ from pathlib import Path
 FIX = Path(__file__).parent / "fixtures"
 H100_VM = FIX / "h100-vm-capture"
 LSPCI_H100X8 = FIX / "lspci" / "gpud-h100x8-cx7-lspci-vvv-full.txt"
+LSPCI_AZURE_A100 = FIX / "lspci" / "gpud-azure-a100x8-lspci-nn.txt"
 
 AER_ZERO = {
     "aer_dev_correctable": "RxErr 0\nBadTLP 0\nBadDLLP 0\nRollover 0\nTimeout 0\nNonFatalErr 0\n"
@@ -231,3 +238,26 @@ def build_rdma_class(
         os.symlink(os.path.join(os.path.relpath(pci_dir.parent, dev_dir), pci_dir.name), dev_dir / "device")
         os.symlink(os.path.relpath(dev_dir, class_dir), class_dir / name)
     return class_dir
+
+
+def build_from_lspci_nn(root: Path, *, drop: Iterable[str] = (), source: Path = LSPCI_AZURE_A100) -> Path:
+    """The Azure ND A100 v4 VM's PCI bus under root; returns root/bus/pci/devices."""
+    line = re.compile(
+        r"^(?:([0-9a-f]{4}):)?([0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) "  # [domain:]bus:dev.fn
+        r".*?\[([0-9a-f]{4})\]: .*\[([0-9a-f]{4}):([0-9a-f]{4})\]"  # [class]: ... [vendor:device]
+    )
+    skip = set(drop)
+    for text in source.read_text(encoding="utf-8").splitlines():
+        m = line.match(text)
+        if m is None:
+            continue
+        domain, rest, cls, vendor, device = m.groups()
+        bdf = f"{domain or '0000'}:{rest}"
+        if bdf in skip:
+            continue
+        device_dir = root / "devices" / f"pci{domain or '0000'}:{rest[:2]}" / bdf
+        _write(device_dir / "vendor", f"0x{vendor}\n")
+        _write(device_dir / "device", f"0x{device}\n")
+        _write(device_dir / "class", f"0x{cls}00\n")
+        _link(root, device_dir, bdf, None)
+    return root / "bus" / "pci" / "devices"

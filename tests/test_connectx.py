@@ -126,3 +126,13 @@ def test_efa_nodes_have_no_connectx(tmp_path: Path) -> None:
 
     result = run(sample(build_efa_tree(tmp_path)), "p5.48xlarge")
     assert result.status == Status.SKIPPED and result.skipped == "no ConnectX RDMA device"
+
+
+def test_real_azure_ibstatus_passes_for_nd_a100_v4(tmp_path: Path) -> None:
+    from tests.ib_sysfs_tree import from_ibstatus
+
+    result = run(
+        sample(from_ibstatus(tmp_path, "gpud-azure-a100-ibstatus-all-active.txt")), "Standard_ND96asr_v4"
+    )
+    assert result.status == Status.PASS, result.message
+    assert "8 of 8 fabric port(s) ACTIVE at 200 Gb/s" in result.note and "mlx5_8 port 1 ACTIVE" in result.note

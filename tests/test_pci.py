@@ -325,3 +325,43 @@ def test_an_older_snapshot_without_the_bus_is_not_captured(tmp_path: Path) -> No
 
     (tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:4f:00.0").mkdir(parents=True)  # NIC-only copy
     assert isinstance(SnapshotSource(tmp_path).pci(), NotCaptured)
+
+
+# --------------------------------------------------------------------------- Azure ND A100 v4 (lspci -nn)
+
+AZURE_IB = {f"mlx5_{i}": f"{0x101 + i:04x}:00:00.0" for i in range(8)} | {"mlx5_8": "c941:00:02.0"}
+
+
+def azure(root: Path, drop: tuple[str, ...] = ()) -> NodeFacts:
+    from tests.ib_sysfs_tree import from_ibstatus
+    from tests.pci_sysfs_tree import build_from_lspci_nn
+
+    build_from_lspci_nn(root, drop=drop)
+    # DERIVED: the recorded ibstatus's mlx5_0..7 linked to the eight ConnectX-6 VFs in domain order,
+    # mlx5_8 (Ethernet, 40 Gb/sec) to the ConnectX-4 Lx VF.
+    from_ibstatus(root, "gpud-azure-a100-ibstatus-all-active.txt", pci=AZURE_IB)
+    return facts_for(root, "Standard_ND96asr_v4")
+
+
+def test_real_azure_nd_a100_bus_passes(tmp_path: Path) -> None:
+    facts = azure(tmp_path)
+    result = check_inventory(facts, CFG)
+    assert result.status == Status.PASS, result.message
+    assert "8 NVIDIA GPU(s) on the bus" in result.note and "6 NVSwitch(es)" in result.note
+    assert "0 EFA, 9 ConnectX function(s) on the bus" in result.note
+    assert check_link(facts, CFG).status == Status.PASS  # lspci -nn: no link files, nothing judged
+
+
+def test_an_nvswitch_missing_from_the_bus(tmp_path: Path) -> None:
+    result = check_inventory(azure(tmp_path, drop=("0007:00:00.0",)), CFG)  # DERIVED: one NVSwitch gone
+    (f,) = result.findings
+    assert f.rule == "pci.inventory.nvswitch-off-bus" and f.severity == Severity.ISOLATE
+    assert f.message == "5 NVSwitch(es) on the PCI bus, Standard_ND96asr_v4 has 6"
+
+
+def test_an_ib_vf_gone_from_the_bus_is_named_by_its_rdma_device(tmp_path: Path) -> None:
+    # DERIVED: the VF behind mlx5_3 left the bus while its RDMA device is still listed.
+    result = check_inventory(azure(tmp_path, drop=("0104:00:00.0",)), CFG)
+    assert [(f.rule, f.message) for f in result.findings] == [
+        ("pci.inventory.nic-off-bus", "RDMA device mlx5_3 (0104:00:00.0) is not on the PCI bus"),
+    ]

@@ -34,6 +34,9 @@ GPU_INVISIBLE = Rule(
     "pci.inventory.gpu-invisible", Severity.REBOOT, "a GPU on the PCI bus the driver does not list"
 )
 GPU_OFF_BUS = Rule("pci.inventory.gpu-off-bus", Severity.ISOLATE, "a GPU is missing from the PCI bus")
+NVSWITCH_OFF_BUS = Rule(
+    "pci.inventory.nvswitch-off-bus", Severity.ISOLATE, "fewer NVSwitches on the PCI bus than the profile"
+)
 NIC_INVISIBLE = Rule(
     "pci.inventory.nic-invisible", Severity.REBOOT, "an RDMA NIC on the PCI bus without RDMA device"
 )
@@ -172,6 +175,10 @@ def check_inventory(facts: NodeFacts, cfg: Config) -> CheckResult:
     gone = [f for f in _vanished(cfg, facts, sample) if f.key not in seen]
     nvswitch = len(_of_kind(sample, "nvswitch"))
     notes = [*gpu_n, *nic_n] + ([f"{nvswitch} NVSwitch(es)"] if nvswitch else [])
+    prof = facts.profile
+    if prof is not None and nvswitch < prof.nvswitch_count:
+        msg = f"{nvswitch} NVSwitch(es) on the PCI bus, {prof.instance_type} has {prof.nvswitch_count}"
+        gpu_f.append(rule_finding(cfg, INVENTORY, NVSWITCH_OFF_BUS, msg, (), "count/nvswitch"))
     return CheckResult(INVENTORY, findings=tuple(gpu_f + nic_f + gone), note="; ".join(notes))
 
 
@@ -336,7 +343,7 @@ CHECKS = (
         check_inventory,
         (Input.PCI, Input.GPUS, Input.RDMA),
         "topology",
-        (GPU_INVISIBLE, GPU_OFF_BUS, NIC_INVISIBLE, NIC_OFF_BUS),
+        (GPU_INVISIBLE, GPU_OFF_BUS, NVSWITCH_OFF_BUS, NIC_INVISIBLE, NIC_OFF_BUS),
     ),
     CheckSpec(LINK, check_link, (Input.PCI, Input.GPUS), "topology", (LINK_WIDTH, LINK_SPEED)),
     CheckSpec(AER, check_aer, (Input.PCI,), "topology", (AER_FATAL, AER_NONFATAL, AER_CORRECTABLE)),

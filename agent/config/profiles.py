@@ -18,6 +18,7 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "pcieWidth": ("pcie_width", int),
     "connectxCount": ("connectx_count", int),
     "connectxRateGbps": ("connectx_rate_gbps", int),
+    "nvswitchCount": ("nvswitch_count", int),
     "numaNodes": ("numa_nodes", int),
     "nvlinkLinkGBps": ("nvlink_link_gbps", (int, float)),
 }
