@@ -5,6 +5,7 @@ is a change to one of them, named in the test."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -365,3 +366,39 @@ def test_an_ib_vf_gone_from_the_bus_is_named_by_its_rdma_device(tmp_path: Path) 
     assert [(f.rule, f.message) for f in result.findings] == [
         ("pci.inventory.nic-off-bus", "RDMA device mlx5_3 (0104:00:00.0) is not on the PCI bus"),
     ]
+
+
+def test_an_idle_x8_node_is_one_note_not_eight(tmp_path: Path) -> None:
+    # DERIVED: all eight GPUs of the x8 node at 2.5 GT/s (Gen1, as idle GPUs in P8 run); no P-state known.
+    build_from_lspci(
+        tmp_path, override={f"0000:{b}:00.0": {"current_link_speed": "2.5 GT/s PCIe\n"} for b in X8_GPUS}
+    )
+    result = check_link(facts_for(tmp_path), CFG)
+    assert result.status == Status.PASS
+    assert result.note == (
+        "22 link(s) judged; 8 GPU link(s) below top speed outside P0 or with no state known: not judged"
+    )
+
+
+def test_capturing_twice_into_one_directory_does_not_crash(tmp_path: Path) -> None:
+    from agent.probes.capture import capture
+
+    sys_root = tmp_path / "sys"
+    build_from_lspci(sys_root)
+    bus = sys_root / "bus" / "pci" / "devices"
+    vf = (bus / "0000:1a:00.0").resolve().parent / "0000:1a:00.1"  # DERIVED: a VF beside its PF
+    vf.mkdir()
+    (vf / "vendor").write_text("0x15b3\n")
+    (vf / "class").write_text("0x020000\n")
+    os.symlink(
+        os.path.relpath(vf, sys_root / "bus" / "pci" / "devices"),
+        sys_root / "bus" / "pci" / "devices" / vf.name,
+    )
+    os.symlink("../0000:1a:00.0", vf / "physfn")
+    x = tmp_path / "x"
+    for _ in range(2):
+        capture(tmp_path / "snap", timeout_s=2, sys_root=sys_root, kmsg_path=str(x), boot_id_path=x)
+    from agent.probes.snapshot import SnapshotSource
+
+    replay = SnapshotSource(tmp_path / "snap").pci()
+    assert isinstance(replay, PciSample) and sum(d.virtual_function for d in replay.devices) == 1

@@ -256,7 +256,9 @@ def check_link(facts: NodeFacts, cfg: Config) -> CheckResult:
     head = f"{len(judged) - len(unread)} link(s) judged"
     if unread:
         head += f"; no link attributes for {', '.join(unread[:5])}"
-    return CheckResult(LINK, findings=tuple(findings), note="; ".join([head, *notes[:8]]))
+    if len(notes) > 2:  # an idle 8-GPU node: one line, not eight
+        notes = [f"{len(notes)} GPU link(s) below top speed outside P0 or with no state known: not judged"]
+    return CheckResult(LINK, findings=tuple(findings), note="; ".join([head, *notes]))
 
 
 # --------------------------------------------------------------------------- AER

@@ -138,7 +138,7 @@ def _copy_pci(sys_root: Path, dest: Path, problems: dict[str, str]) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for leaf in PCI_ATTRS:
             _copy_file(Path(real) / leaf, target / leaf)
-        if os.path.lexists(os.path.join(real, "physfn")):
+        if os.path.lexists(os.path.join(real, "physfn")) and not os.path.lexists(target / "physfn"):
             (target / "physfn").symlink_to(os.path.basename(os.readlink(os.path.join(real, "physfn"))))
         link = dest / "bus" / "pci" / "devices" / entry.name
         link.parent.mkdir(parents=True, exist_ok=True)
