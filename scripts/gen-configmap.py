@@ -91,10 +91,28 @@ def fill(text: str, block: str, where: str) -> str:
     return "".join(lines[: starts[0] + 1] + middle + lines[ends[0] :])
 
 
+OPERATOR_CONFIG = ROOT / "overlays" / "gpu-operator-dcgm" / "config.yaml"
+OUR_ENGINE = (
+    "  address: nvidia-dcgm.gpu-healthcheck.svc:5555"
+    "  # host:port; the GPU Operator's nvidia-dcgm Service works too\n"
+)
+OPERATOR_ENGINE = (
+    "  address: nvidia-dcgm.gpu-operator.svc:5555  # the GPU Operator's engine (overlays/gpu-operator-dcgm)\n"
+)
+
+
+def operator_config() -> str:
+    """config/config.yaml with only dcgm.address changed: the GPU Operator overlay's ConfigMap."""
+    text = (CONFIG / "config.yaml").read_text(encoding="utf-8")
+    if text.count(OUR_ENGINE) != 1:
+        raise SystemExit("config/config.yaml: dcgm.address line not found as expected")
+    return text.replace(OUR_ENGINE, OPERATOR_ENGINE)
+
+
 def outputs() -> dict[Path, str]:
     """Every generated file and its text."""
     block = scheduling()
-    out = {OUT: render()}
+    out = {OUT: render(), OPERATOR_CONFIG: operator_config()}
     for name in DAEMONSETS:
         path = ROOT / "manifests" / name
         out[path] = fill(path.read_text(encoding="utf-8"), block, name)

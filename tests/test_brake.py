@@ -364,7 +364,7 @@ def test_a_contender_that_never_takes_its_slot_does_not_hold_a_node_back(
     pool = unique_name("stale")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     labels = {"test.example/pool": pool}
-    gpu_node(name=f"a-{pool}", labels={**labels, K.status: "fail"})  # no agent, never tainted
+    gpu_node(name=f"a-{pool}", labels={**labels, K.status: "fail", K.severity: "reboot"})  # no agent
     me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
     gpu_node(name=f"c-{pool}", labels=labels)
     now = [1000.0]
@@ -396,9 +396,10 @@ def test_a_node_that_sees_other_contenders_waits_for_the_burst_to_land(
     labels = {"test.example/pool": pool}
     a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
     me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
-    gpu_node(name=f"c-{pool}", labels={**labels, K.status: "fail"})
+    failing = {K.status: "fail", K.severity: "reboot"}  # as an agent labels a failing node
+    gpu_node(name=f"c-{pool}", labels={**labels, **failing})
     brake = Brake(core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, settle_s=1.0)
-    later = threading.Timer(0.3, lambda: core.patch_node(a, {"metadata": {"labels": {K.status: "fail"}}}))
+    later = threading.Timer(0.3, lambda: core.patch_node(a, {"metadata": {"labels": failing}}))
     later.start()
     res = NodeWriter(core, me, brake=brake).apply(_marks(True))
     later.join()
@@ -465,3 +466,43 @@ def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Ap
     with pytest.raises(ApiException) as exc:
         brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400
+
+
+@pytest.mark.kube
+def test_a_reconfigured_brake_counts_with_the_new_selector_and_limits(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """A config reload: a new selector is a new GPU-node total, new limits apply to the next ask."""
+    small, big = unique_name("small"), unique_name("big")
+    asker = gpu_node(labels={"test.example/pool": small}).metadata.name
+    gpu_node(labels={"test.example/pool": small, K.tainted: TRUE})
+    for _ in range(3):
+        gpu_node(labels={"test.example/pool": big})
+    both = f"test.example/pool in ({small},{big})"  # the scope keeps other tests' Nodes out
+    brake = Brake(
+        core, selectors=[f"test.example/pool={small}"], scope=both, max_fraction=0.2, cache_seconds=60
+    )
+    ok, _ = brake.allows_new_taint(asker)
+    assert not ok and brake.state is not None and (brake.state.tainted, brake.state.total) == (1, 2)
+    brake.reconfigure(selectors=[f"test.example/pool={small}"], max_fraction=1.0, max_nodes=0)
+    ok, _ = brake.allows_new_taint(asker)  # the cached refusal went with the old limits
+    assert ok
+    brake.reconfigure(selectors=[both], max_fraction=0.5, max_nodes=1)
+    ok, reason = brake.allows_new_taint(asker)
+    assert not ok and "maxTaintedNodes=1" in reason
+    assert brake.state is not None and brake.state.total == 5  # counted with the new selector
+
+
+@pytest.mark.kube
+def test_a_node_failing_below_the_lowest_severity_that_taints_is_no_contender(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """node.taintMinSeverity reboot: a node failing at reset never taints, so it takes no slot."""
+    pool = unique_name("minsev")
+    selector = f"test.example/pool={pool}"
+    mild = gpu_node(labels={"test.example/pool": pool, K.status: "fail", K.severity: "reset"}).metadata.name
+    bad = gpu_node(labels={"test.example/pool": pool, K.status: "fail", K.severity: "isolate"}).metadata.name
+    brake = Brake(core, scope=selector, min_severity="reboot")
+    assert set(names_in_list(brake.list_doc(brake.contenders_selector))) == {bad}
+    brake.reconfigure(selectors=brake.selectors, max_fraction=0.2, max_nodes=0)  # back to reset
+    assert set(names_in_list(brake.list_doc(brake.contenders_selector))) == {mild, bad}

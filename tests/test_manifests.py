@@ -176,10 +176,17 @@ def test_hostengine_daemonset_service_and_networkpolicy() -> None:
     (c,) = spec["containers"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert c["ports"] == [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
-    assert c["livenessProbe"]["tcpSocket"] and c["readinessProbe"]["tcpSocket"]
+    probe = ["python3", "-m", "hostengine.probe", "--address", "127.0.0.1:5555", "--timeout", "5"]
+    assert c["readinessProbe"]["exec"]["command"] == probe  # a real DCGM connection
+    assert c["livenessProbe"]["exec"]["command"] == [*probe, "--allow-no-gpu"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["HOSTENGINE_GUARD_LISTEN"] == "$(POD_IP)" and "HOSTENGINE_BIND" not in env
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     sc = c["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True  # the guard lists its allowed clients
+    role = find("ClusterRole", "nvidia-dcgm")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     svc = find("Service", "nvidia-dcgm")
     assert svc["spec"]["internalTrafficPolicy"] == "Local"
     assert svc["spec"]["ports"][0]["port"] == 5555
@@ -216,7 +223,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     assert rules == {
         (("",), ("nodes",)): ["get", "list", "patch", "watch"],
         (("",), ("nodes/status",)): ["patch"],
-        (("",), ("pods",)): ["list"],
+        (("",), ("pods",)): ["list"],  # this node's pods: a second DCGM engine
         (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
     events = find("Role", "gpu-healthcheck-agent-events")
@@ -251,9 +258,8 @@ def test_quarantine_job_template() -> None:
     job = next(d for d in docs(MANIFESTS / "jobs") if d["kind"] == "Job")
     spec = job["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "gpu-healthcheck-quarantine"
-    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "NODE_NAME"}
-    script = spec["containers"][0]["args"][0]
-    assert "dcgmi diag" in script and "gpu-healthcheck/quarantine-result" in script
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "__NODE__"}
+    assert spec["containers"][0]["command"] == ["python3", "-m", "agent.cli.quarantine"]
     assert {t["key"] for t in spec["tolerations"]} >= {TAINT, "node.kubernetes.io/unschedulable"}
 
 
@@ -352,7 +358,7 @@ def test_optional_and_job_manifests_validate(installed: Any, tmp_path: Path) -> 
     assert "configmap/gpu-healthcheck-dashboard created (server dry run)" in out
     kubectl_ok(installed, "apply", "--server-side", "-f", str(MANIFESTS / "jobs" / "quarantine-rbac.yaml"))
     job = (MANIFESTS / "jobs" / "quarantine-job.yaml").read_text()
-    job = job.replace("NODE_NAME", "some-node").replace('"DIAG_LEVEL"', '"3"')
+    job = job.replace("__NODE__", "some-node").replace("__LEVEL__", "3")
     out = str(installed.kubectl("create", "--dry-run=server", "-f", "-", input=job).stdout)
     assert "job.batch/gpu-quarantine-" in out and "(server dry run)" in out
 

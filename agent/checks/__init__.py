@@ -37,6 +37,7 @@ def rule_finding(
         message=message,
         entities=entities,
         key=f"{rule.name}/{key}" if key else rule.name,
+        action=rule.action,
     )
 
 
@@ -58,7 +59,13 @@ def gpu_finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | No
     entities = (gpu.label,) if gpu is not None else ()
     key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
     return Finding(
-        check=check, rule=rule.name, severity=cfg.severity(rule), message=message, entities=entities, key=key
+        check=check,
+        rule=rule.name,
+        severity=cfg.severity(rule),
+        message=message,
+        entities=entities,
+        key=key,
+        action=rule.action,
     )
 
 

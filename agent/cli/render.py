@@ -7,6 +7,7 @@ import textwrap
 
 from agent.core.facts import NodeFacts
 from agent.core.findings import Verdict
+from agent.core.severity import Severity
 
 
 def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
@@ -29,4 +30,18 @@ def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
         wrapped = textwrap.wrap(r.message, msg_width) or [""]
         lines.append(f"{r.name:<20} {r.status.value:<8} {r.severity.label:<9} {wrapped[0]}")
         lines += [" " * 40 + more for more in wrapped[1:4]]
+    steps = _next_steps(verdict)
+    if steps:
+        lines += ["", "NEXT STEP (then, if it comes back)", *steps]
     return "\n".join(lines)
+
+
+def _next_steps(verdict: Verdict) -> list[str]:
+    """One line per check with a finding: its worst finding's step and escalation."""
+    out = []
+    for r in verdict.results:
+        worst = max(r.findings, key=lambda f: f.severity, default=None)
+        if worst is not None and worst.severity > Severity.NONE:
+            rec = worst.recommendation
+            out.append(f"{r.name:<20} {rec.describe()}: {rec.action.text}")
+    return out

@@ -182,22 +182,32 @@ def default_config_dir() -> Path | None:
     return Path(env) if env else None
 
 
-def load_config_dir(directory: Path | None = None, *, rules: RuleBook | None = None) -> Config:
-    """Load the CONFIG_FILES from one directory (None: default_config_dir()).
+def load_config_dir(
+    directory: Path | None = None, *, rules: RuleBook | None = None, shipped_only: bool = False
+) -> Config:
+    """Load the CONFIG_FILES from one directory (None: default_config_dir(); shipped_only: neither).
 
     A missing config.yaml means the defaults; any other file it lacks is the shipped one, so that a
-    ConfigMap holding only config.yaml still judges with the shipped profiles and tables.
+    ConfigMap holding only config.yaml still judges with the shipped profiles and tables. A table
+    file that is there but empty is an error, never an empty table (Xid 79 would be `unknown`).
     """
-    directory = directory or default_config_dir()
+    directory = None if shipped_only else directory or default_config_dir()
     if directory is not None and not directory.is_dir():
         raise ConfigError(f"config directory {directory} does not exist")
 
     def read(name: str) -> Any:
         own = directory / name if directory is not None else None
         if own is not None and own.is_file():
-            return _read_yaml(own)
+            doc = _read_yaml(own)
+            if doc is None and name != CONFIG_YAML:
+                raise ConfigError(f"{name}: empty (remove the file to use the shipped one)")
+            return doc
         shipped = SHIPPED / name
-        return _read_yaml(shipped) if shipped.is_file() else None
+        if not shipped.is_file():  # a broken install: never judge without the tables
+            if name == CONFIG_YAML:
+                return None
+            raise ConfigError(f"{name}: the shipped copy is missing from the package ({shipped})")
+        return _read_yaml(shipped)
 
     where = str(directory) if directory is not None else "shipped config"
     try:

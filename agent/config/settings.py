@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.config.schema import ConfigError
 from agent.core.gpu_nodes import parse_selector
+from agent.core.severity import Severity
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,20 @@ class Thresholds:
 class NodeSettings:
     """How the agent marks its Node, and the brake."""
 
+    mode: str  # observe | label | taint
     recover_after: int
+    escalate_after_reboots: int  # a failing finding back on the same GPU after N reboots: isolate (0 off)
+    taint_min_severity: Severity
     taint_effect: str
+    taint_effect_by_severity: Mapping[Severity, str]
     condition_type: str
     max_tainted_fraction: float
     max_tainted_nodes: int
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
+
+    def effect_for(self, severity: Severity) -> str:
+        """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
+        return self.taint_effect_by_severity.get(severity, self.taint_effect)
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,14 @@ def thresholds(raw: Mapping[str, Any]) -> Thresholds:
 def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
     s = raw["node"]
     return NodeSettings(
+        mode=str(s["mode"]),
         recover_after=int(s["recoverAfter"]),
+        escalate_after_reboots=int(s["escalateAfterReboots"]),
+        taint_min_severity=Severity.parse(str(s["taintMinSeverity"])),
         taint_effect=str(s["taintEffect"]),
+        taint_effect_by_severity={
+            Severity.parse(k): str(v) for k, v in s["taintEffectBySeverity"].items() if v is not None
+        },
         condition_type=str(s["conditionType"]),
         max_tainted_fraction=float(s["maxTaintedFraction"]),
         max_tainted_nodes=int(s["maxTaintedNodes"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent.core.actions import Action, Recommendation, recommend
 from agent.core.severity import Severity, Status
 
 
@@ -22,6 +23,12 @@ class Finding:
     entities: tuple[str, ...] = ()
     key: str = ""
     latched: bool = False
+    action: Action | None = None  # the step its check names (an Xid's NVIDIA bucket); None: by severity
+
+    @property
+    def recommendation(self) -> Recommendation:
+        """What to do next, and after that (core/actions.py)."""
+        return recommend(self.severity, self.action)
 
 
 @dataclass(frozen=True)

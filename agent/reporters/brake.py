@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.core.contract import DEFAULT_PREFIX, Keys
+from agent.core.contract import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.reporters.kube_rest import KubeRest, api_status
 
@@ -152,6 +152,7 @@ class Brake:
         rank_patience_s: float = 90,
         settle_s: float = 1.0,
         settle_max_s: float = 6.0,
+        min_severity: str = TAINT_SEVERITIES[0],
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selectors = tuple(selectors)  # any one makes a GPU node (core/gpu_nodes.py)
@@ -164,6 +165,7 @@ class Brake:
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
         self.prefix = prefix
+        self.min_severity = min_severity  # node.taintMinSeverity: who contends for a slot
         self.cache_seconds = cache_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -186,9 +188,10 @@ class Brake:
 
     @property
     def contenders_selector(self) -> str:
-        """Failing nodes that want our taint and do not have it (nor refuse it). Only our agents
-        write these labels, and they run only on GPU nodes, so no GPU-node selector is needed."""
-        return Keys(self.prefix).contenders_selector(self.scope)
+        """Failing nodes that want our taint (at node.taintMinSeverity or above) and do not have it
+        (nor refuse it). Only our agents write these labels, and they run only on GPU nodes, so no
+        GPU-node selector is needed."""
+        return Keys(self.prefix).contenders_selector(self.scope, self.min_severity)
 
     @property
     def tainted_selector(self) -> str:
@@ -384,6 +387,27 @@ class Brake:
                 )
             return True, reason
         return False, ""
+
+    def reconfigure(
+        self,
+        *,
+        selectors: Sequence[str],
+        max_fraction: float,
+        max_nodes: int,
+        min_severity: str = TAINT_SEVERITIES[0],
+    ) -> None:
+        """A reloaded config: new limits count from the next ask (a cached refusal is dropped); a new
+        GPU-node selection drops the GPU-node total and reads it again now."""
+        with self._lock:
+            self.max_fraction, self.max_nodes = max_fraction, max_nodes
+            self.min_severity = min_severity
+            self._state = None
+            self._ranked_out_since = None
+            new_selection = tuple(selectors) != self.selectors
+            self.selectors = tuple(selectors)
+        if new_selection:
+            self._total_cache = None
+            self.warm()
 
     def forget(self) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""

@@ -38,6 +38,11 @@ class Metrics:
         self.config_reloads = Counter(
             f"{NS}_config_reloads_total", "config reloads by result", ["result"], registry=r
         )
+        self.config_rejected = Gauge(
+            f"{NS}_config_rejected",
+            "1 while the mounted config is invalid and the agent runs on its last good or the shipped one",
+            registry=r,
+        )
         self.brake_open = Gauge(
             f"{NS}_brake_open", "1 while the cluster-wide taint brake holds a taint back", registry=r
         )
@@ -98,6 +103,9 @@ class Metrics:
 
     def record_config_reload(self, result: str) -> None:
         self.config_reloads.labels(result).inc()
+
+    def record_config_rejected(self, rejected: bool) -> None:
+        self.config_rejected.set(1 if rejected else 0)
 
     def record_brake_open(self, is_open: bool) -> None:
         self.brake_open.set(1 if is_open else 0)
