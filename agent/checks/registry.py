@@ -6,7 +6,20 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.checks import CheckSpec, dcgm, efa, gpu, nvlink, topology, xid
+from agent.checks import (
+    CheckSpec,
+    connectx,
+    dcgm,
+    efa,
+    gpu,
+    host,
+    nvlink,
+    nvlink_errors,
+    nvlink_speed,
+    pci,
+    topology,
+    xid,
+)
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -18,8 +31,13 @@ CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
     *xid.CHECKS,
     *nvlink.CHECKS,
+    *nvlink_speed.CHECKS,
+    *nvlink_errors.CHECKS,
     *topology.CHECKS,
     *efa.CHECKS,
+    *connectx.CHECKS,
+    *pci.CHECKS,
+    *host.CHECKS,
     *dcgm.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}

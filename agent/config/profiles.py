@@ -16,6 +16,11 @@ _FIELDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
     "nvlinkLinksPerGpu": ("nvlink_links_per_gpu", int),
     "nicAffinity": ("nic_affinity", str),
     "pcieWidth": ("pcie_width", int),
+    "connectxCount": ("connectx_count", int),
+    "connectxRateGbps": ("connectx_rate_gbps", int),
+    "nvswitchCount": ("nvswitch_count", int),
+    "numaNodes": ("numa_nodes", int),
+    "nvlinkLinkGBps": ("nvlink_link_gbps", (int, float)),
 }
 
 
@@ -43,6 +48,8 @@ def parse_profiles(doc: Any) -> dict[str, InstanceProfile]:
                 continue
             if typ is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"{where}.{key}: must be a non-negative integer, got {value!r}")
+            if typ == (int, float) and (isinstance(value, bool) or not isinstance(value, typ) or value <= 0):
+                raise ValueError(f"{where}.{key}: must be a positive number, got {value!r}")
             if not isinstance(value, typ):
                 raise ValueError(f"{where}.{key}: must be {getattr(typ, '__name__', typ)}, got {value!r}")
             kwargs[attr] = value

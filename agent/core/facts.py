@@ -7,7 +7,17 @@ import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
-from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    HostInfo,
+    KernelXids,
+    NodeObject,
+    NvlinkErrorSample,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
 
@@ -23,6 +33,9 @@ class Input(str, enum.Enum):
     NODE = "node"
     DCGM_DIAG = "dcgm_diag"
     DCGM_HEALTH = "dcgm_health"
+    PCI = "pci"
+    HOST = "host"
+    NVLINK_ERRORS = "nvlink_errors"
 
     def __str__(self) -> str:
         return self.value
@@ -45,3 +58,8 @@ class NodeFacts:
     node: Probed[NodeObject] = NotCaptured("node.json")
     dcgm_diag: Probed[DiagReport] = NotCaptured("dcgm-diag.json")
     dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")
+    pci: Probed[PciSample] = NotCaptured("sysfs pci")
+    pci_previous: PciSample | None = None  # the agent's previous read, for AER counter rates
+    host: Probed[HostInfo] = NotCaptured("sysfs cpu/node")
+    nvlink_errors: Probed[NvlinkErrorSample] = NotCaptured("NVLink error counters")
+    nvlink_errors_previous: NvlinkErrorSample | None = None  # the previous read, for rates

@@ -74,6 +74,15 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class GpuPower:
+    """Performance state ("P0".."P12") and power limits in watts; None: not reported (N/A)."""
+
+    performance_state: str | None = None
+    enforced_limit_w: float | None = None  # the limit in force ("Current"/"Enforced Power Limit")
+    default_limit_w: float | None = None
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     pci_bus_id: str  # normalised: 8-hex-digit domain, lower case: "00000000:53:00.0"
@@ -92,6 +101,7 @@ class Gpu:
     reset_required: bool | None = None
     drain_and_reset_recommended: bool | None = None
     fabric: Fabric | None = None  # None: no fabric section / N/A
+    power: GpuPower = field(default_factory=GpuPower)
 
     @property
     def label(self) -> str:
@@ -308,3 +318,93 @@ class NodeObject:
     capacity_gpus: int | None
     boot_id: str | None = None  # status.nodeInfo.bootID
     annotations: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- PCI bus (sysfs)
+
+NVIDIA_VENDOR, AMAZON_VENDOR, MELLANOX_VENDOR = "0x10de", "0x1d0f", "0x15b3"
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function as /sys/bus/pci/devices shows it. Link speeds in GT/s. `aer` maps
+    "fatal"/"nonfatal"/"correctable" to that file's counters (TOTAL_ERR_* included); absent files
+    (no AER capability, old kernel) leave the kind out."""
+
+    address: str  # normalised, as normalize_pci
+    vendor: str | None = None  # "0x10de"
+    device: str | None = None  # "0x2330"
+    pci_class: str | None = None  # "0x030200"
+    driver: str | None = None  # "nvidia", "mlx5_core", "efa"; None: unbound (or unknown in a copy)
+    upstream: str | None = None  # the bridge above (normalised); None: on a root bus, or unknown
+    numa_node: int | None = None
+    speed_current: float | None = None
+    speed_max: float | None = None
+    width_current: int | None = None
+    width_max: int | None = None
+    virtual_function: bool = False  # an SR-IOV VF (has a physfn link): its link is the PF's
+    aer: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str | None:
+        """ "gpu", "nvswitch", "efa", "connectx" for the devices the agent judges, else None."""
+        vendor, cls, dev = self.vendor or "", self.pci_class or "", self.device or ""
+        if vendor == NVIDIA_VENDOR and cls.startswith(("0x0300", "0x0302")):
+            return "gpu"
+        if vendor == NVIDIA_VENDOR and cls.startswith("0x0680"):
+            return "nvswitch"
+        if vendor == AMAZON_VENDOR and dev.startswith("0xefa"):
+            return "efa"  # 0x1d0f is also the ENA Ethernet adapter (0xec20, ...): only 0xefa* is EFA
+        if vendor == MELLANOX_VENDOR and cls.startswith("0x02"):
+            return "connectx"
+        return None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind or 'device'} {short_pci(self.address)}"
+
+
+@dataclass(frozen=True)
+class PciSample:
+    """Every PCI function on the bus, with the time it was read (for AER counter rates)."""
+
+    devices: tuple[PciDevice, ...]
+    taken_at: float
+
+    def by_address(self) -> dict[str, PciDevice]:
+        return {d.address: d for d in self.devices}
+
+
+# --------------------------------------------------------------------------- host CPUs and NUMA
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """/sys/devices/system/{cpu,node} lists, as sorted ids; None: the file was not there."""
+
+    cpus_online: tuple[int, ...] | None = None
+    cpus_present: tuple[int, ...] | None = None
+    cpus_possible: tuple[int, ...] | None = None
+    numa_online: tuple[int, ...] | None = None
+    numa_with_cpu: tuple[int, ...] | None = None  # has_cpu: GH200's GPU memory nodes have none
+
+
+# --------------------------------------------------------------------------- NVLink error counters
+
+
+@dataclass(frozen=True)
+class NvlinkErrorCounts:
+    """One GPU's NVLink error counters: link → {"replay", "recovery", "crc_flit", "crc_data"} → count
+    (only the counters the driver reports for that link)."""
+
+    index: int
+    pci_bus_id: str
+    links: dict[int, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class NvlinkErrorSample:
+    """One read of every GPU's NVLink error counters, with the time it was taken (for rates)."""
+
+    gpus: tuple[NvlinkErrorCounts, ...]
+    taken_at: float

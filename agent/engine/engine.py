@@ -34,7 +34,7 @@ from agent.core.contract import (
 )
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding, Verdict
-from agent.core.model import GpuInventory, NodeObject, RdmaSample
+from agent.core.model import GpuInventory, NodeObject, NvlinkErrorSample, PciSample, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -80,6 +80,8 @@ class Engine:
         self.results: dict[str, CheckResult] = {}
         self.result_at: dict[str, str] = {}
         self.rdma_previous: RdmaSample | None = None
+        self.pci_previous: PciSample | None = None
+        self.nvlink_errors_previous: NvlinkErrorSample | None = None
         self.heartbeat = clock()
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
@@ -186,6 +188,13 @@ class Engine:
         if tier == "efa":
             prev = self.inputs.get(Input.RDMA)
             self.rdma_previous = prev if isinstance(prev, RdmaSample) else self.rdma_previous
+        if Input.PCI in TIER_INPUTS[tier]:
+            prev_pci = self.inputs.get(Input.PCI)
+            self.pci_previous = prev_pci if isinstance(prev_pci, PciSample) else self.pci_previous
+        if Input.NVLINK_ERRORS in TIER_INPUTS[tier]:
+            prev_nv = self.inputs.get(Input.NVLINK_ERRORS)
+            if isinstance(prev_nv, NvlinkErrorSample):
+                self.nvlink_errors_previous = prev_nv
         for name in TIER_INPUTS[tier]:
             self.inputs[name] = self._read(name)
         if tier == "gpu":
@@ -223,6 +232,8 @@ class Engine:
             {**self.inputs, Input.NODE: self._node()},
             boot_id=self.boot_id,
             rdma_previous=self.rdma_previous,
+            pci_previous=self.pci_previous,
+            nvlink_errors_previous=self.nvlink_errors_previous,
         )
 
     # ------------------------------------------------------------------ verdict

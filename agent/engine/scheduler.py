@@ -14,7 +14,7 @@ TIER_INPUTS: dict[str, tuple[Input, ...]] = {
     "gpu": (Input.GPUS,),
     "xid": (Input.KERNEL,),
     "efa": (Input.RDMA,),
-    "topology": (Input.TOPO, Input.NVLINK),
+    "topology": (Input.TOPO, Input.NVLINK, Input.PCI, Input.HOST, Input.NVLINK_ERRORS),
     "dcgm-health": (Input.DCGM_HEALTH,),
     "dcgm-diag": (Input.DCGM_DIAG,),
 }

@@ -9,8 +9,12 @@ from pathlib import Path
 
 from agent.core.probed import ProbeError
 from agent.probes.command import run_command
+from agent.probes.host import CPU_FILES, NODE_FILES
 from agent.probes.kernel_log import read_kmsg_live
-from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, TEXT
+from agent.probes.nvlink_errors import read_nvlink_errors, to_json
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.pci import PCI_ATTRS
+from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, NVLINK_ERRORS, TEXT
 
 RDMA_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 PCI_FILES = ("vendor", "device", "class", "uevent", "current_link_width", "max_link_width")
@@ -56,6 +60,16 @@ def capture(
         errors[KMSG] = {"kind": "unavailable", "message": f"{kmsg_path}: {exc.strerror or exc}"}
         problems[KMSG] = errors[KMSG]["message"]
 
+    try:
+        (out / NVLINK_ERRORS).write_text(to_json(read_nvlink_errors(timeout_s)), encoding="utf-8")
+    except NvmlUnavailable:
+        pass  # no NVML on this node (like no /sys/class/infiniband): the file stays absent
+    except (ProbeTimeout, ToolReportedFailure) as exc:
+        kind = "timeout" if isinstance(exc, ProbeTimeout) else "tool-failed"
+        errors[NVLINK_ERRORS] = {"kind": kind, "message": str(exc)}
+        problems[NVLINK_ERRORS] = str(exc)
+    _copy_pci(sys_root, out / "sys", problems)
+    _copy_host(sys_root, out / "sys")
     _copy_rdma(sys_root, out / "sys", problems)
 
     try:
@@ -104,6 +118,40 @@ def _copy_rdma(sys_root: Path, dest: Path, problems: dict[str, str]) -> None:
                 link.symlink_to(Path("..", "..", "..", "bus", "pci", "devices", pci))
         else:
             problems[f"sys/class/infiniband/{dev.name}/device"] = "no device link"
+
+
+def _copy_pci(sys_root: Path, dest: Path, problems: dict[str, str]) -> None:
+    """Copy every PCI function's attributes (agent.probes.pci.PCI_ATTRS) where sysfs keeps them,
+    under sys/devices/pci<domain:bus>/.../<BDF>, and re-create sys/bus/pci/devices/<BDF> as relative
+    links: the hierarchy is what says which bridge sits above a device."""
+    bus = sys_root / "bus" / "pci" / "devices"
+    if not bus.is_dir():
+        problems["sys/bus/pci/devices"] = f"{bus} not present"
+        return
+    devices_root = os.path.realpath(sys_root / "devices")
+    for entry in sorted(bus.iterdir()):
+        real = os.path.realpath(entry)
+        rel = os.path.relpath(real, devices_root)
+        if rel.startswith(".."):
+            rel = os.path.join("pci-unplaced", entry.name)  # not under /sys/devices: keep it flat
+        target = dest / "devices" / rel
+        target.mkdir(parents=True, exist_ok=True)
+        for leaf in PCI_ATTRS:
+            _copy_file(Path(real) / leaf, target / leaf)
+        if os.path.lexists(os.path.join(real, "physfn")) and not os.path.lexists(target / "physfn"):
+            (target / "physfn").symlink_to(os.path.basename(os.readlink(os.path.join(real, "physfn"))))
+        link = dest / "bus" / "pci" / "devices" / entry.name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(link):
+            link.symlink_to(Path("..", "..", "..", "devices", rel))
+
+
+def _copy_host(sys_root: Path, dest: Path) -> None:
+    """The CPU and NUMA lists (agent.probes.host)."""
+    src, dst = sys_root / "devices" / "system", dest / "devices" / "system"
+    for folder, leaves in (("cpu", CPU_FILES), ("node", NODE_FILES)):
+        for leaf in leaves:
+            _copy_file(src / folder / leaf, dst / folder / leaf)
 
 
 def _copy_file(src: Path, dst: Path) -> None:

@@ -8,7 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    HostInfo,
+    KernelXids,
+    NodeObject,
+    NvlinkErrorSample,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_tail import KernelTail
@@ -16,7 +26,7 @@ from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
-from agent.probes.source import ParseMemo, read_kernel_tail, read_rdma_tree
+from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 
@@ -81,6 +91,17 @@ class LiveSource:
             return RdmaSample(devices=(), taken_at=time.monotonic())
         return read_rdma_tree(class_dir, self.sys_root / "bus" / "pci" / "devices")
 
+    def pci(self) -> Probed[PciSample]:
+        return read_pci_tree(self.sys_root / "bus" / "pci" / "devices")
+
+    def nvlink_errors(self) -> Probed[NvlinkErrorSample]:
+        if not self.use_nvml:
+            return NotCaptured("NVLink error counters (NVML switched off)")
+        return _read_nvlink_errors(self.timeout_s)
+
+    def host(self) -> Probed[HostInfo]:
+        return read_host_tree(self.sys_root / "devices" / "system")
+
     def node(self) -> Probed[NodeObject]:
         if self.node_loader is None:
             return NotCaptured("Node object (no API access)")
@@ -111,3 +132,17 @@ def _read_nvml(timeout_s: float) -> Probed[GpuInventory]:
         return ProbeError("nvml", ProbeErrorKind.TIMEOUT, str(exc) or f"no answer after {timeout_s:g} s")
     except ToolReportedFailure as exc:
         return ProbeError("nvml", ProbeErrorKind.TOOL_FAILED, str(exc))
+
+
+def _read_nvlink_errors(timeout_s: float) -> Probed[NvlinkErrorSample]:
+    """NVLink error counters through NVML; not captured where NVML cannot be loaded."""
+    from agent.probes.nvlink_errors import SOURCE, read_nvlink_errors
+
+    try:
+        return read_nvlink_errors(timeout_s)
+    except NvmlUnavailable as exc:
+        return NotCaptured(f"NVLink error counters ({exc})")
+    except ProbeTimeout as exc:
+        return ProbeError(SOURCE, ProbeErrorKind.TIMEOUT, str(exc))
+    except ToolReportedFailure as exc:
+        return ProbeError(SOURCE, ProbeErrorKind.TOOL_FAILED, str(exc))

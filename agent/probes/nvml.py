@@ -28,6 +28,7 @@ from agent.core.model import (
 )
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.nvsmi_power import nvml_power
 from agent.probes.nvsmi_values import fabric_or_none, remapped_rows_or_none, retired_pages_or_none
 
 SOURCE = "nvml"
@@ -260,6 +261,7 @@ def _gpu_details(nv: ModuleType, h: object, index: int, pci: str, name: str | No
         reset_required=reset_required,
         drain_and_reset_recommended=drain,
         fabric=_fabric(nv, h),
+        power=nvml_power(call),
     )
 
 

@@ -27,6 +27,7 @@ from agent.probes.nvsmi_errors import (
     detect_tool_failure,
     is_lost_gpu_line,
 )
+from agent.probes.nvsmi_power import text_power
 from agent.probes.nvsmi_values import (
     add_optional,
     any_true,
@@ -185,6 +186,7 @@ def _gpu(index: int, header_pci: str, b: _Node) -> Gpu:
         reset_required=as_bool(b.get("GPU Reset Status", "Reset Required")),
         drain_and_reset_recommended=as_bool(b.get("GPU Reset Status", "Drain and Reset Recommended")),
         fabric=fabric_or_none(clean(b.get("Fabric", "State")), clean(b.get("Fabric", "Status"))),
+        power=text_power(b.get),
     )
 
 

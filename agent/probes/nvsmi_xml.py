@@ -25,6 +25,7 @@ from agent.probes.nvsmi_errors import (
     detect_no_devices,
     detect_tool_failure,
 )
+from agent.probes.nvsmi_power import xml_power
 from agent.probes.nvsmi_values import (
     add_optional,
     any_true,
@@ -119,6 +120,7 @@ def _gpu(index: int, el: ET.Element) -> Gpu:
         reset_required=as_bool(_text(el, "gpu_reset_status/reset_required")),
         drain_and_reset_recommended=as_bool(_text(el, "gpu_reset_status/drain_and_reset_recommended")),
         fabric=fabric_or_none(_text(el, "fabric/state"), _text(el, "fabric/status")),
+        power=xml_power(el),
     )
 
 

@@ -7,6 +7,10 @@ Snapshot file names (all optional; a missing file means "not captured"):
 
   instance-type, boot_id, nvidia-smi-q.xml | nvidia-smi-q.txt, nvidia-smi-topo-m.txt,
   nvidia-smi-nvlink-s.txt, kmsg.log, sys/class/infiniband/..., sys/bus/pci/devices/...,
+  sys/devices/pci*/... (the whole PCI bus, its hierarchy kept; without it the bus is not captured:
+  older snapshots hold only the RDMA NICs' functions under sys/bus/pci/devices),
+  sys/devices/system/{cpu,node}/... (CPU and NUMA lists),
+  nvlink-errors.json (NVML's NVLink error counters, our JSON),
   node.json, dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
 """
 
@@ -18,15 +22,26 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    HostInfo,
+    KernelXids,
+    NodeObject,
+    NvlinkErrorSample,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
+from agent.probes.nvlink_errors import parse_nvlink_errors_json
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.source import ParseMemo, read_kernel_tail, read_rdma_tree
+from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 XML, TEXT, TOPO, NVLINK = (
@@ -37,6 +52,9 @@ XML, TEXT, TOPO, NVLINK = (
 )
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
 DCGM_DIAG = "dcgm-diag.json"
+NVLINK_ERRORS = "nvlink-errors.json"  # our own format: NVML's NVLink error counters
+PCI_HIERARCHY = "sys/devices"  # its pci* folders: written only by a capture of the whole bus
+HOST_DIR = "sys/devices/system"
 COMMANDS: dict[str, list[str]] = {
     XML: ["nvidia-smi", "-q", "-x"],
     TOPO: ["nvidia-smi", "topo", "-m"],
@@ -133,6 +151,21 @@ class SnapshotSource:
         if not class_dir.is_dir():
             return NotCaptured("sys/class/infiniband")
         return read_rdma_tree(class_dir, self.root / "sys" / "bus" / "pci" / "devices")
+
+    def pci(self) -> Probed[PciSample]:
+        tops = self.root / PCI_HIERARCHY
+        if not (tops.is_dir() and any(p.name.startswith("pci") for p in tops.iterdir())):
+            return NotCaptured(PCI_HIERARCHY)
+        return read_pci_tree(self.root / "sys" / "bus" / "pci" / "devices")
+
+    def nvlink_errors(self) -> Probed[NvlinkErrorSample]:
+        return self.memo.parse(NVLINK_ERRORS, self.text(NVLINK_ERRORS), parse_nvlink_errors_json)
+
+    def host(self) -> Probed[HostInfo]:
+        system = self.root / HOST_DIR
+        if not system.is_dir():
+            return NotCaptured(HOST_DIR)
+        return read_host_tree(system)
 
     def node(self) -> Probed[NodeObject]:
         return self.memo.parse(NODE, self.text(NODE), parse_node_json)

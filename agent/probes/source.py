@@ -17,10 +17,22 @@ from agent.config import Config
 from agent.core.contract import INSTANCE_TYPE_LABEL
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import Input, NodeFacts
-from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkReport, RdmaSample, TopoMatrix
+from agent.core.model import (
+    GpuInventory,
+    HostInfo,
+    KernelXids,
+    NodeObject,
+    NvlinkErrorSample,
+    NvlinkReport,
+    PciSample,
+    RdmaSample,
+    TopoMatrix,
+)
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
+from agent.probes.host import read_host
 from agent.probes.kernel_tail import BinaryLog, KernelTail
 from agent.probes.nvsmi_errors import ToolReportedFailure
+from agent.probes.pci import read_pci
 from agent.probes.rdma import read_rdma
 
 T = TypeVar("T")
@@ -69,6 +81,9 @@ class Source(Protocol):
     def rdma(self) -> Probed[RdmaSample]: ...
     def node(self) -> Probed[NodeObject]: ...
     def dcgm_diag(self) -> Probed[DiagReport]: ...
+    def pci(self) -> Probed[PciSample]: ...
+    def host(self) -> Probed[HostInfo]: ...
+    def nvlink_errors(self) -> Probed[NvlinkErrorSample]: ...
     def boot_id(self) -> str | None: ...
     def instance_type(self) -> str | None: ...
 
@@ -105,6 +120,26 @@ def read_kernel_tail(tail: KernelTail, name: str) -> Probed[KernelXids]:
     return tail.view()
 
 
+def read_pci_tree(devices_dir: Path) -> Probed[PciSample]:
+    """/sys/bus/pci/devices as a Probed value: a node without it cannot say what is on its bus."""
+    try:
+        return read_pci(devices_dir)
+    except FileNotFoundError:
+        return ProbeError(str(devices_dir), ProbeErrorKind.UNAVAILABLE, "not present (mount /sys)")
+    except OSError as exc:
+        return ProbeError(str(devices_dir), ProbeErrorKind.UNREADABLE, exc.strerror or str(exc))
+
+
+def read_host_tree(system_dir: Path) -> Probed[HostInfo]:
+    """/sys/devices/system as a Probed value."""
+    try:
+        return read_host(system_dir)
+    except FileNotFoundError:
+        return ProbeError(str(system_dir / "cpu"), ProbeErrorKind.UNAVAILABLE, "not present (mount /sys)")
+    except ParseError as exc:
+        return ProbeError(str(system_dir), ProbeErrorKind.UNREADABLE, str(exc))
+
+
 def resolve_instance_type(
     source: Source, cfg: Config, node: Probed[NodeObject], override: str | None
 ) -> tuple[str | None, str]:
@@ -133,6 +168,9 @@ def source_readers(source: Source) -> dict[Input, Callable[[], Any]]:
         Input.KERNEL: source.kernel,
         Input.RDMA: source.rdma,
         Input.DCGM_DIAG: source.dcgm_diag,
+        Input.PCI: source.pci,
+        Input.HOST: source.host,
+        Input.NVLINK_ERRORS: source.nvlink_errors,
     }
 
 
@@ -144,10 +182,17 @@ def assemble_facts(
     boot_id: str | None,
     instance_type: str | None = None,
     rdma_previous: RdmaSample | None = None,
+    pci_previous: PciSample | None = None,
+    nvlink_errors_previous: NvlinkErrorSample | None = None,
 ) -> NodeFacts:
     """NodeFacts from the inputs read (one not read stays NotCaptured), with the instance type
     resolved (resolve_instance_type) and its profile."""
-    facts = NodeFacts(rdma_previous=rdma_previous, **{name.value: value for name, value in inputs.items()})
+    read = {name.value: value for name, value in inputs.items()}
+    facts = replace(
+        NodeFacts(rdma_previous=rdma_previous, **read),
+        pci_previous=pci_previous,
+        nvlink_errors_previous=nvlink_errors_previous,
+    )
     itype, itype_source = resolve_instance_type(source, cfg, facts.node, instance_type)
     return replace(
         facts,
