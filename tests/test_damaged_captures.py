@@ -1,0 +1,200 @@
+"""Damaged and partial captures, judged end to end (`check --from-snapshot`).
+
+A capture that is cut short, lost lines or contradicts itself is `unknown`, never a broken GPU; a
+fault the capture states plainly is reported even when the rest is unreadable or the capture is a
+partial view. The inputs are real recordings and variants derived from them by
+tests/fixtures/derived/make_damaged_variants.py (see each file's .source.txt).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.cli.main import main
+
+REPRO = pytest.mark.xfail(strict=True, reason="issue 13: reproduced here, fixed in the following commits")
+
+FIX = Path(__file__).parent / "fixtures"
+Q, XML, TOPO, NVLINK = (FIX / d for d in ("nvidia-smi-q", "nvidia-smi-xml", "nvidia-smi-topo", "nvlink"))
+
+
+def judge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, Path | str], itype: str | None
+) -> tuple[int, dict[str, dict[str, Any]]]:
+    for name, content in files.items():
+        text = content.read_text() if isinstance(content, Path) else content
+        (tmp_path / name).write_text(text)
+    args = ["check", "--json", "--from-snapshot", str(tmp_path)]
+    if itype:
+        args += ["--instance-type", itype]
+    code = main(args)
+    doc = json.loads(capsys.readouterr().out)
+    return code, {c["name"]: c for c in doc["checks"]}
+
+
+# --------------------------------------------------------------------------- damaged: never a fail
+
+
+@REPRO
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-cut-after-gpu3.txt",
+        "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-every-other-line.txt",
+    ],
+)
+def test_a_topo_matrix_with_rows_missing_is_unknown_not_a_gpu_count_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damaged: str
+) -> None:
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-topo-m.txt": TOPO / damaged}, "p5.48xlarge")
+    assert checks["topology"]["status"] == "unknown", checks["topology"]
+    assert "GPU0" in checks["topology"]["message"] or "row" in checks["topology"]["message"]
+    assert code == 2
+
+
+@REPRO
+def test_an_empty_nvlink_listing_is_unknown_where_nvlink_is_expected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, checks = judge(
+        tmp_path,
+        capsys,
+        {"nvidia-smi-nvlink-s.txt": NVLINK / "gpud-a10-nvlink-status-empty.txt"},
+        "p5.48xlarge",
+    )
+    assert checks["nvlink"]["status"] == "unknown", checks["nvlink"]
+    assert code == 2
+
+
+@REPRO
+def test_an_nvlink_listing_cut_inside_a_gpu_block_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = NVLINK / "nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s-DERIVED-cut-in-link6.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-nvlink-s.txt": cut}, "p5.48xlarge")
+    assert checks["nvlink"]["status"] == "unknown", checks["nvlink"]
+    assert code == 2
+
+
+@REPRO
+def test_an_nvlink_listing_with_fewer_gpus_than_the_inventory_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One healthy H100 listed while nvidia-smi -q describes eight: the other seven were not looked at."""
+    files: dict[str, Path | str] = {
+        "nvidia-smi-q.txt": Q / "gpud-h100x8-535.183.01.txt",
+        "nvidia-smi-nvlink-s.txt": NVLINK / "nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s.txt",
+    }
+    _, checks = judge(tmp_path, capsys, files, "p5.48xlarge")
+    assert checks["nvlink"]["status"] == "unknown", checks["nvlink"]
+    assert "1 GPU" in checks["nvlink"]["message"] and "8" in checks["nvlink"]["message"]
+
+
+@REPRO
+@pytest.mark.parametrize(
+    "xml",
+    [
+        "telegraf-a100-sxm4-80gb-mig-535.54.03.xml",  # real: attached_gpus 4, one <gpu> kept
+        "telegraf-dual-rtx-a5000-590.44.01-v13-DERIVED-gpu1-missing.xml",
+    ],
+)
+def test_xml_announcing_more_gpus_than_it_describes_is_unknown_not_a_lost_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], xml: str
+) -> None:
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.xml": XML / xml}, None)
+    assert checks["gpu.responsive"]["status"] == "unknown", checks["gpu.responsive"]
+    assert code == 2
+
+
+def test_xml_missing_a_gpu_that_the_text_view_says_is_lost_is_a_lost_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nvidia-smi stating a GPU is lost is a fault, not unknown."""
+    files: dict[str, Path | str] = {
+        "nvidia-smi-q.xml": XML / "telegraf-dual-rtx-a5000-590.44.01-v13-DERIVED-gpu1-missing.xml",
+        "nvidia-smi-q.txt": "Unable to determine the device handle for GPU0000:02:00.0: GPU is lost.  "
+        "Reboot the system to recover this GPU\n",
+    }
+    code, checks = judge(tmp_path, capsys, files, None)
+    assert checks["gpu.responsive"]["status"] == "fail", checks["gpu.responsive"]
+    assert checks["gpu.responsive"]["severity"] == "reboot"
+    assert code == 1
+
+
+# --------------------------------------------------------------------------- plain faults: never unknown
+
+
+def test_a_d_ecc_row_remapper_view_reports_the_pending_remap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    view = Q / "thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending-DERIVED-d-ecc-row-remapper.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": view}, None)
+    assert checks["gpu.row-remap"]["status"] == "fail" and checks["gpu.row-remap"]["severity"] == "reset"
+    assert code == 1
+
+
+@REPRO
+def test_an_excerpt_with_ecc_mode_unknown_error_still_reports_the_pending_remap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'Attached GPUs : 4' and one GPU block: the other three are unknown, the pending remap is a fault."""
+    excerpt = (
+        Q / "thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending-"
+        "DERIVED-d-ecc-row-remapper-gpu1-only-ecc-unknown-error.txt"
+    )
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": excerpt}, "p4d.24xlarge")
+    remap = checks["gpu.row-remap"]
+    assert remap["status"] == "fail" and remap["severity"] == "reset", remap
+    assert "0000:9e:00.0" in remap["message"]
+    assert checks["gpu.count"]["status"] == "unknown", checks["gpu.count"]
+    assert code == 1
+
+
+@REPRO
+def test_an_excerpt_with_an_uncorrectable_sram_error_reports_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    excerpt = Q / "DERIVED-h100x8-ecc-sram-uncorrectable-d-ecc-gpu2-only.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": excerpt}, "p5.48xlarge")
+    assert checks["gpu.ecc"]["status"] == "fail" and checks["gpu.ecc"]["severity"] == "isolate"
+    assert checks["gpu.count"]["status"] == "unknown"
+    assert code == 1
+
+
+@REPRO
+def test_a_capture_cut_after_a_faulty_gpu_still_reports_the_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cut = Q / "DERIVED-h100x8-row-remap-failure-cut-in-gpu3.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": cut}, "p5.48xlarge")
+    remap = checks["gpu.row-remap"]
+    assert remap["status"] == "fail" and remap["severity"] == "isolate", remap
+    assert remap["entities"] == ["GPU 2 (0000:75:00.0)"]
+    assert checks["gpu.count"]["status"] == "unknown"
+    assert checks["gpu.ecc"]["status"] == "unknown"
+    assert code == 1
+
+
+@REPRO
+def test_partly_inactive_nvlinks_fail_when_the_instance_type_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listing = NVLINK / "nvidia-smi-nvlink-s_h100_driver590-DERIVED-link5-inactive.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-nvlink-s.txt": listing}, None)
+    assert checks["nvlink"]["status"] == "fail" and checks["nvlink"]["severity"] == "reset"
+    assert "inactive: 5" in checks["nvlink"]["message"]
+    assert code == 1
+
+
+@REPRO
+def test_healthy_nvlinks_pass_when_the_instance_type_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listing = NVLINK / "nvidia-smi-nvlink-s_h100_driver590.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-nvlink-s.txt": listing}, None)
+    assert checks["nvlink"]["status"] == "pass", checks["nvlink"]
+    assert code == 0
