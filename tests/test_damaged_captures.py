@@ -16,8 +16,6 @@ import pytest
 
 from agent.cli.main import main
 
-REPRO = pytest.mark.xfail(strict=True, reason="issue 13: reproduced here, fixed in the following commits")
-
 FIX = Path(__file__).parent / "fixtures"
 Q, XML, TOPO, NVLINK = (FIX / d for d in ("nvidia-smi-q", "nvidia-smi-xml", "nvidia-smi-topo", "nvlink"))
 
@@ -39,7 +37,6 @@ def judge(
 # --------------------------------------------------------------------------- damaged: never a fail
 
 
-@REPRO
 @pytest.mark.parametrize(
     "damaged",
     [
@@ -56,7 +53,6 @@ def test_a_topo_matrix_with_rows_missing_is_unknown_not_a_gpu_count_fault(
     assert code == 2
 
 
-@REPRO
 def test_an_empty_nvlink_listing_is_unknown_where_nvlink_is_expected(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -70,7 +66,6 @@ def test_an_empty_nvlink_listing_is_unknown_where_nvlink_is_expected(
     assert code == 2
 
 
-@REPRO
 def test_an_nvlink_listing_cut_inside_a_gpu_block_is_unknown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -80,7 +75,6 @@ def test_an_nvlink_listing_cut_inside_a_gpu_block_is_unknown(
     assert code == 2
 
 
-@REPRO
 def test_an_nvlink_listing_with_fewer_gpus_than_the_inventory_is_unknown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,7 +88,6 @@ def test_an_nvlink_listing_with_fewer_gpus_than_the_inventory_is_unknown(
     assert "1 GPU" in checks["nvlink"]["message"] and "8" in checks["nvlink"]["message"]
 
 
-@REPRO
 @pytest.mark.parametrize(
     "xml",
     [
@@ -137,7 +130,6 @@ def test_a_d_ecc_row_remapper_view_reports_the_pending_remap(
     assert code == 1
 
 
-@REPRO
 def test_an_excerpt_with_ecc_mode_unknown_error_still_reports_the_pending_remap(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,7 +146,6 @@ def test_an_excerpt_with_ecc_mode_unknown_error_still_reports_the_pending_remap(
     assert code == 1
 
 
-@REPRO
 def test_an_excerpt_with_an_uncorrectable_sram_error_reports_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -165,7 +156,6 @@ def test_an_excerpt_with_an_uncorrectable_sram_error_reports_it(
     assert code == 1
 
 
-@REPRO
 def test_a_capture_cut_after_a_faulty_gpu_still_reports_the_fault(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -179,7 +169,6 @@ def test_a_capture_cut_after_a_faulty_gpu_still_reports_the_fault(
     assert code == 1
 
 
-@REPRO
 def test_partly_inactive_nvlinks_fail_when_the_instance_type_is_unknown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,7 +179,6 @@ def test_partly_inactive_nvlinks_fail_when_the_instance_type_is_unknown(
     assert code == 1
 
 
-@REPRO
 def test_healthy_nvlinks_pass_when_the_instance_type_is_unknown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -343,3 +343,96 @@ def test_fuzz_spliced_real_file(cut: int, junk: str) -> None:
     except (ParseError, ToolReportedFailure):
         return
     assert isinstance(inv, GpuInventory)
+
+
+# ---------------------------------------------------------------- damaged captures keep their intact blocks
+
+REMAP_VIEW = "thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending-DERIVED-d-ecc-row-remapper.txt"
+
+
+def test_a_d_view_is_read_whole() -> None:
+    inv = parse(REMAP_VIEW)
+    assert [g.remapped_rows.pending if g.remapped_rows else None for g in inv.gpus] == [
+        False,
+        True,
+        False,
+        False,
+    ]
+
+
+def test_an_excerpt_of_one_gpu_is_unreadable_and_keeps_that_gpu() -> None:
+    name = (
+        "thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending-"
+        "DERIVED-d-ecc-row-remapper-gpu1-only-ecc-unknown-error.txt"
+    )
+    with pytest.raises(ParseError, match=r"'Attached GPUs : 4' but only 1 GPU block") as caught:
+        parse(name)
+    partial = caught.value.partial
+    assert isinstance(partial, GpuInventory)
+    (gpu,) = partial.gpus
+    assert gpu.pci_bus_id == "00000000:9e:00.0" and gpu.ecc.mode_enabled is None
+    assert gpu.remapped_rows == RemappedRows(correctable=1, uncorrectable=0, pending=True, failure=False)
+
+
+def test_a_capture_cut_in_a_block_keeps_the_blocks_before_and_the_cut_block_lines() -> None:
+    with pytest.raises(ParseError, match="cut short inside line") as caught:
+        parse("DERIVED-h100x8-row-remap-failure-cut-in-gpu3.txt")
+    partial = caught.value.partial
+    assert isinstance(partial, GpuInventory)
+    assert [g.index for g in partial.gpus] == [0, 1, 2, 3]
+    assert partial.gpus[2].remapped_rows is not None and partial.gpus[2].remapped_rows.failure is True
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        # a line repeated inside a section
+        (
+            lambda t: _replace(
+                t,
+                "        Pending                           : Yes\n",
+                "        Pending                           : Yes\n" * 2,
+            ),
+            "'pending' appears twice under 'remapped rows'",
+        ),
+        # the 'Remapped Rows' header lost: its lines land under Retired Pages
+        (
+            lambda t: t.replace("    Remapped Rows\n", ""),
+            r"'correctable error' \(of 'remapped rows'\) found under 'retired pages'",
+        ),
+        # ECC Mode's "Pending : Enabled" moved under Remapped Rows
+        (
+            lambda t: _replace(
+                t,
+                "        Pending                           : Yes\n",
+                "        Pending                           : Enabled\n",
+            ),
+            "'pending' reads 'Enabled', not Yes/No",
+        ),
+    ],
+)
+def test_a_damaged_block_is_not_evidence(edit: object, why: str) -> None:
+    text = edit(load(A100_REMAP))  # type: ignore[operator]
+    with pytest.raises(ParseError, match=why) as caught:
+        parse_nvsmi_text(text)
+    partial = caught.value.partial
+    assert isinstance(partial, GpuInventory)
+    assert "00000000:9e:00.0" not in [g.pci_bus_id for g in partial.gpus]
+
+
+def test_a_d_view_block_missing_a_section_is_unreadable() -> None:
+    text = load(REMAP_VIEW)
+    last = text.rindex("    Remapped Rows")
+    with pytest.raises(ParseError, match="lacks sections other GPUs show"):
+        parse_nvsmi_text(text[:last])
+
+
+def test_a_gpu_block_twice_is_unreadable() -> None:
+    text = load(REMAP_VIEW)
+    with pytest.raises(ParseError, match=r"has two blocks|but 5 GPU block"):
+        parse_nvsmi_text(text + text[text.index("GPU 00000000:68:00.0") :])

@@ -26,6 +26,20 @@ def input_gap(name: str, probed: object) -> CheckResult | None:
     return None
 
 
+def readable(probed: object, kind: type[T]) -> tuple[T | None, str | None]:
+    """The part of an input a check can judge, and why it is not the whole input (or None).
+
+    A full read is judged whole. An unreadable capture whose parser kept its intact part
+    (ProbeError.partial) is judged on that part: a fault it states plainly is reported, and the
+    check is also `unknown` with the returned reason, since the rest could not be looked at.
+    Anything else gives (None, None): the caller falls back to input_gap."""
+    if isinstance(probed, kind):
+        return probed, None
+    if isinstance(probed, ProbeError) and isinstance(probed.partial, kind):
+        return probed.partial, f"could not read all of {probed.source}: {probed.message}"
+    return None, None
+
+
 def rule_finding(
     cfg: Config, check: str, rule: Rule, message: str, entities: tuple[str, ...] = (), key: str = ""
 ) -> Finding:
@@ -71,16 +85,19 @@ def per_gpu(
     not_applicable: str = "",
     ok: str = "",
 ) -> CheckResult:
-    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to."""
-    gap = input_gap(name, facts.gpus)
-    if gap is not None:
+    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to; on a damaged capture,
+    over its intact GPU blocks (the result is then also `unknown`)."""
+    inv, unreadable = readable(facts.gpus, GpuInventory)
+    if inv is None:
+        gap = input_gap(name, facts.gpus)
+        assert gap is not None
         return gap
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
     gpus = [g for g in inv.gpus if applies(g)]
+    findings = [gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
+    if unreadable is not None:
+        return CheckResult(name, findings=tuple(findings), unknown=unreadable)
     if not inv.gpus:
         return CheckResult(name, skipped="no GPU visible")
     if not gpus:
         return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
-    findings = [gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
     return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")

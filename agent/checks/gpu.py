@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, rule_finding
+from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, readable
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -133,7 +133,7 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
     """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look"."""
     name = "gpu.responsive"
     probed = facts.gpus
-    if isinstance(probed, ProbeError):
+    if isinstance(probed, ProbeError) and probed.kind is not ProbeErrorKind.UNREADABLE:
         if probed.kind is ProbeErrorKind.TIMEOUT:
             rule = RESPONSIVE_TIMEOUT
         elif probed.kind is ProbeErrorKind.TOOL_FAILED:
@@ -143,12 +143,15 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
         return CheckResult(
             name, findings=(gpu_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),)
         )
-    gap = input_gap(name, probed)
-    if gap is not None:
+    inv, unreadable = readable(probed, GpuInventory)
+    if inv is None:
+        gap = input_gap(name, probed)
+        assert gap is not None
         return gap
-    assert isinstance(probed, GpuInventory)
+    # nvidia-smi saying a GPU is lost is a fault, also in a capture that is otherwise unreadable. A
+    # GPU announced ("Attached GPUs") but not described is not: the parsers call that unreadable.
     findings = []
-    for lost in probed.lost:
+    for lost in inv.lost:
         where = f"GPU {short_pci(lost.pci_bus_id)}" if lost.pci_bus_id else "a GPU"
         findings.append(
             Finding(
@@ -160,23 +163,9 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
                 key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
             )
         )
-    described = len(probed.gpus) + len(probed.lost)
-    if probed.attached_gpus is not None and probed.attached_gpus > described:
-        # The driver counts GPUs the tool then could not describe (nvidia-smi -q -x prints the lost
-        # GPU's error on stderr only): a GPU that does not answer, not a short file.
-        findings.append(
-            rule_finding(
-                cfg,
-                name,
-                RESPONSIVE_LOST,
-                f"{probed.attached_gpus} GPU(s) attached but only {described} described by {probed.source}: "
-                f"{probed.attached_gpus - described} GPU(s) do not answer",
-                key="attached",
-            )
-        )
-    return CheckResult(
-        name, findings=tuple(findings), note=f"{len(probed.gpus)} GPU(s) answer ({probed.source})"
-    )
+    if unreadable is not None:
+        return CheckResult(name, findings=tuple(findings), unknown=unreadable)
+    return CheckResult(name, findings=tuple(findings), note=f"{len(inv.gpus)} GPU(s) answer ({inv.source})")
 
 
 # --------------------------------------------------------------------------- memory health

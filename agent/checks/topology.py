@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, input_gap, readable, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -122,26 +122,29 @@ def _nic_affinity(cfg: Config, topo: TopoMatrix, worst: str) -> tuple[list[Findi
 
 
 def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(NAME, facts.topo)
-    if gap is not None:
+    """On a damaged matrix (rows lost or cut), the intact rows under the intact header are judged:
+    the GPU count is the header's, a cell rule needs the row that holds the cell, and the result is
+    also `unknown`."""
+    topo, unreadable = readable(facts.topo, TopoMatrix)
+    if topo is None:
+        gap = input_gap(NAME, facts.topo)
+        assert gap is not None
         return gap
-    topo = facts.topo
-    assert isinstance(topo, TopoMatrix)
-    gpu_rows = topo.gpu_rows
+    gpu_count = sum(1 for c in topo.columns if c.startswith("GPU"))
     findings = _x_off_diagonal(cfg, topo)
     nic_count = sum(1 for c in topo.columns if c.startswith("NIC"))
-    notes = [f"{len(gpu_rows)} GPU(s), {nic_count} NIC(s)"]
+    notes = [f"{gpu_count} GPU(s), {nic_count} NIC(s)"]
     prof = facts.profile
     if prof is None:
         which = f" (no profile for {facts.instance_type!r})" if facts.instance_type else ""
         notes.append(f"instance type unknown{which}: count and NVLink rules skipped")
     else:
-        if len(gpu_rows) != prof.gpu_count:
+        if gpu_count != prof.gpu_count:
             findings.append(
                 _finding(
                     cfg,
                     GPU_COUNT,
-                    f"topo -m shows {len(gpu_rows)} GPU(s), {prof.instance_type} has {prof.gpu_count}",
+                    f"topo -m shows {gpu_count} GPU(s), {prof.instance_type} has {prof.gpu_count}",
                     (),
                     "count",
                 )
@@ -153,6 +156,8 @@ def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
             more, note = _nic_affinity(cfg, topo, prof.nic_affinity)
             findings += more
             notes.append(note)
+    if unreadable is not None:
+        return CheckResult(NAME, findings=tuple(findings), unknown=unreadable)
     return CheckResult(NAME, findings=tuple(findings), note="; ".join(notes))
 
 

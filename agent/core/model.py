@@ -192,7 +192,9 @@ class NvlinkGpu:
 @dataclass(frozen=True)
 class NvlinkReport:
     gpus: tuple[NvlinkGpu, ...] = ()
-    supported: bool = True  # False: "Device does not have or support Nvlink", or empty output
+    # False: nvidia-smi says "Device does not have or support Nvlink"; None: the listing is empty
+    # (GPUs without NVLink print nothing, and so does a capture that lost everything).
+    supported: bool | None = True
 
 
 # --------------------------------------------------------------------------- kernel log

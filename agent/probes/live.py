@@ -13,7 +13,7 @@ from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_log import read_kmsg_live
 from agent.probes.nvlink import parse_nvlink
-from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure, with_lost_lines
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
 from agent.probes.source import ParseMemo, read_rdma_tree
@@ -50,7 +50,8 @@ class LiveSource:
         if out.returncode != 0 and not out.stdout.strip():
             msg = (out.stderr.strip() or f"exit code {out.returncode}").splitlines()[0]
             return ProbeError(source_name(name), ProbeErrorKind.TOOL_FAILED, msg)
-        return out.stdout
+        # nvidia-smi prints "Unable to determine the device handle for GPU…" (a lost GPU) on stderr.
+        return with_lost_lines(out.stdout, out.stderr)
 
     def gpus(self) -> Probed[GpuInventory]:
         if self.use_nvml:

@@ -88,3 +88,13 @@ def detect_lost_gpus(text: str) -> list[LostGpu]:
         line = text[line_start : line_end if line_end >= 0 else len(text)]
         lost.append(LostGpu(pci_bus_id=normalize_pci(pci) if pci else None, message=" ".join(line.split())))
     return lost
+
+
+def with_lost_lines(output: str, other: str) -> str:
+    """`output` with the lost-GPU lines of `other` (stderr, or another view of nvidia-smi) that it
+    does not already hold appended, so that its parser counts those GPUs as lost, not missing."""
+    known = {lost.pci_bus_id for lost in detect_lost_gpus(output)}
+    extra = [lost.message for lost in detect_lost_gpus(other) if lost.pci_bus_id not in known]
+    if not extra:
+        return output
+    return output + ("" if output.endswith("\n") else "\n") + "\n".join(extra) + "\n"

@@ -13,6 +13,7 @@ from agent.core.model import (
     EccErrors,
     Gpu,
     GpuInventory,
+    LostGpu,
     PcieLink,
     RemappedRows,
     RetiredPages,
@@ -46,7 +47,10 @@ def parse_nvsmi_xml(text: str) -> GpuInventory:
     """`nvidia-smi -q -x` output → GpuInventory.
 
     Raises ToolReportedFailure when nvidia-smi printed a driver failure instead of XML, and
-    ParseError for anything else that is not a complete nvidia_smi_log document.
+    ParseError for anything else that is not one complete, consistent nvidia_smi_log document: no
+    closing tag (cut short), not well-formed, fewer or more <gpu> elements (plus GPUs nvidia-smi says
+    are lost, on the lines around the document) than <attached_gpus>, a GPU twice. The ParseError
+    then carries, as `partial`, the <gpu> elements that are complete and well-formed.
     """
     failure = detect_tool_failure(text)
     if failure is not None:
@@ -60,7 +64,10 @@ def parse_nvsmi_xml(text: str) -> GpuInventory:
         raise ParseError("not nvidia-smi -q -x output: no XML document found")
     end = text.rfind(_END_TAG)
     if end < start.start():
-        raise ParseError("nvidia-smi -q -x output is truncated: no closing </nvidia_smi_log>")
+        raise ParseError(
+            "nvidia-smi -q -x output is cut short: no closing </nvidia_smi_log>",
+            partial=_complete_gpus(text[start.start() :], detect_lost_gpus(text[: start.start()])),
+        )
     end += len(_END_TAG)
     outside = text[: start.start()] + "\n" + text[end:]
     lost = detect_lost_gpus(outside)
@@ -70,12 +77,14 @@ def parse_nvsmi_xml(text: str) -> GpuInventory:
     try:
         root = ET.fromstring(document)
     except (ET.ParseError, ValueError, UnicodeError) as exc:
-        raise ParseError(f"nvidia-smi -q -x output is not well-formed XML: {exc}") from None
+        raise ParseError(
+            f"nvidia-smi -q -x output is not well-formed XML: {exc}", partial=_complete_gpus(document, lost)
+        ) from None
     if root.tag != "nvidia_smi_log":
         raise ParseError(f"unexpected XML root <{root.tag}>, expected <nvidia_smi_log>")
 
     gpus = [_gpu(i, el) for i, el in enumerate(root.findall("gpu"))]
-    return GpuInventory(
+    inventory = GpuInventory(
         source=SOURCE,
         driver_version=clean(root.findtext("driver_version")),
         cuda_version=clean(root.findtext("cuda_version")),
@@ -83,6 +92,36 @@ def parse_nvsmi_xml(text: str) -> GpuInventory:
         gpus=assign_indices(gpus, lost),
         lost=tuple(lost),
     )
+    described = len(gpus) + len(lost)
+    attached = inventory.attached_gpus
+    pcis = [g.pci_bus_id for g in gpus]
+    if len(set(pcis)) != len(pcis):
+        raise ParseError("nvidia-smi -q -x output describes a GPU twice")
+    if attached is not None and attached != described:
+        # Fewer: an excerpt, or a GPU whose error went to stderr and was not kept with the XML (the
+        # snapshot and the live probe add nvidia-smi's "GPU is lost" lines when it prints them).
+        raise ParseError(
+            f"<attached_gpus> says {attached} but the document describes {len(gpus)} GPU(s) and "
+            f"{len(lost)} lost GPU(s)",
+            partial=inventory,
+        )
+    return inventory
+
+
+_GPU_ELEMENT = re.compile(r"<gpu\b[^>]*>.*?</gpu>", re.S)
+
+
+def _complete_gpus(document: str, lost: list[LostGpu]) -> GpuInventory | None:
+    """The <gpu> elements of a damaged document that are complete and well-formed on their own."""
+    gpus: list[Gpu] = []
+    for match in _GPU_ELEMENT.finditer(document):
+        try:
+            gpus.append(_gpu(len(gpus), ET.fromstring(match.group(0))))
+        except (ET.ParseError, ValueError, UnicodeError, ParseError):
+            continue
+    if not gpus and not lost:
+        return None
+    return GpuInventory(source=SOURCE, gpus=assign_indices(gpus, lost), lost=tuple(lost))
 
 
 def _text(el: ET.Element | None, path: str) -> str | None:
