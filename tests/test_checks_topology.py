@@ -160,3 +160,24 @@ def test_input_gaps() -> None:
     unknown = check_topology(NodeFacts(profile=prof, topo=err), CFG)
     assert unknown.status == Status.UNKNOWN and "garbage" in unknown.message
     assert isinstance(NodeFacts().topo, NotCaptured)
+
+
+def test_a_pair_keeps_its_key_whichever_row_was_read() -> None:
+    """GPU3's row garbled: the GPU3-GPU6 pair is read from GPU6's row and keeps its key."""
+    from agent.probes.source import parse_with
+
+    text = (FIX / "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-gpu3-gpu6-phb.txt").read_text()
+    whole = run("issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-gpu3-gpu6-phb.txt", "p5.48xlarge")
+    damaged = text.replace("\nGPU3", "\nGPU\x003", 1)
+    facts = NodeFacts(
+        instance_type="p5.48xlarge",
+        profile=CFG.profiles["p5.48xlarge"],
+        topo=parse_with("nvidia-smi topo -m", damaged, parse_topo),
+    )
+    part = check_topology(facts, CFG)
+    assert (
+        [f.key for f in part.findings]
+        == [f.key for f in whole.findings]
+        == ["topology.not-nv-connected/GPU3-GPU6"]
+    )
+    assert part.unknown is not None

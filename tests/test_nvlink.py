@@ -181,3 +181,9 @@ def test_random_bytes_never_raise_other_errors(data: bytes) -> None:
     except ParseError:
         return
     assert isinstance(result, NvlinkReport)
+
+
+def test_a_nul_byte_makes_that_gpu_no_evidence() -> None:
+    text = (FIX / "aznhc-azure-a100-gpu6-nvlink-all-inactive.txt").read_text(encoding="utf-8")
+    with pytest.raises(ParseError, match="holds bytes nvidia-smi never prints"):
+        parse_nvlink(text.replace("GPU-", "GPU-\x00", 1))

@@ -436,3 +436,31 @@ def test_a_gpu_block_twice_is_unreadable() -> None:
     text = load(REMAP_VIEW)
     with pytest.raises(ParseError, match=r"has two blocks|but 5 GPU block"):
         parse_nvsmi_text(text + text[text.index("GPU 00000000:68:00.0") :])
+
+
+def test_a_nul_byte_in_a_block_makes_it_no_evidence() -> None:
+    """'Comp\\x00leted' must not read as a fabric state other than Completed."""
+    text = load(A100_REMAP).replace("Pending                           : Yes", "Pend\x00ing  : Yes", 1)
+    with pytest.raises(ParseError, match="holds bytes nvidia-smi never prints") as caught:
+        parse_nvsmi_text(text)
+    assert isinstance(caught.value.partial, GpuInventory)
+    assert "00000000:9e:00.0" not in [g.pci_bus_id for g in caught.value.partial.gpus]
+
+
+def test_a_blank_line_inside_a_block_means_lines_were_lost() -> None:
+    """GPU 0's lines and GPU 1's header lost: GPU 1's lines would read as GPU 0's."""
+    text = load("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt")
+    first = text.index("GPU 00000001:00:00.0\n") + len("GPU 00000001:00:00.0\n")
+    second = text.index("GPU 00000002:00:00.0\n") + len("GPU 00000002:00:00.0\n")
+    merged = text[:first] + "\n" + text[second:]
+    with pytest.raises(ParseError, match="follows a blank line inside the block") as caught:
+        parse_nvsmi_text(merged)
+    assert isinstance(caught.value.partial, GpuInventory)
+    assert "00000001:00:00.0" not in [g.pci_bus_id for g in caught.value.partial.gpus]
+
+
+def test_no_attached_gpus_line_is_unreadable_with_its_blocks_kept() -> None:
+    text = load(A100_REMAP).replace("Attached GPUs                             : 4\n", "")
+    with pytest.raises(ParseError, match="no 'Attached GPUs' line") as caught:
+        parse_nvsmi_text(text)
+    assert isinstance(caught.value.partial, GpuInventory) and len(caught.value.partial.gpus) == 4

@@ -36,11 +36,10 @@ def _judge(cfg: Config, gpu: NvlinkGpu, expected: int | None, node_has_nvlink: b
     """A fault the listing states: links <inactive> next to active ones, or no active link on a GPU
     of a node that has NVLink (the profile says so, or another GPU shows active links)."""
     active, inactive = gpu.active_links, gpu.inactive_links
-    if gpu.all_inactive or active == 0:
+    if gpu.all_inactive or (active == 0 and inactive):
         if not node_has_nvlink:
             return None
-        why = "all links inactive" if gpu.all_inactive or inactive else "no NVLink reported"
-        return _finding(cfg, NO_ACTIVE, f"GPU {gpu.index}: no active NVLink ({why})", gpu)
+        return _finding(cfg, NO_ACTIVE, f"GPU {gpu.index}: no active NVLink (all links inactive)", gpu)
     if inactive:
         total = f"{expected} expected" if expected is not None else f"{active + inactive} listed"
         down = sorted(n for n, v in gpu.links.items() if v is None)
@@ -99,6 +98,9 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     too_few = _listed_too_few(report, facts)
     if too_few:
         gaps.append(too_few)
+    # A GPU header with no link under it states nothing (its lines were lost or cut).
+    silent = [g for g in looked if not g.all_inactive and not g.links]
+    gaps += [f"GPU {g.index} lists no link" for g in silent[:2]]
     if expected is not None:
         # nvidia-smi lists every link of a GPU, inactive ones as <inactive>: fewer is a cut listing.
         short = [g for g in looked if not g.all_inactive and 0 < len(g.links) < expected]

@@ -84,13 +84,15 @@ def _not_nv(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                 cells.append(topo.rows[col].get(row, ""))
             bad = [c for c in cells if c != "X" and not _NV.match(c)]  # X off the diagonal: own rule
             if bad:
+                # In header order, so that the pair keeps its key whichever of its rows was read.
+                a, b = sorted((row, col), key=topo.columns.index)
                 out.append(
                     _finding(
                         cfg,
                         NOT_NV_CONNECTED,
-                        f"{row} and {col} are connected by {bad[0] or 'nothing'}, not NVLink",
-                        (row, col),
-                        f"{row}-{col}",
+                        f"{a} and {b} are connected by {bad[0] or 'nothing'}, not NVLink",
+                        (a, b),
+                        f"{a}-{b}",
                     )
                 )
     return out

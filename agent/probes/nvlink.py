@@ -23,6 +23,9 @@ _SPEED = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*GB/s$", re.IGNORECASE)
 _ALL_INACTIVE = re.compile(r"all links are inactive", re.IGNORECASE)
 _NOT_SUPPORTED = re.compile(r"does not have or support nvlink|nvlink is not supported", re.IGNORECASE)
 _MIG = re.compile(r"not supported for devices in MIG mode", re.IGNORECASE)
+# Control characters other than tab, and U+FFFD (bytes that were not UTF-8): never in nvidia-smi's
+# output. A GPU whose lines hold one is damaged (a NUL in its UUID would make it another GPU).
+_GARBLED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
 _INACTIVE = "<inactive>"
@@ -92,6 +95,13 @@ def parse_nvlink(text: str) -> NvlinkReport:
             gpus.append(_Builder(index, m.group(2) or None, m.group(3) or None, lineno))
             if len(gpus) > 1 and index <= gpus[-2].index:
                 gpus[-1].damaged(f"line {lineno}: GPU {index} listed after GPU {gpus[-2].index}")
+            if _GARBLED.search(line):
+                gpus[-1].damaged(f"line {lineno} holds bytes nvidia-smi never prints")
+            continue
+        if _GARBLED.search(line):
+            if not gpus:
+                raise ParseError(f"line {lineno} holds bytes nvidia-smi never prints (NUL, not UTF-8)")
+            gpus[-1].damaged(f"line {lineno} holds bytes nvidia-smi never prints (NUL, not UTF-8)")
             continue
         if _NOT_SUPPORTED.search(line):
             saw_not_supported = True

@@ -44,6 +44,9 @@ _BANNER = re.compile(r"^=+\s*NVSMI LOG\s*=+$")
 _GPU_HEADER = re.compile(r"^gpu\s+(?P<pci>[0-9a-f]{1,8}:[0-9a-f]{1,2}:[0-9a-f]{1,2}\.[0-9a-f])$", re.I)
 # "Key<spaces>: value". The colon must follow whitespace, so bus ids in values and headers stay whole.
 _KEY_VALUE = re.compile(r"^(?P<key>\S.*?)\s+:(?:\s+(?P<value>.*))?$")
+# Control characters other than tab, and U+FFFD (bytes that were not UTF-8): never in nvidia-smi's
+# output, so a line holding one was damaged ("Comp\x00leted" must not read as a fabric state).
+_GARBLED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
 @dataclass
@@ -53,6 +56,8 @@ class _Node:
     indent: int
     line: int
     children: list[_Node] = field(default_factory=list)
+    garbled: bool = False  # the line holds bytes nvidia-smi never prints (NUL, not UTF-8)
+    after_blank: bool = False  # a blank line came just before it
 
     def child(self, *path: str) -> _Node | None:
         """First node along a path of keys (case-insensitive), or None."""
@@ -91,10 +96,12 @@ def _tree(lines: list[str]) -> tuple[_Node, bool]:
     root = _Node(key="", value=None, indent=-1, line=0)
     stack = [root]
     banner = False
+    blank = False
     for number, raw in enumerate(lines, start=1):
         line = raw.expandtabs(4).rstrip()
         stripped = line.strip()
         if not stripped:
+            blank = True
             continue
         if _BANNER.match(stripped):
             banner = True
@@ -107,6 +114,8 @@ def _tree(lines: list[str]) -> tuple[_Node, bool]:
             node = _Node(_norm(match.group("key")), match.group("value") or "", indent, number)
         else:
             node = _Node(_norm(stripped), None, indent, number)
+        node.garbled = _GARBLED.search(stripped) is not None
+        node.after_blank, blank = blank, False
         while stack[-1].indent >= indent:
             stack.pop()
         stack[-1].children.append(node)
@@ -152,11 +161,19 @@ def _block_damage(block: _Node) -> str | None:
 
     nvidia-smi never prints a key twice under one section (Processes aside) and never prints a flag
     as anything but Yes/No/N/A: a block that does either was damaged after nvidia-smi wrote it."""
+    if block.garbled:
+        return f"line {block.line} holds bytes nvidia-smi never prints"
     stack = [block]
     while stack:
         node = stack.pop()
         seen: dict[str, int] = {}
         for child in node.children:
+            if child.garbled:
+                return f"line {child.line} holds bytes nvidia-smi never prints (NUL, not UTF-8)"
+            if child.after_blank:
+                # nvidia-smi separates GPU blocks by a blank line, never sections: lines were lost
+                # here, maybe the next GPU's header, whose lines would then read as this GPU's.
+                return f"line {child.line} follows a blank line inside the block"
             if child.key in seen:
                 return f"line {child.line}: {child.key!r} appears twice under {node.key!r}"
             seen[child.key] = child.line
@@ -214,6 +231,12 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
     attached = as_int(root.get("Attached GPUs"))
     if attached is None and not blocks and not lost and not detect_no_devices(text):
         raise ParseError("truncated nvidia-smi -q output: no 'Attached GPUs' line and no GPU block")
+    if attached is None and blocks:
+        # nvidia-smi prints it in every view: without it an excerpt looks like the whole node.
+        problems.append("no 'Attached GPUs' line: how many GPUs the node has is not known")
+    garbled = [n.line for n in root.children if n.garbled]
+    if garbled:
+        problems.append(f"line {garbled[0]} holds bytes nvidia-smi never prints (NUL, not UTF-8)")
     if attached is not None and len(blocks) + len(lost) < attached:
         problems.append(
             f"'Attached GPUs : {attached}' but only {len(blocks)} GPU block(s) and {len(lost)} lost GPU "

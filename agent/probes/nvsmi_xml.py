@@ -74,6 +74,10 @@ def parse_nvsmi_xml(text: str) -> GpuInventory:
     document = text[start.start() : end]
     if "<!ENTITY" in document:
         raise ParseError("nvidia-smi -q -x output declares XML entities; refusing to expand them")
+    if _NOT_UTF8 in document:
+        raise ParseError(
+            "nvidia-smi -q -x output holds bytes that are not UTF-8", partial=_complete_gpus(document, lost)
+        )
     try:
         root = ET.fromstring(document)
     except (ET.ParseError, ValueError, UnicodeError) as exc:
@@ -109,12 +113,16 @@ def parse_nvsmi_xml(text: str) -> GpuInventory:
 
 
 _GPU_ELEMENT = re.compile(r"<gpu\b[^>]*>.*?</gpu>", re.S)
+# U+FFFD stands for bytes that were not UTF-8: legal XML text, but never nvidia-smi's.
+_NOT_UTF8 = "\ufffd"
 
 
 def _complete_gpus(document: str, lost: list[LostGpu]) -> GpuInventory | None:
     """The <gpu> elements of a damaged document that are complete and well-formed on their own."""
     gpus: list[Gpu] = []
     for match in _GPU_ELEMENT.finditer(document):
+        if _NOT_UTF8 in match.group(0):
+            continue
         try:
             gpus.append(_gpu(len(gpus), ET.fromstring(match.group(0))))
         except (ET.ParseError, ValueError, UnicodeError, ParseError):
