@@ -50,6 +50,7 @@ SNAPSHOT_FILE = {
     "k8s-node": "node.json",
     "multi-command-captures": "nvidia-smi-q.txt",
 }
+TOOL = {"nvidia-smi-q.txt": "nvidia-smi -q", "nvidia-smi-q.xml": "nvidia-smi -q"}
 INPUTS = sorted(
     p
     for folder in SNAPSHOT_FILE
@@ -118,8 +119,12 @@ def other_encoding(data: bytes, rnd: random.Random) -> bytes:
 
 
 def other_tool(data: bytes, rnd: random.Random, name: str = "") -> bytes:
-    """The recording of another tool (one that belongs in another snapshot file)."""
-    return rnd.choice([p for p in INPUTS if SNAPSHOT_FILE[p.parent.name] != name]).read_bytes()
+    """The recording of another tool: the text and XML views are one tool (nvidia-smi -q), and one
+    may say a GPU is lost, which is a fault in either."""
+    tool = TOOL.get(name, name)
+    return rnd.choice(
+        [p for p in INPUTS if TOOL.get(f := SNAPSHOT_FILE[p.parent.name], f) != tool]
+    ).read_bytes()
 
 
 def empty(data: bytes, rnd: random.Random) -> bytes:

@@ -9,6 +9,7 @@ tests/fixtures/derived/make_damaged_variants.py (see each file's .source.txt).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,77 @@ def test_healthy_nvlinks_pass_when_the_instance_type_is_unknown(
     code, checks = judge(tmp_path, capsys, {"nvidia-smi-nvlink-s.txt": listing}, None)
     assert checks["nvlink"]["status"] == "pass", checks["nvlink"]
     assert code == 0
+
+
+# --------------------------------------------------------------------------- check --explain
+
+EVIDENCE_LINE = re.compile(r"^      (?P<file>[\w.-]+):(?P<line>\d+): (?P<text>.*)$", re.M)
+
+
+def explain(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, Path | str], *args: str
+) -> str:
+    for name, content in files.items():
+        (tmp_path / name).write_text(content.read_text() if isinstance(content, Path) else content)
+    code = main(["check", "--from-snapshot", str(tmp_path), "--explain", *args])
+    assert code in (0, 1, 2)
+    out = capsys.readouterr().out
+    return out[out.index("\n\n") + 2 :]  # after the table
+
+
+def assert_evidence_is_in_the_files(tmp_path: Path, text: str) -> list[re.Match[str]]:
+    """Every evidence line names a snapshot file, a line number and that line's text, word for word."""
+    found = list(EVIDENCE_LINE.finditer(text))
+    for m in found:
+        lines = (tmp_path / m["file"]).read_text().splitlines()
+        assert lines[int(m["line"]) - 1].strip() == m["text"], m.group(0)
+    return found
+
+
+def test_explain_shows_the_line_each_finding_rests_on_and_why_a_check_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files: dict[str, Path | str] = {
+        "nvidia-smi-q.txt": Q / "DERIVED-h100x8-row-remap-failure-cut-in-gpu3.txt",
+        "nvidia-smi-nvlink-s.txt": NVLINK / "nvidia-smi-nvlink-s_h100_driver590-DERIVED-link5-inactive.txt",
+        "nvidia-smi-topo-m.txt": TOPO
+        / "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-x-off-diagonal.txt",
+    }
+    text = explain(tmp_path, capsys, files, "--instance-type", "p5.48xlarge")
+    found = assert_evidence_is_in_the_files(tmp_path, text)
+    shown = {(m["file"], m["text"].split(":")[0].strip()) for m in found}
+    assert ("nvidia-smi-q.txt", "Remapping Failure Occurred") in shown
+    assert ("nvidia-smi-nvlink-s.txt", "Link 5") in shown
+    assert any(f == "nvidia-smi-topo-m.txt" and t.startswith("GPU2") for f, t in shown)
+    remap = text[text.index("gpu.row-remap: fail (isolate)") :]
+    assert "could not look: could not read all of nvidia-smi-q.txt: cut short inside line" in remap
+    assert "gpu.count: unknown" in text and "'Attached GPUs : 8' but only 4 GPU block(s)" in text
+
+
+def test_explain_points_into_the_xml_and_at_the_lost_gpu_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files: dict[str, Path | str] = {
+        "nvidia-smi-q.xml": XML / "telegraf-a10g-515.105.01-DERIVED-volatile-dram-uncorrectable.xml",
+    }
+    found = assert_evidence_is_in_the_files(tmp_path, explain(tmp_path, capsys, files))
+    assert [m["text"] for m in found if m["file"] == "nvidia-smi-q.xml"][:1] == [
+        "<dram_uncorrectable>2</dram_uncorrectable>"
+    ]
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    q = Q / "gpud-h100x8-535.183.01-DERIVED-gpu3-lost.txt"
+    found = assert_evidence_is_in_the_files(lost, explain(lost, capsys, {"nvidia-smi-q.txt": q}))
+    assert any(m["text"].startswith("Unable to determine the device handle") for m in found)
+
+
+def test_explain_with_json_keeps_stdout_one_json_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "nvidia-smi-nvlink-s.txt").write_text(
+        (NVLINK / "nvidia-smi-nvlink-s_h100_driver590-DERIVED-link5-inactive.txt").read_text()
+    )
+    code = main(["check", "--from-snapshot", str(tmp_path), "--explain", "--json"])
+    captured = capsys.readouterr()
+    assert code == 1 and json.loads(captured.out)["status"] == "fail"
+    assert "nvidia-smi-nvlink-s.txt:7: Link 5: <inactive>" in captured.err

@@ -363,3 +363,12 @@ def test_fuzz_truncated_and_spliced_real_file(cut: int, junk: str) -> None:
         return
     assert isinstance(inv, GpuInventory)
     assert len(inv.gpus) <= 2
+
+
+def test_another_view_with_a_lost_gpu_line_is_unreadable_and_keeps_the_statement() -> None:
+    """The text view fed to the XML parser: not its output, but nvidia-smi's 'GPU is lost' stays."""
+    text = (FIX.parent / "nvidia-smi-q" / "gpud-h100x8-535.183.01-DERIVED-gpu3-lost.txt").read_text()
+    with pytest.raises(ParseError, match="not nvidia-smi -q -x output") as caught:
+        parse_nvsmi_xml(text)
+    assert isinstance(caught.value.partial, GpuInventory)
+    assert [lg.pci_bus_id for lg in caught.value.partial.lost] == ["00000000:86:00.0"]

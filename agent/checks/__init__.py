@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import Gpu, GpuInventory
 from agent.core.probed import NotCaptured, ProbeError
 from agent.core.rules import Rule
@@ -41,7 +41,13 @@ def readable(probed: object, kind: type[T]) -> tuple[T | None, str | None]:
 
 
 def rule_finding(
-    cfg: Config, check: str, rule: Rule, message: str, entities: tuple[str, ...] = (), key: str = ""
+    cfg: Config,
+    check: str,
+    rule: Rule,
+    message: str,
+    entities: tuple[str, ...] = (),
+    key: str = "",
+    evidence: tuple[Evidence, ...] = (),
 ) -> Finding:
     """A level-triggered finding whose severity is the configured one for `rule`; key `rule/<key>`."""
     return Finding(
@@ -51,6 +57,7 @@ def rule_finding(
         message=message,
         entities=entities,
         key=f"{rule.name}/{key}" if key else rule.name,
+        evidence=evidence,
     )
 
 
@@ -67,12 +74,25 @@ class CheckSpec:
     rules: tuple[Rule, ...] = ()
 
 
-def gpu_finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | None = None) -> Finding:
+def gpu_finding(
+    cfg: Config,
+    check: str,
+    rule: Rule,
+    message: str,
+    gpu: Gpu | None = None,
+    evidence: tuple[Evidence, ...] = (),
+) -> Finding:
     """A finding on one GPU (or the node, gpu=None), keyed `rule/<pci>` so each GPU latches apart."""
     entities = (gpu.label,) if gpu is not None else ()
     key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
     return Finding(
-        check=check, rule=rule.name, severity=cfg.severity(rule), message=message, entities=entities, key=key
+        check=check,
+        rule=rule.name,
+        severity=cfg.severity(rule),
+        message=message,
+        entities=entities,
+        key=key,
+        evidence=evidence,
     )
 
 
@@ -84,16 +104,27 @@ def per_gpu(
     applies: Callable[[Gpu], bool] = lambda g: True,
     not_applicable: str = "",
     ok: str = "",
+    where: Mapping[str, str] | None = None,
 ) -> CheckResult:
     """Run judge(gpu) → [(rule, message)] over every GPU the check applies to; on a damaged capture,
-    over its intact GPU blocks (the result is then also `unknown`)."""
+    over its intact GPU blocks (the result is then also `unknown`). `where` names, per rule, the
+    Gpu.where key of the lines a finding rests on (its evidence)."""
     inv, unreadable = readable(facts.gpus, GpuInventory)
     if inv is None:
         gap = input_gap(name, facts.gpus)
         assert gap is not None
         return gap
     gpus = [g for g in inv.gpus if applies(g)]
-    findings = [gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
+    lines = where or {}
+
+    def evidence(g: Gpu, rule: Rule) -> tuple[Evidence, ...]:
+        return Evidence.of(inv.source, g.where.get(lines.get(rule.name, ""), ()))
+
+    findings = [
+        gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g, evidence(g, rule))
+        for g in gpus
+        for rule, msg in judge(g)
+    ]
     if unreadable is not None:
         return CheckResult(name, findings=tuple(findings), unknown=unreadable)
     if not inv.gpus:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, readable
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.rules import Rule
@@ -86,6 +86,29 @@ ALLOCATABLE_BELOW_VISIBLE = Rule(
 )
 
 
+# The Gpu.where key of the lines each rule's finding rests on (`check --explain`).
+WHERE = {
+    COUNT_MODEL.name: "name",
+    ECC_DRAM_UNCORRECTABLE.name: "ecc.volatile_dram_uncorrectable",
+    ECC_SRAM_UNCORRECTABLE.name: "ecc.sram_uncorrectable",
+    ECC_SRAM_THRESHOLD.name: "ecc.sram_threshold_exceeded",
+    ROW_REMAP_FAILURE.name: "remapped_rows.failure",
+    ROW_REMAP_PENDING.name: "remapped_rows.pending",
+    RETIRED_PAGES_DOUBLE_BIT.name: "retired_pages.double_bit",
+    RETIRED_PAGES_PENDING.name: "retired_pages.pending",
+    RETIRED_PAGES_SINGLE_BIT.name: "retired_pages.single_bit",
+    RECOVERY_ACTION_RESET.name: "recovery_action",
+    RECOVERY_ACTION_REBOOT.name: "recovery_action",
+    RECOVERY_ACTION_DRAIN.name: "recovery_action",
+    THROTTLE_HW_SLOWDOWN.name: "clock_events",
+    THROTTLE_HW_THERMAL.name: "clock_events",
+    THROTTLE_HW_POWER_BRAKE.name: "clock_events",
+    PCIE_WIDTH.name: "pcie.width",
+    PERSISTENCE_DISABLED.name: "persistence_mode",
+    FABRIC_INCOMPLETE.name: "fabric",
+}
+
+
 # --------------------------------------------------------------------------- gpu.count
 
 
@@ -119,7 +142,14 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
         wrong = [g for g in inv.gpus if g.name and prof.gpu_model.lower() not in g.name.lower()]
         for g in wrong:
             findings.append(
-                gpu_finding(cfg, name, COUNT_MODEL, f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
+                gpu_finding(
+                    cfg,
+                    name,
+                    COUNT_MODEL,
+                    f"{g.label} is {g.name}, expected {prof.gpu_model}",
+                    g,
+                    Evidence.of(inv.source, g.where.get("name", ())),
+                )
             )
     return CheckResult(
         name, findings=tuple(findings), note=f"{visible} GPU(s) as expected for {prof.instance_type}"
@@ -161,6 +191,9 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
                 message=f"{where} does not answer: {lost.message}",
                 entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
                 key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
+                evidence=Evidence.of(inv.source, (lost.where,))
+                if lost.where is not None
+                else (Evidence(inv.source, None, lost.message),),
             )
         )
     if unreadable is not None:
@@ -207,6 +240,7 @@ def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
         has_counters,
         not_applicable="no GPU reports ECC counters (ECC off or not supported)",
         ok="no uncorrectable ECC errors",
+        where=WHERE,
     )
 
 
@@ -234,6 +268,7 @@ def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.remapped_rows is not None,
         not_applicable="no GPU reports row remapping (before Ampere, or MIG)",
         ok="no remap pending or failed",
+        where=WHERE,
     )
 
 
@@ -258,6 +293,7 @@ def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.retired_pages is not None and g.remapped_rows is None,
         not_applicable="no GPU uses page retirement (Ampere and later remap rows instead)",
         ok="no retired-page problem",
+        where=WHERE,
     )
 
 
@@ -288,6 +324,7 @@ def check_recovery_action(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.recovery_action is not None or g.reset_required is not None,
         not_applicable="driver reports no recovery action (older driver)",
         ok="no recovery action pending",
+        where=WHERE,
     )
 
 
@@ -321,6 +358,7 @@ def check_throttle(facts: NodeFacts, cfg: Config) -> CheckResult:
         ),
         not_applicable="no clock event reasons reported",
         ok="no HW slowdown",
+        where=WHERE,
     )
 
 
@@ -345,6 +383,7 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.pcie.width_current is not None and g.pcie.width_max is not None,
         not_applicable="PCIe link width not reported",
         ok="PCIe links at full width",
+        where=WHERE,
     )
 
 
@@ -359,6 +398,7 @@ def check_persistence(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.persistence_mode is not None,
         not_applicable="persistence mode not reported",
         ok="persistence mode enabled",
+        where=WHERE,
     )
 
 
@@ -388,6 +428,7 @@ def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
         applies,
         not_applicable="no NVSwitch fabric state reported",
         ok="fabric registration completed",
+        where=WHERE,
     )
 
 

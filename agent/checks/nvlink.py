@@ -11,7 +11,7 @@ from __future__ import annotations
 from agent.checks import CheckSpec, input_gap, readable, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import GpuInventory, NvlinkGpu, NvlinkReport
 from agent.core.rules import Rule
 from agent.core.severity import Severity
@@ -23,23 +23,29 @@ SOME_INACTIVE = Rule("nvlink.some-inactive", Severity.RESET, "a GPU has some NVL
 NAME = "nvlink"
 
 
-def _finding(cfg: Config, rule: Rule, message: str, gpu: NvlinkGpu | None) -> Finding:
+def _finding(cfg: Config, rule: Rule, message: str, gpu: NvlinkGpu | None, source: str = "") -> Finding:
     entities: tuple[str, ...] = ()
     key = ""
+    evidence: tuple[Evidence, ...] = ()
     if gpu is not None:
         entities = tuple(e for e in (f"GPU {gpu.index}", gpu.uuid) if e)
         key = f"{gpu.uuid or gpu.index}"
-    return rule_finding(cfg, NAME, rule, message, entities, key)
+        evidence = Evidence.of(source, gpu.where)
+    return rule_finding(cfg, NAME, rule, message, entities, key, evidence)
 
 
-def _judge(cfg: Config, gpu: NvlinkGpu, expected: int | None, node_has_nvlink: bool) -> Finding | None:
+def _judge(
+    cfg: Config, gpu: NvlinkGpu, expected: int | None, node_has_nvlink: bool, source: str
+) -> Finding | None:
     """A fault the listing states: links <inactive> next to active ones, or no active link on a GPU
     of a node that has NVLink (the profile says so, or another GPU shows active links)."""
     active, inactive = gpu.active_links, gpu.inactive_links
     if gpu.all_inactive or (active == 0 and inactive):
         if not node_has_nvlink:
             return None
-        return _finding(cfg, NO_ACTIVE, f"GPU {gpu.index}: no active NVLink (all links inactive)", gpu)
+        return _finding(
+            cfg, NO_ACTIVE, f"GPU {gpu.index}: no active NVLink (all links inactive)", gpu, source
+        )
     if inactive:
         total = f"{expected} expected" if expected is not None else f"{active + inactive} listed"
         down = sorted(n for n, v in gpu.links.items() if v is None)
@@ -48,6 +54,7 @@ def _judge(cfg: Config, gpu: NvlinkGpu, expected: int | None, node_has_nvlink: b
             SOME_INACTIVE,
             f"GPU {gpu.index}: {active} NVLink(s) active, {total} (inactive: {', '.join(map(str, down))})",
             gpu,
+            source,
         )
     return None
 
@@ -93,7 +100,9 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     blind = [g for g in report.gpus if g.unavailable is not None]
     expected = prof.nvlink_links_per_gpu if prof is not None else None
     node_has_nvlink = prof is not None or any(g.active_links for g in looked)
-    findings = tuple(f for g in looked if (f := _judge(cfg, g, expected, node_has_nvlink)) is not None)
+    findings = tuple(
+        f for g in looked if (f := _judge(cfg, g, expected, node_has_nvlink, report.source)) is not None
+    )
     gaps = [unreadable] if unreadable else []
     too_few = _listed_too_few(report, facts)
     if too_few:

@@ -13,7 +13,7 @@ import re
 from agent.checks import CheckSpec, input_gap, readable, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import TopoMatrix
 from agent.core.profile import TOPO_LEVELS
 from agent.core.rules import Rule
@@ -39,8 +39,14 @@ _NV = re.compile(r"^NV\d+$")
 _ALIASES = {"SOC": "SYS"}
 
 
-def _finding(cfg: Config, rule: Rule, message: str, entities: tuple[str, ...], key: str) -> Finding:
-    return rule_finding(cfg, NAME, rule, message, entities, key)
+def _finding(
+    cfg: Config, rule: Rule, message: str, entities: tuple[str, ...], key: str, topo: TopoMatrix
+) -> Finding:
+    """Its evidence: the rows of the devices it names that were read (the header for the count)."""
+    lines = [topo.row_lines[e] for e in entities if e in topo.row_lines]
+    if not entities and topo.header_line is not None:
+        lines = [topo.header_line]
+    return rule_finding(cfg, NAME, rule, message, entities, key, Evidence.of(topo.source, tuple(lines)))
 
 
 def _rank(cell: str) -> int | None:
@@ -63,6 +69,7 @@ def _x_off_diagonal(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                         f"{row}: topo -m shows X (self) towards {col}: the link to {col} is not seen",
                         (row, col),
                         f"{row}-{col}",
+                        topo,
                     )
                 )
     return out
@@ -93,6 +100,7 @@ def _not_nv(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                         f"{a} and {b} are connected by {bad[0] or 'nothing'}, not NVLink",
                         (a, b),
                         f"{a}-{b}",
+                        topo,
                     )
                 )
     return out
@@ -118,6 +126,7 @@ def _nic_affinity(cfg: Config, topo: TopoMatrix, worst: str) -> tuple[list[Findi
                     f"{row}: nearest NIC {name} is {TOPO_LEVELS[best]}, profile expects {worst} or closer",
                     (row, name),
                     row,
+                    topo,
                 )
             )
     return out, f"every GPU has a NIC at {worst} or closer"
@@ -149,6 +158,7 @@ def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
                     f"topo -m shows {gpu_count} GPU(s), {prof.instance_type} has {prof.gpu_count}",
                     (),
                     "count",
+                    topo,
                 )
             )
         if prof.nvlink:

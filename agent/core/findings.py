@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agent.core.model import SourceLine
 from agent.core.severity import Severity, Status
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a finding rests on: the input (a tool: "nvidia-smi -q"), the line in its output (1-based;
+    None when the tool's output has no lines to point at, e.g. NVML) and that line's text."""
+
+    source: str
+    line: int | None
+    text: str
+
+    @staticmethod
+    def of(source: str, lines: tuple[SourceLine, ...]) -> tuple[Evidence, ...]:
+        return tuple(Evidence(source, sl.line, sl.text) for sl in lines)
 
 
 @dataclass(frozen=True)
@@ -22,6 +37,8 @@ class Finding:
     entities: tuple[str, ...] = ()
     key: str = ""
     latched: bool = False
+    # Where the input states it (`check --explain`); not part of the finding's identity.
+    evidence: tuple[Evidence, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

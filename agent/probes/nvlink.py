@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import NvlinkGpu, NvlinkReport
+from agent.core.model import NvlinkGpu, NvlinkReport, SourceLine
 from agent.core.probed import ParseError
 
 _GPU = re.compile(r"^GPU\s+(\d+)\s*:\s*(.*?)\s*(?:\(UUID:\s*([^)]*?)\s*\))?\s*$")
@@ -42,6 +42,7 @@ class _Builder:
         self.no_nvlink = False
         self.unavailable: str | None = None
         self.damage: str | None = None  # why this GPU's block cannot be trusted
+        self.where: list[SourceLine] = []  # its header and the lines that state a fault
 
     def damaged(self, why: str) -> None:
         self.damage = self.damage or why
@@ -54,6 +55,7 @@ class _Builder:
             links=dict(self.links),
             all_inactive=self.all_inactive,
             unavailable=self.unavailable,
+            where=tuple(self.where),
         )
 
 
@@ -93,6 +95,7 @@ def parse_nvlink(text: str) -> NvlinkReport:
         if m:
             index = int(m.group(1))
             gpus.append(_Builder(index, m.group(2) or None, m.group(3) or None, lineno))
+            gpus[-1].where.append(SourceLine(lineno, line))
             if len(gpus) > 1 and index <= gpus[-2].index:
                 gpus[-1].damaged(f"line {lineno}: GPU {index} listed after GPU {gpus[-2].index}")
             if _GARBLED.search(line):
@@ -113,6 +116,7 @@ def parse_nvlink(text: str) -> NvlinkReport:
             raise ParseError(f"line {lineno}: {line[:60]!r} before any 'GPU n:' header")
         if _ALL_INACTIVE.search(line):
             current.all_inactive = True
+            current.where.append(SourceLine(lineno, line))
             continue
         if _MIG.search(line):
             current.unavailable = "NVLink cannot be queried while the GPU is in MIG mode"
@@ -124,6 +128,8 @@ def parse_nvlink(text: str) -> NvlinkReport:
                 current.damaged(f"line {lineno}: Link {number} where Link {len(current.links)} was due")
             try:
                 current.links[number] = _speed(lm.group(2))
+                if current.links[number] is None:
+                    current.where.append(SourceLine(lineno, line))
             except ValueError:
                 value = lm.group(2)[:30]
                 current.damaged(f"line {lineno}: link value {value!r} is neither a speed nor <inactive>")

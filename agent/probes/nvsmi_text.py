@@ -17,6 +17,7 @@ from agent.core.model import (
     PcieLink,
     RemappedRows,
     RetiredPages,
+    SourceLine,
     normalize_pci,
 )
 from agent.core.probed import ParseError
@@ -26,8 +27,10 @@ from agent.probes.nvsmi_errors import (
     detect_no_devices,
     detect_tool_failure,
     is_lost_gpu_line,
+    other_text,
 )
 from agent.probes.nvsmi_values import (
+    WHERE_TEXT,
     add_optional,
     any_true,
     as_bool,
@@ -222,11 +225,15 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
             blocks.append((header.group("pci"), node))
 
     if not banner and not blocks:
-        if lost and not problems:
+        stray = other_text(text)
+        if lost and not problems and stray is None:
             return GpuInventory(source=SOURCE, lost=tuple(lost))
-        if detect_no_devices(text) and not problems:
+        if detect_no_devices(text) and not problems and stray is None:
             return GpuInventory(source=SOURCE, attached_gpus=0)
-        raise ParseError("not nvidia-smi -q output: no NVSMI LOG banner and no 'GPU <bus id>' block")
+        raise ParseError(
+            "not nvidia-smi -q output: no NVSMI LOG banner and no 'GPU <bus id>' block",
+            partial=GpuInventory(source=SOURCE, lost=tuple(lost)) if lost else None,
+        )
 
     attached = as_int(root.get("Attached GPUs"))
     if attached is None and not blocks and not lost and not detect_no_devices(text):
@@ -265,7 +272,7 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
             problems.append(f"the block of GPU {pci} (line {block.line}) lacks sections other GPUs show")
 
     # Indices over every block, so that a GPU keeps its number when a block before it is damaged.
-    gpus = assign_indices([_gpu(i, pci, block) for i, (pci, block) in enumerate(blocks)], lost)
+    gpus = assign_indices([_gpu(i, pci, block, lines) for i, (pci, block) in enumerate(blocks)], lost)
     keep = {id(block) for _, block in trusted}
     inventory = GpuInventory(
         source=SOURCE,
@@ -281,8 +288,24 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
     return inventory
 
 
-def _gpu(index: int, header_pci: str, b: _Node) -> Gpu:
+def _where(b: _Node, lines: list[str]) -> dict[str, tuple[SourceLine, ...]]:
+    where: dict[str, tuple[SourceLine, ...]] = {}
+    for key, paths in WHERE_TEXT.items():
+        nodes = [n for path in paths if (n := b.child(*path)) is not None and n.value is not None]
+        if nodes:
+            where[key] = tuple(SourceLine(n.line, lines[n.line - 1].strip()) for n in nodes)
+    section = b.child("Clocks Event Reasons") or b.child("Clocks Throttle Reasons")
+    if section is not None:
+        reasons = [section.find(k) for k in ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown")]
+        found = tuple(SourceLine(n.line, lines[n.line - 1].strip()) for n in reasons if n is not None)
+        if found:
+            where["clock_events"] = found
+    return where
+
+
+def _gpu(index: int, header_pci: str, b: _Node, lines: list[str]) -> Gpu:
     return Gpu(
+        where=_where(b, lines),
         index=index,
         pci_bus_id=normalize_pci(header_pci),
         name=clean(b.get("Product Name")),

@@ -39,6 +39,8 @@ COMMANDS: dict[str, list[str]] = {
     TOPO: ["nvidia-smi", "topo", "-m"],
     NVLINK: ["nvidia-smi", "nvlink", "-s"],
 }
+# The snapshot file that holds each tool's output, by the name the parsed data carries as `source`.
+SNAPSHOT_FILES = {"nvidia-smi -q": TEXT, **{" ".join(argv): name for name, argv in COMMANDS.items()}}
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 

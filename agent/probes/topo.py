@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import TopoMatrix
+from agent.core.model import SourceLine, TopoMatrix
 from agent.core.probed import ParseError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -91,6 +91,7 @@ def parse_topo(text: str) -> TopoMatrix:
     ncols = len(columns)
 
     rows: dict[str, dict[str, str]] = {}
+    row_lines: dict[str, SourceLine] = {}
     cpu: dict[str, str] = {}
     numa: dict[str, str] = {}
     i = start + 1
@@ -123,6 +124,7 @@ def parse_topo(text: str) -> TopoMatrix:
             problems.append(f"line {i}: row {name} appears twice")
             continue
         rows[row_name] = row
+        row_lines[row_name] = SourceLine(i, line.strip())
         extra = tokens[1 + ncols :]
         if has_affinity and extra:
             cpu[row_name] = extra[0]
@@ -142,7 +144,13 @@ def parse_topo(text: str) -> TopoMatrix:
         if m and m.group(1) in columns:
             nic_names.setdefault(m.group(1), m.group(2))
     matrix = TopoMatrix(
-        columns=tuple(columns), rows=rows, nic_names=nic_names, cpu_affinity=cpu, numa_affinity=numa
+        columns=tuple(columns),
+        rows=rows,
+        nic_names=nic_names,
+        cpu_affinity=cpu,
+        numa_affinity=numa,
+        row_lines=row_lines,
+        header_line=SourceLine(start + 1, lines[start].strip()),
     )
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
