@@ -261,3 +261,36 @@ def test_explain_with_json_keeps_stdout_one_json_document(
     captured = capsys.readouterr()
     assert code == 1 and json.loads(captured.out)["status"] == "fail"
     assert "nvidia-smi-nvlink-s.txt:7: Link 5: <inactive>" in captured.err
+
+
+# --------------------------------------------------------------------------- the real H100 capture
+
+H100 = "h100-capture-580.159.04"
+
+
+def test_the_real_h100_capture_passes_and_its_empty_nvlink_listing_is_no_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Recorded today on one H100 (no NVLink peers): nvlink -s prints nothing and exits 0."""
+    files: dict[str, Path | str] = {
+        "nvidia-smi-q.xml": XML / f"{H100}-qx.xml",
+        "nvidia-smi-q.txt": Q / f"{H100}-q.txt",
+        "nvidia-smi-topo-m.txt": TOPO / f"{H100}-topo-m.txt",
+        "nvidia-smi-nvlink-s.txt": NVLINK / f"{H100}-nvlink-s-empty.txt",
+    }
+    code, checks = judge(tmp_path, capsys, files, None)
+    assert code == 0, {n: c["message"] for n, c in checks.items() if c["status"] != "pass"}
+    assert checks["nvlink"]["status"] == "skipped"
+    assert checks["gpu.row-remap"]["status"] == "pass" and checks["gpu.ecc"]["status"] == "pass"
+
+
+def test_the_real_h100_d_view_reports_a_pending_remap_next_to_an_unknown_ecc_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    healthy = Q / f"{H100}-q-d-ecc-row-remapper.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": healthy}, None)
+    assert code == 0 and checks["gpu.row-remap"]["status"] == "pass"
+    pending = Q / f"{H100}-q-d-ecc-row-remapper-DERIVED-ecc-unknown-error-remap-pending.txt"
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": pending}, None)
+    assert checks["gpu.row-remap"]["status"] == "fail" and checks["gpu.row-remap"]["severity"] == "reset"
+    assert code == 1

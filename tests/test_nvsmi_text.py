@@ -41,6 +41,11 @@ EXPECTED_COUNTS = {
     "thamada-h100-nvl-x2-550.54.14.txt": 2,
     "thamada-h200-550.90.12.txt": 1,
     "thamada-l4-550.90.07.txt": 1,
+    "h100-capture-580.159.04-q.txt": 1,
+    "h100-capture-580.159.04-q-load.txt": 1,
+    "h100-capture-580.159.04-q-d-ecc.txt": 1,
+    "h100-capture-580.159.04-q-d-ecc-row-remapper.txt": 1,
+    "h100-capture-580.159.04-q-d-page-retirement.txt": 1,
 }
 
 
