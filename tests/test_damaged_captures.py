@@ -294,3 +294,15 @@ def test_the_real_h100_d_view_reports_a_pending_remap_next_to_an_unknown_ecc_mod
     code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": pending}, None)
     assert checks["gpu.row-remap"]["status"] == "fail" and checks["gpu.row-remap"]["severity"] == "reset"
     assert code == 1
+
+
+def test_an_unknown_check_with_warnings_says_first_why_it_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cut H100x8 capture: GPU 2 was recorded with HW Power Brake Slowdown active (monitor)."""
+    cut = Q / "DERIVED-h100x8-row-remap-failure-cut-in-gpu3.txt"
+    _, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": cut}, "p5.48xlarge")
+    throttle = checks["gpu.throttle"]
+    assert throttle["status"] == "unknown" and throttle["severity"] == "monitor"
+    assert throttle["message"].startswith("could not read all of nvidia-smi-q.txt: cut short")
+    assert "HW power brake slowdown active" in throttle["message"]

@@ -77,6 +77,9 @@ class CheckResult:
                 f.message for f in self.findings
             ]
             extra = f" (+{len(shown) - 5} more)" if len(shown) > 5 else ""
+            if self.unknown is not None and self.status is Status.UNKNOWN:
+                # Warnings from the readable part of a capture: the reason it is unknown comes first.
+                return f"{self.unknown}; {'; '.join(shown[:5])}{extra}"
             return "; ".join(shown[:5]) + extra
         if self.unknown is not None:
             return self.unknown
