@@ -50,8 +50,11 @@ class LiveSource:
         if out.returncode != 0 and not out.stdout.strip():
             msg = (out.stderr.strip() or f"exit code {out.returncode}").splitlines()[0]
             return ProbeError(source_name(name), ProbeErrorKind.TOOL_FAILED, msg)
-        # nvidia-smi prints "Unable to determine the device handle for GPU…" (a lost GPU) on stderr.
-        return with_lost_lines(out.stdout, out.stderr)
+        if name == XML:
+            # nvidia-smi -q -x prints "Unable to determine the device handle for GPU…" (a lost GPU)
+            # on stderr: kept with the XML, the GPU is lost rather than missing from the document.
+            return with_lost_lines(out.stdout, out.stderr)
+        return out.stdout
 
     def gpus(self) -> Probed[GpuInventory]:
         if self.use_nvml:
