@@ -469,3 +469,12 @@ def test_no_attached_gpus_line_is_unreadable_with_its_blocks_kept() -> None:
     with pytest.raises(ParseError, match="no 'Attached GPUs' line") as caught:
         parse_nvsmi_text(text)
     assert isinstance(caught.value.partial, GpuInventory) and len(caught.value.partial.gpus) == 4
+
+
+def test_mig_devices_repeat_their_section_and_the_block_is_read_whole() -> None:
+    """Real 590 MIG capture: one 'MIG Device' section per instance is no damage."""
+    text = (FIX.parent / "multi-command-captures" / "nvgpuexp-h100-mig-590.48.01-capture.txt").read_text()
+    section = text.split("# $ nvidia-smi -q\n", 1)[1].split("#" * 80 + "\n", 2)[1]
+    assert section.count("    MIG Device\n") > 1
+    (gpu,) = parse_nvsmi_text(section).gpus
+    assert gpu.mig_mode is True

@@ -157,26 +157,43 @@ _FLAGS = {
     ("gpu reset status", "drain and reset recommended"),
 }
 _YES_NO = {"yes", "no"}
+# The top-level keys of a GPU block the parser reads (checked for repeats and flags).
+_READ_SECTIONS = {path[0].lower() for paths in WHERE_TEXT.values() for path in paths} | {
+    "clocks event reasons",
+    "clocks throttle reasons",
+    "mig mode",
+    "ecc mode",
+    "product architecture",
+    "gpu uuid",
+    "serial number",
+}
 
 
 def _block_damage(block: _Node) -> str | None:
     """Why a GPU block cannot be trusted as evidence (lines lost, moved or repeated), or None.
 
-    nvidia-smi never prints a key twice under one section (Processes aside) and never prints a flag
-    as anything but Yes/No/N/A: a block that does either was damaged after nvidia-smi wrote it."""
+    nvidia-smi never prints a blank line or a NUL inside a block, never a key twice in a section
+    that is read (other sections may repeat theirs: one "MIG Device" per MIG instance, processes)
+    and never a flag as anything but Yes/No/N/A: a block that does was damaged after it was written."""
     if block.garbled:
         return f"line {block.line} holds bytes nvidia-smi never prints"
+    everything = list(block.children)
+    while everything:
+        node = everything.pop()
+        everything.extend(node.children)
+        if node.garbled:
+            return f"line {node.line} holds bytes nvidia-smi never prints (NUL, not UTF-8)"
+        if node.after_blank:
+            # nvidia-smi separates GPU blocks by a blank line, never sections: lines were lost
+            # here, maybe the next GPU's header, whose lines would then read as this GPU's.
+            return f"line {node.line} follows a blank line inside the block"
     stack = [block]
     while stack:
         node = stack.pop()
         seen: dict[str, int] = {}
         for child in node.children:
-            if child.garbled:
-                return f"line {child.line} holds bytes nvidia-smi never prints (NUL, not UTF-8)"
-            if child.after_blank:
-                # nvidia-smi separates GPU blocks by a blank line, never sections: lines were lost
-                # here, maybe the next GPU's header, whose lines would then read as this GPU's.
-                return f"line {child.line} follows a blank line inside the block"
+            if node is block and child.key not in _READ_SECTIONS:
+                continue
             if child.key in seen:
                 return f"line {child.line}: {child.key!r} appears twice under {node.key!r}"
             seen[child.key] = child.line
@@ -189,8 +206,7 @@ def _block_damage(block: _Node) -> str | None:
             ]
             if node.key in _JUDGED_KEYS and foreign:
                 return f"line {child.line}: {child.key!r} (of {foreign[0]!r}) found under {node.key!r}"
-            if child.key != "processes":
-                stack.append(child)
+            stack.append(child)
     return None
 
 
