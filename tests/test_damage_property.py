@@ -190,6 +190,13 @@ def cli_exit(root: Path) -> int:
 KNOWN_GAPS = {"kmsg.log": "a damaged kernel log can lose the line that ends an Xid's boot or clears it"}
 
 
+# Lines moved between GPU blocks of one shape (two GPUs' "Double Bit ECC" lines swapped in a -d view)
+# give a capture that is real output in every way but whose values sit under the wrong GPU: no
+# parser can tell. For shuffles the property holds per rule (the node gains no kind of fault), not
+# per GPU. README: "Known limit".
+BY_RULE = {"shuffle_lines"}
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("damage")
@@ -217,7 +224,12 @@ def test_damage_never_gains_a_hardware_fault(path: Path, seed: int, work: Path) 
     gained: dict[str, list[str]] = {}
     for kind in DAMAGES:
         data = damage(kind, path, random.Random(f"{seed}/{kind}"))
-        more = faults(_snapshot(work / "damaged", name, data)) - before
+        after = faults(_snapshot(work / "damaged", name, data))
+        if kind in BY_RULE:
+            after, was = {k.split("/")[0] for k in after}, {k.split("/")[0] for k in before}
+            more = after - was
+        else:
+            more = after - before
         if more:
             gained[kind] = sorted(more)
     if gained and name in KNOWN_GAPS:

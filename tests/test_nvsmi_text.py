@@ -478,3 +478,25 @@ def test_mig_devices_repeat_their_section_and_the_block_is_read_whole() -> None:
     assert section.count("    MIG Device\n") > 1
     (gpu,) = parse_nvsmi_text(section).gpus
     assert gpu.mig_mode is True
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        # GPU 1's header lost: its lines land under a line that is not a GPU header... here "Attached
+        # GPUs", once the earlier blocks and the blank line are gone too
+        (
+            lambda t: t[: t.index("GPU 00000000:68:00.0")] + t[t.index("GPU 00000000:9E:00.0") + 21 :],
+            "indented lines outside any GPU block",
+        ),
+        (
+            lambda t: t.replace("Attached GPUs", "# a note\nAttached GPUs", 1),
+            "'# a note' is not a line of nvidia-smi -q",
+        ),
+    ],
+)
+def test_lines_outside_the_gpu_blocks_that_nvidia_smi_does_not_print_are_unreadable(
+    edit: object, why: str
+) -> None:
+    with pytest.raises(ParseError, match=why):
+        parse_nvsmi_text(edit(load(REMAP_VIEW)))  # type: ignore[operator]

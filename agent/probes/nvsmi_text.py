@@ -257,6 +257,20 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
     if attached is None and blocks:
         # nvidia-smi prints it in every view: without it an excerpt looks like the whole node.
         problems.append("no 'Attached GPUs' line: how many GPUs the node has is not known")
+    # Outside the GPU blocks nvidia-smi prints only "Key : value" lines (Timestamp, Driver Version,
+    # CUDA Version, Attached GPUs). Indented lines under one of them belong to a GPU whose header was
+    # lost; a line that is neither is not nvidia-smi's.
+    for node in root.children:
+        if _GPU_HEADER.match(node.key) and node.value is None:
+            continue
+        if node.children:
+            problems.append(
+                f"line {node.children[0].line}: indented lines outside any GPU block (a GPU header lost?)"
+            )
+            break
+        if node.value is None:
+            problems.append(f"line {node.line}: {node.key[:40]!r} is not a line of nvidia-smi -q")
+            break
     garbled = [n.line for n in root.children if n.garbled]
     if garbled:
         problems.append(f"line {garbled[0]} holds bytes nvidia-smi never prints (NUL, not UTF-8)")
