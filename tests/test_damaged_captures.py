@@ -306,3 +306,19 @@ def test_an_unknown_check_with_warnings_says_first_why_it_is_unknown(
     assert throttle["status"] == "unknown" and throttle["severity"] == "monitor"
     assert throttle["message"].startswith("could not read all of nvidia-smi-q.txt: cut short")
     assert "HW power brake slowdown active" in throttle["message"]
+
+
+def test_an_excerpt_with_a_retired_page_pending_reports_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real -q -d PAGE_RETIREMENT view cut down in this test to its header and the block of GPU
+    00000002:00:00.0 (Double Bit ECC 61, Pending Page Blacklist Yes): 'Attached GPUs : 8' stays."""
+    text = (Q / "aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt").read_text()
+    start, end = text.index("GPU 00000002:00:00.0"), text.index("GPU 00000003:00:00.0")
+    excerpt = text[: text.index("GPU 00000001:00:00.0")] + text[start:end]
+    code, checks = judge(tmp_path, capsys, {"nvidia-smi-q.txt": excerpt}, None)
+    pages = checks["gpu.retired-pages"]
+    assert pages["status"] == "fail" and pages["severity"] == "isolate", pages
+    assert "page retirement pending" in pages["message"] and "61 page(s)" in pages["message"]
+    assert checks["gpu.responsive"]["status"] == "unknown"
+    assert code == 1
