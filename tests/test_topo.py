@@ -190,3 +190,11 @@ def test_a_last_line_without_its_newline_is_not_read() -> None:
     text = (FIX / FULL).read_text(encoding="utf-8")
     with pytest.raises(ParseError, match="cut short inside line"):
         parse_topo(text.rstrip("\n"))
+
+
+def test_a_matrix_quoted_inside_another_text_is_not_this_nodes() -> None:
+    text = (FIX / FULL).read_text(encoding="utf-8")
+    with pytest.raises(ParseError, match="before the header"):
+        parse_topo("# $ nvidia-smi topo -m\n" + text)
+    warned = "WARNING: infoROM is corrupted at gpu 0000:53:00.0\n" + text
+    assert len(parse_topo(warned).gpu_rows) == 8

@@ -83,6 +83,11 @@ def parse_topo(text: str) -> TopoMatrix:
             break
     if start is None or head is None:
         raise ParseError("no topo -m header row (GPU0 ...) found")
+    # nvidia-smi prints the header first (after its own warnings, e.g. a corrupted infoROM): a
+    # matrix further down another text is another tool's output quoting one, not this node's.
+    before = [ln for ln in lines[:start] if ln.strip() and not ln.strip().upper().startswith("WARNING")]
+    if before:
+        raise ParseError(f"not nvidia-smi topo -m output: {before[0].strip()[:60]!r} before the header")
     raw_columns, has_affinity = head
     if len(set(raw_columns)) != len(raw_columns):
         raise ParseError("topo -m header names a device twice")
