@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint setup clean
+.PHONY: demo demo-cluster test lint setup clean
 
 $(BIN)/gpu-healthcheck: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,6 +15,9 @@ setup: $(BIN)/gpu-healthcheck
 
 demo: setup
 	@$(BIN)/python -m agent.cli.demo
+
+demo-cluster: setup
+	@$(BIN)/python examples/demo_cluster.py
 
 lint: setup
 	$(BIN)/ruff check agent hostengine tests bench

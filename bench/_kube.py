@@ -280,7 +280,14 @@ class AgentProcess:
     """`gpu-healthcheck agent` on a snapshot-backed node, as a child process (stopped by PID)."""
 
     def __init__(
-        self, env: Any, node: str, snap: Path, config_dir: Path, log: Path, metrics_port: int = 0
+        self,
+        env: Any,
+        node: str,
+        snap: Path,
+        config_dir: Path,
+        log: Path,
+        metrics_port: int = 0,
+        kubeconfig: Path | None = None,  # default: the admin's
     ) -> None:
         self.log = log
         self.metrics_port = metrics_port
@@ -294,7 +301,7 @@ class AgentProcess:
             "--from-snapshot",
             str(snap),
             "--kubeconfig",
-            str(env.kubeconfig),
+            str(kubeconfig or env.kubeconfig),
             "--config-dir",
             str(config_dir),
             "--metrics-port",

@@ -2,14 +2,22 @@
 
 Runs `nv-hostengine -n -b <bind> -p <port> --log-level <level> -f -`, forwards its log lines to stdout,
 terminates it on SIGTERM/SIGINT, and refuses to start (exit 3, one clear log line) when another engine
-already serves this node: the port already accepts connections, or an nv-hostengine process is running
-(a second engine breaks the exporter's modules and splits the view of the GPUs, dcgm.md §7.4).
-Settings: flags, else env HOSTENGINE_BIND (ALL), HOSTENGINE_PORT (5555), HOSTENGINE_LOG_LEVEL (ERROR).
+already serves this node: the port already accepts connections, an nv-hostengine process is running in
+this pod, or (with the API, NODE_NAME) another pod on this node runs one: the GPU Operator's nvidia-dcgm
+or a dcgm-exporter with an embedded engine (a second engine breaks the exporter's modules and splits
+the view of the GPUs, dcgm.md §7.4).
+Settings: flags, else env HOSTENGINE_BIND (127.0.0.1, DCGM's default), HOSTENGINE_PORT (5555),
+HOSTENGINE_LOG_LEVEL (ERROR).
+
+Guarded (HOSTENGINE_GUARD_LISTEN set, e.g. to the pod IP): the engine binds 127.0.0.1 only, and
+hostengine/guard.py listens on HOSTENGINE_GUARD_LISTEN:HOSTENGINE_PORT, forwarding only connections
+from allowed pods on this node (NODE_NAME; HOSTENGINE_GUARD_NAMESPACES, HOSTENGINE_GUARD_SELECTOR).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -18,6 +26,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+
+from agent.probes.dcgm.engines import engines_in
+from hostengine.guard import DEFAULT_SELECTOR, SA_DIR, Allowlist, Api, Guard, allowed_pod_ips
 
 EXIT_ALREADY_SERVED = 3
 LEVELS = ("NONE", "FATAL", "ERROR", "WARN", "INFO", "DEBUG")
@@ -58,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(prog="python -m hostengine", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--bind", default=env.get("HOSTENGINE_BIND", "ALL"), help="-b of nv-hostengine (ALL, an IP)"
+        "--bind", default=env.get("HOSTENGINE_BIND", "127.0.0.1"), help="-b of nv-hostengine (an IP, or ALL)"
     )
     p.add_argument("--port", type=int, default=int(env.get("HOSTENGINE_PORT", "5555")))
     p.add_argument(
@@ -68,12 +79,63 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=LEVELS,
     )
     p.add_argument("--binary", default=env.get("HOSTENGINE_BINARY", "nv-hostengine"))
+    p.add_argument(
+        "--guard-listen",
+        default=env.get("HOSTENGINE_GUARD_LISTEN", ""),
+        help="address of the guard (the pod IP); the engine then binds 127.0.0.1 only",
+    )
+    p.add_argument("--guard-namespaces", default=env.get("HOSTENGINE_GUARD_NAMESPACES", "gpu-healthcheck"))
+    p.add_argument("--guard-selector", default=env.get("HOSTENGINE_GUARD_SELECTOR", DEFAULT_SELECTOR))
+    p.add_argument("--node", default=env.get("NODE_NAME", ""))
     p.add_argument("--proc", default="/proc", help=argparse.SUPPRESS)
+    p.add_argument("--sa-dir", default=str(SA_DIR), help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def api_of(args: argparse.Namespace) -> Api | None:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    return Api.in_cluster(host, port, Path(args.sa_dir)) if host and args.node else None
+
+
+def engines_in_other_pods(args: argparse.Namespace) -> list[str] | None:
+    """DCGM engines in the other pods on this node (the GPU Operator's nvidia-dcgm, a dcgm-exporter that
+    embeds its own), from the API server; None when it cannot be asked."""
+    api = api_of(args)
+    if api is None:
+        return None
+    try:
+        running = f"spec.nodeName={args.node},status.phase=Running"
+        listing = api.get("/api/v1/pods", {"fieldSelector": running})
+    except (OSError, ValueError) as exc:
+        log(f"cannot list this node's pods for other DCGM engines ({exc}); the agent reports them")
+        return None
+    own = f"{os.environ.get('POD_NAMESPACE', '')}/{os.environ.get('POD_NAME', socket.gethostname())}"
+    return engines_in(listing, exclude=[own])
+
+
+def start_guard(args: argparse.Namespace) -> Guard:
+    """The guard in front of the engine; OSError/ValueError when it cannot listen or is not configured."""
+    host, port = (
+        os.environ.get("KUBERNETES_SERVICE_HOST", ""),
+        os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+    )
+    if not (host and args.node):
+        raise ValueError("the guard needs NODE_NAME and the in-cluster API (KUBERNETES_SERVICE_HOST)")
+    api = Api.in_cluster(host, port, Path(args.sa_dir))
+    namespaces = [n.strip() for n in args.guard_namespaces.split(",") if n.strip()]
+    allowlist = Allowlist(lambda: allowed_pod_ips(api, args.node, namespaces, args.guard_selector))
+    guard = Guard(args.guard_listen, args.port, "127.0.0.1", args.port, allowlist)
+    allowlist.refresh()
+    guard.start()
+    where = ", ".join(namespaces)
+    log(f"guard on {args.guard_listen}:{args.port}: clients {args.guard_selector!r} in {where}")
+    return guard
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="hostengine: %(message)s")
     if port_answers(args.port):
         log(
             f"refusing to start: something already answers on port {args.port} on this node "
@@ -87,6 +149,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(pid {', '.join(map(str, others))})"
         )
         return EXIT_ALREADY_SERVED
+    elsewhere = engines_in_other_pods(args)
+    if elsewhere:
+        log(
+            f"refusing to start: another DCGM engine runs on this node: {', '.join(elsewhere)}; use the "
+            "GPU Operator overlay (overlays/) so that one engine serves the node"
+        )
+        return EXIT_ALREADY_SERVED
+    guard: Guard | None = None
+    if args.guard_listen:
+        args.bind = "127.0.0.1"  # reachable only through the guard
+        try:
+            guard = start_guard(args)
+        except (OSError, ValueError) as exc:
+            log(f"cannot start the guard: {exc}")
+            return 2
     cmd = build_command(args.binary, args.bind, args.port, args.log_level)
     log(f"starting: {' '.join(cmd)}")
     try:
@@ -94,12 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         log(f"cannot start {args.binary}: {exc.strerror or exc}")
         return 127
-    stopping = False
+    stopping = ""
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
-        stopping = True
-        log(f"signal {signal.Signals(signum).name}: stopping nv-hostengine (pid {child.pid})")
+        stopping = signal.Signals(signum).name  # logged after the loop: no print inside a handler
         child.terminate()
 
     signal.signal(signal.SIGTERM, stop)
@@ -113,5 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except subprocess.TimeoutExpired:
         child.kill()
         rc = child.wait()
+    if guard is not None:
+        guard.stop()
+    if stopping:
+        log(f"signal {stopping}: stopped nv-hostengine (pid {child.pid})")
     log(f"nv-hostengine exited with {rc}")
     return 0 if stopping else (rc if rc > 0 else 1)

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Write manifests/20-configmap.yaml: the ConfigMap `gpu-healthcheck-config` holding config/*.yaml.
+"""Write what the manifests take from config/: manifests/20-configmap.yaml (the ConfigMap
+`gpu-healthcheck-config` holding config/*.yaml) and, in each DaemonSet, the block between the
+GENERATED markers that says where it runs (the GPU-node selection of core/gpu_nodes.py: the same
+list the brake and `gpu-healthcheck status` use) and that it tolerates every taint.
 
-Why a generator: `kubectl apply -f manifests/` must work without kustomize, so the ConfigMap is a
-committed manifest; tests/test_manifests.py fails when it is not byte-for-byte what this script
-writes (run `python scripts/gen-configmap.py` after editing config/). `--check` exits 1 if stale.
+Why a generator: `kubectl apply -f manifests/` must work without kustomize, so these are committed
+manifests; `--check` (make lint) exits 1 when one is not byte-for-byte what this script writes (run
+`python scripts/gen-configmap.py` after editing config/).
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import yaml
+
 from agent.config import CONFIG_FILES as FILES
+from agent.config import load_config_dir
+from agent.core.gpu_nodes import node_selector_terms
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
@@ -51,16 +58,79 @@ def render(config_dir: Path = CONFIG) -> str:
     return "".join(out)
 
 
+DAEMONSETS = ("40-hostengine.yaml", "60-agent.yaml", "70-dcgm-exporter.yaml")
+BEGIN = "# BEGIN GENERATED where it runs (scripts/gen-configmap.py, from config/)"
+END = "# END GENERATED where it runs"
+TOLERATE_ALL = """\
+# A node agent must run on every GPU node whatever taints it carries (ours, NVIDIA's, a cloud's
+# GPU pool taint, a drain's NoExecute): one toleration for every key and effect.
+tolerations:
+  - operator: Exists
+"""
+
+
+def scheduling(config_dir: Path = CONFIG) -> str:
+    """The pod spec's affinity and tolerations, unindented: any GPU-node selector matches."""
+    terms = node_selector_terms(load_config_dir(config_dir).gpu_node_selection)
+    affinity = {"nodeSelectorTerms": terms}
+    body = yaml.safe_dump(affinity, sort_keys=False, default_flow_style=False, width=1000)
+    lines = ["affinity:", "  nodeAffinity:", "    requiredDuringSchedulingIgnoredDuringExecution:"]
+    lines += [f"      {line}" for line in body.splitlines()]
+    return "\n".join(lines) + "\n" + TOLERATE_ALL
+
+
+def fill(text: str, block: str, where: str) -> str:
+    """*text* with the lines between the markers replaced by *block*, indented like the markers."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise SystemExit(f"{where}: needs one pair of markers {BEGIN!r} ... {END!r}")
+    indent = lines[starts[0]][: len(lines[starts[0]]) - len(lines[starts[0]].lstrip())]
+    middle = [f"{indent}{line}\n" if line else "\n" for line in block.splitlines()]
+    return "".join(lines[: starts[0] + 1] + middle + lines[ends[0] :])
+
+
+OPERATOR_CONFIG = ROOT / "overlays" / "gpu-operator-dcgm" / "config.yaml"
+OUR_ENGINE = (
+    "  address: nvidia-dcgm.gpu-healthcheck.svc:5555"
+    "  # host:port; the GPU Operator's nvidia-dcgm Service works too\n"
+)
+OPERATOR_ENGINE = (
+    "  address: nvidia-dcgm.gpu-operator.svc:5555  # the GPU Operator's engine (overlays/gpu-operator-dcgm)\n"
+)
+
+
+def operator_config() -> str:
+    """config/config.yaml with only dcgm.address changed: the GPU Operator overlay's ConfigMap."""
+    text = (CONFIG / "config.yaml").read_text(encoding="utf-8")
+    if text.count(OUR_ENGINE) != 1:
+        raise SystemExit("config/config.yaml: dcgm.address line not found as expected")
+    return text.replace(OUR_ENGINE, OPERATOR_ENGINE)
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and its text."""
+    block = scheduling()
+    out = {OUT: render(), OPERATOR_CONFIG: operator_config()}
+    for name in DAEMONSETS:
+        path = ROOT / "manifests" / name
+        out[path] = fill(path.read_text(encoding="utf-8"), block, name)
+    return out
+
+
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/gen-configmap.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    stale = 0
+    for path, text in outputs().items():
+        if path.read_text(encoding="utf-8") == text:
+            continue
+        if "--check" in argv:
+            print(f"{path.relative_to(ROOT)} is stale: run python scripts/gen-configmap.py", file=sys.stderr)
+            stale = 1
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    return stale
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """Shared pytest configuration."""
 
+import hashlib
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,19 +13,46 @@ import pytest
 from tests.kubeenv.fixtures import *  # noqa: F403  (real kube-apiserver fixtures)
 
 FAKE_DCGM = Path(__file__).parent / "fakes" / "dcgm"
+FAKE_LIBDCGM_C = FAKE_DCGM / "libdcgm" / "fake_libdcgm.c"
+CACHE = Path(__file__).parent.parent / ".cache" / "fake-libdcgm"
+
+
+def build_fake_libdcgm() -> Path:
+    """Compile tests/fakes/dcgm/libdcgm/fake_libdcgm.c into <dir>/libdcgm.so.4 (soname libdcgm.so.4),
+    cached by the source's hash; returns <dir>. Skips the test when no C compiler is installed."""
+    source = FAKE_LIBDCGM_C.read_bytes()
+    out = CACHE / hashlib.sha256(source).hexdigest()[:16]
+    if (out / "libdcgm.so.4").is_file():
+        return out
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake libdcgm.so.4")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"libdcgm.so.4.{os.getpid()}"
+    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libdcgm.so.4"]
+    subprocess.run([*cmd, "-o", str(tmp), str(FAKE_LIBDCGM_C), "-lpthread"], check=True)
+    tmp.replace(out / "libdcgm.so.4")
+    return out
+
+
+@pytest.fixture(scope="session")
+def fake_libdcgm_dir() -> Path:
+    return build_fake_libdcgm()
 
 
 @pytest.fixture
-def fake_dcgm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The fake DCGM bindings (tests/fakes/dcgm) found through the real loader's env override; yields
-    the fake engine's state module, reset before and after, with any held diag released."""
+def fake_dcgm(monkeypatch: pytest.MonkeyPatch, fake_libdcgm_dir: Path) -> Iterator[Any]:
+    """Our DCGM binding mirror (tests/fakes/dcgm) over our fake libdcgm.so.4, found the way DCGM's own are:
+    the bindings through the loader's env override, the library through LD_LIBRARY_PATH when the first
+    DcgmHandle is built. Yields the fake engine's control module, reset before and after."""
     from agent.probes.dcgm.bindings import ENV, load_bindings
 
     monkeypatch.setenv(ENV, str(FAKE_DCGM))
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{fake_libdcgm_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}")
     load_bindings()
     import fake_engine  # type: ignore[import-not-found]
 
     fake_engine.reset()
     yield fake_engine
-    fake_engine.diag_release.set()
+    fake_engine.hold_diag(False)
     fake_engine.reset()

@@ -90,7 +90,7 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, gpu_node: 
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(10)]
     writers = {
-        n: NodeWriter(core, n, brake=Brake(core, selector=selector, max_fraction=0.2, cache_seconds=0))
+        n: NodeWriter(core, n, brake=Brake(core, scope=selector, max_fraction=0.2, cache_seconds=0))
         for n in names
     }
     failing = names[:5]
@@ -133,7 +133,7 @@ def test_absolute_cap(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     pool = unique_name("cap")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(4)]
-    brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1)
+    brake = Brake(core, scope=selector, max_fraction=1.0, max_nodes=1)
     res = [NodeWriter(core, n, brake=brake).apply(_marks(True)) for n in names]
     assert [r.tainted for r in res] == [True, False, False, False]
     assert all(r.brake_open for r in res[1:])
@@ -146,7 +146,7 @@ def test_count_lists_names_only(core: k8s.CoreV1Api, gpu_node: Any) -> None:
     10,000 nodes on the wire, only their names."""
     pool = unique_name("meta")
     names = sorted(gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(3))
-    brake = Brake(core, selector=f"test.example/pool={pool}", cache_seconds=0)
+    brake = Brake(core, scope=f"test.example/pool={pool}", cache_seconds=0)
     rv = max(int(core.read_node(n).metadata.resource_version) for n in names)
     for min_rv in (str(rv), None):  # the cache as it is: after a read not older than the last write
         doc = brake.list_doc(f"test.example/pool={pool}", min_rv=min_rv)
@@ -166,7 +166,7 @@ def test_a_count_not_older_than_a_write_sees_every_write_before_it(
     pool = unique_name("fresh")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(20)]
-    brake = Brake(core, selector=selector, max_fraction=1.0)
+    brake = Brake(core, scope=selector, max_fraction=1.0)
     for i, name in enumerate(names):
         other = core.patch_node(name, {"metadata": {"labels": {K.tainted: TRUE}}})
         mine = core.patch_node(names[0], {"metadata": {"labels": {"test.example/round": str(i)}}})
@@ -249,7 +249,7 @@ def test_a_race_of_simultaneous_taints_settles_at_the_limit(core: k8s.CoreV1Api,
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     names = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(10)]
     writers = {
-        n: NodeWriter(core, n, brake=Brake(core, selector=selector, max_fraction=0.2, cache_seconds=0))
+        n: NodeWriter(core, n, brake=Brake(core, scope=selector, max_fraction=0.2, cache_seconds=0))
         for n in names
     }
     for w in writers.values():
@@ -288,7 +288,7 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     now = [1000.0]
     brake = Brake(
         core,
-        selector=selector,
+        scope=selector,
         clock=lambda: now[0],
         total_cache_seconds=300,
         refresh_jitter_s=0,
@@ -300,18 +300,19 @@ def test_the_gpu_node_total_is_cached_and_tainted_nodes_are_always_fresh(
     warm = brake.warm()
     assert warm is not None
     warm.join(10)
+    untainted = gpu_node(labels={"test.example/pool": pool})  # not in the warm total
     late = gpu_node(labels={"test.example/pool": pool, K.tainted: TRUE})
     late_rv = late.metadata.resource_version
-    assert _count(brake, None, late_rv) == (
-        1,
-        3,
-    )  # a new tainted node is seen at once; the total is the warm one
+    # a new tainted node is seen at once, and counted in the total (ours are GPU nodes); the rest
+    # of the total is the warm one
+    assert _count(brake, None, late_rv) == (1, 4)
     now[0] += 301
-    assert _count(brake) == (1, 3)  # old: still answered at once, from the old total ...
+    assert _count(brake) == (1, 4)  # old: still answered at once, from the old total ...
     deadline = time.monotonic() + 10
-    while _count(brake) != (1, 4) and time.monotonic() < deadline:  # ... while it is read again
+    while _count(brake) != (1, 5) and time.monotonic() < deadline:  # ... while it is read again
         time.sleep(0.05)
-    assert _count(brake) == (1, 4)
+    assert _count(brake) == (1, 5)
+    assert untainted.metadata.name not in names
     assert len(names) == 3
 
 
@@ -320,7 +321,7 @@ def test_without_a_total_the_first_count_reads_it(core: k8s.CoreV1Api, gpu_node:
     """Not older than the write the agent just made: a Node created a moment ago is counted."""
     pool = unique_name("cold")
     node = gpu_node(labels={"test.example/pool": pool})
-    brake = Brake(core, selector=f"test.example/pool={pool}")
+    brake = Brake(core, scope=f"test.example/pool={pool}")
     assert _count(brake, None, node.metadata.resource_version) == (0, 1)
 
 
@@ -363,13 +364,11 @@ def test_a_contender_that_never_takes_its_slot_does_not_hold_a_node_back(
     pool = unique_name("stale")
     selector = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
     labels = {"test.example/pool": pool}
-    gpu_node(name=f"a-{pool}", labels={**labels, K.status: "fail"})  # no agent, never tainted
+    gpu_node(name=f"a-{pool}", labels={**labels, K.status: "fail", K.severity: "reboot"})  # no agent
     me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
     gpu_node(name=f"c-{pool}", labels=labels)
     now = [1000.0]
-    brake = Brake(
-        core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, clock=lambda: now[0]
-    )
+    brake = Brake(core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, clock=lambda: now[0])
     writer = NodeWriter(core, me, brake=brake)
     res = writer.apply(_marks(True))
     assert res.ok and not res.tainted and res.brake_open
@@ -397,9 +396,10 @@ def test_a_node_that_sees_other_contenders_waits_for_the_burst_to_land(
     labels = {"test.example/pool": pool}
     a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
     me = gpu_node(name=f"b-{pool}", labels=labels).metadata.name
-    gpu_node(name=f"c-{pool}", labels={**labels, K.status: "fail"})
-    brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, settle_s=1.0)
-    later = threading.Timer(0.3, lambda: core.patch_node(a, {"metadata": {"labels": {K.status: "fail"}}}))
+    failing = {K.status: "fail", K.severity: "reboot"}  # as an agent labels a failing node
+    gpu_node(name=f"c-{pool}", labels={**labels, **failing})
+    brake = Brake(core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, settle_s=1.0)
+    later = threading.Timer(0.3, lambda: core.patch_node(a, {"metadata": {"labels": failing}}))
     later.start()
     res = NodeWriter(core, me, brake=brake).apply(_marks(True))
     later.join()
@@ -414,7 +414,7 @@ def test_a_lone_failing_node_does_not_wait(core: k8s.CoreV1Api, gpu_node: Any) -
     pool = unique_name("alone")
     me = gpu_node(labels={"test.example/pool": pool}).metadata.name
     gpu_node(labels={"test.example/pool": pool})
-    brake = Brake(core, selector=f"test.example/pool={pool}", max_fraction=1.0, settle_s=5.0)
+    brake = Brake(core, scope=f"test.example/pool={pool}", max_fraction=1.0, settle_s=5.0)
     t0 = time.monotonic()
     assert NodeWriter(core, me, brake=brake).apply(_marks(True)).tainted
     assert time.monotonic() - t0 < 4.0
@@ -427,7 +427,7 @@ def test_a_cache_behind_our_write_is_counted_as_it_is(core: k8s.CoreV1Api, gpu_n
     failing the write (which would be retried and add load)."""
     pool = unique_name("behind")
     name = gpu_node(labels={"test.example/pool": pool, K.tainted: TRUE}).metadata.name
-    brake = Brake(core, selector=f"test.example/pool={pool}", cache_seconds=0)
+    brake = Brake(core, scope=f"test.example/pool={pool}", cache_seconds=0)
     rv = core.read_node(name).metadata.resource_version
     assert _count(brake, None, rv) == (1, 1)  # the total, read not older than the Node's creation
     ahead = str(int(rv) + 10_000_000)
@@ -445,7 +445,7 @@ def test_at_its_last_recount_a_node_above_the_limit_yields_whatever_its_name(
     labels = {"test.example/pool": pool, K.tainted: TRUE}
     a = gpu_node(name=f"a-{pool}", labels=labels).metadata.name
     gpu_node(name=f"b-{pool}", labels=labels)
-    brake = Brake(core, selector=f"test.example/pool={pool}", max_fraction=1.0, max_nodes=1)
+    brake = Brake(core, scope=f"test.example/pool={pool}", max_fraction=1.0, max_nodes=1)
     rv = max(int(core.read_node(n).metadata.resource_version) for n in (a, f"b-{pool}"))
     assert brake.overshoot(a, str(rv)) == (False, "")
     yielding, reason = brake.overshoot(a, last=True)
@@ -456,7 +456,7 @@ def test_at_its_last_recount_a_node_above_the_limit_yields_whatever_its_name(
 def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Api) -> None:
     """The API server refuses the read (here: a selector it cannot parse, 400): no total is kept,
     the failure is not a pending read forever, and the next need reads (and fails) in the open."""
-    brake = Brake(core, selector="test.example/pool in (unclosed")
+    brake = Brake(core, scope="test.example/pool in (unclosed")
     first = brake.warm()
     assert first is not None
     first.join(10)
@@ -466,3 +466,43 @@ def test_a_failed_background_read_of_the_total_is_tried_again(core: k8s.CoreV1Ap
     with pytest.raises(ApiException) as exc:
         brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400
+
+
+@pytest.mark.kube
+def test_a_reconfigured_brake_counts_with_the_new_selector_and_limits(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """A config reload: a new selector is a new GPU-node total, new limits apply to the next ask."""
+    small, big = unique_name("small"), unique_name("big")
+    asker = gpu_node(labels={"test.example/pool": small}).metadata.name
+    gpu_node(labels={"test.example/pool": small, K.tainted: TRUE})
+    for _ in range(3):
+        gpu_node(labels={"test.example/pool": big})
+    both = f"test.example/pool in ({small},{big})"  # the scope keeps other tests' Nodes out
+    brake = Brake(
+        core, selectors=[f"test.example/pool={small}"], scope=both, max_fraction=0.2, cache_seconds=60
+    )
+    ok, _ = brake.allows_new_taint(asker)
+    assert not ok and brake.state is not None and (brake.state.tainted, brake.state.total) == (1, 2)
+    brake.reconfigure(selectors=[f"test.example/pool={small}"], max_fraction=1.0, max_nodes=0)
+    ok, _ = brake.allows_new_taint(asker)  # the cached refusal went with the old limits
+    assert ok
+    brake.reconfigure(selectors=[both], max_fraction=0.5, max_nodes=1)
+    ok, reason = brake.allows_new_taint(asker)
+    assert not ok and "maxTaintedNodes=1" in reason
+    assert brake.state is not None and brake.state.total == 5  # counted with the new selector
+
+
+@pytest.mark.kube
+def test_a_node_failing_below_the_lowest_severity_that_taints_is_no_contender(
+    core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    """node.taintMinSeverity reboot: a node failing at reset never taints, so it takes no slot."""
+    pool = unique_name("minsev")
+    selector = f"test.example/pool={pool}"
+    mild = gpu_node(labels={"test.example/pool": pool, K.status: "fail", K.severity: "reset"}).metadata.name
+    bad = gpu_node(labels={"test.example/pool": pool, K.status: "fail", K.severity: "isolate"}).metadata.name
+    brake = Brake(core, scope=selector, min_severity="reboot")
+    assert set(names_in_list(brake.list_doc(brake.contenders_selector))) == {bad}
+    brake.reconfigure(selectors=brake.selectors, max_fraction=0.2, max_nodes=0)  # back to reset
+    assert set(names_in_list(brake.list_doc(brake.contenders_selector))) == {mild, bad}

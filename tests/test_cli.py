@@ -52,13 +52,24 @@ def test_results_json_follows_the_node_contract(capsys: pytest.CaptureFixture[st
         "agentVersion",
         "checks",
         "latched",
+        "gpus",
     }
     assert doc["version"] == 1 and doc["instanceType"] == "p5.48xlarge"
     assert doc["bootId"] == "3f0c1c56-2f4a-4b8e-9a7d-6c1e2b9d0a11"
     for c in doc["checks"]:
-        assert set(c) == {"name", "status", "severity", "message", "at", "durationMs", "entities"}
+        base = {"name", "status", "severity", "message", "at", "durationMs", "entities"}
+        assert set(c) == (base | {"action", "escalation"} if c["severity"] != "none" else base)
     for item in doc["latched"]:
-        assert set(item) == {"check", "key", "severity", "since", "message"}
+        assert set(item) == {"check", "key", "severity", "since", "message", "action"}
+    xid = next(c for c in doc["checks"] if c["name"] == "xid")
+    assert (xid["action"], xid["escalation"]) == ("reboot", ["service"])  # NVIDIA: RESTART_BM
+    # GPU 4 fell off the bus: the driver lists it as lost (no index, no UUID), with both findings
+    (gpu4,) = [g for g in doc["gpus"] if g["status"] == "fail"]
+    assert gpu4["lost"] is True and gpu4["pci"] == "0000:97:00.0" and gpu4["severity"] == "reboot"
+    assert "xid/79/0000:97:00.0" in gpu4["findings"] and gpu4["action"] == "reboot"
+    healthy = [g for g in doc["gpus"] if not g.get("lost")]
+    assert [g["index"] for g in healthy] == [0, 1, 2, 3, 5, 6, 7] and all(g["uuid"] for g in healthy)
+    assert all(g["status"] == "pass" and "findings" not in g for g in healthy)
     assert len(json.dumps(doc, separators=(",", ":")).encode()) < 16 * 1024
 
 
@@ -178,7 +189,8 @@ def test_a_config_naming_an_unknown_check_or_rule_is_a_usage_error(
     assert main(["check", "--config-dir", str(tmp_path), "--from-snapshot", str(HEALTHY)]) == 64
 
 
-def test_the_agent_does_not_start_on_a_config_naming_an_unknown_rule(tmp_path: Path) -> None:
+def test_the_agent_starts_on_the_shipped_config_under_one_naming_an_unknown_rule(tmp_path: Path) -> None:
+    """A bad (or newer) ConfigMap never stops the agent: it runs and says why."""
     (tmp_path / "config.yaml").write_text("severities:\n  gpu.pcie.widht: reset\n")
     argv = [
         "agent",
@@ -190,6 +202,8 @@ def test_the_agent_does_not_start_on_a_config_naming_an_unknown_rule(tmp_path: P
         "0",
         "--config-dir",
         str(tmp_path),
+        "--state-dir",
+        str(tmp_path / "state"),
     ]
     proc = subprocess.run(
         [sys.executable, "-m", "agent.cli", *argv, "--from-snapshot", str(HEALTHY)],
@@ -198,4 +212,51 @@ def test_the_agent_does_not_start_on_a_config_naming_an_unknown_rule(tmp_path: P
         cwd=ROOT,
         timeout=120,
     )
-    assert proc.returncode == 64 and "unknown rule(s) ['gpu.pcie.widht']" in proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out
+    assert "config rejected" in out and "unknown rule(s) ['gpu.pcie.widht']" in out
+    assert "shipped default configuration" in out and "status=pass" in out
+
+
+VALIDATE_CASES = {
+    "valid": {"config.yaml": "intervals:\n  gpu: 30\n"},
+    "only-tables": {"xid-catalog.yaml": None},  # None: the shipped file, copied
+    "empty-dir": {},
+    "bad-value": {"config.yaml": "intervals:\n  gpu: soon\n"},
+    "newer-key": {"config.yaml": "node:\n  futureKnob: 1\n"},
+    "unknown-rule": {"config.yaml": "severities:\n  gpu.pcie.widht: reset\n"},
+    "bad-yaml": {"config.yaml": "intervals: [\n"},
+    "empty-catalog": {"xid-catalog.yaml": ""},
+    "bad-profiles": {"instance-profiles.yaml": "p5.48xlarge: 8\n"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALIDATE_CASES))
+def test_config_validate_agrees_with_the_agent(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.checks.registry import RULE_BOOK
+    from agent.config.last_good import load_at_start
+
+    directory = tmp_path / case
+    directory.mkdir()
+    for name, text in VALIDATE_CASES[case].items():
+        if text is None:
+            shutil.copy(ROOT / "config" / name, directory / name)
+        else:
+            (directory / name).write_text(text)
+    code = main(["config", "validate", str(directory)])
+    out = capsys.readouterr()
+    agent_problem = load_at_start(directory, None, RULE_BOOK).problem
+    assert (code == 0) == (agent_problem == "")
+    assert code in (0, 1) and "Traceback" not in out.err
+    if code:
+        assert agent_problem.startswith(out.err.strip().split(": invalid: ", 1)[1])
+    assert (code == 0) == (case in ("valid", "only-tables", "empty-dir"))
+
+
+def test_config_validate_usage() -> None:
+    assert main(["config", "validate", "/nonexistent/dir"]) == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["config"])
+    assert exc.value.code == 64

@@ -115,6 +115,61 @@ def test_runtime_error_without_tests() -> None:
     assert res.status is Status.UNKNOWN and "GPU in use" in res.message
 
 
+# ---- 4.6 edge shapes (dcgmi/Diag.cpp): built here from the derived 4.x documents above
+
+
+def doc_of(name: str) -> dict:  # type: ignore[type-arg]
+    text = (FIX / name).read_text(encoding="utf-8")
+    return json.loads(text[text.find("{") :])  # type: ignore[no-any-return]
+
+
+def test_runtime_error_document_carries_its_version() -> None:
+    text = '{"DCGM Diagnostic": {"version": "4.6.0", "runtime_error": "Cannot run diag: GPU in use"}}'
+    rep = parse_dcgm_diag_json(text)
+    assert rep.version == "4.6.0" and rep.runtime_error == "Cannot run diag: GPU in use"
+    assert check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG).status is Status.UNKNOWN
+
+
+def test_iterations_keep_the_worst_result_of_each_test_and_gpu() -> None:
+    doc = {"iterations": [doc_of(V4_PASS), doc_of(V4_FAIL)], "Overall Result": "Pass"}
+    rep = parse_dcgm_diag_json("Successfully ran diagnostic for group.\n" + json.dumps(doc))
+    st_ = statuses(rep)
+    assert st_[("diagnostic", "3")] is DiagStatus.FAIL and st_[("diagnostic", "0")] is DiagStatus.PASS
+    assert rep.runtime_error is None and any("2 iteration(s)" in n for n in rep.notes)
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG)
+    assert res.status is Status.FAIL and res.findings[0].rule == "dcgm-diag.fail-isolate"
+    passing = {"iterations": [doc_of(V4_PASS), doc_of(V4_PASS)], "Overall Result": "Pass"}
+    assert check_dcgm_diag(NodeFacts(dcgm_diag=parse_dcgm_diag_json(json.dumps(passing))), CFG).status is (
+        Status.PASS
+    )
+
+
+def test_iterations_stopped_by_a_dcgm_error_are_unknown_not_pass() -> None:
+    doc = {"iterations": [doc_of(V4_PASS), None], "Overall Result": "Fail", "warning": "Host engine timeout"}
+    rep = parse_dcgm_diag_json(json.dumps(doc))
+    assert "Host engine timeout" in (rep.runtime_error or "")
+    assert any("iteration 2 printed no" in n for n in rep.notes)
+    assert check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG).status is Status.UNKNOWN
+    with pytest.raises(ParseError, match="iterations"):
+        parse_dcgm_diag_json('{"iterations": 3, "Overall Result": "Pass"}')
+
+
+def test_empty_status_is_unknown_unless_its_errors_state_a_fault() -> None:
+    doc = doc_of(V4_PASS)
+    results = doc["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["results"]
+    results[1]["status"] = ""  # a result code dcgmi 4.6 cannot name prints ""
+    rep = parse_dcgm_diag_json(json.dumps(doc))
+    unknown = [r for r in rep.results if r.status is DiagStatus.UNKNOWN]
+    assert len(unknown) == 1 and len(rep.results) > 1  # the rest of the document still counts
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=rep), CFG)
+    assert res.status is Status.UNKNOWN and "without a status" in (res.unknown or "") and not res.findings
+    results[1]["warnings"] = [
+        {"warning": "GPU has a row remap failure", "error_id": 80, "error_category": 4, "error_severity": 2}
+    ]
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=parse_dcgm_diag_json(json.dumps(doc))), CFG)
+    assert res.status is Status.FAIL and res.findings[0].rule == "dcgm-diag.fail-isolate"
+
+
 def test_pass_with_an_error_is_read_as_warn() -> None:
     doc = {
         "DCGM Diagnostic": {

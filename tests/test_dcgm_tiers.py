@@ -1,9 +1,9 @@
-"""The agent's DCGM tiers through the engine, on the fake DCGM bindings: a diag runs in the background
-(the loop never waits for it), its result latches, and a GPU pod on the node postpones it."""
+"""The agent's DCGM tiers through the engine, on our DCGM binding mirror over the fake libdcgm.so.4: a diag
+runs in the background (the loop never waits for it), its result latches, and a GPU pod on the node
+postpones it."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,8 @@ from agent.engine.engine import Engine
 from agent.probes.dcgm.idle import IdleGate
 from agent.probes.dcgm.tiers import DcgmTiers
 from agent.probes.live import LiveSource
+from agent.probes.pod_resources import gpu_pods
 from agent.probes.snapshot import SnapshotSource
-from agent.reporters.pods import gpu_pods_on_node, pods_unknown
 
 ROOT = Path(__file__).parent.parent
 FAKE = Path(__file__).parent / "fakes" / "dcgm"
@@ -40,8 +40,8 @@ def engine_for(tiers: DcgmTiers, tmp_path: Path) -> Engine:
 
 
 def test_a_failing_diag_runs_in_the_background_and_latches(fake_dcgm: Any, tmp_path: Path) -> None:
-    fake_dcgm.diag_doc = json.loads(FAIL_DOC.read_text())
-    fake_dcgm.diag_hold.set()
+    fake_dcgm.load_diag(str(FAIL_DOC))
+    fake_dcgm.hold_diag(True)
     tiers = tiers_with(lambda: [])
     eng = engine_for(tiers, tmp_path)
     eng.run_tier("dcgm-diag")  # starts the diag, does not wait for it
@@ -51,14 +51,14 @@ def test_a_failing_diag_runs_in_the_background_and_latches(fake_dcgm: Any, tmp_p
     _, marks = eng.evaluate()
     assert "DCGM diag level 2 running since" in marks.condition_message
 
-    fake_dcgm.diag_release.set()
+    fake_dcgm.hold_diag(False)
     tiers._thread.join(30)
     eng.run_tier("dcgm-diag")
     verdict, marks = eng.evaluate()
     assert eng.results["dcgm-diag"].status is Status.FAIL
     assert verdict.severity is Severity.ISOLATE and marks.taint
     assert any(k.startswith("dcgm-diag/") for k in eng.latches)
-    assert fake_dcgm.diag_calls and fake_dcgm.diag_calls[0].get("heartbeat") is True
+    assert fake_dcgm.stat("diag_calls") >= 1 and fake_dcgm.stat("diag_flags") == 0x21  # heartbeat flag
     tiers._thread.join(30)  # the second tier run started the next diag: let it end inside this test
 
 
@@ -68,14 +68,15 @@ def test_a_gpu_pod_postpones_the_diag(fake_dcgm: Any, tmp_path: Path) -> None:
     eng.run_tier("dcgm-diag")
     assert tiers._thread is not None
     tiers._thread.join(30)
-    assert fake_dcgm.diag_calls == []
+    assert fake_dcgm.stat("diag_calls") == 0
     assert "team-a/train-0" in tiers.progress()
 
 
-def test_without_api_access_the_gpus_are_never_called_idle() -> None:
+def test_without_the_kubelet_the_gpus_are_never_called_idle(tmp_path: Path) -> None:
+    unknown = gpu_pods(str(tmp_path / "no-kubelet.sock"))
     with pytest.raises(RuntimeError):
-        pods_unknown()
-    assert IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods_unknown).check().idle is False
+        unknown()
+    assert IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=unknown).check().idle is False
 
 
 def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) -> None:
@@ -85,34 +86,21 @@ def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) ->
     assert eng.results["dcgm-health"].status is Status.PASS
 
 
+def test_an_injected_fault_reaches_the_verdict_through_the_tiers(fake_dcgm: Any, tmp_path: Path) -> None:
+    """hostengine.inject main() → the engine's health watch → the agent's dcgm-health tier → verdict."""
+    from hostengine import inject
+
+    tiers = tiers_with(lambda: [])
+    eng = engine_for(tiers, tmp_path)
+    eng.run_tier("dcgm-health")
+    assert eng.results["dcgm-health"].status is Status.PASS
+    assert inject.main(["row-remap-failure", "--gpu", "1", "--yes", "--address", CFG.dcgm.address]) == 0
+    eng.run_tier("dcgm-health")
+    verdict, marks = eng.evaluate()
+    assert eng.results["dcgm-health"].status is Status.FAIL
+    assert verdict.severity is Severity.ISOLATE and marks.taint
+    assert "row remap failure" in eng.results["dcgm-health"].message
+
+
 def test_live_source_dcgm_diag_is_not_captured() -> None:
     assert LiveSource().dcgm_diag().__class__.__name__ == "NotCaptured"
-
-
-@pytest.mark.kube
-def test_gpu_pods_on_node_reads_the_real_api(kube: Any, gpu_node: Any, kube_namespace: str) -> None:
-    from kubernetes import client
-
-    node = gpu_node().metadata.name
-    kube.create_service_account(kube_namespace, "default")  # no controller-manager makes it here
-    core = client.CoreV1Api(kube.api_client())
-    pods = gpu_pods_on_node(core, node)
-    assert pods() == []
-
-    def pod(name: str, gpus: str | None) -> None:
-        resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
-        core.create_namespaced_pod(
-            kube_namespace,
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "c", "image": "busybox", "resources": resources}],
-                },
-            },
-        )
-
-    pod("cpu-only", None)
-    assert pods() == []
-    pod("trainer", "1")
-    assert pods() == [f"{kube_namespace}/trainer"]

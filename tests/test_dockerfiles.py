@@ -110,17 +110,18 @@ def test_hostengine_image_entrypoint_runs_the_engine_as_the_manifest_says(
         monkeypatch.setenv(key, env[key])
     args = entrypoint.parse_args([])
     cmd = entrypoint.build_command(args.binary, args.bind, args.port, args.log_level)
-    assert cmd == ["nv-hostengine", "-n", "-b", "ALL", "-p", "5555", "--log-level", "ERROR", "-f", "-"]
+    # DCGM's own default bind: unreachable from outside the pod unless the guard (or a flag) says otherwise
+    assert cmd == ["nv-hostengine", "-n", "-b", "127.0.0.1", "-p", "5555", "--log-level", "ERROR", "-f", "-"]
     assert "EXPOSE 5555" in HOSTENGINE.read_text()
     ds = next(yaml.safe_load_all((ROOT / "manifests" / "40-hostengine.yaml").read_text()))
     (c,) = ds["spec"]["template"]["spec"]["containers"]
-    manifest_env = {e["name"]: e["value"] for e in c["env"]}
-    assert {k: manifest_env[k] for k in ("HOSTENGINE_BIND", "HOSTENGINE_PORT")} == {
-        "HOSTENGINE_BIND": "ALL",
+    manifest_env = {e["name"]: e.get("value") for e in c["env"]}
+    assert {k: manifest_env[k] for k in ("HOSTENGINE_GUARD_LISTEN", "HOSTENGINE_PORT")} == {
+        "HOSTENGINE_GUARD_LISTEN": "$(POD_IP)",  # the guard on the pod IP, the engine on 127.0.0.1
         "HOSTENGINE_PORT": str(c["ports"][0]["containerPort"]),
     }
     # the hostengine image installs the package without dependencies: its modules must need none
-    code = "import hostengine.entrypoint, hostengine.probe, hostengine.inject, sys; " + (
+    code = "import hostengine.entrypoint, hostengine.guard, hostengine.probe, hostengine.inject, sys; " + (
         "bad = [m for m in ('kubernetes', 'yaml', 'tenacity', 'prometheus_client') if m in sys.modules]; "
         "sys.exit(1 if bad else 0)"
     )

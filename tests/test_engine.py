@@ -255,3 +255,112 @@ def test_the_agent_rejects_an_edit_that_names_an_unknown_rule(snap: Path, tmp_pa
     (tmp_path / "config.yaml").write_text("severities:\n  gpu.pcie.widht: reset\n")
     outcome = agent.watcher.poll()
     assert outcome is not None and outcome.config is None and "gpu.pcie.widht" in (outcome.error or "")
+
+
+def _gpu_timeout(snap: Path) -> None:
+    (snap / "errors.json").write_text(
+        json.dumps({"nvidia-smi-q.txt": {"kind": "timeout", "message": "no answer after 30 s; killed"}})
+    )
+
+
+def test_an_unknown_cycle_freezes_recovery_and_keeps_the_taint(snap: Path) -> None:
+    eng = engine_for(snap)
+    run_all(eng)
+    eng.evaluate()
+    _gpu_timeout(snap)  # a hung nvidia-smi: a GPU failure (reboot), not latched
+    eng.run_tier("gpu")
+    verdict, marks = eng.evaluate()
+    assert verdict.status is Status.FAIL and marks.taint and marks.taint_value == "reboot"
+
+    # nvidia-smi answers again, but with output nobody can read: unknown, never a pass.
+    (snap / "errors.json").unlink()
+    (snap / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 garbage, not nvidia-smi output")
+    for _ in range(5):
+        eng.run_tier("gpu")
+        verdict, marks = eng.evaluate()
+        assert verdict.status is Status.UNKNOWN
+        assert marks.taint, "a missing signal never clears a taint"
+        assert marks.taint_value == "reboot"  # the taint keeps its last failing severity
+    assert "recovery paused at 0/3" in marks.condition_message
+    doc = json.loads(marks.results_json)
+    assert doc["taint"] == {"severity": "reboot", "passes": 0}
+
+    # A restart while frozen keeps the taint and its value.
+    restarted = engine_for(snap)
+    restarted.restore(doc)
+    run_all(restarted)
+    _, again = restarted.evaluate()
+    assert again.taint and again.taint_value == "reboot"
+
+    # Readable and healthy again: recoverAfter (3) passing cycles, then the taint goes.
+    shutil.copy(HEALTHY / "nvidia-smi-q.txt", snap / "nvidia-smi-q.txt")
+    seen = []
+    for _ in range(3):
+        eng.run_tier("gpu")
+        verdict, marks = eng.evaluate()
+        seen.append(marks.taint)
+    assert verdict.status is Status.PASS and seen == [True, True, False]
+    assert "taint" not in json.loads(marks.results_json)
+
+
+def test_an_unknown_cycle_between_passes_neither_counts_nor_resets(snap: Path) -> None:
+    eng = engine_for(snap)
+    run_all(eng)
+    _gpu_timeout(snap)
+    eng.run_tier("gpu")
+    eng.evaluate()
+    (snap / "errors.json").unlink()
+    eng.run_tier("gpu")  # pass 1
+    _, marks = eng.evaluate()
+    assert "1/3" in marks.condition_message
+    (snap / "nvidia-smi-q.txt").write_bytes(b"garbage")
+    eng.run_tier("gpu")  # unknown: frozen at 1
+    _, marks = eng.evaluate()
+    assert marks.taint and "recovery paused at 1/3" in marks.condition_message
+    shutil.copy(HEALTHY / "nvidia-smi-q.txt", snap / "nvidia-smi-q.txt")
+    eng.run_tier("gpu")  # pass 2
+    _, marks = eng.evaluate()
+    assert marks.taint
+    eng.run_tier("gpu")  # pass 3
+    _, marks = eng.evaluate()
+    assert not marks.taint
+
+
+def test_observe_and_label_modes_never_ask_for_a_taint(snap: Path) -> None:
+    for mode, label in (("observe", False), ("label", True)):
+        eng = engine_for(snap, node={"mode": mode})
+        _gpu_timeout(snap)
+        run_all(eng)
+        verdict, marks = eng.evaluate()
+        assert verdict.status is Status.FAIL and not marks.taint
+        assert marks.unhealthy_label is label and marks.taint_value == "reboot"
+        (snap / "errors.json").unlink()
+
+
+def test_the_lowest_severity_that_taints_and_the_effect_per_severity(snap: Path) -> None:
+    _gpu_timeout(snap)  # a reboot failure
+    high = engine_for(snap, node={"taintMinSeverity": "isolate"})
+    run_all(high)
+    verdict, marks = high.evaluate()
+    assert verdict.severity is Severity.REBOOT and not marks.taint, "reboot is below isolate"
+    assert marks.condition_status == "False"  # still reported as failing
+
+    eng = engine_for(
+        snap, node={"taintMinSeverity": "reboot", "taintEffectBySeverity": {"reboot": "NoExecute"}}
+    )
+    run_all(eng)
+    _, marks = eng.evaluate()
+    assert marks.taint and marks.taint_effect == "NoExecute"
+    plain = engine_for(snap, node={"taintEffectBySeverity": {"isolate": "NoExecute"}})
+    run_all(plain)
+    _, marks = plain.evaluate()
+    assert marks.taint and marks.taint_effect == "NoSchedule"
+
+
+def test_an_effect_for_a_severity_that_never_taints_is_rejected() -> None:
+    from agent.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"taintEffectBySeverity\.monitor"):
+        parse_config({"node": {"taintEffectBySeverity": {"monitor": "NoExecute"}}})
+    with pytest.raises(ConfigError, match=r"node\.mode"):
+        parse_config({"node": {"mode": "shadow"}})

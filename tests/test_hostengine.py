@@ -1,26 +1,26 @@
-"""hostengine/: the entrypoint with a fake nv-hostengine, the probe and injection (ctypes against a tiny
-compiled fake libdcgm that records the struct it received), and the kmsg Xid writer."""
+"""hostengine/: the entrypoint with a fake nv-hostengine, the probe and injection (main() of each, on our
+DCGM binding mirror over the fake libdcgm.so.4), and the kmsg Xid writer."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.core.severity import Severity
 from agent.probes.kernel_log import parse_kernel_log
 from agent.probes.kmsg_inject import InjectRefused, write_xid_line, xid_line
 from agent.probes.xid_events import extract_xids
 from hostengine import entrypoint, inject, probe
 
-FAKE = Path(__file__).parent / "fakes" / "dcgm"
 REPO = Path(__file__).parent.parent
 
 
@@ -74,7 +74,7 @@ def test_entrypoint_runs_engine_in_foreground_forwards_log_and_stops_on_sigterm(
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     out = "".join(lines) + rest
-    assert f"args: -n -b ALL -p {port} --log-level INFO -f -" in out
+    assert f"args: -n -b 127.0.0.1 -p {port} --log-level INFO -f -" in out
     assert "fake engine: got SIGTERM" in out  # the child was terminated, its log forwarded
     assert proc.returncode == 0
 
@@ -101,19 +101,29 @@ def test_entrypoint_refuses_when_another_engine_process_runs(
     assert "already running on this node (pid 4242)" in capsys.readouterr().out
 
 
-# --------------------------------------------------------------------------- probe (fake bindings)
+# --------------------------------------------------------------------------- probe (fake libdcgm)
 
 
 def test_probe_lists_gpus_and_fails_when_unreachable_or_empty(fake_dcgm: Any) -> None:
     ok, msg = probe.probe("127.0.0.1:5555")
     assert ok and "2 GPU(s)" in msg
-    fake_dcgm.gpus = []
+    fake_dcgm.set_gpus([])
     assert not probe.probe("127.0.0.1:5555")[0]
     assert probe.probe("127.0.0.1:5555", allow_no_gpu=True)[0]
-    fake_dcgm.up = False
-    ok, msg = probe.probe("127.0.0.1:5555")
+    fake_dcgm.set_up(False)
+    ok, msg = probe.probe("127.0.0.1:5555", timeout_s=0.2)
     assert not ok and "unreachable" in msg
+    assert probe.main(["--address", "127.0.0.1:5555", "--timeout", "0.2"]) == 1
+    assert fake_dcgm.stat("open_connections") == 0  # every probe closes its connection
+
+
+def test_probe_main_end_to_end(fake_dcgm: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_dcgm.set_gpus([0, 1, 2, 3])
+    assert probe.main(["--address", "127.0.0.1:5555"]) == 0
+    assert "ok: 4 GPU(s) [0, 1, 2, 3]" in capsys.readouterr().out
+    fake_dcgm.fail("dcgmGetEntityGroupEntities", -8)  # the engine answers, NVML does not
     assert probe.main(["--address", "127.0.0.1:5555"]) == 1
+    assert "answered with an error: DCGMError_NvmlError" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- injection
@@ -125,72 +135,129 @@ def test_field_value_struct_matches_dcgm_layout() -> None:
     assert inject.FIELD_VALUE_VERSION1 == 4120 | (1 << 24)
 
 
-FAKE_LIB_C = r"""
-#include <stdint.h>
-#include <string.h>
-typedef struct { unsigned int version; unsigned short fieldId; short fieldType; int status; int64_t ts;
-                 union { int64_t i64; double dbl; char str[256]; signed char blob[4096]; } value; } fv_t;
-static fv_t seen[16]; static unsigned int groups[16], ents[16];
-static uintptr_t handles[16]; static int n = 0;
-int dcgmInjectEntityFieldValue(uintptr_t h, unsigned int g, unsigned int e, fv_t *v) {
-    if (n >= 16) return -1;
-    handles[n] = h; groups[n] = g; ents[n] = e; memcpy(&seen[n], v, sizeof(fv_t)); n++;
-    return v->fieldId == 9999 ? -3 : 0;
+def test_injection_passes_the_dcgm_struct_to_the_c_function(fake_dcgm: Any) -> None:
+    from agent.probes.dcgm.client import DcgmClient
+
+    c = DcgmClient("127.0.0.1:5555", 1.0, 0.0)
+    fn = inject.inject_function(ctypes.CDLL("libdcgm.so.4"))  # the library the bindings loaded (soname)
+    now = time.time()
+    inject.inject_values(
+        fn,
+        c.handle().handle,
+        3,
+        [inject.Inject(202, 0, baseline=True), inject.Inject(202, 100_000)],
+        60.0,
+        now,
+    )
+    base, fault = fake_dcgm.injected()
+    assert (base["gpu"], base["field"], base["value"]) == (3, 202, 0)
+    assert base["ts"] == int((now - inject.BASELINE_AGE_S) * 1_000_000)  # recent past, whatever --offset
+    assert (fault["field"], fault["value"], fault["ts"]) == (202, 100_000, int((now + 60.0) * 1_000_000))
+    assert fault["type"] == ord("i") and fault["version"] == 4120 | (1 << 24)
+    c.close()
+
+
+def test_injection_error_status_raises(fake_dcgm: Any) -> None:
+    from agent.probes.dcgm.client import DcgmClient
+
+    c = DcgmClient("127.0.0.1:5555", 1.0, 0.0)
+    fn = inject.inject_function(ctypes.CDLL("libdcgm.so.4"))
+    with pytest.raises(RuntimeError, match="status -13"):  # DCGM_ST_UNKNOWN_FIELD
+        inject.inject_values(fn, c.handle().handle, 0, [inject.Inject(9999, 1)], 0.0, now=0.0)
+    c.close()
+    with pytest.raises(RuntimeError, match="status -21"):  # a closed connection
+        inject.inject_values(fn, ctypes.c_void_p(1), 0, [inject.Inject(311, 1)], 0.0, now=0.0)
+
+
+def test_inject_main_end_to_end_passes_the_real_handle(
+    fake_dcgm: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() connects through the bindings (handle = ctypes.c_void_p, as in DCGM's own) and hands that
+    connection to dcgmInjectEntityFieldValue of the same library."""
+    rc = inject.main(["dbe", "--gpu", "1", "--yes", "--address", "127.0.0.1:5555"])
+    assert rc == 0, capsys.readouterr().err
+    (value,) = fake_dcgm.injected()
+    assert (value["gpu"], value["field"], value["value"]) == (1, 311, 2)
+    assert "dbe on GPU 1 injected" in capsys.readouterr().out
+    assert fake_dcgm.stat("open_connections") == 0
+    fake_dcgm.set_up(False)
+    assert inject.main(["dbe", "--gpu", "1", "--yes", "--address", "127.0.0.1:5555", "--timeout", "0.2"]) == 1
+    assert "unreachable" in capsys.readouterr().err
+
+
+EXPECTED = {  # scenario -> the agent's findings (rule -> severity) after one health poll
+    "xid": {"dcgm-health.unlisted-fail": Severity.RESET},  # Xid 79: DCGM_FR_FALLEN_OFF_BUS (120)
+    "dbe": {"dcgm-health.mem.4": Severity.RESET},
+    "row-remap-failure": {"dcgm-health.mem.80": Severity.ISOLATE},
+    "row-remap-uncorrectable": {"dcgm-health.mem.84": Severity.ISOLATE},
+    "nvlink-errors": {"dcgm-health.nvlink.71": Severity.RESET, "dcgm-health.*.101": Severity.MONITOR},
+    "thermal": {"dcgm-health.thermal.10": Severity.MONITOR},
+    "pcie-replay": {"dcgm-health.pcie.3": Severity.MONITOR},
 }
-int fake_count(void) { return n; }
-int64_t fake_i64(int i) { return seen[i].value.i64; }
-int64_t fake_ts(int i) { return seen[i].ts; }
-int fake_field(int i) { return seen[i].fieldId; }
-int fake_type(int i) { return seen[i].fieldType; }
-unsigned int fake_version(int i) { return seen[i].version; }
-unsigned int fake_entity(int i) { return ents[i]; }
-unsigned int fake_group(int i) { return groups[i]; }
-uintptr_t fake_handle(int i) { return handles[i]; }
-"""
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler for the fake libdcgm")
-    d = tmp_path_factory.mktemp("fakedcgm")
-    (d / "fake.c").write_text(FAKE_LIB_C)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libfakedcgm.so"), str(d / "fake.c")], check=True)
-    lib = ctypes.CDLL(str(d / "libfakedcgm.so"))
-    lib.fake_i64.restype = lib.fake_ts.restype = ctypes.c_int64
-    lib.fake_version.restype = lib.fake_entity.restype = lib.fake_group.restype = ctypes.c_uint
-    lib.fake_handle.restype = ctypes.c_size_t
-    return lib
+def findings_after_poll(poller: Any) -> dict[str, Severity]:
+    from agent.checks.dcgm import check_dcgm_health
+    from agent.config import load_config_dir
+    from agent.core.facts import NodeFacts
+
+    rep = poller.poll()
+    res = check_dcgm_health(NodeFacts(dcgm_health=rep), load_config_dir())
+    assert all(f.entities == ("GPU 1",) for f in res.findings), res.findings
+    return {f.rule: f.severity for f in res.findings}
 
 
-def test_injection_passes_the_dcgm_struct_to_the_c_function(fake_lib: ctypes.CDLL) -> None:
-    fn = inject.inject_function(fake_lib)
-    start = fake_lib.fake_count()
-    fault, _clear, _ = inject.scenarios(79)["pcie-replay"]
-    inject.inject_values(fn, 1001, 3, fault, 60.0, now=1_000_000.0)
-    i = start
-    assert fake_lib.fake_count() == start + 2
-    assert (fake_lib.fake_field(i), fake_lib.fake_i64(i)) == (202, 0)
-    assert fake_lib.fake_ts(i) == int((1_000_000.0 + 60.0 - 110.0) * 1_000_000)  # replays start at 0, earlier
-    assert (fake_lib.fake_field(i + 1), fake_lib.fake_i64(i + 1)) == (202, 100_000)
-    assert fake_lib.fake_ts(i + 1) == int(1_000_060.0 * 1_000_000)
-    assert fake_lib.fake_type(i) == ord("i") and fake_lib.fake_version(i) == 4120 | (1 << 24)
-    assert fake_lib.fake_group(i) == 1 and fake_lib.fake_entity(i) == 3 and fake_lib.fake_handle(i) == 1001
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_scenario_fires_its_incident_and_the_agent_finding(
+    fake_dcgm: Any, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """inject main() → the engine's health watch (modelled on DcgmHealthWatch.cpp 4.6 in the fake) → the
+    agent's poller and dcgm-health check: the finding the scenario documents, on the GPU injected."""
+    from agent.probes.dcgm.client import DcgmClient
+    from agent.probes.dcgm.health import HealthPoller
+
+    poller = HealthPoller(DcgmClient("127.0.0.1:5555", 1.0, 0.0))
+    assert findings_after_poll(poller) == {}  # healthy before
+    assert inject.main([name, "--gpu", "1", "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "expect incident" in out and inject.scenarios(79)[name].finding in out
+    assert findings_after_poll(poller) == EXPECTED[name]
+    assert inject.main([name, "--gpu", "1", "--yes", "--clear"]) == 0
+    after = findings_after_poll(poller)
+    if name == "xid":
+        assert after == EXPECTED[name]  # DCGM keeps its Xid history until the engine restarts
+        fake_dcgm.restart()
+        poller.poll()  # notices the lost connection
+        assert findings_after_poll(poller) == {}
+    elif any(i.baseline for i in inject.scenarios(79)[name].fault):
+        assert after == EXPECTED[name]  # rate scenarios: the rise stays in the 60 s window for a minute
+    else:
+        assert after == {}
 
 
-def test_injection_error_status_raises(fake_lib: ctypes.CDLL) -> None:
-    fn = inject.inject_function(fake_lib)
-    with pytest.raises(RuntimeError, match="status -3"):
-        inject.inject_values(fn, 1, 0, [inject.Inject(9999, 1)], 0.0, now=0.0)
+def test_rate_scenarios_need_their_baseline(fake_dcgm: Any) -> None:
+    """A lone future sample of a rate field fires nothing (the reason the baseline exists)."""
+    from agent.probes.dcgm.client import DcgmClient
+    from agent.probes.dcgm.health import HealthPoller
+
+    c = DcgmClient("127.0.0.1:5555", 1.0, 0.0)
+    poller = HealthPoller(c)
+    poller.poll()
+    fn = inject.inject_function(ctypes.CDLL("libdcgm.so.4"))
+    inject.inject_values(fn, c.handle().handle, 1, [inject.Inject(241, 10_000_000)], 60.0, time.time())
+    assert findings_after_poll(poller) == {}
 
 
-def test_scenarios_cover_the_issue_list_and_each_has_a_clear() -> None:
-    sc = inject.scenarios(119)
-    assert {"xid", "dbe", "row-remap-pending", "nvlink-down", "thermal", "pcie-replay"} <= set(sc)
-    assert sc["xid"][0][0] == inject.Inject(230, 119)
-    assert sc["dbe"][0][0].field_id == 311 and sc["row-remap-pending"][0][0].field_id == 396
-    assert all(clear for _, clear, _ in sc.values())
+def test_subsystem_xids_are_warnings_and_unwatched_codes_nothing(fake_dcgm: Any) -> None:
+    from agent.probes.dcgm.client import DcgmClient
+    from agent.probes.dcgm.health import HealthPoller
+
+    poller = HealthPoller(DcgmClient("127.0.0.1:5555", 1.0, 0.0))
+    poller.poll()
+    assert inject.main(["xid", "--xid", "13", "--gpu", "1", "--yes"]) == 0  # no health rule for Xid 13
+    assert findings_after_poll(poller) == {}
+    assert inject.main(["xid", "--xid", "43", "--gpu", "1", "--yes"]) == 0  # a MEM subsystem Xid
+    assert findings_after_poll(poller) == {"dcgm-health.*.101": Severity.MONITOR}
 
 
 def test_inject_refuses_without_yes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,6 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, node_path, query_params
-from agent.reporters.pods import gpu_pod_names
 
 
 def test_query_params_names_and_values() -> None:
@@ -38,31 +37,10 @@ def test_node_path_quotes_the_name() -> None:
     assert node_path("a/b", "status") == "/api/v1/nodes/a%2Fb/status"
 
 
-def test_gpu_pod_names_reads_requests_limits_and_init_containers() -> None:
-    def pod(name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None) -> Any:
-        return {
-            "metadata": {"namespace": "ml", "name": name},
-            "spec": {"containers": containers, "initContainers": init or []},
-        }
-
-    listing = {
-        "kind": "PodList",
-        "items": [
-            pod("cpu", [{"name": "c"}]),
-            pod("zero", [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "0"}}}]),
-            pod("req", [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "8"}}}]),
-            pod("init", [{"name": "c"}], [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": 1}}}]),
-        ],
-    }
-    assert gpu_pod_names(listing) == ["ml/req", "ml/init"]
-    assert gpu_pod_names({"kind": "PodList", "items": None}) == []
-
-
 def test_the_agent_does_not_import_the_generated_models() -> None:
     """The reason KubeRest exists: CoreV1Api and its models cost ~22 MiB RSS on every node."""
     code = (
         "import sys, agent.cli.agent, agent.reporters.node_writer, agent.reporters.brake;"
-        "import agent.reporters.pods;"
         "import agent.cli.status, agent.probes.dcgm.tiers, kubernetes.watch, kubernetes.config;"
         "from kubernetes.client import ApiClient;"
         "print(sorted(m for m in sys.modules if m.startswith('kubernetes.client.api.')"

@@ -23,6 +23,7 @@ import yaml
 import agent
 from agent.config import load_config_dir
 from agent.core.contract import DEFAULT_CONDITION_TYPE, TRUE, Keys, Reason
+from agent.core.gpu_nodes import node_selector_terms
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -144,18 +145,29 @@ def test_agent_daemonset_contract() -> None:
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
 
 
-def test_daemonsets_tolerate_our_taint_and_nvidia_gpu_and_select_gpu_nodes() -> None:
+def test_daemonsets_run_on_every_gpu_node_whatever_its_taints() -> None:
+    """The DaemonSets select GPU nodes as the brake and `status` do (core/gpu_nodes.py, with the
+    profiles' instance types) and tolerate every taint; gen-configmap.py writes both."""
     assert {d["metadata"]["name"] for d in daemonsets()} == {
         "gpu-healthcheck-agent",
         "nvidia-dcgm",
         "dcgm-exporter",
     }
+    want = node_selector_terms(load_config_dir(CONFIG).gpu_node_selection)
     for ds in daemonsets():
         spec = ds["spec"]["template"]["spec"]
-        keys = {t["key"]: t for t in spec["tolerations"]}
-        assert keys[TAINT]["operator"] == "Exists", ds["metadata"]["name"]
-        assert keys["nvidia.com/gpu"]["operator"] == "Exists"
-        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+        assert spec["tolerations"] == [{"operator": "Exists"}], ds["metadata"]["name"]
+        assert "nodeSelector" not in spec
+        req = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert req["nodeSelectorTerms"] == want, ds["metadata"]["name"]
+        if ds["metadata"]["name"] != "dcgm-exporter":  # the exporter may go first under pressure
+            assert spec["priorityClassName"] == "system-node-critical"
+
+
+def test_gke_quota_admits_the_critical_priority_class() -> None:
+    quota = find("ResourceQuota", "gpu-healthcheck-critical-pods")
+    (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert expr["scopeName"] == "PriorityClass" and "system-node-critical" in expr["values"]
 
 
 def test_hostengine_daemonset_service_and_networkpolicy() -> None:
@@ -164,10 +176,17 @@ def test_hostengine_daemonset_service_and_networkpolicy() -> None:
     (c,) = spec["containers"]
     assert spec["priorityClassName"] == "system-node-critical"
     assert c["ports"] == [{"name": "dcgm", "containerPort": 5555, "protocol": "TCP"}]
-    assert c["livenessProbe"]["tcpSocket"] and c["readinessProbe"]["tcpSocket"]
+    probe = ["python3", "-m", "hostengine.probe", "--address", "127.0.0.1:5555", "--timeout", "5"]
+    assert c["readinessProbe"]["exec"]["command"] == probe  # a real DCGM connection
+    assert c["livenessProbe"]["exec"]["command"] == [*probe, "--allow-no-gpu"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["HOSTENGINE_GUARD_LISTEN"] == "$(POD_IP)" and "HOSTENGINE_BIND" not in env
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     sc = c["securityContext"]
     assert not sc.get("privileged") and sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True  # the guard lists its allowed clients
+    role = find("ClusterRole", "nvidia-dcgm")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
     svc = find("Service", "nvidia-dcgm")
     assert svc["spec"]["internalTrafficPolicy"] == "Local"
     assert svc["spec"]["ports"][0]["port"] == 5555
@@ -204,7 +223,8 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     assert rules == {
         (("",), ("nodes",)): ["get", "list", "patch", "watch"],
         (("",), ("nodes/status",)): ["patch"],
-        (("",), ("pods",)): ["list"],
+        (("",), ("pods",)): ["list"],  # this node's pods: a second DCGM engine
+        (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
     events = find("Role", "gpu-healthcheck-agent-events")
     assert events["metadata"]["namespace"] == "default"
@@ -220,6 +240,8 @@ def test_prometheus_rules_name_metrics_the_agent_exports() -> None:
     alerts = {r["alert"]: r["expr"] for r in rules["rules"]}
     assert {"GPUNodeFailing", "GPUNodeUnknownTooLong", "GPUHealthcheckAgentDown"} <= set(alerts)
     assert {"DCGMEngineUnreachable", "GPUHealthcheckBrakeOpen"} <= set(alerts)
+    assert {"GPUHealthcheckAgentVanished", "GPUNodeWithoutAgent", "GPUHealthcheckUnfenced"} <= set(alerts)
+    assert {"GPUNodeSelectorMissesThisNode"} <= set(alerts)
     import re
 
     used = {m for e in alerts.values() for m in re.findall(r"\bgpu_healthcheck_[a-z_]+", e)}
@@ -236,9 +258,8 @@ def test_quarantine_job_template() -> None:
     job = next(d for d in docs(MANIFESTS / "jobs") if d["kind"] == "Job")
     spec = job["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "gpu-healthcheck-quarantine"
-    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "NODE_NAME"}
-    script = spec["containers"][0]["args"][0]
-    assert "dcgmi diag" in script and "gpu-healthcheck/quarantine-result" in script
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "__NODE__"}
+    assert spec["containers"][0]["command"] == ["python3", "-m", "agent.cli.quarantine"]
     assert {t["key"] for t in spec["tolerations"]} >= {TAINT, "node.kubernetes.io/unschedulable"}
 
 
@@ -337,7 +358,7 @@ def test_optional_and_job_manifests_validate(installed: Any, tmp_path: Path) -> 
     assert "configmap/gpu-healthcheck-dashboard created (server dry run)" in out
     kubectl_ok(installed, "apply", "--server-side", "-f", str(MANIFESTS / "jobs" / "quarantine-rbac.yaml"))
     job = (MANIFESTS / "jobs" / "quarantine-job.yaml").read_text()
-    job = job.replace("NODE_NAME", "some-node").replace('"DIAG_LEVEL"', '"3"')
+    job = job.replace("__NODE__", "some-node").replace("__LEVEL__", "3")
     out = str(installed.kubectl("create", "--dry-run=server", "-f", "-", input=job).stdout)
     assert "job.batch/gpu-quarantine-" in out and "(server dry run)" in out
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -104,7 +105,7 @@ def _node(
 
 OTHER_TAINTS = [
     {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-    {"key": TAINT, "value": "theirs", "effect": "NoExecute"},  # our key, another effect: not ours
+    {"key": "example.com/maintenance", "value": "x", "effect": "NoExecute"},
 ]
 
 
@@ -112,7 +113,7 @@ def test_plan_adds_our_taint_and_keys_keeping_everything_else() -> None:
     node = _node(
         labels={"team": "ml", f"{P}/taint-note": "x"}, taints=OTHER_TAINTS, annotations={"other/ann": "1"}
     )
-    patch = plan_node_patch(node, FAIL, prefix=P, effect="NoSchedule", taint_on=True)
+    patch = plan_node_patch(node, FAIL, prefix=P, taint_on=True)
     assert patch is not None
     assert patch["metadata"]["labels"] == {
         K.status: "fail",
@@ -134,7 +135,7 @@ def test_plan_removes_only_our_exact_taint_and_label() -> None:
         taints=[OTHER_TAINTS[0], ours, OTHER_TAINTS[1]],
         annotations={K.results: FAIL.results_json},
     )
-    patch = plan_node_patch(node, PASS, prefix=P, effect="NoSchedule", taint_on=False)
+    patch = plan_node_patch(node, PASS, prefix=P, taint_on=False)
     assert patch is not None
     assert patch["spec"]["taints"] == OTHER_TAINTS
     assert patch["metadata"]["labels"] == {
@@ -151,18 +152,42 @@ def test_plan_is_none_when_all_ours_already_match() -> None:
         taints=[*OTHER_TAINTS, ours],
         annotations={K.results: FAIL.results_json},
     )
-    assert plan_node_patch(node, FAIL, prefix=P, effect="NoSchedule", taint_on=True) is None
-    assert find_our_taint(node, P, "NoExecute") == OTHER_TAINTS[1]
+    assert plan_node_patch(node, FAIL, prefix=P, taint_on=True) is None
+    assert find_our_taint(node, P) == ours
 
 
 def test_plan_updates_taint_value_in_place_when_severity_changes() -> None:
     node = _node(taints=[{"key": TAINT, "value": "reset", "effect": "NoSchedule"}, OTHER_TAINTS[0]])
-    patch = plan_node_patch(node, FAIL, prefix=P, effect="NoSchedule", taint_on=True)
+    patch = plan_node_patch(node, FAIL, prefix=P, taint_on=True)
     assert patch is not None
     assert patch["spec"]["taints"] == [
         {"key": TAINT, "value": "reboot", "effect": "NoSchedule"},
         OTHER_TAINTS[0],
     ]
+
+
+def test_any_taint_with_our_key_is_ours_and_an_effect_change_moves_it() -> None:
+    stale = {"key": TAINT, "value": "reboot", "effect": "NoSchedule"}
+    other_effect = {"key": TAINT, "value": "reset", "effect": "PreferNoSchedule"}
+    node = _node(taints=[OTHER_TAINTS[0], stale, other_effect, OTHER_TAINTS[1]])
+    moved = replace(FAIL, taint_effect="NoExecute")
+    patch = plan_node_patch(node, moved, prefix=P, taint_on=True)
+    assert patch is not None
+    assert patch["spec"]["taints"] == [
+        OTHER_TAINTS[0],
+        {"key": TAINT, "value": "reboot", "effect": "NoExecute"},
+        OTHER_TAINTS[1],
+    ], "exactly one taint of ours remains, with the new effect, where ours was"
+    off = plan_node_patch(node, PASS, prefix=P, taint_on=False)
+    assert off is not None and off["spec"]["taints"] == [OTHER_TAINTS[0], OTHER_TAINTS[1]]
+
+
+def test_label_mode_labels_where_the_taint_would_be() -> None:
+    node = _node(taints=[OTHER_TAINTS[0]])
+    patch = plan_node_patch(node, FAIL, prefix=P, taint_on=False, label_on=True)
+    assert patch is not None and "spec" not in patch
+    assert patch["metadata"]["labels"][K.unhealthy] == "reboot"
+    assert K.tainted not in patch["metadata"]["labels"]
 
 
 def test_condition_transition_time_moves_only_with_status() -> None:
@@ -346,7 +371,7 @@ def test_others_keys_survive_hundreds_of_interleaved_writes(
 ) -> None:
     """A second controller does its own read-modify-write (replace with resourceVersion) of its label,
     annotation and taint while the writer flips between fail and pass; neither loses anything."""
-    theirs_static = {"key": TAINT, "value": "theirs", "effect": "NoExecute"}
+    theirs_static = {"key": "other.example/static", "value": "theirs", "effect": "NoExecute"}
     gpu_node(labels={"team": "ml"}, taints=[theirs_static])
     rounds = 151  # the last round (150, even) leaves the other's taint on
     other_conflicts = 0
@@ -400,7 +425,7 @@ def test_others_keys_survive_hundreds_of_interleaved_writes(
     keys = sorted((t.key, t.value, t.effect) for t in node.spec.taints if t.key.startswith((P, "other.")))
     assert keys == sorted(
         [
-            (TAINT, "theirs", "NoExecute"),
+            ("other.example/static", "theirs", "NoExecute"),
             (TAINT, "reboot", "NoSchedule"),
             ("other.example/maint", str(rounds - 1), "NoSchedule"),
         ]
@@ -561,7 +586,7 @@ def test_a_taint_whose_answer_was_lost_is_still_recounted(kube: Any, gpu_node: A
 
     with kube.api_client() as api:
         core = k8s.CoreV1Api(api)
-        brake = Brake(core, selector=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0)
+        brake = Brake(core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0)
         writer = NodeWriter(LosesTheTaintAnswer(api), me, brake=brake)
         writer.verify_delay_s = 0.2
         res = writer.apply(FAIL)

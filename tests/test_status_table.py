@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.cli.status import HEADER, age, render_status, status_rows, worst_finding
+from agent.cli.status import (
+    HEADER,
+    age,
+    exit_code,
+    render,
+    render_status,
+    status_list,
+    status_rows,
+    worst_finding,
+)
 from agent.core.contract import DEFAULT_PREFIX, Keys, Marks
 from agent.core.severity import Severity, Status
 from agent.reporters.node_writer import NodeWriter
@@ -104,7 +113,7 @@ def test_rows_sorted_fail_first() -> None:
             ),
         ),
     ]
-    rows = status_rows(nodes, prefix=P, now=NOW)
+    rows = status_rows(nodes, prefix=P, now=NOW)  # pods None: not readable, AGENT "?"
     assert [r[0] for r in rows] == [
         "e-fail-isolate",
         "b-fail-reset",
@@ -113,13 +122,60 @@ def test_rows_sorted_fail_first() -> None:
         "a-pass",
         "c-unmarked",
     ]
-    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "xid: Xid 79", "30s")
-    assert rows[-1] == ("c-unmarked", "-", "-", "-", "-")
+    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "xid: Xid 79")
+    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-")
 
 
 def test_corrupt_annotation_does_not_break_the_table() -> None:
     node = {"metadata": {"name": "n", "labels": {K.status: "fail"}, "annotations": {K.results: "{"}}}
-    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "-")]
+    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-")]
+
+
+def _pod(node: str, ready: bool, period: int = 10, failures: int = 3) -> dict[str, Any]:
+    probe = {"httpGet": {"path": "/readyz"}, "periodSeconds": period, "failureThreshold": failures}
+    return {
+        "metadata": {"name": f"agent-{node}"},
+        "spec": {"nodeName": node, "containers": [{"name": "agent", "readinessProbe": probe}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_last_check_is_the_age_of_the_last_check_not_of_the_last_change() -> None:
+    """A healthy node last changed 3 days ago: with a Ready agent (Ready = checked within
+    staleAfterSeconds), the last check is less than that plus the probe's lag ago, not 3 days."""
+    doc = _results("pass", "none", [("gpu", "pass", "none", "ok")], "2025-12-29T12:00:00Z")
+    doc["staleAfterSeconds"] = 180
+    fresh = dict(doc, checkedAt="2026-01-01T11:59:50Z")
+    nodes = [_node("a", doc), _node("b", doc), _node("c", doc), _node("d", fresh)]
+    pods = [_pod("a", True), _pod("b", False), _pod("d", True)]
+    rows = {r[0]: r for r in status_rows(nodes, prefix=P, now=NOW, pods=pods)}
+    assert rows["a"][3:5] == ("<3m", "ready")  # 180 s + 10 s x 3 = 210 s
+    assert rows["b"][3:5] == ("≤3d", "not-ready")  # only the last change bounds it
+    assert rows["c"][3:5] == ("≤3d", "none")
+    assert rows["d"][3:5] == ("<10s", "ready")  # changed 10 s ago: checked at or after that
+    statuses = {s.node: s for s in status_list(nodes, pods, prefix=P, now=NOW)}
+    assert statuses["a"].lastCheckMaxSeconds == 210 and statuses["a"].changedAt == doc["checkedAt"]
+    assert exit_code([statuses["a"], statuses["d"]]) == 0
+    assert exit_code(list(statuses.values())) == 2  # b and c were not checked lately: not judged
+    failing = _node("e", _results("fail", "reboot", [("xid", "fail", "reboot", "Xid 79")], "x"))
+    assert exit_code(status_list([*nodes, failing], pods, prefix=P, now=NOW)) == 1
+
+
+def test_json_yaml_and_wide_output() -> None:
+    import yaml
+
+    doc = _results("fail", "reboot", [("xid", "fail", "reboot", "Xid 79")], "2026-01-01T11:59:00Z")
+    doc.update(staleAfterSeconds=180, instanceType="p5.48xlarge", agentVersion="0.1.0")
+    node = _node("n1", doc)
+    node["spec"] = {"taints": [{"key": K.taint, "value": "reboot", "effect": "NoExecute"}]}
+    statuses = status_list([node], [_pod("n1", True)], prefix=P, now=NOW)
+    (item,) = json.loads(render(statuses, "json", NOW))
+    assert item["node"] == "n1" and item["taint"] == "reboot:NoExecute" and item["lastCheck"] == "<1m"
+    assert item["lastCheckMaxSeconds"] == 60 and item["agent"] == "ready"
+    assert yaml.safe_load(render(statuses, "yaml", NOW)) == [item]
+    wide = render(statuses, "wide", NOW).splitlines()
+    assert wide[0].split()[:7] == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "TAINT"]
+    assert "reboot:NoExecute" in wide[1] and "p5.48xlarge" in wide[1] and "0.1.0" in wide[1]
 
 
 @pytest.mark.kube
@@ -153,10 +209,11 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
                 condition_message="x",
             )
             assert NodeWriter(core, name).apply(marks).ok
-        out = render_status(core, selector=selector)
+        out, code = render_status(core, selectors=[selector])
     lines = out.splitlines()
-    assert lines[0].split() == ["NODE", "STATUS", "SEVERITY", "WORST", "FINDING", "LAST", "CHECK", "AGE"]
-    assert len(lines) == 3 and len(HEADER) == 5
+    assert lines[0].split() == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "WORST", "FINDING"]
+    assert len(lines) == 3 and len(HEADER) == 6
+    assert code == 1  # a node fails
     assert lines[1].startswith(broken) and "fail" in lines[1] and "reboot" in lines[1]
     assert "xid: GPU 2: Xid 48 double-bit ECC error" in lines[1]
     assert lines[2].startswith(healthy) and " pass " in lines[2]

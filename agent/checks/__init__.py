@@ -58,6 +58,7 @@ def rule_finding(
         entities=entities,
         key=f"{rule.name}/{key}" if key else rule.name,
         evidence=evidence,
+        action=rule.action,
     )
 
 
@@ -93,6 +94,7 @@ def gpu_finding(
         entities=entities,
         key=key,
         evidence=evidence,
+        action=rule.action,
     )
 
 

@@ -2,8 +2,9 @@
 
 dcgm-diag: FAIL maps to the error's DCGM severity (ISOLATE → dcgm-diag.fail-isolate, RESET →
 dcgm-diag.fail-reset, anything else → dcgm-diag.fail), WARN → dcgm-diag.warn. A run that could not
-run, or a test that failed only with errors not tied to a GPU (an NVVS internal error), is `unknown`,
-never pass. dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
+run, a test that failed only with errors not tied to a GPU (an NVVS internal error), or a result with
+no status word and no ISOLATE/RESET error, is `unknown`, never pass.
+dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ DCGM_HEALTH_UNLISTED_WARN = Rule(
 )
 
 
+DCGM_HEALTH_SECOND_ENGINE = Rule(
+    "dcgm-health.second-engine",
+    Severity.MONITOR,
+    "more than one DCGM host engine runs on this node (pods of the GPU Operator, an embedded exporter)",
+)
+
+
 DIAG, HEALTH = "dcgm-diag", "dcgm-health"
 MAX_TEXT = 200
 _ENTITY_GROUPS = {1: "GPU", 2: "VGPU", 3: "NVSwitch", 4: "GPU-I", 5: "GPU-CI", 6: "link", 7: "CPU"}
@@ -97,10 +105,14 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
     assert isinstance(report, DiagReport)
     findings: list[Finding] = []
     infra: list[str] = []
+    unnamed: list[str] = []
     for r in report.results:
         if r.status in (DiagStatus.PASS, DiagStatus.SKIP, DiagStatus.NOT_RUN):
             continue
         hardware = any(e.severity in (DCGM_ERROR_ISOLATE, DCGM_ERROR_RESET) for e in r.errors)
+        if r.status is DiagStatus.UNKNOWN and not hardware:  # no result word, no fault stated
+            unnamed.append(f"{r.test} on {_entity(r.gpu)}")
+            continue
         if r.gpu == "node" and not hardware:
             infra.append(f"{r.test}: {_why(r)}")
             continue
@@ -126,10 +138,14 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
         unknown = f"DCGM diag could not run: {report.runtime_error[:MAX_TEXT]}"
     elif infra:
         unknown = "DCGM diag failed with errors not tied to a GPU (retry): " + "; ".join(infra)[:MAX_TEXT]
+    elif unnamed:
+        unknown = "DCGM diag result without a status (unknown result code): " + ", ".join(unnamed)[:MAX_TEXT]
     elif not report.results:
         unknown = "DCGM diag report holds no test results"
+    elif all(r.status in (DiagStatus.SKIP, DiagStatus.NOT_RUN) for r in report.results):
+        unknown = "DCGM diag ran no test (every result skipped or not run)"
     tested = report.gpus()
-    ran = {r.test for r in report.results if r.status is not DiagStatus.SKIP}
+    ran = {r.test for r in report.results if r.status not in (DiagStatus.SKIP, DiagStatus.NOT_RUN)}
     version = f" {report.version}" if report.version else ""
     note = f"{len(ran)} test(s) on {len(tested) or 'all'} GPU(s) passed ({report.source}{version})"
     return CheckResult(DIAG, findings=tuple(findings), unknown=unknown, note=note)
@@ -180,6 +196,21 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
             (where,),
             key,
         )
+    engines = report.engines_on_node or ()
+    if len(engines) > 1:
+        merged["dcgm-health/second-engine"] = Finding(
+            HEALTH,
+            DCGM_HEALTH_SECOND_ENGINE.name,
+            cfg.severity(DCGM_HEALTH_SECOND_ENGINE),
+            shorten(
+                f"{len(engines)} DCGM host engines on this node: {', '.join(engines)}; two engines give "
+                "contradictory views and break each other's modules (README: With the NVIDIA GPU Operator)",
+                MAX_TEXT * 2,
+            ),
+            ("node",),
+            "dcgm-health/second-engine",
+        )
+        merged = {k: f for k, f in merged.items() if f.severity > Severity.NONE}
     note = "DCGM health watches report no incident"
     if ignored:
         note += f" ({ignored} ignored by the incident table)"
@@ -192,7 +223,7 @@ CHECKS = (
         check_dcgm_health,
         (Input.DCGM_HEALTH,),
         "dcgm-health",
-        (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN),
+        (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN, DCGM_HEALTH_SECOND_ENGINE),
     ),
     CheckSpec(
         "dcgm-diag",

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, readable
 from agent.config import Config
+from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
@@ -72,12 +73,15 @@ THROTTLE_HW_POWER_BRAKE = Rule(
     Severity.MONITOR,
     "HW power brake slowdown active",
 )
-PCIE_WIDTH = Rule("gpu.pcie.width", Severity.MONITOR, "PCIe link width below its maximum")
+PCIE_WIDTH = Rule(
+    "gpu.pcie.width", Severity.MONITOR, "PCIe link width below its maximum", Action.RESEAT
+)  # a link that trained down: seating, riser or cable
 PERSISTENCE_DISABLED = Rule("gpu.persistence.disabled", Severity.MONITOR, "persistence mode disabled")
 FABRIC_INCOMPLETE = Rule(
     "gpu.fabric.incomplete",
     Severity.RESET,
     "NVSwitch fabric registration not completed/successful",
+    Action.RESTART_FABRIC_MANAGER,
 )
 ALLOCATABLE_BELOW_VISIBLE = Rule(
     "gpu.allocatable.below-visible",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from agent.checks import CheckSpec, input_gap
 from agent.config import Config
+from agent.core.actions import from_nvidia_bucket
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import GpuInventory, KernelLog, XidEvent, normalize_pci, short_pci
@@ -96,6 +97,9 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
     label = facts_labels.get(ev.pci or "") or pci
     where = label if label.startswith("GPU ") else f"GPU {label}"
     name = cfg.xid_catalog.name(ev.code)
+    entry = cfg.xid_catalog.entries.get(ev.code)
+    # NVIDIA's bucket says what fixes it; Xid 154 carries the driver's own recovery action instead
+    action = None if ev.code == 154 else from_nvidia_bucket(entry.nvidia_action if entry else "")
     return Finding(
         check=NAME,
         rule=rule,
@@ -104,6 +108,7 @@ def _finding(group: _Group, facts_labels: dict[str, str], cfg: Config) -> Findin
         entities=(label,),
         key=f"xid/{ev.code}/{pci}",
         latched=True,
+        action=action,
     )
 
 

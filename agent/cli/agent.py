@@ -7,13 +7,18 @@ import logging
 import os
 import random
 import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.checks.registry import RULE_BOOK
-from agent.config import ConfigError, default_config_dir, load_config_dir
+from agent.config import Config, default_config_dir
+from agent.config.last_good import load_at_start
+from agent.core.facts import Input
 from agent.core.model import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
+from agent.engine.engine import Engine
 from agent.engine.loop import Agent
 from agent.probes.live import LiveSource
 from agent.probes.node_object import node_from_dict
@@ -23,7 +28,28 @@ from agent.reporters.http import serve_http
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.metrics import Metrics
 
+if TYPE_CHECKING:
+    from agent.probes.dcgm.tiers import DcgmTiers
+    from agent.reporters.brake import Brake
+    from agent.reporters.node_writer import NodeWriter
+
 BRAKE_WARM_JITTER_S = 30.0
+
+
+def start_fence_proof(core: Any, node_name: str, prefix: str, metrics: Metrics) -> threading.Thread:
+    """Prove the admission fence in the background (reporters/fence.py): log and metric."""
+    from agent.reporters.fence import prove_fence, report_fence
+
+    def run() -> None:
+        proof = prove_fence(core, node_name, prefix)
+        report_fence(proof)
+        metrics.record_fence(proof.result.value)
+
+    thread = threading.Thread(target=run, name="fence-proof", daemon=True)
+    thread.start()
+    return thread
+
+
 log = logging.getLogger("gpu-healthcheck.agent")
 ETC_CONFIG = Path("/etc/gpu-healthcheck")
 
@@ -42,16 +68,78 @@ def kube_core(kubeconfig: str | None) -> KubeRest:
     return KubeRest(ApiClient())
 
 
+DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
+
+
+class LiveParts:
+    """What the wiring builds from the config, and how a reload reaches it: the writer's condition
+    type, the brake's selector and limits, the probes' timeouts, and the DCGM client (rebuilt on a
+    new address or timeouts, or when a DCGM check is switched on). The engine reads the rest (checks,
+    severities, thresholds, intervals, the taint policy) from the config it is handed."""
+
+    def __init__(
+        self,
+        source: Source,
+        writer: NodeWriter | None,
+        brake: Brake | None,
+        metrics: Metrics,
+        pods: Callable[[], list[str]] | None,
+        engines: Callable[[], list[str]] | None = None,
+        *,
+        dcgm_wanted: bool,
+    ) -> None:
+        self.source, self.writer, self.brake, self.metrics, self.pods = source, writer, brake, metrics, pods
+        self.engines = engines
+        self.dcgm_wanted = dcgm_wanted  # a snapshot-backed agent reads DCGM from the snapshot
+        self.dcgm: DcgmTiers | None = None
+
+    def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
+        """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
+        if not self.dcgm_wanted or not any(cfg.enabled(c) for c in DCGM_CHECKS):
+            return {}, None
+        from agent.probes.dcgm.tiers import DcgmTiers
+        from agent.probes.pod_resources import gpu_pods
+
+        old, self.dcgm = (
+            self.dcgm,
+            DcgmTiers(cfg, self.pods or gpu_pods(), self.metrics, engines_on_node=self.engines),
+        )
+        if old is not None:
+            if not old.runner.in_progress:
+                self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
+            old.health.client.close()  # a diag still running on the old client finishes on its own
+        return self.dcgm.inputs(), self.dcgm.progress
+
+    def reconfigure(self, engine: Engine, old: Config, new: Config) -> None:
+        if self.writer is not None:
+            self.writer.set_condition_type(new.node.condition_type)
+        if self.brake is not None:
+            n = new.node
+            self.brake.reconfigure(
+                selectors=new.gpu_node_selection,
+                max_fraction=n.max_tainted_fraction,
+                max_nodes=n.max_tainted_nodes,
+                min_severity=n.taint_min_severity.label,
+            )
+        if isinstance(self.source, LiveSource):
+            self.source.timeout_s = new.timeouts.nvidia_smi
+            self.source.nvml_timeout_s = new.timeouts.nvml
+        dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
+        if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
+            engine.set_inputs(*self.dcgm_inputs(new))
+            log.info(f"DCGM client rebuilt for {new.dcgm.address}", extra={"event": "config"})
+
+
 def main(args: Any) -> int:
     from agent.reporters import logs
 
     logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
-    try:
-        cfg = load_config_dir(config_dir, rules=RULE_BOOK)
-    except ConfigError as exc:
-        log.error(f"invalid configuration, cannot start: {exc}", extra={"event": "config"})
-        return 64
+    state_dir = args.state_dir
+    # An invalid (or newer) config never stops the agent: it runs on the last good one or the shipped
+    # defaults and says why (Event, metric, condition reason; agent.config.last_good).
+    start = load_at_start(config_dir, state_dir, RULE_BOOK)
+    cfg = start.config
     node_name = args.node or os.environ.get("NODE_NAME")
     if not node_name:
         log.error("no node name: pass --node or set NODE_NAME (downward API)")
@@ -61,10 +149,12 @@ def main(args: Any) -> int:
         source = SnapshotSource(Path(args.from_snapshot))
         kernel_path, device = Path(args.from_snapshot) / KMSG, False
     else:
-        source = LiveSource(timeout_s=cfg.timeouts.nvidia_smi)
+        source = LiveSource(timeout_s=cfg.timeouts.nvidia_smi, nvml_timeout_s=cfg.timeouts.nvml)
         kernel_path, device = Path("/dev/kmsg"), True
-    writer = None
+    writer: NodeWriter | None = None
+    brake: Brake | None = None
     node_getter = None
+    fence: threading.Thread | None = None
     metrics = Metrics()
     if not args.no_kube:
         from agent.reporters.brake import Brake
@@ -73,20 +163,23 @@ def main(args: Any) -> int:
         core = kube_core(args.kubeconfig)
         brake = Brake(
             core,
-            selector=cfg.node.gpu_node_selector,
+            selectors=cfg.gpu_node_selection,
+            node_name=node_name,
+            on_count=metrics.record_gpu_nodes,
             max_fraction=cfg.node.max_tainted_fraction,
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,
+            min_severity=cfg.node.taint_min_severity.label,
         )
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
+        fence = start_fence_proof(core, node_name, cfg.prefix, metrics)
         writer = NodeWriter(
             core,
             node_name,
             prefix=cfg.prefix,
             condition_type=cfg.node.condition_type,
-            taint_effect=cfg.node.taint_effect,
             brake=brake,
             dry_run=args.dry_run,
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
@@ -101,14 +194,16 @@ def main(args: Any) -> int:
             except ParseError as exc:
                 return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
 
-    extra_inputs, progress = None, None
-    if not args.from_snapshot and (cfg.enabled("dcgm-health") or cfg.enabled("dcgm-diag")):
-        from agent.probes.dcgm.tiers import DcgmTiers
-        from agent.reporters.pods import gpu_pods_on_node, pods_unknown
+    from agent.probes.pod_resources import gpu_pods, list_devices
 
-        pods = gpu_pods_on_node(core, node_name) if writer is not None else pods_unknown
-        dcgm = DcgmTiers(cfg, pods, metrics)
-        extra_inputs, progress = dcgm.inputs(), dcgm.progress
+    pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
+    engines = None
+    if writer is not None:
+        from agent.cli.dcgm_engines import dcgm_engines_on_node
+
+        engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
+    live = LiveParts(source, writer, brake, metrics, pods, engines, dcgm_wanted=not args.from_snapshot)
+    extra_inputs, progress = live.dcgm_inputs(cfg)
     agent = Agent(
         source,
         cfg,
@@ -120,13 +215,19 @@ def main(args: Any) -> int:
         metrics=metrics,
         extra_inputs=extra_inputs,
         progress=progress,
+        config_problem=start.problem,
+        state_dir=state_dir,
+        workloads=None if args.from_snapshot else list_devices,  # who is hit: the kubelet says
     )
+    agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, lambda *_: agent.request_stop())
     log.info(f"agent starting on node {node_name}", extra={"node": node_name, "event": "start"})
     agent.run(once=args.once)
+    if fence is not None and args.once:
+        fence.join(timeout=30)  # a one-shot run reports its fence too
     if server is not None:
         server.shutdown()
     return 0

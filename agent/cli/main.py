@@ -12,16 +12,20 @@ from typing import NoReturn
 from agent import __version__
 from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
 from agent.cli.render import explain, table
+from agent.cli.status import AGENT_SELECTOR, EXIT_UNAVAILABLE
+from agent.cli.status import FORMATS as STATUS_FORMATS
 from agent.config import ConfigError, load_config_dir
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, now_iso, results_document
+from agent.core.contract import DEFAULT_PREFIX, now_iso, results_document
 from agent.core.facts import Input
 from agent.core.severity import Status
+from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.verdict import decide
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SNAPSHOT_FILES, SnapshotError, SnapshotSource
 from agent.probes.source import Source, gather_facts
 
 EXIT_USAGE = 64
+DEFAULT_STATE_DIR = Path("/tmp/gpu-healthcheck")  # the agent pod's own emptyDir (/tmp)
 EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}
 
 
@@ -70,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--from-snapshot", metavar="DIR", help="judge a snapshot directory, re-read every tick")
     a.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     a.add_argument("--config-dir", type=Path, help="config directory (default: /etc/gpu-healthcheck)")
+    a.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help="where the last good config is kept, to start on it under an invalid one "
+        f"(default: {DEFAULT_STATE_DIR}, the pod's emptyDir)",
+    )
     a.add_argument("--metrics-port", type=int, default=None, help="metrics/health port (default: config)")
     a.add_argument(
         "--dry-run", action="store_true", help="judge and log what would be written; write nothing"
@@ -77,10 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--no-kube", action="store_true", help="no API server at all: log the marks only")
     a.add_argument("--once", action="store_true", help="run every tier once, write, and exit")
 
-    st = sub.add_parser("status", help="the GPU nodes' health marks, as a table")
-    st.add_argument("--kubeconfig")
-    st.add_argument("--selector", default=DEFAULT_GPU_NODE_SELECTOR)
-    st.add_argument("--prefix", default=DEFAULT_PREFIX)
+    st = sub.add_parser(
+        "status",
+        help="the GPU nodes' health marks and the age of their last check "
+        "(exit 0 all pass/warn, 1 a node fails, 2 a node could not be judged, 69 no cluster)",
+    )
+    st.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    st.add_argument(
+        "--selector",
+        action="append",
+        metavar="LABELS",
+        help="GPU nodes: a label selector, repeatable, any one matches "
+        "(default: the shipped node.gpuNodeSelector and profile instance types, as the agent)",
+    )
+    st.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+    st.add_argument("--agent-selector", default=AGENT_SELECTOR, help="the agent pods' labels (any namespace)")
+    st.add_argument("-o", "--output", choices=STATUS_FORMATS, default="table", help="output format")
 
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
@@ -91,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     km.add_argument("--yes", action="store_true", help="required: every reader of the kernel log sees it")
 
     sub.add_parser("rules", help="list the severity rules and their defaults")
+
+    cf = sub.add_parser("config", help="the configuration directory (the ConfigMap)")
+    cf_sub = cf.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    v = cf_sub.add_parser(
+        "validate",
+        help="check a config directory the way the agent loads it (exit 0 valid, 1 invalid)",
+    )
+    v.add_argument("dir", type=Path, help="the directory (config.yaml and the tables)")
     return p
 
 
@@ -116,7 +147,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     verdict = decide(run_checks(specs, facts, cfg))
     if args.json:
         doc = results_document(
-            verdict, checked_at=now_iso(), boot_id=facts.boot_id, instance_type=facts.instance_type
+            verdict,
+            checked_at=now_iso(),
+            boot_id=facts.boot_id,
+            instance_type=facts.instance_type,
+            gpus=gpu_verdicts(verdict.results, facts.gpus, verdict.status),
         )
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
@@ -158,12 +193,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     from agent.cli.status import render_status
 
     try:
+        selectors = tuple(args.selector or load_config_dir(rules=RULE_BOOK).gpu_node_selection)
         core = kube_core(args.kubeconfig)
-        print(render_status(core, prefix=args.prefix, selector=args.selector))
+        out, code = render_status(
+            core,
+            prefix=args.prefix,
+            selectors=selectors,
+            agent_selector=args.agent_selector,
+            fmt=args.output,
+        )
     except Exception as exc:  # no cluster, no permission: one clear line
         print(f"gpu-healthcheck: cannot read the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_UNAVAILABLE
+    sys.stdout.write(out)
+    return code
 
 
 def cmd_inject(args: argparse.Namespace) -> int:
@@ -186,6 +229,22 @@ def cmd_rules(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """`config validate DIR`: the agent's own load (agent.config.load_config_dir with the rule
+    registry), so CI and the agent never disagree. A file the directory lacks is the shipped one."""
+    from agent.config import CONFIG_FILES
+
+    try:
+        load_config_dir(args.dir, rules=RULE_BOOK)
+    except ConfigError as exc:
+        print(f"{args.dir}: invalid: {exc}", file=sys.stderr)
+        return EXIT_CODES[Status.FAIL]
+    missing = [name for name in CONFIG_FILES if not (args.dir / name).is_file()]
+    shipped = f" (shipped: {', '.join(missing)})" if missing else ""
+    print(f"{args.dir}: valid{shipped}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {
@@ -195,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": cmd_status,
         "inject": cmd_inject,
         "rules": cmd_rules,
+        "config": cmd_config,
     }
     try:
         return handlers[args.command](args)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from agent.core.facts import NodeFacts
 from agent.core.findings import Evidence, Verdict
-from agent.core.severity import Status
+from agent.core.severity import Severity, Status
 
 
 def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
@@ -31,6 +31,9 @@ def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
         wrapped = textwrap.wrap(r.message, msg_width) or [""]
         lines.append(f"{r.name:<20} {r.status.value:<8} {r.severity.label:<9} {wrapped[0]}")
         lines += [" " * 40 + more for more in wrapped[1:4]]
+    steps = _next_steps(verdict)
+    if steps:
+        lines += ["", "NEXT STEP (then, if it comes back)", *steps]
     return "\n".join(lines)
 
 
@@ -57,3 +60,14 @@ def explain(verdict: Verdict, files: Mapping[str, str] | None = None) -> str:
         if r.unknown is not None:
             out.append(f"  - could not look: {r.unknown}")
     return "\n".join(out) if out else "every check passed or was skipped: nothing to explain"
+
+
+def _next_steps(verdict: Verdict) -> list[str]:
+    """One line per check with a finding: its worst finding's step and escalation."""
+    out = []
+    for r in verdict.results:
+        worst = max(r.findings, key=lambda f: f.severity, default=None)
+        if worst is not None and worst.severity > Severity.NONE:
+            rec = worst.recommendation
+            out.append(f"{r.name:<20} {rec.describe()}: {rec.action.text}")
+    return out

@@ -1,25 +1,71 @@
-"""`gpu-healthcheck status`: one line per GPU node from what the agents wrote on the Nodes (DESIGN.md §4).
+"""`gpu-healthcheck status`: one line per GPU node from what the agents wrote on the Nodes and the
+state of their pods (DESIGN.md §4).
 
-It reads only the Node objects (labels and the results annotation), so it works from any laptop with a
-kubeconfig and needs no access to the agents themselves.
+It reads the Nodes (labels, taints, the results annotation) and the agent pods (one list each), so
+it works from any laptop with a kubeconfig and needs no access to the agents themselves.
+
+The age of the last check costs the agents no write: the results annotation changes only when the
+verdict does (its `checkedAt` is the last *change*; the last check is at or after it), and an agent
+is Ready only while it checked within its `staleAfterSeconds` (also in the annotation). So a node
+whose agent is Ready was checked less than staleAfterSeconds plus the readiness probe's lag ago, or
+less than the age of `checkedAt` when that is shorter; a node without a Ready agent shows only the
+latter, and its AGENT column says why.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys, decode_results
+import yaml
+
+from agent.core.contract import DEFAULT_PREFIX, STALE_AFTER_FIELD, Keys, decode_results
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 from agent.core.text import shorten
-from agent.reporters.kube_rest import KubeRest
+from agent.reporters.kube_rest import KubeRest, api_status
 
-HEADER = ("NODE", "STATUS", "SEVERITY", "WORST FINDING", "LAST CHECK AGE")
+AGENT_SELECTOR = "app.kubernetes.io/name=gpu-healthcheck-agent"  # the agent DaemonSet's pod label
+HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "WORST FINDING")
+WIDE_HEADER = (*HEADER[:5], "TAINT", "INSTANCE TYPE", "CHANGED", "VERSION", HEADER[5])
+FORMATS = ("table", "wide", "json", "yaml")
 STATUS_ORDER = {"fail": 0, "unknown": 1, "warn": 2, "pass": 3}
 CHECK_STATUS_RANK = {"fail": 3, "unknown": 2, "warn": 1}
 FINDING_WIDTH = 80
 REQUEST_TIMEOUT = (5, 60)
+PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessProbe defaults
+
+# status's exit codes follow `check`'s: 0 every node pass/warn and freshly checked, 1 a node fails,
+# 2 a node could not be judged (unknown, unmarked, or no Ready agent) and none fails; 64 usage;
+# 69 (EX_UNAVAILABLE) the cluster could not be read.
+EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN, EXIT_UNAVAILABLE = 0, 1, 2, 69
+
+READY, NOT_READY, NO_AGENT, AGENT_UNKNOWN = "ready", "not-ready", "none", "?"
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as `status` shows it (also its JSON/YAML form)."""
+
+    node: str
+    status: str
+    severity: str
+    worstFinding: str  # the JSON field names are camelCase, like the annotation's
+    lastCheck: str  # "<3m": checked less than that ago (Ready agent); "≤2d": at most that
+    lastCheckMaxSeconds: int | None  # the bound behind lastCheck (None: unknown)
+    agent: str  # ready | not-ready | none | ? (pods not readable)
+    agentPod: str | None
+    changedAt: str | None  # the results annotation's checkedAt: the last change
+    taint: str | None
+    instanceType: str | None
+    agentVersion: str | None
+
+    @property
+    def fresh(self) -> bool:
+        return self.agent in (READY, AGENT_UNKNOWN)
 
 
 def _severity(text: Any) -> Severity:
@@ -54,74 +100,217 @@ def worst_finding(results: Mapping[str, Any] | None) -> str:
     return shorten(text, FINDING_WIDTH)
 
 
-def age(checked_at: Any, now: datetime) -> str:
-    """ "42s", "7m", "3h", "2d" since an RFC 3339 time; "-" when missing or unreadable."""
-    if not isinstance(checked_at, str) or not checked_at:
-        return "-"
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
     try:
-        t = datetime.fromisoformat(checked_at.replace("Z", "+00:00"))
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        return "-"
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    secs = max(0, int((now - t).total_seconds()))
+        return None
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+
+
+def seconds_since(when: Any, now: datetime) -> int | None:
+    t = _parse_time(when)
+    return None if t is None else max(0, int((now - t).total_seconds()))
+
+
+def human(secs: int) -> str:
+    """ "42s", "7m", "3h", "2d"."""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if secs >= size * (2 if unit != "m" else 1):
             return f"{secs // size}{unit}"
     return f"{secs}s"
 
 
-def status_rows(nodes: Sequence[Mapping[str, Any]], *, prefix: str, now: datetime) -> list[tuple[str, ...]]:
-    """Pure: Node dicts (API JSON) -> table rows, fail first, then unknown, warn, pass, unmarked."""
-    rows: list[tuple[int, int, str, tuple[str, ...]]] = []
+def age(checked_at: Any, now: datetime) -> str:
+    """ "42s", "7m", "3h", "2d" since an RFC 3339 time; "-" when missing or unreadable."""
+    secs = seconds_since(checked_at, now)
+    return "-" if secs is None else human(secs)
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def readiness_lag_s(pod: Mapping[str, Any]) -> int:
+    """How long the kubelet may still show Ready after /readyz turned false (period × failures)."""
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        probe = c.get("readinessProbe")
+        if probe:
+            period = int(probe.get("periodSeconds") or PROBE_PERIOD_DEFAULT)
+            return period * int(probe.get("failureThreshold") or PROBE_FAILURES_DEFAULT)
+    return PROBE_PERIOD_DEFAULT * PROBE_FAILURES_DEFAULT
+
+
+def node_status(
+    node: Mapping[str, Any], pod: Mapping[str, Any] | None, *, prefix: str, now: datetime, pods_known: bool
+) -> NodeStatus:
+    """Pure: a Node (API JSON) and its agent pod (None: none there) → what `status` shows."""
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    keys = Keys(prefix)
+    results = decode_results((meta.get("annotations") or {}).get(keys.results)) or {}
+    changed = results.get("checkedAt") if isinstance(results.get("checkedAt"), str) else None
+    since_change = seconds_since(changed, now)
+    bound = since_change
+    if not pods_known:
+        agent = AGENT_UNKNOWN
+    elif pod is None:
+        agent = NO_AGENT
+    elif pod_ready(pod):
+        agent = READY
+        stale_after = results.get(STALE_AFTER_FIELD)
+        if isinstance(stale_after, int) and stale_after > 0:
+            ready_bound = stale_after + readiness_lag_s(pod)
+            bound = ready_bound if bound is None else min(bound, ready_bound)
+    else:
+        agent = NOT_READY
+    if agent == READY:
+        last = "-" if bound is None else f"<{human(bound)}"
+    else:
+        last = "-" if bound is None else f"≤{human(bound)}"
+    taint = next(
+        (
+            f"{t.get('value', '')}:{t.get('effect', '')}"
+            for t in (node.get("spec") or {}).get("taints") or ()
+            if t.get("key") == keys.taint
+        ),
+        None,
+    )
+    return NodeStatus(
+        node=str(meta.get("name", "?")),
+        status=str(labels.get(keys.status) or results.get("status") or "-"),
+        severity=str(labels.get(keys.severity) or results.get("severity") or "-"),
+        worstFinding=worst_finding(results),
+        lastCheck=last,
+        lastCheckMaxSeconds=bound,
+        agent=agent,
+        agentPod=str((pod.get("metadata") or {}).get("name")) if pod is not None else None,
+        changedAt=changed,
+        taint=taint,
+        instanceType=str(results["instanceType"]) if results.get("instanceType") else None,
+        agentVersion=str(results["agentVersion"]) if results.get("agentVersion") else None,
+    )
+
+
+def status_list(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]] | None,
+    *,
+    prefix: str,
+    now: datetime,
+) -> list[NodeStatus]:
+    """Pure: fail first, then unknown, warn, pass, unmarked; within one, most severe, then by name.
+    *pods*: the agent pods (None: they could not be read)."""
+    by_node: dict[str, Mapping[str, Any]] = {}
+    for pod in pods or ():
+        name = (pod.get("spec") or {}).get("nodeName")
+        if name and (name not in by_node or pod_ready(pod)):
+            by_node[name] = pod
+    out = []
     for node in nodes:
-        meta = node.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        keys = Keys(prefix)
-        results = decode_results((meta.get("annotations") or {}).get(keys.results))
-        status = labels.get(keys.status) or (results or {}).get("status") or "-"
-        severity = labels.get(keys.severity) or (results or {}).get("severity") or "-"
-        name = str(meta.get("name", "?"))
-        row = (
-            name,
-            str(status),
-            str(severity),
-            worst_finding(results),
-            age((results or {}).get("checkedAt"), now),
-        )
-        rows.append((STATUS_ORDER.get(str(status), 4), -int(_severity(severity)), name, row))
-    rows.sort(key=lambda r: r[:3])
-    return [r[3] for r in rows]
+        name = str((node.get("metadata") or {}).get("name", "?"))
+        out.append(node_status(node, by_node.get(name), prefix=prefix, now=now, pods_known=pods is not None))
+    out.sort(key=lambda s: (STATUS_ORDER.get(s.status, 4), -int(_severity(s.severity)), s.node))
+    return out
 
 
-def format_table(rows: Sequence[Sequence[str]]) -> str:
-    table = [HEADER, *rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
+def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False) -> list[tuple[str, ...]]:
+    """Table rows (HEADER, or WIDE_HEADER)."""
+    rows = []
+    for s in statuses:
+        base = (s.node, s.status, s.severity, s.lastCheck, s.agent)
+        extra = (s.taint or "-", s.instanceType or "-", age(s.changedAt, now), s.agentVersion or "-")
+        rows.append((*base, *(extra if wide else ()), s.worstFinding))
+    return rows
+
+
+def status_rows(
+    nodes: Sequence[Mapping[str, Any]],
+    *,
+    prefix: str,
+    now: datetime,
+    pods: Sequence[Mapping[str, Any]] | None = None,
+    wide: bool = False,
+) -> list[tuple[str, ...]]:
+    """Pure: Node dicts and agent pods (API JSON) → table rows, in status_list's order."""
+    return rows_of(status_list(nodes, pods, prefix=prefix, now=now), now, wide=wide)
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = HEADER) -> str:
+    table = [tuple(header), *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines = ["   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(lines) + "\n"
 
 
-def list_nodes(core: Any, selector: str) -> list[dict[str, Any]]:
-    """All Nodes matching *selector* as API JSON (paged)."""
+def exit_code(statuses: Sequence[NodeStatus]) -> int:
+    """The `check` convention over the fleet: any fail → 1; else anything not judged fresh → 2."""
+    if any(s.status == "fail" for s in statuses):
+        return EXIT_FAIL
+    if any(s.status not in ("pass", "warn") or not s.fresh for s in statuses):
+        return EXIT_UNKNOWN
+    return EXIT_OK
+
+
+def list_all(core: Any, path: str, selector: str) -> list[dict[str, Any]]:
+    """Every object at *path* matching *selector* as API JSON (paged)."""
     rest = KubeRest.of(core)
-    nodes: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
     cont: str | None = None
     while True:
         query = {"labelSelector": selector, "limit": 500, "continue": cont}
-        doc = rest.json("GET", "/api/v1/nodes", query=query, timeout=REQUEST_TIMEOUT)
-        nodes.extend(doc.get("items") or ())
+        doc = rest.json("GET", path, query=query, timeout=REQUEST_TIMEOUT)
+        items.extend(doc.get("items") or ())
         cont = (doc.get("metadata") or {}).get("continue")
         if not cont:
-            return nodes
+            return items
+
+
+def list_nodes(core: Any, selectors: Sequence[str]) -> list[dict[str, Any]]:
+    """All Nodes matching any of *selectors* as API JSON (paged; each Node once)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for selector in selectors:
+        for item in list_all(core, "/api/v1/nodes", selector):
+            nodes.setdefault(str((item.get("metadata") or {}).get("name")), item)
+    return list(nodes.values())
+
+
+def list_agent_pods(core: Any, selector: str) -> list[dict[str, Any]] | None:
+    """The agent pods in every namespace (kustomize may rename it); None when forbidden."""
+    try:
+        return list_all(core, "/api/v1/pods", selector)
+    except Exception as exc:
+        if api_status(exc) in (401, 403):
+            return None
+        raise
+
+
+def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
+    """-o table | wide | json | yaml."""
+    if fmt == "json":
+        return json.dumps([asdict(s) for s in statuses], indent=2, ensure_ascii=False) + "\n"
+    if fmt == "yaml":
+        return str(yaml.safe_dump([asdict(s) for s in statuses], sort_keys=False, allow_unicode=True))
+    wide = fmt == "wide"
+    return format_table(rows_of(statuses, now, wide=wide), WIDE_HEADER if wide else HEADER)
 
 
 def render_status(
     core: Any,
     *,
     prefix: str = DEFAULT_PREFIX,
-    selector: str = DEFAULT_GPU_NODE_SELECTOR,
+    selectors: Sequence[str] = DEFAULT_GPU_NODE_SELECTORS,
+    agent_selector: str = AGENT_SELECTOR,
+    fmt: str = "table",
     now: datetime | None = None,
-) -> str:
-    """The status table of every node matching *selector*. API errors propagate to the CLI."""
-    nodes = list_nodes(core, selector)
-    return format_table(status_rows(nodes, prefix=prefix, now=now or datetime.now(timezone.utc)))
+) -> tuple[str, int]:
+    """The output and exit code for every node matching any of *selectors*. API errors propagate to the CLI
+    (except a forbidden pod list: the AGENT column then says `?`)."""
+    now = now or datetime.now(timezone.utc)
+    nodes = list_nodes(core, selectors)
+    pods = list_agent_pods(core, agent_selector)
+    statuses = status_list(nodes, pods, prefix=prefix, now=now)
+    return render(statuses, fmt, now), exit_code(statuses)

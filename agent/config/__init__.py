@@ -23,6 +23,7 @@ from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
 from agent.config.schema import SCHEMA, ConfigError, validate
 from agent.config.xid_catalog import XidCatalog, parse_catalog
+from agent.core import gpu_nodes
 from agent.core.profile import InstanceProfile
 from agent.core.rules import Rule, RuleBook
 from agent.core.severity import Severity
@@ -73,6 +74,12 @@ class Config:
     @functools.cached_property
     def dcgm(self) -> settings.DcgmSettings:
         return settings.dcgm_settings(self.raw)
+
+    @functools.cached_property
+    def gpu_node_selection(self) -> tuple[str, ...]:
+        """Which Nodes are GPU nodes (core/gpu_nodes.py): the configured selectors, and the
+        instance types of the profiles."""
+        return gpu_nodes.selection(self.node.gpu_node_selectors, self.profiles)
 
     @property
     def prefix(self) -> str:
@@ -125,6 +132,7 @@ def parse_config(
         if not str(code).isdigit():
             raise ConfigError(f"xid.overrides.{code}: Xid codes are integers")
     raw["xid"]["overrides"] = {str(k): v for k, v in raw["xid"]["overrides"].items()}
+    settings.gpu_node_selectors(raw["node"]["gpuNodeSelector"])  # raises ConfigError
     try:
         profiles = parse_profiles(profiles_doc) if profiles_doc is not None else {}
         catalog = (
@@ -174,22 +182,32 @@ def default_config_dir() -> Path | None:
     return Path(env) if env else None
 
 
-def load_config_dir(directory: Path | None = None, *, rules: RuleBook | None = None) -> Config:
-    """Load the CONFIG_FILES from one directory (None: default_config_dir()).
+def load_config_dir(
+    directory: Path | None = None, *, rules: RuleBook | None = None, shipped_only: bool = False
+) -> Config:
+    """Load the CONFIG_FILES from one directory (None: default_config_dir(); shipped_only: neither).
 
     A missing config.yaml means the defaults; any other file it lacks is the shipped one, so that a
-    ConfigMap holding only config.yaml still judges with the shipped profiles and tables.
+    ConfigMap holding only config.yaml still judges with the shipped profiles and tables. A table
+    file that is there but empty is an error, never an empty table (Xid 79 would be `unknown`).
     """
-    directory = directory or default_config_dir()
+    directory = None if shipped_only else directory or default_config_dir()
     if directory is not None and not directory.is_dir():
         raise ConfigError(f"config directory {directory} does not exist")
 
     def read(name: str) -> Any:
         own = directory / name if directory is not None else None
         if own is not None and own.is_file():
-            return _read_yaml(own)
+            doc = _read_yaml(own)
+            if doc is None and name != CONFIG_YAML:
+                raise ConfigError(f"{name}: empty (remove the file to use the shipped one)")
+            return doc
         shipped = SHIPPED / name
-        return _read_yaml(shipped) if shipped.is_file() else None
+        if not shipped.is_file():  # a broken install: never judge without the tables
+            if name == CONFIG_YAML:
+                return None
+            raise ConfigError(f"{name}: the shipped copy is missing from the package ({shipped})")
+        return _read_yaml(shipped)
 
     where = str(directory) if directory is not None else "shipped config"
     try:

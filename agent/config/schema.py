@@ -10,10 +10,14 @@ from typing import Any
 
 from agent.core.contract import (
     DEFAULT_CONDITION_TYPE,
-    DEFAULT_GPU_NODE_SELECTOR,
+    DEFAULT_MODE,
     DEFAULT_PREFIX,
     DEFAULT_TAINT_EFFECT,
+    MODES,
+    TAINT_EFFECTS,
+    TAINT_SEVERITIES,
 )
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 
 
@@ -65,14 +69,17 @@ SCHEMA: dict[str, Any] = {
         },
     },
     "node": {
+        "mode": Spec(str, DEFAULT_MODE, choices=MODES),
         "recoverAfter": _num(3, 1, 1000),
-        "taintEffect": Spec(
-            str, DEFAULT_TAINT_EFFECT, choices=("NoSchedule", "PreferNoSchedule", "NoExecute")
-        ),
+        "escalateAfterReboots": Spec(int, 2, 0, 10),
+        "taintMinSeverity": Spec(str, TAINT_SEVERITIES[0], choices=TAINT_SEVERITIES),
+        "taintEffect": Spec(str, DEFAULT_TAINT_EFFECT, choices=TAINT_EFFECTS),
+        # severity → effect over taintEffect; only severities that taint may be named
+        "taintEffectBySeverity": {s: Spec(str, None, choices=TAINT_EFFECTS) for s in TAINT_SEVERITIES},
         "conditionType": Spec(str, DEFAULT_CONDITION_TYPE),
         "maxTaintedFraction": _num(0.2, 0, 1),
         "maxTaintedNodes": _num(0, 0, 10**6),
-        "gpuNodeSelector": Spec(str, DEFAULT_GPU_NODE_SELECTOR),
+        "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
     },
     "metrics": {"port": _num(9402, 0, 65535)},
     "configPollSeconds": _num(2, 0.1, 300),
@@ -90,6 +97,12 @@ SCHEMA: dict[str, Any] = {
         "nvlinkSeverity": Spec(str, "reset", choices=("monitor", "reset", "reboot", "isolate")),
     },
 }
+
+
+# Keys a running agent cannot take on: a new prefix would orphan every key written under the old one
+# (and needs the admission policy changed with it); the metrics port is bound once. A reload that
+# changes one keeps the old value, says so (Event ConfigRestartRequired) and applies the rest.
+RESTART_ONLY = ("prefix", "metrics.port")
 
 
 def validate(doc: Any, schema: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.config.schema import ConfigError
+from agent.core.gpu_nodes import parse_selector
+from agent.core.severity import Severity
+
 
 @dataclass(frozen=True)
 class Intervals:
@@ -37,12 +41,20 @@ class Thresholds:
 class NodeSettings:
     """How the agent marks its Node, and the brake."""
 
+    mode: str  # observe | label | taint
     recover_after: int
+    escalate_after_reboots: int  # a failing finding back on the same GPU after N reboots: isolate (0 off)
+    taint_min_severity: Severity
     taint_effect: str
+    taint_effect_by_severity: Mapping[Severity, str]
     condition_type: str
     max_tainted_fraction: float
     max_tainted_nodes: int
-    gpu_node_selector: str
+    gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
+
+    def effect_for(self, severity: Severity) -> str:
+        """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
+        return self.taint_effect_by_severity.get(severity, self.taint_effect)
 
 
 @dataclass(frozen=True)
@@ -76,13 +88,35 @@ def thresholds(raw: Mapping[str, Any]) -> Thresholds:
 def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
     s = raw["node"]
     return NodeSettings(
+        mode=str(s["mode"]),
         recover_after=int(s["recoverAfter"]),
+        escalate_after_reboots=int(s["escalateAfterReboots"]),
+        taint_min_severity=Severity.parse(str(s["taintMinSeverity"])),
         taint_effect=str(s["taintEffect"]),
+        taint_effect_by_severity={
+            Severity.parse(k): str(v) for k, v in s["taintEffectBySeverity"].items() if v is not None
+        },
         condition_type=str(s["conditionType"]),
         max_tainted_fraction=float(s["maxTaintedFraction"]),
         max_tainted_nodes=int(s["maxTaintedNodes"]),
-        gpu_node_selector=str(s["gpuNodeSelector"]),
+        gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
     )
+
+
+def gpu_node_selectors(value: str | list[object]) -> tuple[str, ...]:
+    """`node.gpuNodeSelector`: one label selector or a list of them (any one matches); each is
+    parsed as the API server would, so a typo is a rejected config, not a brake that counts nothing."""
+    selectors = (value,) if isinstance(value, str) else tuple(value)
+    if not selectors:
+        raise ConfigError("node.gpuNodeSelector: an empty list selects no GPU node")
+    for s in selectors:
+        if not isinstance(s, str):
+            raise ConfigError(f"node.gpuNodeSelector: {s!r} is not a label selector string")
+        try:
+            parse_selector(s)
+        except ValueError as exc:
+            raise ConfigError(f"node.gpuNodeSelector: {exc}") from exc
+    return tuple(str(s) for s in selectors)
 
 
 def dcgm_settings(raw: Mapping[str, Any]) -> DcgmSettings:

@@ -6,25 +6,80 @@ reliable: compare the content of the files instead (they are small).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
+from agent.config.last_good import save_last_good
+from agent.config.schema import RESTART_ONLY, SCHEMA
 from agent.core.rules import RuleBook
 
 
 @dataclass(frozen=True)
 class ReloadOutcome:
-    config: Config | None  # the new config when accepted
+    config: Config | None  # the new config when accepted (restart-only keys at their old values)
     error: str | None  # why it was rejected
+    changed: tuple[str, ...] = ()  # the keys (dotted) and tables that changed and are applied
+    needs_restart: tuple[str, ...] = ()  # "key: old → new" of the RESTART_ONLY keys not applied
+
+
+def flatten(raw: Mapping[str, Any], schema: Mapping[str, Any] = SCHEMA, where: str = "") -> dict[str, Any]:
+    """config.yaml's document as dotted keys → values; a free-form section ("*") is one value."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        spec = schema.get(key)
+        if isinstance(spec, Mapping) and "*" not in spec and isinstance(value, Mapping):
+            out.update(flatten(value, spec, f"{where}{key}."))
+        else:
+            out[f"{where}{key}"] = value
+    return out
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """The config.yaml keys and the tables whose values differ between two configs."""
+    a, b = flatten(old.raw), flatten(new.raw)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    tables = {
+        "instance-profiles.yaml": (old.profiles, new.profiles),
+        "xid-catalog.yaml": (old.xid_catalog, new.xid_catalog),
+        "dcgm-incidents.yaml": (old.dcgm_incidents, new.dcgm_incidents),
+    }
+    return keys + [name for name, (x, y) in tables.items() if x != y and name not in keys]
+
+
+def keep_restart_only(old: Config, new: Config) -> tuple[Config, list[str]]:
+    """*new* with the RESTART_ONLY keys at their values in *old*, and "key: old → new" for each."""
+    raw = copy.deepcopy(new.raw)
+    kept: list[str] = []
+    for dotted in RESTART_ONLY:
+        *parents, leaf = dotted.split(".")
+        src, dst = old.raw, raw
+        for p in parents:
+            src, dst = src[p], dst[p]
+        if src[leaf] != dst[leaf]:
+            kept.append(f"{dotted}: {src[leaf]} → {dst[leaf]}")
+            dst[leaf] = src[leaf]
+    return (replace(new, raw=raw) if kept else new), kept
 
 
 class ConfigWatcher:
-    def __init__(self, directory: Path | None, current: Config, rules: RuleBook | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        current: Config,
+        rules: RuleBook | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        """current: the config in force (at start maybe a fallback, when the mounted one is invalid);
+        state_dir: where each accepted config is kept (last_good)."""
         self.directory = directory
+        self.state_dir = state_dir
         self.current = current
         self.rules = rules
         self._fingerprint = self._digest()
@@ -67,8 +122,11 @@ class ConfigWatcher:
             return None
         self._fingerprint = digest
         try:
-            cfg = load_config_dir(self.directory, rules=self.rules)
+            loaded = load_config_dir(self.directory, rules=self.rules)
         except ConfigError as exc:
             return ReloadOutcome(config=None, error=str(exc))
+        save_last_good(self.directory, self.state_dir)
+        cfg, kept = keep_restart_only(self.current, loaded)
+        changed = changed_keys(self.current, cfg)
         self.current = cfg
-        return ReloadOutcome(config=cfg, error=None)
+        return ReloadOutcome(config=cfg, error=None, changed=tuple(changed), needs_restart=tuple(kept))

@@ -12,14 +12,20 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
-from agent.core.findings import Verdict
+from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten
 
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
-DEFAULT_GPU_NODE_SELECTOR = "nvidia.com/gpu.present=true"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
+# node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
+# the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
+MODE_OBSERVE, MODE_LABEL, MODE_TAINT = "observe", "label", "taint"
+MODES = (MODE_OBSERVE, MODE_LABEL, MODE_TAINT)
+DEFAULT_MODE = MODE_TAINT
 COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
 EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
 
@@ -58,6 +64,11 @@ class Keys:
         return f"{self.prefix}/unhealthy"
 
     @property
+    def unhealthy(self) -> str:
+        """Label (mode `label`): the taint's key and value, where the taint would be."""
+        return self.taint
+
+    @property
     def taint_opt_out(self) -> str:
         return f"{self.prefix}/taint"
 
@@ -74,16 +85,23 @@ class Keys:
     def ours(self, key: str) -> bool:
         return key.startswith(f"{self.prefix}/")
 
-    def selector(self, base: str, own: str) -> str:
-        return f"{base},{own}" if base else own
+    @staticmethod
+    def selector(base: str, own: str) -> str:
+        """Both label selectors (AND); either may be empty."""
+        return ",".join(s for s in (base, own) if s)
 
     def tainted_selector(self, base: str) -> str:
         """GPU nodes (base selector) that carry our taint."""
         return self.selector(base, f"{self.tainted}={TRUE}")
 
-    def contenders_selector(self, base: str) -> str:
-        """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
-        own = f"{self.status}={Status.FAIL.value},{self.tainted}!={TRUE},{self.taint_opt_out}!={DISABLED}"
+    def contenders_selector(self, base: str, min_severity: str = TAINT_SEVERITIES[0]) -> str:
+        """Failing GPU nodes that want our taint (at node.taintMinSeverity or above) and do not have
+        it (nor refuse it). A node failing below that severity is no contender: it never taints."""
+        worthy = ",".join(TAINT_SEVERITIES[TAINT_SEVERITIES.index(min_severity) :])
+        own = (
+            f"{self.status}={Status.FAIL.value},{self.severity} in ({worthy}),"
+            f"{self.tainted}!={TRUE},{self.taint_opt_out}!={DISABLED}"
+        )
         return self.selector(base, own)
 
 
@@ -115,7 +133,10 @@ class Reason:
     BRAKE_CLOSED = "BrakeClosed"
     CONFIG_RELOADED = "ConfigReloaded"
     CONFIG_REJECTED = "ConfigRejected"
+    CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
 
+
+CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
 
 NORMAL, WARNING = "Normal", "Warning"
 EVENT_MESSAGE_MAX = 1024
@@ -135,8 +156,9 @@ class NodeEvent:
 class Marks:
     """The desired state of this agent's keys on its own Node.
 
-    `taint` is the engine's wish (status fail, after hysteresis); the writer still honours the
-    `<prefix>/taint=disabled` label and the cluster-wide brake before adding a taint.
+    `taint` is the engine's wish (status fail at taintMinSeverity or above, after hysteresis, mode
+    `taint`); the writer still honours the `<prefix>/taint=disabled` label and the cluster-wide brake
+    before adding a taint.
     """
 
     status: Status
@@ -146,6 +168,16 @@ class Marks:
     condition_message: str
     events: tuple[NodeEvent, ...] = field(default=())
     drop_annotations: tuple[str, ...] = field(default=())  # our annotations to remove (consumed requests)
+    # The taint's value: the last failing severity, kept while a tainted node recovers or is unknown
+    # (None: the verdict's severity).
+    taint_severity: Severity | None = None
+    taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
+    unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
+    config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
+
+    @property
+    def taint_value(self) -> str:
+        return (self.taint_severity or self.severity).label
 
     @property
     def condition_status(self) -> str:
@@ -154,13 +186,25 @@ class Marks:
 
     @property
     def condition_reason(self) -> str:
-        return CONDITIONS[self.status].reason
+        """The status's reason, or ConfigRejected while the agent runs on a config it fell back to
+        (the status still tells health; the message says which config is in force and why)."""
+        return CONFIG_REJECTED_REASON if self.config_rejected else CONDITIONS[self.status].reason
 
 
 # ----------------------------------------------------------------------------- the results annotation
 
 RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
+TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
+GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
+HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
+STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
+
+
+def stale_after_s(gpu_interval_s: float) -> int:
+    """How long the agent may go without a check before /healthz and /readyz fail: its readiness
+    then means "checked within this", which `status` turns into the age of the last check."""
+    return int(max(60.0, 3 * gpu_interval_s))
 
 
 def now_iso() -> str:
@@ -176,6 +220,10 @@ def results_document(
     instance_type: str | None,
     latched: Sequence[dict[str, Any]] | None = None,
     check_times: dict[str, str] | None = None,
+    taint: dict[str, Any] | None = None,
+    stale_after: int | None = None,
+    gpus: Sequence[dict[str, Any]] | None = None,
+    history: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -187,6 +235,7 @@ def results_document(
             "at": (check_times or {}).get(r.name, checked_at),
             "durationMs": round(r.duration_ms, 2),
             "entities": list(r.all_entities()),
+            **_next_step(r),
         }
         for r in verdict.results
     ]
@@ -198,6 +247,7 @@ def results_document(
                 "severity": f.severity.label,
                 "since": checked_at,
                 "message": f.message,
+                "action": f.recommendation.describe(),
             }
             for r in verdict.results
             for f in r.findings
@@ -214,7 +264,23 @@ def results_document(
         "checks": checks,
         "latched": list(latched),
     }
+    if taint is not None:
+        doc[TAINT_FIELD] = taint
+    if stale_after is not None:
+        doc[STALE_AFTER_FIELD] = stale_after
+    if gpus is not None:
+        doc[GPUS_FIELD] = list(gpus)
+    if history:
+        doc[HISTORY_FIELD] = list(history)
     return fit(doc)
+
+
+def _next_step(result: CheckResult) -> dict[str, Any]:
+    """{"action", "escalation"} of a check's worst finding (core/actions.py); {} without one."""
+    worst = max(result.findings, key=lambda f: f.severity, default=None)
+    if worst is None or worst.severity <= Severity.NONE:
+        return {}
+    return worst.recommendation.as_dict()
 
 
 def encode(doc: dict[str, Any]) -> str:
@@ -241,6 +307,10 @@ def fit(doc: dict[str, Any], limit: int = MAX_RESULTS_BYTES) -> dict[str, Any]:
             item["message"] = shorten(item["message"], msg_len)
             if "entities" in item and len(item["entities"]) > ent_len:
                 item["entities"] = [*item["entities"][:ent_len], f"+{len(item['entities']) - ent_len} more"]
+    for entry in doc.get(GPUS_FIELD) or ():  # pods are a courtesy: they go before any latch
+        if len(encode(doc).encode()) <= limit:
+            break
+        entry.pop("pods", None)
     while len(encode(doc).encode()) > limit and len(doc["latched"]) > 1:
         # Latched findings are ordered oldest first; keep the most severe when something must go.
         doc["latched"].sort(key=lambda x: Severity.parse(x["severity"]))

@@ -21,6 +21,7 @@ class DiagStatus(str, enum.Enum):
     WARN = "warn"
     SKIP = "skip"
     NOT_RUN = "not-run"
+    UNKNOWN = "unknown"  # no status the tool could name (dcgmi prints "" for an unknown result code)
 
 
 @dataclass(frozen=True)
@@ -106,3 +107,4 @@ class HealthReport:
     single_node_nvswitch: bool = False  # NVSwitch system without a multi-node NVLink domain (IMEX is noise)
     polled_at: float | None = None
     engine: str = ""  # the address we read it from
+    engines_on_node: tuple[str, ...] | None = None  # DCGM engines seen in this node's pods; None = not looked

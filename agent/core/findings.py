@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent.core.actions import Action, Recommendation, recommend
 from agent.core.model import SourceLine
 from agent.core.severity import Severity, Status
 
@@ -39,6 +40,12 @@ class Finding:
     latched: bool = False
     # Where the input states it (`check --explain`); not part of the finding's identity.
     evidence: tuple[Evidence, ...] = field(default=(), compare=False)
+    action: Action | None = None  # the step its check names (an Xid's NVIDIA bucket); None: by severity
+
+    @property
+    def recommendation(self) -> Recommendation:
+        """What to do next, and after that (core/actions.py)."""
+        return recommend(self.severity, self.action)
 
 
 @dataclass(frozen=True)

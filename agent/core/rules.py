@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agent.core.actions import Action
 from agent.core.severity import Severity
 
 
@@ -13,6 +14,7 @@ class Rule:
     name: str  # "<check>.<what>", e.g. "gpu.ecc.dram-uncorrectable"
     severity: Severity  # the default
     text: str  # what it means, for `gpu-healthcheck rules`
+    action: Action | None = None  # the step that fixes it, where its severity does not say it
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from agent.checks.registry import CHECKS, run_checks
 from agent.config import Config
 from agent.core.contract import (
     CONDITION_MESSAGE_MAX,
+    MODE_LABEL,
+    MODE_TAINT,
     NORMAL,
     WARNING,
     Keys,
@@ -28,13 +30,17 @@ from agent.core.contract import (
     encode,
     now_iso,
     results_document,
+    stale_after_s,
 )
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Verdict
-from agent.core.model import NodeObject, RdmaSample
+from agent.core.findings import CheckResult, Finding, Verdict
+from agent.core.model import GpuInventory, NodeObject, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
+from agent.core.workloads import GpuIdentity, gpu_holders
+from agent.engine import history
+from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
 from agent.engine.verdict import decide
@@ -56,6 +62,7 @@ class Engine:
         rng: random.Random | None = None,
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
+        workloads: Callable[[], Any] | None = None,
     ) -> None:
         """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);
         progress() adds a line to the condition message (a DCGM diag in progress)."""
@@ -67,6 +74,7 @@ class Engine:
         self.node_getter = node_getter
         self.extra_inputs = extra_inputs or {}
         self.progress = progress
+        self.workloads = workloads  # the kubelet's device holders (probes/pod_resources.list_devices)
         self.clock = clock
         self.inputs: dict[Input, Any] = {}
         self.results: dict[str, CheckResult] = {}
@@ -75,10 +83,18 @@ class Engine:
         self.heartbeat = clock()
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
-        self._readers: dict[Input, Callable[[], Any]] = {
-            **source_readers(source),
+        self._readers: dict[Input, Callable[[], Any]] = {}
+        self.set_inputs(self.extra_inputs, progress)
+
+    def set_inputs(
+        self, extra_inputs: dict[Input, Callable[[], Any]], progress: Callable[[], str] | None
+    ) -> None:
+        """How inputs are read beyond the source; a reload that rebuilt the DCGM client calls it again."""
+        self.extra_inputs, self.progress = extra_inputs, progress
+        self._readers = {
+            **source_readers(self.source),
             Input.DCGM_HEALTH: lambda: NotCaptured("dcgm health (no host engine configured)"),
-            **self.extra_inputs,
+            **extra_inputs,
         }
 
     @property
@@ -224,14 +240,27 @@ class Engine:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
         results = self.current_results()
+        after = self.cfg.node.escalate_after_reboots
+        gpus_seen = self.inputs.get(Input.GPUS)
+        self.state.history = history.record(self.state.history, results, self.boot_id, gpus_seen, after + 1)
+        results = history.escalate(results, self.state.history, gpus_seen, after)
         verdict = decide(results)
         self.metrics.record_verdict(verdict.status, results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
-        taint = self.state.settle_taint(
-            verdict.status, self.last_run.get("gpu", -1.0), self.cfg.node.recover_after
+        policy = self.cfg.node
+        recover_after = policy.recover_after
+        wanted = self.state.settle_taint(
+            verdict.status,
+            verdict.severity,
+            self.last_run.get("gpu", -1.0),
+            recover_after,
+            policy.taint_min_severity,
         )
+        taint = wanted and policy.mode == MODE_TAINT  # observe and label modes never taint
         self.metrics.record_taint_wanted(taint)
-        events = self._events(verdict) + ((clear_event,) if clear_event else ())
+        holders = self._holders if self.workloads is not None else None
+        gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
+        events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
         self.state.last_status = verdict.status
         self.evaluations += 1
         self.heartbeat = self.clock()
@@ -243,9 +272,16 @@ class Engine:
             instance_type=resolve_instance_type(self.source, self.cfg, node, None)[0],
             latched=[latch.as_dict() for latch in self.latches.values()],
             check_times=self.result_at,
+            taint=self.state.taint_document(),
+            stale_after=stale_after_s(self.cfg.intervals.gpu),
+            gpus=gpus,
+            history=[seen.as_dict() for seen in self.state.history.values()],
         )
         worst = verdict.worst
-        message = f"{verdict.status.value}: " + (
+        # The recovery note goes first: a long list of unknown checks must not cut it off.
+        note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""
+        message = verdict.status.value + (f" ({note})" if note else "") + ": "
+        message += (
             f"{worst.check}: {worst.message}"
             if worst is not None and worst.severity > Severity.NONE
             else "; ".join(f"{r.name}: {r.message}" for r in results if r.status is Status.UNKNOWN)
@@ -262,23 +298,46 @@ class Engine:
             condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
             drop_annotations=(drop,) if drop else (),
+            taint_severity=self.state.taint_severity if wanted else None,
+            taint_effect=policy.effect_for(self.state.taint_severity),
+            unhealthy_label=wanted and policy.mode == MODE_LABEL,
         )
         return verdict, marks
 
-    def _events(self, verdict: Verdict) -> tuple[NodeEvent, ...]:
+    def _holders(self) -> dict[int, tuple[str, ...]]:
+        """GPU index -> the containers holding it, as the kubelet says (asked only when a GPU has
+        a finding); {} when it cannot be asked."""
+        assert self.workloads is not None
+        containers = self._bounded("pod-resources", self.workloads)
+        inv = self.inputs.get(Input.GPUS)
+        if isinstance(containers, ProbeError) or not isinstance(inv, GpuInventory):
+            return {}
+        ids = [GpuIdentity(g.index, g.uuid) for g in inv.gpus]
+        return gpu_holders(containers, ids)[0]
+
+    def _events(self, verdict: Verdict, gpus: list[dict[str, Any]] | None = None) -> tuple[NodeEvent, ...]:
         events: list[NodeEvent] = []
         last_status = self.state.last_status
+        gpus = gpus or []
         if verdict.status is not last_status:
             worst = verdict.worst
-            detail = f": {worst.check}: {worst.message}" if worst is not None else ""
+            detail = ""
+            if worst is not None:
+                detail = f": {worst.check}: {worst.message}"
+                if worst.severity > Severity.NONE:
+                    detail += f" → {worst.recommendation.describe()}{pods_text(gpus, worst)}"
             was = last_status.value if last_status else "none"
             kind = WARNING if verdict.status in (Status.FAIL, Status.UNKNOWN) else NORMAL
             events.append(
                 NodeEvent(Reason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
             )
         for latch in self.state.take_new_latches():
+            then = f" → {latch.action}" if latch.action else ""
+            pods = pods_text(gpus, Finding(latch.check, "", latch.severity, latch.message, key=latch.key))
             events.append(
-                NodeEvent(Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}", WARNING)
+                NodeEvent(
+                    Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}{then}{pods}", WARNING
+                )
             )
         return tuple(events)
 
@@ -295,6 +354,9 @@ def fingerprint(marks: Marks) -> str:
             marks.status.value,
             marks.severity.label,
             str(marks.taint),
+            marks.taint_value,
+            marks.taint_effect,
+            str(marks.unhealthy_label),
             marks.condition_status,
             marks.condition_reason,
             marks.condition_message,

@@ -14,11 +14,20 @@ from typing import Any, Protocol
 from agent.checks.registry import RULE_BOOK
 from agent.config import Config
 from agent.config.watch import ConfigWatcher
-from agent.core.contract import WARNING, Keys, Marks, NodeEvent, Reason
+from agent.core.contract import (
+    CONDITION_MESSAGE_MAX,
+    WARNING,
+    Keys,
+    Marks,
+    NodeEvent,
+    Reason,
+    stale_after_s,
+)
 from agent.core.facts import Input
 from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
+from agent.core.text import shorten
 from agent.engine.engine import Engine, fingerprint
 from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s
 from agent.probes.kernel_follow import KernelFollower
@@ -48,8 +57,15 @@ class Agent:
         metrics: Telemetry | None = None,
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
+        on_config: Callable[[Config, Config], None] | None = None,
+        config_problem: str = "",
+        state_dir: Path | None = None,
+        workloads: Callable[[], Any] | None = None,
     ) -> None:
+        """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
+        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine."""
         self.cfg = cfg
+        self.on_config = on_config
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.engine = Engine(
             source,
@@ -58,9 +74,12 @@ class Agent:
             node_getter=node_getter,
             extra_inputs=extra_inputs,
             progress=progress,
+            workloads=workloads,
         )
         self.writer = writer
-        self.watcher = ConfigWatcher(config_dir, cfg, RULE_BOOK) if config_dir is not None else None
+        self.watcher = (
+            ConfigWatcher(config_dir, cfg, RULE_BOOK, state_dir) if config_dir is not None else None
+        )
         self.stop_event = threading.Event()
         self.poke = threading.Event()
         self.xid_pending = threading.Event()
@@ -68,6 +87,9 @@ class Agent:
         self.last_fingerprint = ""
         self.retry_at = 0.0
         self.write_policy = WritePolicy(lambda: brake_reask_s(self.cfg))
+        self.config_problem = ""  # why the mounted config is not in force ("" = it is)
+        if config_problem:
+            self._config_rejected(config_problem)
         self.follower: KernelFollower | None = None
         if kernel_path is not None:
             self.follower = KernelFollower(kernel_path, self._xid_seen, device=kernel_is_device)
@@ -133,22 +155,56 @@ class Agent:
         if outcome is None:
             return False
         if outcome.config is None:
-            self.metrics.record_config_reload("rejected")
-            log.error(
-                f"config rejected, keeping the last good one: {outcome.error}", extra={"event": "config"}
-            )
-            self.pending_events.append(NodeEvent(Reason.CONFIG_REJECTED, f"{outcome.error}", WARNING))
+            self._config_rejected(f"{outcome.error}; keeping the configuration in force")
             return True
-        self.cfg = outcome.config
+        if self.config_problem:
+            self.config_problem = ""
+            self.metrics.record_config_rejected(False)
+        old, self.cfg = self.cfg, outcome.config
         self.engine.cfg = outcome.config
         self.engine.reschedule_all()
+        if self.on_config is not None:
+            try:
+                self.on_config(old, outcome.config)
+            except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
+                log.exception("applying the reloaded config failed", extra={"event": "config"})
+                self.pending_events.append(
+                    NodeEvent(Reason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING)
+                )
         self.metrics.record_config_reload("applied")
-        log.info("config reloaded", extra={"event": "config"})
-        self.pending_events.append(NodeEvent(Reason.CONFIG_RELOADED, "configuration reloaded and applied"))
+        applied = ", ".join(outcome.changed) or "no key changed"
+        log.info(f"config reloaded, applied: {applied}", extra={"event": "config"})
+        self.pending_events.append(
+            NodeEvent(Reason.CONFIG_RELOADED, f"configuration reloaded and applied: {applied}")
+        )
+        if outcome.needs_restart:
+            kept = "; ".join(outcome.needs_restart)
+            self.metrics.record_config_reload("restart_required")
+            log.warning(f"config not applied until the agent restarts: {kept}", extra={"event": "config"})
+            self.pending_events.append(
+                NodeEvent(
+                    Reason.CONFIG_RESTART_REQUIRED,
+                    f"not applied until the agent restarts (old value kept): {kept}",
+                    WARNING,
+                )
+            )
         return True
+
+    def _config_rejected(self, problem: str) -> None:
+        """The mounted config is invalid (at start or on an edit): say so in an Event, the log, the
+        metrics and the condition until a valid one is mounted."""
+        self.config_problem = problem
+        self.metrics.record_config_reload("rejected")
+        self.metrics.record_config_rejected(True)
+        log.error(f"config rejected: {problem}", extra={"event": "config"})
+        self.pending_events.append(NodeEvent(Reason.CONFIG_REJECTED, problem, WARNING))
 
     def _publish(self) -> None:
         _, marks = self.engine.evaluate()
+        if self.config_problem:
+            note = f" (config rejected: {shorten(self.config_problem, CONDITION_MESSAGE_MAX // 3)})"
+            message = marks.condition_message[: CONDITION_MESSAGE_MAX - len(note)] + note
+            marks = replace(marks, config_rejected=True, condition_message=message)
         if self.pending_events:
             marks = replace(marks, events=(*self.pending_events, *marks.events))
         fp = fingerprint(marks)
@@ -182,8 +238,10 @@ class Agent:
         return isinstance(node, NodeObject) and key in node.annotations
 
     def healthy(self) -> bool:
-        limit = max(60.0, 3 * self.cfg.intervals.gpu)
-        return time.monotonic() - self.engine.heartbeat < limit
+        """The loop checked within stale_after_s (liveness)."""
+        return time.monotonic() - self.engine.heartbeat < stale_after_s(self.cfg.intervals.gpu)
 
     def ready(self) -> bool:
-        return self.engine.evaluations > 0
+        """A verdict exists and is fresh: `status` reads a Ready agent as "checked within
+        stale_after_s" (the results annotation carries that bound), without any heartbeat write."""
+        return self.engine.evaluations > 0 and self.healthy()

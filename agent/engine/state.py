@@ -1,6 +1,8 @@
 """What the engine remembers from one cycle to the next: latched findings of this boot (restored from
 the Node's results annotation after a restart), the findings an operator cleared, and the hysteresis
-that keeps a failing node tainted until recoverAfter passing gpu-tier cycles."""
+that keeps a failing node tainted until recoverAfter passing gpu-tier cycles. Only pass/warn cycles
+count: an unknown one (a tool unreadable, the engine down) freezes the count, since a missing signal
+must never clear a taint."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.core.contract import CLEAR_ALL, NodeEvent, Reason
+from agent.core.contract import CLEAR_ALL, TAINT_FIELD, NodeEvent, Reason
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
+from agent.engine import history
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -26,15 +29,19 @@ class Latch:
     severity: Severity
     since: str
     message: str
+    action: str = ""  # its next step and escalation ("reboot (then: service)")
 
     def as_dict(self) -> dict[str, str]:
-        return {
+        out = {
             "check": self.check,
             "key": self.key,
             "severity": self.severity.label,
             "since": self.since,
             "message": self.message,
         }
+        if self.action:
+            out["action"] = self.action
+        return out
 
 
 class EngineState:
@@ -47,8 +54,11 @@ class EngineState:
         self.cleared: dict[str, str] = {}
         self.operator_cleared = False
         self.taint_wanted = False
+        self.taint_severity = Severity.NONE  # the taint's value: the last failing severity
         self.pass_streak = 0
+        self.recovery_frozen = False  # the last gpu cycle while tainted was not a pass/warn
         self.last_status: Status | None = None
+        self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
         self._last_gpu_run_seen = -1.0
 
     # ------------------------------------------------------------------ restore
@@ -67,12 +77,21 @@ class EngineState:
                         Severity.parse(str(item["severity"])),
                         str(item["since"]),
                         str(item["message"]),
+                        str(item.get("action") or ""),
                     )
                 except (KeyError, TypeError, ValueError):
                     continue
                 self.latches[latch.key] = latch
-        if doc.get("status") == Status.FAIL.value:
+        self.history = history.parse(doc)  # across boots: that is its point
+        taint = doc.get(TAINT_FIELD)
+        if isinstance(taint, dict):  # tainted, maybe recovering or frozen: keep the count and value
+            self.taint_wanted = True
+            self.taint_severity = _severity_or(taint.get("severity"), Severity.RESET)
+            passes = taint.get("passes")
+            self.pass_streak = passes if isinstance(passes, int) and passes >= 0 else 0
+        elif doc.get("status") == Status.FAIL.value:
             self.taint_wanted = True  # hysteresis survives a restart: recoverAfter passes are needed again
+            self.taint_severity = _severity_or(doc.get("severity"), Severity.RESET)
         try:
             self.last_status = Status(str(doc.get("status")))
         except ValueError:
@@ -100,7 +119,7 @@ class EngineState:
             if self.cleared.get(f.key) == f.message:
                 continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
-                latch = Latch(f.check, f.key, f.severity, stamp, f.message)
+                latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation.describe())
                 self.latches[f.key] = latch
                 new.append(latch)
                 if f.check == "xid" and f.key.startswith("xid/"):
@@ -133,6 +152,7 @@ class EngineState:
         )
         for key in keys:
             self.cleared[key] = self.latches.pop(key).message
+        self.history = history.forget(self.history, keys)  # a cleared latch starts afresh
         for res in results.values():
             for f in res.findings:
                 if f.key in keys:
@@ -169,23 +189,68 @@ class EngineState:
 
     # ------------------------------------------------------------------ hysteresis
 
-    def settle_taint(self, status: Status, gpu_last_run: float, recover_after: int) -> bool:
-        """Whether the node should be tainted after a verdict of `status`. A failing node is untainted
-        only after recover_after passing gpu-tier cycles (gpu_last_run tells a new one), or at once
-        when an operator cleared its latches."""
-        if status is Status.FAIL:
-            self.taint_wanted, self.pass_streak = True, 0
+    def settle_taint(
+        self,
+        status: Status,
+        severity: Severity,
+        gpu_last_run: float,
+        recover_after: int,
+        min_severity: Severity = Severity.RESET,
+    ) -> bool:
+        """Whether the node should be tainted after a verdict of `status`/`severity`.
+
+        A failure at min_severity or above (re)starts the taint. A tainted node is untainted only
+        after recover_after gpu-tier cycles (gpu_last_run tells a new one) whose verdict was pass or
+        warn, or at once when an operator cleared its latches. Any other cycle (unknown, or a
+        failure below min_severity) freezes the count where it is: it neither advances nor resets it.
+        """
+        new_cycle = self._gpu_cycle_completed(gpu_last_run)
+        if status is Status.FAIL and severity >= min_severity:
+            self.taint_wanted, self.pass_streak, self.recovery_frozen = True, 0, False
+            self.taint_severity = severity
         elif self.operator_cleared:
             self.taint_wanted, self.pass_streak = False, 0  # the operator said it is fixed: no hysteresis
-        elif self.taint_wanted and self._gpu_cycle_completed(gpu_last_run):
-            self.pass_streak += 1
-            if self.pass_streak >= recover_after:
-                self.taint_wanted, self.pass_streak = False, 0
+            self.recovery_frozen = False
+        elif self.taint_wanted and new_cycle:
+            if status in (Status.PASS, Status.WARN):
+                self.recovery_frozen = False
+                self.pass_streak += 1
+                if self.pass_streak >= recover_after:
+                    self.taint_wanted, self.pass_streak = False, 0
+            else:
+                self.recovery_frozen = True
         self.operator_cleared = False
         return self.taint_wanted
+
+    def recovery_note(self, recover_after: int) -> str:
+        """What the condition message says of a node kept unhealthy (tainted, or labelled in mode
+        `label`) while its verdict is not fail."""
+        if not self.taint_wanted:
+            return ""
+        if self.recovery_frozen:
+            return (
+                f"recovery paused at {self.pass_streak}/{recover_after} passing cycles: "
+                "an unknown cycle does not count as passing"
+            )
+        return f"recovering: {self.pass_streak}/{recover_after} passing cycles"
+
+    def taint_document(self) -> dict[str, Any] | None:
+        """The results annotation's `taint` field: present while the taint is wanted, so that a
+        restarted agent keeps the taint, its value and the recovery count."""
+        if not self.taint_wanted:
+            return None
+        return {"severity": self.taint_severity.label, "passes": self.pass_streak}
 
     def _gpu_cycle_completed(self, ran: float) -> bool:
         if ran != self._last_gpu_run_seen:
             self._last_gpu_run_seen = ran
             return True
         return False
+
+
+def _severity_or(text: Any, default: Severity) -> Severity:
+    try:
+        sev = Severity.parse(str(text))
+    except ValueError:
+        return default
+    return sev if sev >= Severity.RESET else default

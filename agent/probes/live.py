@@ -31,8 +31,10 @@ class LiveSource:
         use_nvml: bool = True,
         node_loader: Callable[[], Probed[NodeObject]] | None = None,
         instance_type: str | None = None,
+        nvml_timeout_s: float | None = None,
     ) -> None:
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # nvidia-smi (timeouts.nvidiaSmi); both are set again on a reload
+        self.nvml_timeout_s = timeout_s if nvml_timeout_s is None else nvml_timeout_s  # timeouts.nvml
         self.sys_root = sys_root
         self.kmsg_path = kmsg_path
         self.use_nvml = use_nvml
@@ -58,7 +60,7 @@ class LiveSource:
 
     def gpus(self) -> Probed[GpuInventory]:
         if self.use_nvml:
-            nvml = _read_nvml(self.timeout_s)
+            nvml = _read_nvml(self.nvml_timeout_s)
             if not (isinstance(nvml, ProbeError) and nvml.kind is ProbeErrorKind.UNAVAILABLE):
                 return nvml
         return self.memo.parse(source_name(XML), self.text(XML), parse_nvsmi_xml)

@@ -23,12 +23,13 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.core.contract import DEFAULT_GPU_NODE_SELECTOR, DEFAULT_PREFIX, Keys
+from agent.core.contract import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.reporters.kube_rest import KubeRest, api_status
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,10 @@ class Brake:
         self,
         core: KubeRest,
         *,
-        selector: str = DEFAULT_GPU_NODE_SELECTOR,
+        selectors: Sequence[str] = DEFAULT_GPU_NODE_SELECTORS,
+        node_name: str | None = None,
+        scope: str = "",
+        on_count: Callable[[int, bool], None] | None = None,
         max_fraction: float = 0.2,
         max_nodes: int = 0,
         prefix: str = DEFAULT_PREFIX,
@@ -148,12 +152,20 @@ class Brake:
         rank_patience_s: float = 90,
         settle_s: float = 1.0,
         settle_max_s: float = 6.0,
+        min_severity: str = TAINT_SEVERITIES[0],
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
-        self.selector = selector
+        self.selectors = tuple(selectors)  # any one makes a GPU node (core/gpu_nodes.py)
+        self.node_name = node_name  # this agent's Node: is it among the GPU nodes counted?
+        # A label selector ANDed into every list: a brake of its own for one pool of Nodes (tests
+        # use it to keep apart the Nodes of other tests on one API server). Empty: the cluster.
+        self.scope = scope
+        self._on_count = on_count  # (GPU nodes counted, this Node among them) -> metrics
+        self.selection_problem: str | None = None  # set while the selection does not hold
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
         self.prefix = prefix
+        self.min_severity = min_severity  # node.taintMinSeverity: who contends for a slot
         self.cache_seconds = cache_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -176,12 +188,40 @@ class Brake:
 
     @property
     def contenders_selector(self) -> str:
-        """Failing GPU nodes that want our taint and do not have it (nor refuse it)."""
-        return Keys(self.prefix).contenders_selector(self.selector)
+        """Failing nodes that want our taint (at node.taintMinSeverity or above) and do not have it
+        (nor refuse it). Only our agents write these labels, and they run only on GPU nodes, so no
+        GPU-node selector is needed."""
+        return Keys(self.prefix).contenders_selector(self.scope, self.min_severity)
 
     @property
     def tainted_selector(self) -> str:
-        return Keys(self.prefix).tainted_selector(self.selector)
+        """Nodes that carry our taint (counted in the total too: a taint is a GPU node held back)."""
+        return Keys(self.prefix).tainted_selector(self.scope)
+
+    def _selected(self, min_rv: str | None = None) -> set[str]:
+        """The GPU nodes: the union of one names-only list per selector (a selector cannot OR)."""
+        names: set[str] = set()
+        for selector in self.selectors:
+            names.update(self._names(Keys.selector(selector, self.scope), min_rv=min_rv))
+        self._check_selection(names)
+        return names
+
+    def _check_selection(self, names: set[str]) -> None:
+        """A selection that misses this Node (or every Node) would shrink the brake's total to
+        "this node alone", i.e. one taint at most: say so in the log and the metrics."""
+        ours = self.node_name is None or self.node_name in names
+        problem = None
+        if not names:
+            problem = "node.gpuNodeSelector matches no Node"
+        elif not ours:
+            problem = f"this Node is not among the {len(names)} Nodes node.gpuNodeSelector matches"
+        if problem and problem != self.selection_problem:
+            log.warning("brake: %s; the brake's fraction counts only the Nodes it matches", problem)
+        elif self.selection_problem and not problem:
+            log.info("brake: node.gpuNodeSelector matches this Node again (%d GPU nodes)", len(names))
+        self.selection_problem = problem
+        if self._on_count is not None:
+            self._on_count(len(names), ours)
 
     def _names(self, label_selector: str, *, min_rv: str | None = None) -> list[str]:
         """Names of the Nodes matching *label_selector* (Table rows, no objects; see the module doc)."""
@@ -223,7 +263,7 @@ class Brake:
         does not make every agent list every Node at the same moment. A fleet's size changes slowly."""
         cached = self._total_cache
         if cached is None:  # no total yet: read it now, not older than our write when we know it
-            names = set(self._names(self.selector, min_rv=min_rv))
+            names = self._selected(min_rv)
             self._total_cache = (self._clock(), names)
             return names
         if self._clock() - cached[0] >= self.total_cache_seconds:
@@ -251,9 +291,9 @@ class Brake:
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
-            names = set(self._names(self.selector))
+            names = self._selected()
             self._total_cache = (self._clock(), names)
-            log.info("brake: %d GPU nodes (selector %s)", len(names), self.selector)
+            log.info("brake: %d GPU nodes (%d selectors)", len(names), len(self.selectors))
         except Exception as exc:  # the next need reads it (synchronously if there is no total yet)
             log.warning("brake: reading the GPU-node total failed: %s", exc)
         finally:
@@ -263,9 +303,10 @@ class Brake:
     def _others_tainted(self, node_name: str | None, min_rv: str | None = None) -> set[str]:
         return set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name or ""}
 
-    def _total(self, node_name: str | None, min_rv: str | None = None) -> int:
-        """GPU nodes, the asking one counted even when the total was read before it existed."""
-        return len(self._gpu_nodes(min_rv) | ({node_name} if node_name else set()))
+    def _total(self, node_name: str | None, min_rv: str | None = None, tainted: Sequence[str] = ()) -> int:
+        """GPU nodes, the asking one counted even when the total was read before it existed, and
+        every tainted one (ours are GPU nodes even where the selection misses their labels)."""
+        return len(self._gpu_nodes(min_rv) | set(tainted) | ({node_name} if node_name else set()))
 
     def allows_new_taint(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[bool, str]:
         """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a
@@ -275,8 +316,8 @@ class Brake:
             st = self._state
             if st is not None and st.open and now - st.at < self.cache_seconds:
                 return False, st.reason
-            total = self._total(node_name, min_rv)
             tainted = self._others_tainted(node_name, min_rv)
+            total = self._total(node_name, min_rv, sorted(tainted))
             ok, reason = brake_decision(len(tainted), total, self.max_fraction, self.max_nodes)
             if not ok:
                 self._ranked_out_since = None  # the count explains the refusal
@@ -335,7 +376,7 @@ class Brake:
         re-counts before a late racer (one whose writes waited on a loaded API server) landed. That
         may leave a slot free for a moment; the brake fills it on the next ask (safe side)."""
         tainted = self._names(self.tainted_selector, min_rv=min_rv)
-        total = self._total(node_name, min_rv)
+        total = self._total(node_name, min_rv, tainted)
         cap = brake_cap(total, self.max_fraction, self.max_nodes)
         over = last and node_name in tainted and len(set(tainted)) > cap
         if must_back_off(node_name, tainted, cap) or over:
@@ -346,6 +387,27 @@ class Brake:
                 )
             return True, reason
         return False, ""
+
+    def reconfigure(
+        self,
+        *,
+        selectors: Sequence[str],
+        max_fraction: float,
+        max_nodes: int,
+        min_severity: str = TAINT_SEVERITIES[0],
+    ) -> None:
+        """A reloaded config: new limits count from the next ask (a cached refusal is dropped); a new
+        GPU-node selection drops the GPU-node total and reads it again now."""
+        with self._lock:
+            self.max_fraction, self.max_nodes = max_fraction, max_nodes
+            self.min_severity = min_severity
+            self._state = None
+            self._ranked_out_since = None
+            new_selection = tuple(selectors) != self.selectors
+            self.selectors = tuple(selectors)
+        if new_selection:
+            self._total_cache = None
+            self.warm()
 
     def forget(self) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""

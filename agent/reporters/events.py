@@ -37,7 +37,6 @@ def transition_events(
     *,
     had_taint: bool,
     prefix: str,
-    effect: str,
 ) -> list[NodeEvent]:
     """The Events our own decisions deserve (taint added/removed/restored, brake, disabled): what
     *decided* changes against *prev*, the state the last apply left; *had_taint*: our taint was on
@@ -45,7 +44,7 @@ def transition_events(
     taint_on, brake_open, disabled = decided.taint_on, decided.brake_open, decided.disabled
     brake_reason = decided.brake_reason
     keys = Keys(prefix)
-    taint = f"{keys.taint}={marks.severity.label}:{effect}"
+    taint = f"{keys.taint}={marks.taint_value}:{marks.taint_effect}"
     disable_label = f"{keys.taint_opt_out}={DISABLED}"
     out: list[NodeEvent] = []
     if taint_on and not had_taint:

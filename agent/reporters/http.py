@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 def serve_http(
     port: int, registry: CollectorRegistry, healthy: Callable[[], bool], ready: Callable[[], bool]
 ) -> ThreadingHTTPServer | None:
-    """/metrics, /healthz (the loop is alive) and /readyz (a first verdict exists); None for port 0."""
+    """/metrics, /healthz (the loop checked lately) and /readyz (a fresh verdict exists); None for port 0."""
     if port <= 0:
         return None
 
@@ -27,7 +27,7 @@ def serve_http(
             elif self.path.startswith("/readyz"):
                 ok = ready()
                 body, ctype, code = (
-                    (b"ready\n" if ok else b"no verdict yet\n"),
+                    (b"ready\n" if ok else b"no fresh verdict\n"),
                     "text/plain",
                     200 if ok else 503,
                 )

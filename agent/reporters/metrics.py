@@ -38,6 +38,11 @@ class Metrics:
         self.config_reloads = Counter(
             f"{NS}_config_reloads_total", "config reloads by result", ["result"], registry=r
         )
+        self.config_rejected = Gauge(
+            f"{NS}_config_rejected",
+            "1 while the mounted config is invalid and the agent runs on its last good or the shipped one",
+            registry=r,
+        )
         self.brake_open = Gauge(
             f"{NS}_brake_open", "1 while the cluster-wide taint brake holds a taint back", registry=r
         )
@@ -53,6 +58,21 @@ class Metrics:
         )
         self.tainted = Gauge(
             f"{NS}_node_tainted", "1 while this agent's taint is wanted on its Node", registry=r
+        )
+        self.gpu_nodes = Gauge(
+            f"{NS}_gpu_nodes", "GPU nodes the brake counts (node.gpuNodeSelector)", registry=r
+        )
+        self.gpu_node_selected = Gauge(
+            f"{NS}_gpu_node_selected",
+            "1 while node.gpuNodeSelector matches this agent's Node (0: the brake's total is wrong)",
+            registry=r,
+        )
+        self.fence = Gauge(
+            f"{NS}_fence",
+            "1 for the result of the start-up proof that the admission fence refuses the agent's "
+            "writes outside its own Node and keys (fenced, unfenced, unknown)",
+            ["result"],
+            registry=r,
         )
 
     def record_results(self, results: Sequence[CheckResult]) -> None:
@@ -84,8 +104,19 @@ class Metrics:
     def record_config_reload(self, result: str) -> None:
         self.config_reloads.labels(result).inc()
 
+    def record_config_rejected(self, rejected: bool) -> None:
+        self.config_rejected.set(1 if rejected else 0)
+
     def record_brake_open(self, is_open: bool) -> None:
         self.brake_open.set(1 if is_open else 0)
+
+    def record_gpu_nodes(self, total: int, this_node_selected: bool) -> None:
+        self.gpu_nodes.set(total)
+        self.gpu_node_selected.set(1 if this_node_selected else 0)
+
+    def record_fence(self, result: str) -> None:
+        for r in ("fenced", "unfenced", "unknown"):
+            self.fence.labels(r).set(1 if r == result else 0)
 
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)

@@ -3,7 +3,9 @@
 No API here: the writer reads the Node, these functions say which of our keys differ, and the writer
 sends just that. Labels and annotations are a JSON merge patch naming only our keys (null deletes
 one); `spec.taints` appears only when our taint must change, and then it is the Node's own list with
-only our exact (key, effect) changed. The condition is our one entry of `status.conditions`.
+only the taints of our key changed. Any taint with our key is ours whatever its effect (an effect
+changed in config moves it; none is ever orphaned), and exactly one remains while the node is
+tainted. The condition is our one entry of `status.conditions`.
 """
 
 from __future__ import annotations
@@ -26,38 +28,46 @@ def taints_of(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(t) for t in (node.get("spec") or {}).get("taints") or ()]
 
 
-def find_our_taint(node: Mapping[str, Any], prefix: str, effect: str) -> dict[str, Any] | None:
-    """Ours is exactly (`<prefix>/unhealthy`, our effect); the same key with another effect is not ours."""
-    for t in taints_of(node):
-        if t.get("key") == Keys(prefix).taint and t.get("effect") == effect:
-            return t
-    return None
+def our_taints(node: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """Every taint with our key (`<prefix>/unhealthy`), whatever its effect: all of them are ours."""
+    return [t for t in taints_of(node) if t.get("key") == Keys(prefix).taint]
+
+
+def find_our_taint(node: Mapping[str, Any], prefix: str) -> dict[str, Any] | None:
+    """Our taint (the first with our key, whatever its effect), or None."""
+    ours = our_taints(node, prefix)
+    return ours[0] if ours else None
 
 
 def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
     return labels_of(node).get(Keys(prefix).taint_opt_out, "").strip().lower() == DISABLED
 
 
-def desired_labels(marks: Marks, prefix: str, taint_on: bool) -> dict[str, str | None]:
-    """Our labels; None = must be absent."""
+def desired_labels(
+    marks: Marks, prefix: str, taint_on: bool, label_on: bool = False
+) -> dict[str, str | None]:
+    """Our labels; None = must be absent. *label_on*: mode `label`'s `<prefix>/unhealthy`."""
     keys = Keys(prefix)
     return {
         keys.status: marks.status.value,
         keys.severity: marks.severity.label,
         keys.tainted: TRUE if taint_on else None,
+        keys.unhealthy: marks.taint_value if label_on else None,
     }
 
 
 def plan_node_patch(
-    node: Mapping[str, Any], marks: Marks, *, prefix: str, effect: str, taint_on: bool
+    node: Mapping[str, Any], marks: Marks, *, prefix: str, taint_on: bool, label_on: bool = False
 ) -> dict[str, Any] | None:
     """The merge patch (without resourceVersion) that makes our metadata and taint match, or None.
 
-    Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed
-    or get a new value, and then it is the Node's own list with only our (key, effect) changed.
+    Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed,
+    get a new value or effect (marks.taint_effect), or when more than one taint carries our key; then
+    it is the Node's own list with only ours changed (our one taint where the first of ours was).
     """
     labels, annotations = labels_of(node), annotations_of(node)
-    label_patch = {k: v for k, v in desired_labels(marks, prefix, taint_on).items() if labels.get(k) != v}
+    desired = desired_labels(marks, prefix, taint_on, label_on)
+    label_patch = {k: v for k, v in desired.items() if labels.get(k) != v}
     ann_key = Keys(prefix).results
     ann_patch: dict[str, str | None] = (
         {ann_key: marks.results_json} if annotations.get(ann_key) != marks.results_json else {}
@@ -67,16 +77,21 @@ def plan_node_patch(
             ann_patch[key] = None  # a merge patch null deletes the key
 
     taints = taints_of(node)
-    ours = find_our_taint(node, prefix, effect)
+    ours = our_taints(node, prefix)
     new_taints: list[dict[str, Any]] | None = None
     if taint_on:
-        want = {"key": Keys(prefix).taint, "value": marks.severity.label, "effect": effect}
-        if ours is None:
+        want = {"key": Keys(prefix).taint, "value": marks.taint_value, "effect": marks.taint_effect}
+        if not ours:
             new_taints = [*taints, want]
-        elif ours.get("value") != want["value"]:
-            new_taints = [want if t is not None and _same_taint(t, ours) else t for t in taints]
-    elif ours is not None:
-        new_taints = [t for t in taints if not _same_taint(t, ours)]
+        elif len(ours) > 1 or not _same_taint(ours[0], want) or ours[0].get("value") != want["value"]:
+            new_taints = []
+            for t in taints:
+                if t.get("key") != want["key"]:
+                    new_taints.append(t)
+                elif want not in new_taints:
+                    new_taints.append(want)
+    elif ours:
+        new_taints = [t for t in taints if t.get("key") != Keys(prefix).taint]
 
     meta: dict[str, Any] = {}
     if label_patch:
@@ -140,6 +155,7 @@ __all__ = [
     "find_condition",
     "find_our_taint",
     "labels_of",
+    "our_taints",
     "plan_condition",
     "plan_node_patch",
     "rv_number",

@@ -4,8 +4,9 @@ Why it is built this way:
 - Only our keys are touched. Labels and annotations go in a JSON merge patch that names only our keys
   (null deletes one), so another component's keys are never in the request. Taints are an atomic list
   in the API, so the patch carries the whole list, rebuilt from the Node we just read with only the
-  exact (key, effect) we own changed, and `metadata.resourceVersion` as precondition: if anyone wrote
-  the Node meanwhile the API server answers 409, and we re-read and retry (tenacity, bounded).
+  taints of our key changed (any effect is ours, so a changed effect moves it), and
+  `metadata.resourceVersion` as precondition: if anyone wrote the Node meanwhile the API server
+  answers 409, and we re-read and retry (tenacity, bounded).
 - The condition goes through `nodes/status` as a strategic-merge patch of just our condition (the
   conditions list merges by `type`), so kubelet's and others' conditions are untouched.
 - Nothing is written unless one of our keys differs from the last seen Node; one watch of the own
@@ -35,7 +36,6 @@ from agent.core.contract import (
     COMPONENT,
     DEFAULT_CONDITION_TYPE,
     DEFAULT_PREFIX,
-    DEFAULT_TAINT_EFFECT,
     EVENT_NAMESPACE,
     Keys,
     Marks,
@@ -56,6 +56,7 @@ from agent.reporters.kube_rest import (
 )
 from agent.reporters.node_patch import (
     annotations_of,
+    find_condition,
     find_our_taint,
     plan_condition,
     plan_node_patch,
@@ -68,7 +69,7 @@ from agent.reporters.taint_gate import TaintDecision, TaintGate
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 10)
-CONFLICT_ATTEMPTS = 8
+CONFLICT_ATTEMPTS = 12  # a busy controller on the same Node; each try re-reads the watched copy
 PENDING_EVENTS_MAX = 64
 WATCH_TIMEOUT_SECONDS = 300
 
@@ -113,7 +114,6 @@ class NodeWriter:
         *,
         prefix: str = DEFAULT_PREFIX,
         condition_type: str = DEFAULT_CONDITION_TYPE,
-        taint_effect: str = DEFAULT_TAINT_EFFECT,
         brake: Brake | None = None,
         dry_run: bool = False,
         on_write: OnWrite | None = None,
@@ -125,7 +125,6 @@ class NodeWriter:
         self.node_name = node_name
         self.prefix = prefix
         self.condition_type = condition_type
-        self.taint_effect = taint_effect
         self.brake = brake
         self.dry_run = dry_run
         self._on_write = on_write
@@ -134,6 +133,7 @@ class NodeWriter:
         self.watch_timeout_seconds = watch_timeout_seconds
 
         self._apply_lock = threading.RLock()
+        self._retired_conditions: set[str] = set()  # our old condition types, removed at the next apply
         self._last_marks: Marks | None = None
         self._pending_events: list[NodeEvent] = []
 
@@ -156,7 +156,6 @@ class NodeWriter:
             node_name,
             brake,
             prefix=prefix,
-            effect=taint_effect,
             reapply=self._reapply_last,
             stopped=lambda: self.watch.stopped,
         )
@@ -183,6 +182,15 @@ class NodeWriter:
                 return ApplyResult(
                     ok=False, error=msg, dry_run=self.dry_run, brake_open=self.gate.state.brake_open
                 )
+
+    def set_condition_type(self, condition_type: str) -> None:
+        """A reloaded `node.conditionType`: the next apply writes the new condition and removes ours
+        of the old type (it was ours; left behind, a remediation controller would act on it)."""
+        with self._apply_lock:
+            if condition_type != self.condition_type:
+                self._retired_conditions.add(self.condition_type)
+                self._retired_conditions.discard(condition_type)
+                self.condition_type = condition_type
 
     def read_results(self) -> dict[str, Any] | None:
         """The parsed `<prefix>/results` annotation of the current Node (None if absent or unreadable)."""
@@ -258,7 +266,7 @@ class NodeWriter:
 
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
-            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=1.0),
             retry=tenacity.retry_if_exception(_is_conflict),
             reraise=True,
         )
@@ -288,17 +296,14 @@ class NodeWriter:
                 if self.gate.asks_brake(node, marks) and not self.dry_run:
                     # Our failing labels first, without the taint: agents racing for the brake's free
                     # slots then see this node among the contenders (Brake: taking turns).
-                    first = plan_node_patch(
-                        node, marks, prefix=self.prefix, effect=self.taint_effect, taint_on=False
-                    )
+                    first = plan_node_patch(node, marks, prefix=self.prefix, taint_on=False)
                     if first is not None:
                         node = write(node, first)
                 decided = self.gate.decide(node, marks)
                 taint_on = decided.taint_on
-                had_taint = find_our_taint(node, self.prefix, self.taint_effect) is not None
-                patch = plan_node_patch(
-                    node, marks, prefix=self.prefix, effect=self.taint_effect, taint_on=taint_on
-                )
+                had_taint = find_our_taint(node, self.prefix) is not None
+                label_on = marks.unhealthy_label and not taint_disabled(node, self.prefix)
+                patch = plan_node_patch(node, marks, prefix=self.prefix, taint_on=taint_on, label_on=label_on)
                 if patch is not None:
                     if self.dry_run:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
@@ -311,11 +316,9 @@ class NodeWriter:
                         if adding:
                             self.gate.taint_landed(rv_text(written))
         node = self.watch.current(fresh=False)
-        status_writes = self._write_condition(node, marks)
+        status_writes = self._write_condition(node, marks) + self._remove_retired_conditions(node)
 
-        events = transition_events(
-            marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix, effect=self.taint_effect
-        )
+        events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
         self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
         self.gate.settle(decided, dry_run=self.dry_run)
         to_post = [*self._pending_events, *events]
@@ -350,6 +353,22 @@ class NodeWriter:
         self._note("status", "ok")
         return 1
 
+    def _remove_retired_conditions(self, node: Mapping[str, Any]) -> int:
+        """Delete our conditions of a type no longer configured (strategic merge `$patch: delete`)."""
+        gone = [t for t in sorted(self._retired_conditions) if find_condition(node, t) is not None]
+        self._retired_conditions -= set(self._retired_conditions) - set(gone)
+        if not gone or self.dry_run:
+            return 0
+        body = {"status": {"conditions": [{"type": t, "$patch": "delete"} for t in gone]}}
+        try:
+            self._patch("status", body, STRATEGIC_MERGE_PATCH)
+        except Exception:
+            self._note("status", "error")
+            raise
+        self._retired_conditions -= set(gone)
+        self._note("status", "ok")
+        return 1
+
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:
         marks = self._last_marks
@@ -359,7 +378,7 @@ class NodeWriter:
             and self.gate.state.taint_on
             and not self.dry_run
             and not taint_disabled(node, self.prefix)
-            and find_our_taint(node, self.prefix, self.taint_effect) is None
+            and find_our_taint(node, self.prefix) is None
         )
 
     def _reapply_last(self) -> None:

@@ -64,14 +64,12 @@ class TaintGate:
         brake: Brake | None,
         *,
         prefix: str,
-        effect: str,
         reapply: Callable[[], None],
         stopped: Callable[[], bool],
     ) -> None:
         self.node_name = node_name
         self.brake = brake
         self.prefix = prefix
-        self.effect = effect
         self._reapply = reapply
         self._stopped = stopped
         self.state = TaintState()
@@ -89,7 +87,7 @@ class TaintGate:
             and self.brake is not None
             and not taint_disabled(node, self.prefix)
             and not self._yield_reason
-            and find_our_taint(node, self.prefix, self.effect) is None
+            and find_our_taint(node, self.prefix) is None
             and not self.state.taint_on
         )
 

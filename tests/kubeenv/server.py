@@ -214,6 +214,7 @@ class ControlPlane:
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.controller_manager: ManagedProcess | None = None
+        self.extra_processes: list[ManagedProcess] = []
         self.pki: Pki | None = None
         self.port = 0
         self.etcd_port = 0
@@ -236,7 +237,8 @@ class ControlPlane:
         return self.workdir / "admin.kubeconfig"
 
     def processes(self) -> list[ManagedProcess]:
-        return [p for p in (self.controller_manager, self.apiserver, self.etcd) if p is not None]
+        procs = (*self.extra_processes, self.controller_manager, self.apiserver, self.etcd)
+        return [p for p in procs if p is not None]
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> ControlPlane:
@@ -318,41 +320,8 @@ class ControlPlane:
         """Start kube-controller-manager with only CONTROLLERS; wait for default/default ServiceAccount."""
         if self.controller_manager is not None and self.controller_manager.running():
             return
-        kcm = self.binaries.kube_controller_manager
-        if kcm is None:
-            raise ControlPlaneError(f"no kube-controller-manager in {self.binaries.dir}")
-        assert self.pki is not None, "control plane not started"
-        pki = self.pki
         t0 = time.monotonic()
-        kubeconfig = write_kubeconfig(
-            self.workdir / "kube-controller-manager.kubeconfig",
-            server=self.url,
-            ca_cert=pki.ca_cert,
-            user={
-                "client-certificate": str(pki.controller_manager_cert),
-                "client-key": str(pki.controller_manager_key),
-            },
-        )
-        (port,) = free_ports(1)
-        self.controller_manager = ManagedProcess(
-            "kube-controller-manager",
-            [
-                str(kcm),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'kcm-certs'}",
-                "--leader-elect=false",
-                f"--controllers={','.join(CONTROLLERS)}",
-                "--use-service-account-credentials=true",
-                f"--root-ca-file={pki.ca_cert}",
-            ],
-            self.workdir / "kube-controller-manager.log",
-            env=self._env(),
-            cwd=self.workdir,
-        )
+        self.controller_manager = self.launch_controller_manager("kube-controller-manager", CONTROLLERS)
         try:
             _wait(
                 "creating the default ServiceAccount",
@@ -365,6 +334,47 @@ class ControlPlane:
             self.controller_manager = None
             raise
         self.controller_manager_start_seconds = time.monotonic() - t0
+
+    def launch_controller_manager(self, name: str, controllers: Sequence[str]) -> ManagedProcess:
+        """One more kube-controller-manager process running only *controllers* (its caller stops
+        it; stop() stops it too). Tests use it for the daemonset controller, which the session's
+        controller manager must not run: it would make pods for every DaemonSet of every test."""
+        kcm = self.binaries.kube_controller_manager
+        if kcm is None:
+            raise ControlPlaneError(f"no kube-controller-manager in {self.binaries.dir}")
+        assert self.pki is not None, "control plane not started"
+        pki = self.pki
+        kubeconfig = write_kubeconfig(
+            self.workdir / f"{name}.kubeconfig",
+            server=self.url,
+            ca_cert=pki.ca_cert,
+            user={
+                "client-certificate": str(pki.controller_manager_cert),
+                "client-key": str(pki.controller_manager_key),
+            },
+        )
+        (port,) = free_ports(1)
+        proc = ManagedProcess(
+            name,
+            [
+                str(kcm),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / (name + '-certs')}",
+                "--leader-elect=false",
+                f"--controllers={','.join(controllers)}",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={pki.ca_cert}",
+            ],
+            self.workdir / f"{name}.log",
+            env=self._env(),
+            cwd=self.workdir,
+        )
+        self.extra_processes.append(proc)
+        return proc
 
     def stop(self) -> None:
         """Stop every process this control plane started (by PID), then remove its temp dir."""

@@ -58,7 +58,9 @@ def load_bindings(env: Mapping[str, str] | None = None) -> Bindings:
             sys.path.insert(0, str(d))
         try:
             mods = {name: importlib.import_module(name) for name in MODULES}
-        except Exception as exc:  # the bindings' own import-time errors (e.g. libdcgm missing)
+        except (
+            Exception
+        ) as exc:  # the bindings' own import errors (libdcgm loads later, on the first connect)
             raise BindingsUnavailable(f"DCGM bindings in {d} failed to import: {exc}") from exc
         return Bindings(path=str(d), **mods)
     raise BindingsUnavailable(f"DCGM Python bindings not found (set {ENV}); looked in {', '.join(tried)}")

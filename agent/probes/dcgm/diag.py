@@ -36,7 +36,9 @@ _GROUPS = {DCGM_FE_GPU: "GPU", 3: "NVSwitch", 7: "CPU"}
 
 
 def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace").rstrip("\x00") if isinstance(value, bytes) else str(value)
+    """bytes, or a fixed-size char array (c_char*N, e.g. an item of `categories`, whose .value is bytes)."""
+    raw = getattr(value, "value", value) if not isinstance(value, (bytes, str)) else value
+    return raw.decode("utf-8", "replace").rstrip("\x00") if isinstance(raw, bytes) else str(raw)
 
 
 def _entity(group: int, eid: int) -> str:
@@ -73,15 +75,15 @@ def response_to_report(resp: Any, level: int | None = None, finished_at: float |
         for ri in list(t.resultIndices)[: int(t.numResults)]:
             r = resp.results[ri]
             group, eid = int(r.entity.entityGroupId), int(r.entity.entityId)
-            raw = _RESULTS.get(int(r.result), DiagStatus.FAIL)
+            raw = _RESULTS.get(int(r.result), DiagStatus.UNKNOWN)
             errors = as_errors(mine(errs, group, eid))
             status = effective_status(raw, errors)
             info = tuple(_text(i.msg) for i in mine(infos, group, eid))
             per_entity.append(DiagResult(name, _entity(group, eid), status, cat, errors, info, raw.value))
         results.extend(per_entity)
-        test_status = _RESULTS.get(int(t.result), DiagStatus.FAIL)
+        test_status = _RESULTS.get(int(t.result), DiagStatus.UNKNOWN)
         node_errs = as_errors([e for e in errs if int(e.entity.entityGroupId) == DCGM_FE_NONE])
-        bad = (DiagStatus.FAIL, DiagStatus.WARN)
+        bad = (DiagStatus.FAIL, DiagStatus.WARN, DiagStatus.UNKNOWN)
         if test_status in bad and not any(r.status in bad for r in per_entity):
             results.append(DiagResult(name, "node", test_status, cat, node_errs, (), test_status.value))
     version = _text(getattr(resp, "dcgmVersion", "")) or None

@@ -10,7 +10,12 @@ Why this is careful:
 * A "Pass" that still carries errors (DCGM#284: memory PASS with DCGM_FR_MEMORY_ALLOC) becomes WARN.
 * 4.x: a test whose test_summary fails while no entity fails holds errors not tied to a GPU
   (e.g. issue DCGM#253 pcie internal errors) → one result for gpu "node".
-Anything that is not one of the two documented shapes raises ParseError (never another exception).
+* 4.6 edge shapes (dcgmi/Diag.cpp): a runtime failure is {"DCGM Diagnostic": {"version", "runtime_error"}};
+  `--iterations N` (N > 1) wraps one document per iteration in {"iterations": [...], "Overall Result",
+  "warning"?} (a failed iteration ends the run: its error is in "warning"); a result code dcgmi cannot
+  name prints status "" → DiagStatus.UNKNOWN (the check reports it as unknown unless its errors state
+  a fault).
+Anything that is not one of the documented shapes raises ParseError (never another exception).
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ from agent.core.dcgm_report import DiagError, DiagReport, DiagResult, DiagStatus
 from agent.core.probed import ParseError
 
 V4_KEY, V3_KEY = "DCGM Diagnostic", "DCGM GPU Diagnostic"
+ITERATIONS_KEY, OVERALL_KEY = "iterations", "Overall Result"
+_WORST = (
+    DiagStatus.FAIL,
+    DiagStatus.UNKNOWN,
+    DiagStatus.WARN,
+    DiagStatus.PASS,
+    DiagStatus.SKIP,
+    DiagStatus.NOT_RUN,
+)
 _STATUS = {
     "pass": DiagStatus.PASS,
     "passed": DiagStatus.PASS,
@@ -51,6 +65,8 @@ def parse_dcgm_diag_json(text: str) -> DiagReport:
     notes: list[str] = []
     if text[:start].strip():
         notes.append(f"skipped a non-JSON prefix: {text[:start].strip().splitlines()[0][:80]!r}")
+    if ITERATIONS_KEY in doc:
+        return _iterations(doc, notes)
     if V4_KEY in doc:
         return _parse(doc[V4_KEY], "4.x", _version4(doc), notes)
     if V3_KEY in doc:
@@ -61,9 +77,48 @@ def parse_dcgm_diag_json(text: str) -> DiagReport:
 
 
 def _version4(doc: dict[str, Any]) -> str | None:
-    meta = doc.get("metadata")
+    """metadata.version; a runtime-error document carries it inside the diagnostic body instead."""
+    meta, body = doc.get("metadata"), doc.get(V4_KEY)
     version = meta.get("version") if isinstance(meta, dict) else None
+    if version is None and isinstance(body, dict):
+        version = body.get("version")
     return version if isinstance(version, str) else None
+
+
+def _iterations(doc: dict[str, Any], notes: list[str]) -> DiagReport:
+    """`dcgmi diag --iterations N -j`: the worst result of each (test, entity) over all iterations."""
+    runs = doc[ITERATIONS_KEY]
+    if not isinstance(runs, list):
+        raise ParseError("dcgmi diag: iterations is not a list")
+    worst: dict[tuple[str, str], DiagResult] = {}
+    version, errors = None, []
+    for n, run in enumerate(runs, 1):
+        if not isinstance(run, dict) or V4_KEY not in run:  # an iteration that ended before any output
+            notes.append(f"iteration {n} printed no diagnostic document")
+            continue
+        rep = _parse(run[V4_KEY], "4.x", _version4(run), notes)
+        version = version or rep.version
+        if rep.runtime_error:
+            errors.append(f"iteration {n}: {rep.runtime_error}")
+        for r in rep.results:
+            old = worst.get((r.test, r.gpu))
+            if old is None or _WORST.index(r.status) < _WORST.index(old.status):
+                worst[(r.test, r.gpu)] = r
+    overall, warning = doc.get(OVERALL_KEY), doc.get("warning")
+    if isinstance(warning, str) and warning.strip():  # the run stopped on a DCGM error
+        errors.append(f"{OVERALL_KEY} {overall}: {warning.strip()}")
+    elif isinstance(overall, str) and overall.strip().lower() != "pass" and not worst:
+        errors.append(f"{OVERALL_KEY} {overall!r} without results")
+    notes.append(
+        f"{len(runs)} iteration(s), {OVERALL_KEY} {overall!r}; worst result per test and entity kept"
+    )
+    return DiagReport(
+        results=tuple(worst.values()),
+        source="dcgmi diag -j (4.x)",
+        version=version,
+        runtime_error="; ".join(errors) or None,
+        notes=tuple(notes),
+    )
 
 
 def _parse(body: Any, shape: str, version: str | None, notes: list[str]) -> DiagReport:
@@ -125,7 +180,7 @@ def _test(test: Any, category: str, shape: str, notes: list[str]) -> list[DiagRe
     summary = test.get("test_summary")
     if isinstance(summary, dict) and "status" in summary:
         sstatus = _status(summary.get("status"), name)
-        bad = (DiagStatus.FAIL, DiagStatus.WARN)
+        bad = (DiagStatus.FAIL, DiagStatus.WARN, DiagStatus.UNKNOWN)
         if sstatus in bad and not any(r.status in bad for r in out):
             errors = _errors(summary.get("warnings")) + _errors(summary.get("errors"))
             final = _judge(sstatus, errors, name, notes)
@@ -140,6 +195,8 @@ def _test(test: Any, category: str, shape: str, notes: list[str]) -> list[DiagRe
 
 
 def _status(raw: Any, test: str) -> DiagStatus:
+    if raw == "":  # dcgmi's word for a result code it cannot name
+        return DiagStatus.UNKNOWN
     if not isinstance(raw, str) or raw.strip().lower() not in _STATUS:
         raise ParseError(f"dcgmi diag: test {test!r} has an unknown status {raw!r}")
     return _STATUS[raw.strip().lower()]

@@ -46,6 +46,7 @@ class HealthPoller:
         update_interval_s: float = 30.0,
         max_keep_age_s: float = 600.0,
         single_node_nvswitch: bool | None = None,
+        engines_on_node: Callable[[], list[str]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -53,6 +54,7 @@ class HealthPoller:
         self.update_interval_s = update_interval_s
         self.max_keep_age_s = max_keep_age_s
         self.single_node_nvswitch = single_node_nvswitch
+        self.engines_on_node = engines_on_node
         self._clock = clock
         self._group: Any = None
         self._generation = -1
@@ -73,6 +75,7 @@ class HealthPoller:
             groupName=f"gpu-healthcheck-health-{os.getpid()}",
             groupType=getattr(b.dcgm_structs, "DCGM_GROUP_EMPTY", 0),
         )
+        self._group, self._switches = group, len(switches)  # held from here: released on any failure
         for g in gpus:
             group.AddEntity(DCGM_FE_GPU, g)
         for s in switches:
@@ -83,14 +86,13 @@ class HealthPoller:
             )
         except TypeError:  # older bindings: Set(mask) only (30 s / 600 s defaults)
             group.health.Set(self.systems)
-        self._group, self._switches = group, len(switches)
         log.info("DCGM health watches set on %d GPU(s), %d NVSwitch(es)", len(gpus), len(switches))
 
     def _check(self, handle: Any) -> HealthReport:
         if self._group is None or self._generation != self.client.generation:
-            self._group = None
-            self._setup(handle)
+            self._group = None  # made on a closed connection: the engine freed it with that connection
             self._generation = self.client.generation
+            self._setup(handle)
         resp = self._group.health.Check()
         incidents = tuple(
             HealthIncident(
@@ -110,16 +112,39 @@ class HealthPoller:
             single_node_nvswitch=single,
             polled_at=self._clock(),
             engine=self.client.address,
+            engines_on_node=self._engines(),
         )
+
+    def _engines(self) -> tuple[str, ...] | None:
+        """The DCGM engines in this node's pods (engines.py), or None when they cannot be listed."""
+        if self.engines_on_node is None:
+            return None
+        try:
+            return tuple(self.engines_on_node())
+        except Exception as exc:  # no API access: a missing signal, not a finding
+            log.warning("cannot list the DCGM engines on this node: %s", exc)
+            return None
+
+    def _release_group(self) -> None:
+        """Delete our group on the engine before the next poll makes a new one. The engine has 64 groups
+        for all its clients together (DCGM_MAX_NUM_GROUPS) and keeps each until deleted or its
+        connection closes: one leaked per failed poll would soon starve dcgm-exporter too."""
+        group, self._group = self._group, None
+        if group is None or self._generation != self.client.generation:
+            return
+        try:
+            group.Delete()
+        except Exception as exc:  # cannot free it: drop the connection, which frees every group on it
+            self.client.drop(f"could not delete DCGM group after a failed poll ({type(exc).__name__}: {exc})")
 
     def poll(self) -> Probed[HealthReport]:
         try:
             report = self.client.call(self._check)
         except EngineUnavailable as exc:
-            self._group = None
+            self._group = None  # the connection is gone, and its groups with it
             return ProbeError(SOURCE, ProbeErrorKind.UNAVAILABLE, str(exc))
         except Exception as exc:  # an answer we did not expect: cannot judge, say so
-            self._group = None
+            self._release_group()
             return ProbeError(SOURCE, ProbeErrorKind.TOOL_FAILED, f"{type(exc).__name__}: {exc}")
         keys = {incident_key(i) for i in report.incidents}
         self.new_keys = tuple(sorted(keys - self._seen))

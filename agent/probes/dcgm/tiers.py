@@ -32,11 +32,12 @@ class DcgmTiers:
         cfg: Config,
         pods_requesting_gpus: Callable[[], list[str]] | None,
         metrics: Telemetry | None = None,
+        engines_on_node: Callable[[], list[str]] | None = None,
     ) -> None:
         self.metrics: Telemetry = metrics or NoTelemetry()
         dcgm = cfg.dcgm
         address, timeout, grace = dcgm.address, dcgm.connect_timeout, dcgm.grace_seconds
-        self.health = HealthPoller(DcgmClient(address, timeout, grace))
+        self.health = HealthPoller(DcgmClient(address, timeout, grace), engines_on_node=engines_on_node)
         self.runner = DiagRunner(
             DcgmClient(address, timeout, grace),
             IdleGate(pods_requesting_gpus=pods_requesting_gpus),

@@ -1,106 +1,167 @@
-"""State of the one fake nv-hostengine. Tests change it; the fake bindings read it."""
+"""The tests' handle on the fake engine inside our libdcgm.so.4 (libdcgm/fake_libdcgm.c): its fake_*
+control functions, plus a diag response built from a `dcgmi diag -j` 4.x document into DCGM's own
+c_dcgmDiagResponse_v12 layout (the engine answers it to dcgmActionValidate_v2).
+
+The library is the one the bindings load (LD_LIBRARY_PATH, soname libdcgm.so.4), so there is one engine
+per test process; tests/conftest.py resets it around every test."""
 
 from __future__ import annotations
 
+import ctypes
 import json
-import threading
-from types import SimpleNamespace as NS
+from ctypes import byref, c_char_p, c_double, c_int, c_longlong, c_size_t, c_uint
 from typing import Any
 
-up = True
-generation = 1  # bumped by restart(): handles/groups of older generations are invalid
-gpus: list[int] = [0, 1]
-switches: list[int] = []
-incidents: list[dict[str, Any]] = []
-diag_doc: dict[str, Any] | None = None  # a dcgmi diag -j 4.x document
-diag_error: int | None = None  # DCGM_ST_* raised by Execute
-diag_hold = threading.Event()  # set = Execute blocks until released
-diag_release = threading.Event()
-heartbeats = 0
-connects: list[dict[str, Any]] = []
-health_sets: list[tuple[Any, ...]] = []
-groups_created = 0
-diag_calls: list[dict[str, Any]] = []
+import dcgm_structs
+
+DCGM_FE_NONE, DCGM_FE_GPU, DCGM_FE_SWITCH = 0, 1, 3
+_RESULT = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "not run": 4, "": 7}
+
+
+def lib() -> Any:
+    dcgm_structs._LoadDcgmLibrary()
+    handle = dcgm_structs.dcgmLib
+    handle.fake_stat.restype = c_double
+    handle.fake_text.restype = c_char_p
+    handle.fake_sizeof.restype = c_size_t
+    handle.fake_set_heartbeat_timeout_ms.argtypes = [c_longlong]
+    return handle
 
 
 def reset() -> None:
-    global up, generation, gpus, switches, incidents, diag_doc, diag_error, heartbeats
-    global connects, health_sets, groups_created, diag_calls
-    up, generation, gpus, switches, incidents = True, 1, [0, 1], [], []
-    diag_doc, diag_error, heartbeats = None, None, 0
-    connects, health_sets, groups_created, diag_calls = [], [], 0, []
-    diag_hold.clear()
-    diag_release.clear()
+    lib().fake_reset()
+
+
+def set_up(up: bool) -> None:
+    """Down: every connection breaks and connects are refused; up again: a restarted engine."""
+    lib().fake_set_up(int(up))
 
 
 def restart() -> None:
-    global generation
-    generation += 1
+    lib().fake_restart()
 
 
-_RESULT = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}
+def listen(kind: str, where: str) -> None:
+    """Where the engine accepts connections: ("tcp", "5555") or ("unix", "/path/to/socket")."""
+    lib().fake_listen(kind.encode(), where.encode())
 
 
-def diag_response() -> Any:
-    """c_dcgmDiagResponse_v12-like object from the 4.x JSON document (dcgm.md §2.3 layout)."""
-    assert diag_doc is not None
-    resp = NS(tests=[], results=[], errors=[], info=[], categories=[], dcgmVersion=b"4.1.1")
-    for cat in diag_doc["DCGM Diagnostic"]["test_categories"]:
-        resp.categories.append(cat["category"].encode())
+def set_gpus(ids: list[int]) -> None:
+    lib().fake_set_entities(DCGM_FE_GPU, (c_uint * max(1, len(ids)))(*ids), len(ids))
+
+
+def set_switches(ids: list[int]) -> None:
+    lib().fake_set_entities(DCGM_FE_SWITCH, (c_uint * max(1, len(ids)))(*ids), len(ids))
+
+
+def add_incident(
+    system: int, health: int, code: int, msg: str, group: int = DCGM_FE_GPU, id: int = 0
+) -> None:
+    lib().fake_add_incident(group, id, system, health, code, msg.encode())
+
+
+def fail(function: str, code: int) -> None:
+    """Make one C API function answer `code` on a live connection (0: stop)."""
+    lib().fake_fail(function.encode(), code)
+
+
+def stat(name: str) -> float:
+    value = lib().fake_stat(name.encode())
+    assert value != -1, f"fake libdcgm has no stat {name!r}"
+    return float(value)
+
+
+def text(name: str) -> str:
+    return str(lib().fake_text(name.encode()).decode())
+
+
+def injected() -> list[dict[str, int]]:
+    out, i = [], 0
+    gpu, field, version = c_uint(), c_uint(), c_uint()
+    value, ts, ftype = c_longlong(), c_longlong(), c_int()
+    while (
+        lib().fake_injected(
+            i, byref(gpu), byref(field), byref(value), byref(ts), byref(version), byref(ftype)
+        )
+        == 0
+    ):
+        out.append(
+            {"gpu": gpu.value, "field": field.value, "value": value.value, "ts": ts.value,
+             "version": version.value, "type": ftype.value}
+        )  # fmt: skip
+        i += 1
+    return out
+
+
+def hold_diag(hold: bool) -> None:
+    lib().fake_diag_hold(int(hold))
+
+
+def heartbeat_timeout(seconds: float) -> None:
+    lib().fake_set_heartbeat_timeout_ms(int(seconds * 1000))
+
+
+def diag_error(code: int, msg: str = "") -> None:
+    lib().fake_set_diag_error(code, msg.encode())
+
+
+def set_diag_response(resp: Any) -> None:
+    assert lib().fake_set_diag_response(byref(resp), ctypes.sizeof(resp)) == 0
+
+
+def diag_response(doc: dict[str, Any], version: str = "4.6.0") -> Any:
+    """c_dcgmDiagResponse_v12 from a `dcgmi diag -j` 4.x document (per-entity results, their warnings and
+    info; test_summary warnings as errors of entity NONE). Status "" becomes an unknown result code (7)."""
+    resp = dcgm_structs.c_dcgmDiagResponse_v12()
+    cats = doc["DCGM Diagnostic"]["test_categories"]
+    nt = ne = ni = nr = 0
+
+    def error(ent: tuple[int, int], w: dict[str, Any], test: int) -> int:
+        nonlocal ne
+        e = resp.errors[ne]
+        e.entity.entityGroupId, e.entity.entityId = ent
+        e.code, e.category, e.severity = w["error_id"], w["error_category"], w["error_severity"]
+        e.msg, e.testId = w["warning"].encode()[:511], test
+        ne += 1
+        return ne - 1
+
+    for ci, cat in enumerate(cats):
+        resp.categories[ci].value = cat["category"].encode()
         for t in cat["tests"]:
-            test = NS(
-                name=t["name"].encode(),
-                categoryIndex=len(resp.categories) - 1,
-                resultIndices=[],
-                errorIndices=[],
-                infoIndices=[],
-                numResults=0,
-                numErrors=0,
-                numInfo=0,
-                result=_RESULT[t["test_summary"]["status"].lower()],
-            )
-            for r in t["results"]:
-                ent = NS(entityGroupId=r["entity_group_id"], entityId=r["entity_id"])
-                test.resultIndices.append(len(resp.results))
-                resp.results.append(
-                    NS(entity=ent, result=_RESULT[r["status"].lower()], testId=len(resp.tests))
-                )
-                for w in r.get("warnings", []):
-                    test.errorIndices.append(len(resp.errors))
-                    resp.errors.append(
-                        NS(
-                            entity=ent,
-                            code=w["error_id"],
-                            category=w["error_category"],
-                            severity=w["error_severity"],
-                            msg=w["warning"].encode(),
-                        )
-                    )
-                for i in r.get("info", []):
-                    test.infoIndices.append(len(resp.info))
-                    resp.info.append(NS(entity=ent, msg=i.encode()))
-            for w in t["test_summary"].get("warnings", []):
-                test.errorIndices.append(len(resp.errors))
-                resp.errors.append(
-                    NS(
-                        entity=NS(entityGroupId=0, entityId=0),
-                        code=w["error_id"],
-                        category=w["error_category"],
-                        severity=w["error_severity"],
-                        msg=w["warning"].encode(),
-                    )
-                )
-            test.numResults, test.numErrors, test.numInfo = (
-                len(test.resultIndices),
-                len(test.errorIndices),
-                len(test.infoIndices),
-            )
-            resp.tests.append(test)
-    resp.numTests, resp.numResults, resp.numErrors = len(resp.tests), len(resp.results), len(resp.errors)
+            test = resp.tests[nt]
+            test.name, test.categoryIndex = t["name"].encode(), ci
+            test.result = _RESULT[t.get("test_summary", {}).get("status", "pass").lower()]
+            errors, infos, results = [], [], []
+            for r in t.get("results", []):
+                ent = (r["entity_group_id"], r["entity_id"])
+                res = resp.results[nr]
+                res.entity.entityGroupId, res.entity.entityId = ent
+                res.result, res.testId = _RESULT[r["status"].lower()], nt
+                results.append(nr)
+                nr += 1
+                errors += [error(ent, w, nt) for w in r.get("warnings", [])]
+                for msg in r.get("info", []):
+                    info = resp.info[ni]
+                    info.entity.entityGroupId, info.entity.entityId = ent
+                    info.msg, info.testId = msg.encode()[:511], nt
+                    infos.append(ni)
+                    ni += 1
+            errors += [error((DCGM_FE_NONE, 0), w, nt) for w in t.get("test_summary", {}).get("warnings", [])]
+            test.numResults, test.numErrors, test.numInfo = len(results), len(errors), len(infos)
+            for k, v in enumerate(results):
+                test.resultIndices[k] = v
+            for k, v in enumerate(errors):
+                test.errorIndices[k] = v
+            for k, v in enumerate(infos):
+                test.infoIndices[k] = v
+            nt += 1
+    resp.numTests, resp.numErrors, resp.numInfo, resp.numResults = nt, ne, ni, nr
+    resp.numCategories = len(cats)
+    resp.dcgmVersion = version.encode()
     return resp
 
 
 def load_diag(path: str) -> None:
-    global diag_doc
     with open(path, encoding="utf-8") as fh:
-        diag_doc = json.load(fh)
+        text_ = fh.read()
+    set_diag_response(diag_response(json.loads(text_[text_.find("{") :])))

@@ -1,91 +1,9 @@
-"""Fake pydcgm: DcgmHandle (connects to fake_engine), DcgmSystem discovery, DcgmGroup with health."""
+"""Our mirror of DCGM 4.6's pydcgm: the package-level names of DcgmHandle, DcgmGroup and DcgmSystem."""
 
-from __future__ import annotations
-
-from types import SimpleNamespace as NS
-from typing import Any
-
-import dcgm_structs
-import fake_engine
+from DcgmGroup import *  # noqa: F403
+from DcgmHandle import *  # noqa: F403
+from DcgmSystem import *  # noqa: F403
 
 
-def _alive(generation: int) -> None:
-    if not fake_engine.up or generation != fake_engine.generation:
-        raise dcgm_structs.DCGMError_ConnectionNotValid()
-
-
-class DcgmHandle:
-    def __init__(
-        self,
-        handle: Any = None,
-        ipAddress: Any = None,
-        opMode: int = 1,
-        persistAfterDisconnect: bool = False,
-        unixSocketPath: Any = None,
-        timeoutMs: int = 0,
-    ) -> None:
-        if ipAddress is None and unixSocketPath is None:
-            raise AssertionError("fake: an embedded engine was requested (the agent must never start one)")
-        fake_engine.connects.append(
-            {"ipAddress": ipAddress, "timeoutMs": timeoutMs, "persistAfterDisconnect": persistAfterDisconnect}
-        )
-        if not fake_engine.up:
-            raise dcgm_structs.DCGMError_ConnectionNotValid()
-        self.generation = fake_engine.generation
-        self.handle = 1000 + self.generation
-        self.closed = False
-
-    def GetSystem(self) -> Any:
-        _alive(self.generation)
-        gen = self.generation
-
-        def entities(group: int, onlySupported: bool = True) -> list[int]:
-            _alive(gen)
-            return list(fake_engine.gpus if group == 1 else fake_engine.switches if group == 3 else [])
-
-        return NS(discovery=NS(GetEntityGroupEntities=entities))
-
-    def Shutdown(self) -> None:
-        self.closed = True
-
-
-class _Health:
-    def __init__(self, group: DcgmGroup) -> None:
-        self.group = group
-
-    def Set(self, mask: int, updateInterval: int = 0, maxKeepAge: float = 0.0) -> None:
-        _alive(self.group.generation)
-        fake_engine.health_sets.append((mask, updateInterval, maxKeepAge))
-
-    def Check(self) -> Any:
-        _alive(self.group.generation)
-        mine = [i for i in fake_engine.incidents if (i["group"], i["id"]) in self.group.entities]
-        incs = [
-            NS(
-                system=i["system"],
-                health=i["health"],
-                error=NS(code=i["code"], msg=i["msg"].encode()),
-                entityInfo=NS(entityGroupId=i["group"], entityId=i["id"]),
-            )
-            for i in mine
-        ]
-        return NS(
-            overallHealth=max((i["health"] for i in mine), default=0),
-            incidentCount=len(incs),
-            incidents=incs + [NS()] * 4,
-        )  # unused array slots, as in the fixed-size C array
-
-
-class DcgmGroup:
-    def __init__(
-        self, dcgmHandle: DcgmHandle, groupId: Any = None, groupName: Any = None, groupType: int = 1
-    ) -> None:
-        _alive(dcgmHandle.generation)
-        self.generation = dcgmHandle.generation
-        self.entities: list[tuple[int, int]] = []
-        self.health = _Health(self)
-        fake_engine.groups_created += 1
-
-    def AddEntity(self, entityGroupId: int, entityId: int) -> None:
-        _alive(self.generation)
-        self.entities.append((entityGroupId, entityId))
+class DcgmException(Exception):
+    pass

@@ -1,0 +1,77 @@
+"""Start under a bad ConfigMap without taking the node down (issue: a bad edit must not crash-loop a
+fleet whose agents restart all the time, nor an image rolled back under a ConfigMap with newer keys).
+
+Every config the agent accepts is copied to a state directory (an emptyDir: it survives a container
+restart, not a new pod). An agent that starts under an invalid config runs on that last good copy,
+or, when it has none, on the shipped defaults, and says why (ConfigRejected Event, metric and
+condition reason). `gpu-healthcheck config validate DIR` runs the same load_config_dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import CONFIG_FILES, Config, ConfigError, load_config_dir
+from agent.core.rules import RuleBook
+
+log = logging.getLogger("gpu-healthcheck.config")
+
+LAST_GOOD = "last-good-config"
+
+
+@dataclass(frozen=True)
+class StartConfig:
+    config: Config
+    problem: str = ""  # why the mounted config is not the one in force ("" = it is)
+
+
+def save_last_good(config_dir: Path | None, state_dir: Path | None) -> None:
+    """Copy the accepted directory's files to state_dir/last-good-config (replaced whole, atomically
+    by rename, so a crash mid-copy never leaves half a config). Best effort: a failure is logged."""
+    if config_dir is None or state_dir is None:
+        return
+    target = state_dir / LAST_GOOD
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".last-good-", dir=state_dir))
+        for name in CONFIG_FILES:
+            if (config_dir / name).is_file():
+                shutil.copyfile(config_dir / name, tmp / name)
+        old = state_dir / ".last-good-old"
+        if target.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        log.warning(f"could not keep a copy of the last good config in {state_dir}: {exc}")
+
+
+def load_at_start(config_dir: Path | None, state_dir: Path | None, rules: RuleBook | None) -> StartConfig:
+    """The mounted config; when it is invalid, the last good copy, else the shipped defaults."""
+    try:
+        cfg = load_config_dir(config_dir, rules=rules)
+    except ConfigError as exc:
+        error = str(exc)
+    else:
+        save_last_good(config_dir, state_dir)
+        return StartConfig(cfg)
+    kept = state_dir / LAST_GOOD if state_dir is not None else None
+    if kept is not None and kept.is_dir():
+        try:
+            return StartConfig(
+                load_config_dir(kept, rules=rules), f"{error}; running on the last good configuration"
+            )
+        except ConfigError as exc:  # an older copy this version cannot read either
+            log.warning(f"the last good config in {kept} is not valid either: {exc}")
+    return StartConfig(load_shipped(rules), f"{error}; running on the shipped default configuration")
+
+
+def load_shipped(rules: RuleBook | None) -> Config:
+    """The shipped defaults (package data), whatever $GPU_HEALTHCHECK_CONFIG_DIR says."""
+    return load_config_dir(None, rules=rules, shipped_only=True)

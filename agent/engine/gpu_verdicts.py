@@ -1,0 +1,117 @@
+"""A verdict per GPU, for the results annotation: "GPU 3 of this node is broken, these pods run on it".
+
+A scheduler extension, a dashboard or a person reads the node's GPUs one by one: index, UUID, PCI
+address, status and severity, the keys of the findings on it, the next step, and — only for a GPU
+with a finding, so that pods coming and going on healthy GPUs never cause a write — the containers
+the kubelet says hold it. A finding belongs to the GPUs whose PCI address its key or entities name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from agent.core.findings import CheckResult, Finding
+from agent.core.model import GpuInventory, normalize_pci, short_pci
+from agent.core.severity import Severity, Status
+
+PCI = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\b")
+MAX_PODS = 8  # per GPU in the annotation; the rest counted
+
+Holders = Callable[[], Mapping[int, Sequence[str]]]
+
+
+def _pcis(texts: Iterable[str]) -> set[str]:
+    """Every PCI address in the texts, normalised ("PCI:0000:97:00" of an Xid line is function 0)."""
+    return {normalize_pci(m.group(1) + (m.group(2) or ".0")) for t in texts for m in PCI.finditer(t)}
+
+
+def finding_pcis(finding: Finding) -> set[str]:
+    """The normalised PCI addresses a finding names in its key or entities."""
+    return _pcis((finding.key, *finding.entities))
+
+
+def findings_by_gpu(results: Iterable[CheckResult], by_pci: Mapping[str, int]) -> dict[int, list[Finding]]:
+    """Pure: GPU index -> the findings (severity above none) that name its PCI address."""
+    out: dict[int, list[Finding]] = {}
+    for res in results:
+        for f in res.findings:
+            if f.severity <= Severity.NONE:
+                continue
+            for pci in _pcis((f.key, *f.entities)):
+                if pci in by_pci:
+                    out.setdefault(by_pci[pci], []).append(f)
+    return out
+
+
+def _status(severity: Severity, node_status: Status) -> Status:
+    if severity >= Severity.RESET:
+        return Status.FAIL
+    if node_status is Status.UNKNOWN:
+        return Status.UNKNOWN  # no finding on it, but the node could not be fully looked at
+    return Status.WARN if severity == Severity.MONITOR else Status.PASS
+
+
+def gpu_verdicts(
+    results: Sequence[CheckResult], gpus: Any, node_status: Status, holders: Holders | None = None
+) -> list[dict[str, Any]]:
+    """Pure but for *holders* (asked only when a GPU has a finding): one entry per GPU of the last
+    inventory, in index order; [] when the inventory could not be read."""
+    if not isinstance(gpus, GpuInventory):
+        return []
+    by_pci = {normalize_pci(g.pci_bus_id): g.index for g in gpus.gpus}
+    # GPUs the driver lists but cannot talk to have no index: numbered after the others here
+    lost = [normalize_pci(x.pci_bus_id) for x in gpus.lost if x.pci_bus_id]
+    lost_ids = {pci: -1 - i for i, pci in enumerate(lost)}
+    hits = findings_by_gpu(results, {**by_pci, **lost_ids})
+    pods: Mapping[int, Sequence[str]] = {}
+    if hits and holders is not None:
+        try:
+            pods = holders()
+        except Exception:  # naming pods is a courtesy: the verdict stands without them
+            pods = {}
+    out = []
+    for g in sorted(gpus.gpus, key=lambda g: g.index):
+        found = hits.get(g.index, [])
+        worst = max(found, key=lambda f: f.severity, default=None)
+        severity = worst.severity if worst else Severity.NONE
+        entry: dict[str, Any] = {
+            "index": g.index,
+            "uuid": g.uuid,
+            "pci": short_pci(g.pci_bus_id),
+            "status": _status(severity, node_status).value,
+            "severity": severity.label,
+        }
+        if worst is not None:
+            entry["findings"] = sorted({f.key or f.rule for f in found})
+            entry.update(worst.recommendation.as_dict())
+            held = list(pods.get(g.index, ()))
+            if held:
+                entry["pods"] = held[:MAX_PODS] + (
+                    [f"+{len(held) - MAX_PODS} more"] if len(held) > MAX_PODS else []
+                )
+        out.append(entry)
+    for pci, key in lost_ids.items():
+        found = hits.get(key, [])
+        worst = max(found, key=lambda f: f.severity, default=None)
+        entry = {
+            "index": None,
+            "uuid": None,
+            "pci": short_pci(pci),
+            "lost": True,
+            "status": Status.FAIL.value,
+        }
+        entry["severity"] = (worst.severity if worst else Severity.NONE).label
+        if worst is not None:
+            entry["findings"] = sorted({f.key or f.rule for f in found})
+            entry.update(worst.recommendation.as_dict())
+        out.append(entry)
+    return out
+
+
+def pods_text(entries: Sequence[Mapping[str, Any]], finding: Finding) -> str:
+    """ "; pods: ns/pod/ctr, …" for the GPUs a finding names (empty when none hold it)."""
+    named = _pcis((finding.key, *finding.entities))
+    held = [p for e in entries if normalize_pci(str(e.get("pci", ""))) in named for p in e.get("pods", ())]
+    return f"; pods: {', '.join(held)}" if held else ""

@@ -1,0 +1,119 @@
+"""The start-up proof that the agent is fenced: asked to do what it must never do, the API server
+refuses.
+
+RBAC lets the agent patch every Node; only the ValidatingAdmissionPolicy of
+manifests/30-admission-policy.yaml narrows that to its own Node and its own keys. That policy can be
+missing (Kubernetes before 1.30, a partial install), or not match the agent's identity (an installer
+that dropped the RBAC mark it fences by), and then nothing says so. So at start the agent asks the
+API server, as dry runs that write nothing, to (1) put a label outside its prefix on its own Node
+and (2) put one of its own labels on another Node, and expects both to be refused with 403/422.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, api_status, describe_error, node_path
+
+log = logging.getLogger(__name__)
+
+PROBE_LABEL = "gpu-healthcheck.invalid/fence-probe"  # a key no one owns, never written (dry run)
+VAP_RESOURCE = "validatingadmissionpolicies"
+VAP_GROUP = "/apis/admissionregistration.k8s.io/v1"
+REFUSED = (403, 422)
+TIMEOUT = (5, 15)
+
+
+class FenceResult(str, enum.Enum):
+    FENCED = "fenced"  # both refused
+    UNFENCED = "unfenced"  # the API server would have done one of them
+    UNKNOWN = "unknown"  # could not tell (API unreachable, no other Node to try, ...)
+
+
+@dataclass(frozen=True)
+class FenceProof:
+    result: FenceResult
+    detail: str
+
+
+def _dry_patch(rest: KubeRest, name: str, labels: dict[str, str]) -> int:
+    """The HTTP status of a dry-run merge patch of *name*'s labels (200 = it would have landed)."""
+    try:
+        rest.json(
+            "PATCH",
+            node_path(name),
+            query={"dryRun": "All", "fieldManager": "gpu-healthcheck-fence-probe"},
+            body={"metadata": {"labels": labels}},
+            content_type=MERGE_PATCH,
+            timeout=TIMEOUT,
+        )
+    except Exception as exc:
+        status = api_status(exc)
+        if status is None:
+            raise
+        return status
+    return 200
+
+
+def _has_vap(rest: KubeRest) -> bool | None:
+    """Does the API server serve ValidatingAdmissionPolicies (GA in 1.30)? None: could not ask."""
+    try:
+        doc = rest.json("GET", VAP_GROUP, timeout=TIMEOUT)
+    except Exception as exc:
+        if api_status(exc) == 404:
+            return False
+        return None
+    return any(r.get("name") == VAP_RESOURCE for r in doc.get("resources") or ())
+
+
+def _another_node(rest: KubeRest, node_name: str) -> str | None:
+    doc = rest.json("GET", "/api/v1/nodes", query={"limit": 2, "resourceVersion": "0"}, timeout=TIMEOUT)
+    names = [str((i.get("metadata") or {}).get("name")) for i in doc.get("items") or ()]
+    return next((n for n in names if n != node_name), None)
+
+
+def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
+    """Ask for the two forbidden writes as dry runs; never raises."""
+    rest = KubeRest.of(core)
+    try:
+        own = _dry_patch(rest, node_name, {PROBE_LABEL: "x"})
+        other = _another_node(rest, node_name)
+        theirs = _dry_patch(rest, other, {f"{prefix}/fence-probe": "x"}) if other else None
+    except Exception as exc:
+        return FenceProof(FenceResult.UNKNOWN, f"could not ask the API server: {describe_error(exc)}")
+    accepted = []
+    if own == 200:
+        accepted.append(f"a label outside {prefix}/ on its own Node")
+    if theirs == 200:
+        accepted.append(f"a {prefix}/ label on another Node ({other})")
+    if accepted:
+        vap = _has_vap(rest)
+        why = (
+            "this API server has no ValidatingAdmissionPolicy (Kubernetes < 1.30)"
+            if vap is False
+            else "the policy of manifests/30-admission-policy.yaml is not installed or does not "
+            "match this agent's identity (its ClusterRole must grant the `fenced` mark)"
+        )
+        would = " and ".join(accepted)
+        return FenceProof(FenceResult.UNFENCED, f"the API server would accept {would}: {why}")
+    unexpected = [s for s in (own, theirs) if s is not None and s not in REFUSED]
+    if unexpected:
+        return FenceProof(FenceResult.UNKNOWN, f"unexpected answers to the dry runs: {unexpected}")
+    if theirs is None:
+        return FenceProof(
+            FenceResult.UNKNOWN, "foreign keys are refused; no other Node to try a write on another Node"
+        )
+    return FenceProof(FenceResult.FENCED, "foreign keys and other Nodes are refused (dry runs)")
+
+
+def report_fence(proof: FenceProof) -> None:
+    """The log line: an unfenced agent is an error an operator must see."""
+    if proof.result is FenceResult.UNFENCED:
+        log.error("fence: this agent runs UNFENCED: %s", proof.detail)
+    elif proof.result is FenceResult.UNKNOWN:
+        log.warning("fence: could not prove the admission fence: %s", proof.detail)
+    else:
+        log.info("fence: %s", proof.detail)
