@@ -258,32 +258,42 @@ def test_pcie_x8_is_healthy_where_the_platform_wires_x8() -> None:
     assert gpu.check_pcie(unknown_type, CFG).status is Status.WARN
 
 
-def test_responsive_counts_attached_gpus_the_tool_did_not_describe() -> None:
+def test_responsive_attached_gpus_not_described_are_unknown_unless_nvidia_smi_says_lost() -> None:
+    """<attached_gpus>2 and one <gpu>: an excerpt or a lost GPU whose error went to stderr. Only
+    nvidia-smi's own "GPU is lost" line makes it a fault (the live probe and the snapshot keep it)."""
+    from agent.probes.nvsmi_errors import with_lost_lines
     from agent.probes.nvsmi_xml import parse_nvsmi_xml
+    from agent.probes.source import parse_with
 
     xml_dir = FIX.parent / "nvidia-smi-xml"
     healthy = parse_nvsmi_xml((xml_dir / "telegraf-dual-rtx-a5000-590.44.01-v13.xml").read_text())
     assert gpu.check_responsive(NodeFacts(gpus=healthy), CFG).status is Status.PASS
-    missing = parse_nvsmi_xml(
-        (xml_dir / "telegraf-dual-rtx-a5000-590.44.01-v13-DERIVED-gpu1-missing.xml").read_text()
-    )
+    text = (xml_dir / "telegraf-dual-rtx-a5000-590.44.01-v13-DERIVED-gpu1-missing.xml").read_text()
+    missing = parse_with("nvidia-smi -q -x", text, parse_nvsmi_xml)
     r = gpu.check_responsive(NodeFacts(gpus=missing), CFG)
+    assert r.status is Status.UNKNOWN and not r.findings
+    assert "<attached_gpus> says 2 but the document describes 1 GPU(s)" in r.message
+    stderr = "Unable to determine the device handle for GPU0000:C1:00.0: GPU is lost.  Reboot the system\n"
+    lost = parse_with("nvidia-smi -q -x", with_lost_lines(text, stderr), parse_nvsmi_xml)
+    r = gpu.check_responsive(NodeFacts(gpus=lost), CFG)
     only_finding(r, "gpu.responsive.lost", Severity.REBOOT)
-    assert "2 GPU(s) attached but only 1 described" in r.message
+    assert "0000:c1:00.0 does not answer" in r.message
 
 
 def test_a_snapshot_merges_lost_gpus_from_the_text_view_into_the_xml_view(tmp_path: Path) -> None:
     from agent.probes.snapshot import SnapshotSource
 
     xml_dir = FIX.parent / "nvidia-smi-xml"
-    (tmp_path / "nvidia-smi-q.xml").write_text((xml_dir / "telegraf-a10g-515.105.01.xml").read_text())
+    (tmp_path / "nvidia-smi-q.xml").write_text(
+        (xml_dir / "telegraf-dual-rtx-a5000-590.44.01-v13-DERIVED-gpu1-missing.xml").read_text()
+    )
     (tmp_path / "nvidia-smi-q.txt").write_text(
-        "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.  "
+        "Unable to determine the device handle for GPU0000:C1:00.0: GPU is lost.  "
         "Reboot the system to recover this GPU\n"
     )
     inv = SnapshotSource(tmp_path).gpus()
     assert isinstance(inv, GpuInventory) and len(inv.gpus) == 1
-    assert [lost.pci_bus_id for lost in inv.lost] == ["00000000:3b:00.0"]
+    assert [lost.pci_bus_id for lost in inv.lost] == ["00000000:c1:00.0"]
 
 
 @pytest.mark.parametrize(

@@ -73,11 +73,13 @@ def test_one_inactive_link_is_some_inactive() -> None:
     assert "inactive: 5" in f.message
 
 
-def test_fewer_links_than_profile_is_some_inactive() -> None:
-    """An A100 (12 links) judged against an H100 profile (18) is short of links."""
+def test_fewer_links_than_profile_is_unknown_not_a_fault() -> None:
+    """An A100 (12 links) judged against an H100 profile (18): nvidia-smi lists every link of a GPU,
+    inactive ones as <inactive>, so a GPU listing fewer links than the profile was cut short (or is
+    another GPU, which gpu.count reports); no link is shown inactive."""
     result = run(report("awsome-p4de-a100-gpu0-nvlink-s.txt"), "p5.48xlarge")
-    (f,) = result.findings
-    assert f.rule == "nvlink.some-inactive" and "12 NVLink(s) active, 18 expected" in f.message
+    assert result.status == Status.UNKNOWN and not result.findings
+    assert "GPU 0 lists 12 of its 18 links" in result.message
 
 
 def test_l40s_not_supported_while_expected() -> None:
@@ -98,9 +100,27 @@ def test_not_expected_is_skipped(name: str, itype: str) -> None:
     assert result.message == f"no NVLink expected for {itype}"
 
 
-def test_no_profile_is_skipped() -> None:
+def test_no_profile_judges_what_the_listing_states() -> None:
     result = run(report("nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s.txt"), None)
-    assert result.status == Status.SKIPPED and "instance type unknown" in result.message
+    assert result.status == Status.PASS
+    inactive = run(report("nvidia-smi-nvlink-s_h100_driver590-DERIVED-link5-inactive.txt"), None)
+    assert [f.rule for f in inactive.findings] == ["nvlink.some-inactive"]
+    # One GPU with all links inactive and nothing else: without a profile, no sign the node has NVLink.
+    alone = run(report("aznhc-azure-a100-gpu6-nvlink-all-inactive.txt"), None)
+    assert alone.status == Status.PASS
+    empty = run(report("gpud-a10-nvlink-status-empty.txt"), None)
+    assert empty.status == Status.SKIPPED and "instance type unknown" in empty.message
+
+
+def test_no_profile_a_gpu_without_active_links_beside_gpus_with_them_fails() -> None:
+    good = (NVL / "nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s.txt").read_text(encoding="utf-8")
+    text = (
+        good
+        + "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n"
+        + "NVML: Unable to retrieve NVLink information as all links are inactive\n"
+    )
+    result = run(parse_nvlink(text), None)
+    assert [f.rule for f in result.findings] == ["nvlink.no-active"]
 
 
 def test_mig_mode_is_skipped_not_failed() -> None:

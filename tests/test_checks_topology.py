@@ -47,9 +47,28 @@ def test_healthy_8xh100_passes(itype: str) -> None:
     assert "8 GPU(s), 8 NIC(s)" in result.note
 
 
-def test_partial_tabs_file_passes_with_p5_profile() -> None:
-    result = run("issue-nccl-1453-h100x8-9nic-topo-m-tabs-PARTIAL.txt", "p5.48xlarge")
-    assert result.status == Status.PASS, result.message
+def test_partial_tabs_file_is_unknown_and_its_rows_are_judged() -> None:
+    """The poster left out the NIC6-8 rows: unknown, while the rows shown are judged (no fault)."""
+    from agent.probes.source import parse_with
+
+    text = (FIX / "issue-nccl-1453-h100x8-9nic-topo-m-tabs-PARTIAL.txt").read_text(encoding="utf-8")
+    topo = parse_with("nvidia-smi topo -m", text, parse_topo)
+    facts = NodeFacts(instance_type="p5.48xlarge", profile=CFG.profiles["p5.48xlarge"], topo=topo)
+    result = check_topology(facts, CFG)
+    assert result.status == Status.UNKNOWN and not result.findings
+    assert "NIC6, NIC7, NIC8" in result.message
+
+
+def test_damaged_matrix_still_reports_an_x_off_diagonal_in_an_intact_row() -> None:
+    from agent.probes.source import parse_with
+
+    text = (FIX / "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-x-off-diagonal.txt").read_text()
+    cut = "".join(text.splitlines(keepends=True)[:6])  # header and rows GPU0-GPU4
+    topo = parse_with("nvidia-smi topo -m", cut, parse_topo)
+    facts = NodeFacts(instance_type="p5.48xlarge", profile=CFG.profiles["p5.48xlarge"], topo=topo)
+    result = check_topology(facts, CFG)
+    assert result.status == Status.FAIL and result.unknown is not None
+    assert rules(result) == ["topology.x-off-diagonal"]
 
 
 @pytest.mark.parametrize(
@@ -141,3 +160,24 @@ def test_input_gaps() -> None:
     unknown = check_topology(NodeFacts(profile=prof, topo=err), CFG)
     assert unknown.status == Status.UNKNOWN and "garbage" in unknown.message
     assert isinstance(NodeFacts().topo, NotCaptured)
+
+
+def test_a_pair_keeps_its_key_whichever_row_was_read() -> None:
+    """GPU3's row garbled: the GPU3-GPU6 pair is read from GPU6's row and keeps its key."""
+    from agent.probes.source import parse_with
+
+    text = (FIX / "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-gpu3-gpu6-phb.txt").read_text()
+    whole = run("issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-gpu3-gpu6-phb.txt", "p5.48xlarge")
+    damaged = text.replace("\nGPU3", "\nGPU\x003", 1)
+    facts = NodeFacts(
+        instance_type="p5.48xlarge",
+        profile=CFG.profiles["p5.48xlarge"],
+        topo=parse_with("nvidia-smi topo -m", damaged, parse_topo),
+    )
+    part = check_topology(facts, CFG)
+    assert (
+        [f.key for f in part.findings]
+        == [f.key for f in whole.findings]
+        == ["topology.not-nv-connected/GPU3-GPU6"]
+    )
+    assert part.unknown is not None

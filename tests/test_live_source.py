@@ -64,3 +64,27 @@ def test_missing_kmsg_is_unavailable_and_no_infiniband_is_zero_devices(tmp_path:
     assert isinstance(kernel, ProbeError) and kernel.kind is ProbeErrorKind.UNAVAILABLE
     rdma = src.rdma()
     assert not isinstance(rdma, ProbeError) and rdma.devices == ()  # type: ignore[union-attr]
+
+
+MISSING = FIX / "nvidia-smi-xml" / "telegraf-dual-rtx-a5000-590.44.01-v13-DERIVED-gpu1-missing.xml"
+
+
+def test_a_gpu_nvidia_smi_says_on_stderr_is_lost_is_lost_not_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """<attached_gpus>2, one <gpu>: with nvidia-smi's stderr line the second GPU is lost (a fault)."""
+    lost = "Unable to determine the device handle for GPU0000:C1:00.0: GPU is lost.  Reboot the system"
+    put_nvidia_smi(tmp_path, monkeypatch, f'cat "{MISSING}"; echo "{lost}" >&2')
+    inv = LiveSource(timeout_s=5, use_nvml=False).gpus()
+    assert isinstance(inv, GpuInventory)
+    assert [lg.pci_bus_id for lg in inv.lost] == ["00000000:c1:00.0"]
+
+
+def test_a_gpu_missing_from_the_xml_without_a_word_is_unreadable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_nvidia_smi(tmp_path, monkeypatch, f'cat "{MISSING}"')
+    result = LiveSource(timeout_s=5, use_nvml=False).gpus()
+    assert isinstance(result, ProbeError) and result.kind is ProbeErrorKind.UNREADABLE
+    assert "<attached_gpus> says 2" in result.message
+    assert isinstance(result.partial, GpuInventory) and len(result.partial.gpus) == 1

@@ -63,10 +63,12 @@ def test_l40s_not_supported() -> None:
     assert report.gpus[0].links == {}
 
 
-def test_a10_empty_output_not_supported() -> None:
+def test_a10_empty_output_says_nothing() -> None:
+    """No statement either way: the check skips it where no NVLink is expected, and calls it unknown
+    where NVLink is expected (a capture that lost everything looks the same)."""
     assert (FIX / "gpud-a10-nvlink-status-empty.txt").read_bytes() == b""
     report = load("gpud-a10-nvlink-status-empty.txt")
-    assert report == NvlinkReport(gpus=(), supported=False)
+    assert report == NvlinkReport(gpus=(), supported=None)
 
 
 def test_inactive_links_and_two_gpus() -> None:
@@ -113,11 +115,52 @@ def test_garbage_is_a_parse_error(text: str) -> None:
         parse_nvlink(text)
 
 
-def test_truncated_listing_keeps_what_was_read() -> None:
+def test_listing_cut_at_a_line_end_keeps_what_was_read() -> None:
     text = (FIX / "nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s.txt").read_text(encoding="utf-8")
     cut = "\n".join(text.splitlines()[:7]) + "\n"
     (gpu,) = parse_nvlink(cut).gpus
-    assert gpu.active_links == 6  # the check compares this with the profile's link count
+    assert gpu.active_links == 6  # the check calls fewer links than the profile's unknown, not a fault
+
+
+def test_listing_cut_inside_a_line_is_a_parse_error() -> None:
+    cut = (FIX / "nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s-DERIVED-cut-in-link6.txt").read_text()
+    with pytest.raises(ParseError, match="cut short inside line 8") as caught:
+        parse_nvlink(cut)
+    assert caught.value.partial is None  # its only GPU is the one cut
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (
+            "GPU 0: H100 (UUID: GPU-a)\n\t Link 0: 26.562 GB/s\n\t Link 2: 26.562 GB/s\n",
+            "Link 2 where Link 1",
+        ),
+        (
+            "GPU 0: H100 (UUID: GPU-a)\n\t Link 0: 26.562 GB/s\n\t Link 0: 26.562 GB/s\n",
+            "Link 0 where Link 1",
+        ),
+        ("GPU 0: H100 (UUID: GPU-a)\n\t Link 0: <inact\n", "neither a speed nor <inactive>"),
+        (
+            "GPU 1: H100 (UUID: GPU-b)\n\t Link 0: 26.562 GB/s\n"
+            "GPU 0: H100 (UUID: GPU-a)\n\t Link 0: 26.562 GB/s\n",
+            "GPU 0 listed after GPU 1",
+        ),
+    ],
+)
+def test_a_listing_that_contradicts_itself_is_a_parse_error(text: str, why: str) -> None:
+    with pytest.raises(ParseError, match=why):
+        parse_nvlink(text)
+
+
+def test_a_gpu_listing_fewer_links_than_the_others_is_cut_and_the_others_are_kept() -> None:
+    one = (FIX / "nvgpuexp-h100-80gb-hbm3-590.48.01-nvlink-s.txt").read_text(encoding="utf-8")
+    second = one.replace("GPU 0:", "GPU 1:")
+    text = one + "\n".join(second.splitlines()[:10]) + "\n"
+    with pytest.raises(ParseError, match="GPU 1 lists 9 link") as caught:
+        parse_nvlink(text)
+    assert isinstance(caught.value.partial, NvlinkReport)
+    assert [g.index for g in caught.value.partial.gpus] == [0]
 
 
 @settings(max_examples=300)
@@ -138,3 +181,9 @@ def test_random_bytes_never_raise_other_errors(data: bytes) -> None:
     except ParseError:
         return
     assert isinstance(result, NvlinkReport)
+
+
+def test_a_nul_byte_makes_that_gpu_no_evidence() -> None:
+    text = (FIX / "aznhc-azure-a100-gpu6-nvlink-all-inactive.txt").read_text(encoding="utf-8")
+    with pytest.raises(ParseError, match="holds bytes nvidia-smi never prints"):
+        parse_nvlink(text.replace("GPU-", "GPU-\x00", 1))

@@ -41,6 +41,11 @@ EXPECTED_COUNTS = {
     "thamada-h100-nvl-x2-550.54.14.txt": 2,
     "thamada-h200-550.90.12.txt": 1,
     "thamada-l4-550.90.07.txt": 1,
+    "h100-capture-580.159.04-q.txt": 1,
+    "h100-capture-580.159.04-q-load.txt": 1,
+    "h100-capture-580.159.04-q-d-ecc.txt": 1,
+    "h100-capture-580.159.04-q-d-ecc-row-remapper.txt": 1,
+    "h100-capture-580.159.04-q-d-page-retirement.txt": 1,
 }
 
 
@@ -343,3 +348,155 @@ def test_fuzz_spliced_real_file(cut: int, junk: str) -> None:
     except (ParseError, ToolReportedFailure):
         return
     assert isinstance(inv, GpuInventory)
+
+
+# ---------------------------------------------------------------- damaged captures keep their intact blocks
+
+REMAP_VIEW = "thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending-DERIVED-d-ecc-row-remapper.txt"
+
+
+def test_a_d_view_is_read_whole() -> None:
+    inv = parse(REMAP_VIEW)
+    assert [g.remapped_rows.pending if g.remapped_rows else None for g in inv.gpus] == [
+        False,
+        True,
+        False,
+        False,
+    ]
+
+
+def test_an_excerpt_of_one_gpu_is_unreadable_and_keeps_that_gpu() -> None:
+    name = (
+        "thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending-"
+        "DERIVED-d-ecc-row-remapper-gpu1-only-ecc-unknown-error.txt"
+    )
+    with pytest.raises(ParseError, match=r"'Attached GPUs : 4' but only 1 GPU block") as caught:
+        parse(name)
+    partial = caught.value.partial
+    assert isinstance(partial, GpuInventory)
+    (gpu,) = partial.gpus
+    assert gpu.pci_bus_id == "00000000:9e:00.0" and gpu.ecc.mode_enabled is None
+    assert gpu.remapped_rows == RemappedRows(correctable=1, uncorrectable=0, pending=True, failure=False)
+
+
+def test_a_capture_cut_in_a_block_keeps_the_blocks_before_and_the_cut_block_lines() -> None:
+    with pytest.raises(ParseError, match="cut short inside line") as caught:
+        parse("DERIVED-h100x8-row-remap-failure-cut-in-gpu3.txt")
+    partial = caught.value.partial
+    assert isinstance(partial, GpuInventory)
+    assert [g.index for g in partial.gpus] == [0, 1, 2, 3]
+    assert partial.gpus[2].remapped_rows is not None and partial.gpus[2].remapped_rows.failure is True
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        # a line repeated inside a section
+        (
+            lambda t: _replace(
+                t,
+                "        Pending                           : Yes\n",
+                "        Pending                           : Yes\n" * 2,
+            ),
+            "'pending' appears twice under 'remapped rows'",
+        ),
+        # the 'Remapped Rows' header lost: its lines land under Retired Pages
+        (
+            lambda t: t.replace("    Remapped Rows\n", ""),
+            r"'correctable error' \(of 'remapped rows'\) found under 'retired pages'",
+        ),
+        # ECC Mode's "Pending : Enabled" moved under Remapped Rows
+        (
+            lambda t: _replace(
+                t,
+                "        Pending                           : Yes\n",
+                "        Pending                           : Enabled\n",
+            ),
+            "'pending' reads 'Enabled', not Yes/No",
+        ),
+    ],
+)
+def test_a_damaged_block_is_not_evidence(edit: object, why: str) -> None:
+    text = edit(load(A100_REMAP))  # type: ignore[operator]
+    with pytest.raises(ParseError, match=why) as caught:
+        parse_nvsmi_text(text)
+    partial = caught.value.partial
+    assert isinstance(partial, GpuInventory)
+    assert "00000000:9e:00.0" not in [g.pci_bus_id for g in partial.gpus]
+
+
+def test_a_d_view_block_missing_a_section_is_unreadable() -> None:
+    text = load(REMAP_VIEW)
+    last = text.rindex("    Remapped Rows")
+    with pytest.raises(ParseError, match="lacks sections other GPUs show"):
+        parse_nvsmi_text(text[:last])
+
+
+def test_a_gpu_block_twice_is_unreadable() -> None:
+    text = load(REMAP_VIEW)
+    with pytest.raises(ParseError, match=r"has two blocks|but 5 GPU block"):
+        parse_nvsmi_text(text + text[text.index("GPU 00000000:68:00.0") :])
+
+
+def test_a_nul_byte_in_a_block_makes_it_no_evidence() -> None:
+    """'Comp\\x00leted' must not read as a fabric state other than Completed."""
+    text = load(A100_REMAP).replace("Pending                           : Yes", "Pend\x00ing  : Yes", 1)
+    with pytest.raises(ParseError, match="holds bytes nvidia-smi never prints") as caught:
+        parse_nvsmi_text(text)
+    assert isinstance(caught.value.partial, GpuInventory)
+    assert "00000000:9e:00.0" not in [g.pci_bus_id for g in caught.value.partial.gpus]
+
+
+def test_a_blank_line_inside_a_block_means_lines_were_lost() -> None:
+    """GPU 0's lines and GPU 1's header lost: GPU 1's lines would read as GPU 0's."""
+    text = load("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt")
+    first = text.index("GPU 00000001:00:00.0\n") + len("GPU 00000001:00:00.0\n")
+    second = text.index("GPU 00000002:00:00.0\n") + len("GPU 00000002:00:00.0\n")
+    merged = text[:first] + "\n" + text[second:]
+    with pytest.raises(ParseError, match="follows a blank line inside the block") as caught:
+        parse_nvsmi_text(merged)
+    assert isinstance(caught.value.partial, GpuInventory)
+    assert "00000001:00:00.0" not in [g.pci_bus_id for g in caught.value.partial.gpus]
+
+
+def test_no_attached_gpus_line_is_unreadable_with_its_blocks_kept() -> None:
+    text = load(A100_REMAP).replace("Attached GPUs                             : 4\n", "")
+    with pytest.raises(ParseError, match="no 'Attached GPUs' line") as caught:
+        parse_nvsmi_text(text)
+    assert isinstance(caught.value.partial, GpuInventory) and len(caught.value.partial.gpus) == 4
+
+
+def test_mig_devices_repeat_their_section_and_the_block_is_read_whole() -> None:
+    """Real 590 MIG capture: one 'MIG Device' section per instance is no damage."""
+    text = (FIX.parent / "multi-command-captures" / "nvgpuexp-h100-mig-590.48.01-capture.txt").read_text()
+    section = text.split("# $ nvidia-smi -q\n", 1)[1].split("#" * 80 + "\n", 2)[1]
+    assert section.count("    MIG Device\n") > 1
+    (gpu,) = parse_nvsmi_text(section).gpus
+    assert gpu.mig_mode is True
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        # GPU 1's header lost: its lines land under a line that is not a GPU header... here "Attached
+        # GPUs", once the earlier blocks and the blank line are gone too
+        (
+            lambda t: t[: t.index("GPU 00000000:68:00.0")] + t[t.index("GPU 00000000:9E:00.0") + 21 :],
+            "indented lines outside any GPU block",
+        ),
+        (
+            lambda t: t.replace("Attached GPUs", "# a note\nAttached GPUs", 1),
+            "'# a note' is not a line of nvidia-smi -q",
+        ),
+    ],
+)
+def test_lines_outside_the_gpu_blocks_that_nvidia_smi_does_not_print_are_unreadable(
+    edit: object, why: str
+) -> None:
+    with pytest.raises(ParseError, match=why):
+        parse_nvsmi_text(edit(load(REMAP_VIEW)))  # type: ignore[operator]

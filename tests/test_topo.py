@@ -46,8 +46,13 @@ def test_full_8xh100_space_padded() -> None:
     assert "NIC0" not in topo.cpu_affinity
 
 
-def test_partial_tabs_file_parses_with_fewer_rows() -> None:
-    topo = load(PARTIAL)
+def test_partial_tabs_file_is_unreadable_and_keeps_its_intact_rows() -> None:
+    """The poster left out the NIC6-8 rows: rows and columns disagree, so the matrix is unreadable;
+    the rows it shows are kept as evidence."""
+    with pytest.raises(ParseError, match="names NIC6, NIC7, NIC8 but the matrix has no row") as caught:
+        load(PARTIAL)
+    topo = caught.value.partial
+    assert isinstance(topo, TopoMatrix)
     assert len(topo.gpu_rows) == 8
     assert topo.nic_rows == tuple(f"NIC{i}" for i in range(6))  # NIC6-8 rows were beyond the excerpt
     assert len(topo.columns) == 17  # the header still names all 9 NICs
@@ -153,3 +158,43 @@ def test_every_prefix_of_the_real_file_parses_or_fails_cleanly(cut: int) -> None
     except ParseError:
         return
     assert all(len(cells) == len(topo.columns) for cells in topo.rows.values())
+
+
+@pytest.mark.parametrize(
+    ("derived", "why"),
+    [
+        ("-DERIVED-cut-after-gpu3.txt", "names GPU4, GPU5, GPU6, GPU7 ... but the matrix has no row"),
+        ("-DERIVED-every-other-line.txt", "names GPU0, GPU2, GPU4, GPU6 ... but the matrix has no row"),
+    ],
+)
+def test_a_matrix_with_rows_lost_is_unreadable(derived: str, why: str) -> None:
+    with pytest.raises(ParseError, match=why) as caught:
+        load(FULL.replace(".txt", derived))
+    partial = caught.value.partial
+    assert isinstance(partial, TopoMatrix) and len(partial.columns) == 16
+
+
+@pytest.mark.parametrize(
+    ("row", "why"),
+    [
+        ("GPU1\tNV18\t X \tN\n", "unexpected cell 'N'"),  # a cell cut short
+        ("GPU1\tNV18\tNV18\tNV4\n", "does not read X towards itself"),
+    ],
+)
+def test_a_row_that_contradicts_the_matrix_is_unreadable(row: str, why: str) -> None:
+    with pytest.raises(ParseError, match=why):
+        parse_topo("\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\tNV4\n" + row + "GPU2\tNV4\tNV4\t X \n")
+
+
+def test_a_last_line_without_its_newline_is_not_read() -> None:
+    text = (FIX / FULL).read_text(encoding="utf-8")
+    with pytest.raises(ParseError, match="cut short inside line"):
+        parse_topo(text.rstrip("\n"))
+
+
+def test_a_matrix_quoted_inside_another_text_is_not_this_nodes() -> None:
+    text = (FIX / FULL).read_text(encoding="utf-8")
+    with pytest.raises(ParseError, match="before the header"):
+        parse_topo("# $ nvidia-smi topo -m\n" + text)
+    warned = "WARNING: infoROM is corrupted at gpu 0000:53:00.0\n" + text
+    assert len(parse_topo(warned).gpu_rows) == 8

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import Gpu, GpuInventory
 from agent.core.probed import NotCaptured, ProbeError
 from agent.core.rules import Rule
@@ -26,8 +26,28 @@ def input_gap(name: str, probed: object) -> CheckResult | None:
     return None
 
 
+def readable(probed: object, kind: type[T]) -> tuple[T | None, str | None]:
+    """The part of an input a check can judge, and why it is not the whole input (or None).
+
+    A full read is judged whole. An unreadable capture whose parser kept its intact part
+    (ProbeError.partial) is judged on that part: a fault it states plainly is reported, and the
+    check is also `unknown` with the returned reason, since the rest could not be looked at.
+    Anything else gives (None, None): the caller falls back to input_gap."""
+    if isinstance(probed, kind):
+        return probed, None
+    if isinstance(probed, ProbeError) and isinstance(probed.partial, kind):
+        return probed.partial, f"could not read all of {probed.source}: {probed.message}"
+    return None, None
+
+
 def rule_finding(
-    cfg: Config, check: str, rule: Rule, message: str, entities: tuple[str, ...] = (), key: str = ""
+    cfg: Config,
+    check: str,
+    rule: Rule,
+    message: str,
+    entities: tuple[str, ...] = (),
+    key: str = "",
+    evidence: tuple[Evidence, ...] = (),
 ) -> Finding:
     """A level-triggered finding whose severity is the configured one for `rule`; key `rule/<key>`."""
     return Finding(
@@ -37,6 +57,7 @@ def rule_finding(
         message=message,
         entities=entities,
         key=f"{rule.name}/{key}" if key else rule.name,
+        evidence=evidence,
         action=rule.action,
     )
 
@@ -54,7 +75,14 @@ class CheckSpec:
     rules: tuple[Rule, ...] = ()
 
 
-def gpu_finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | None = None) -> Finding:
+def gpu_finding(
+    cfg: Config,
+    check: str,
+    rule: Rule,
+    message: str,
+    gpu: Gpu | None = None,
+    evidence: tuple[Evidence, ...] = (),
+) -> Finding:
     """A finding on one GPU (or the node, gpu=None), keyed `rule/<pci>` so each GPU latches apart."""
     entities = (gpu.label,) if gpu is not None else ()
     key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
@@ -65,6 +93,7 @@ def gpu_finding(cfg: Config, check: str, rule: Rule, message: str, gpu: Gpu | No
         message=message,
         entities=entities,
         key=key,
+        evidence=evidence,
         action=rule.action,
     )
 
@@ -77,17 +106,31 @@ def per_gpu(
     applies: Callable[[Gpu], bool] = lambda g: True,
     not_applicable: str = "",
     ok: str = "",
+    where: Mapping[str, str] | None = None,
 ) -> CheckResult:
-    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to."""
-    gap = input_gap(name, facts.gpus)
-    if gap is not None:
+    """Run judge(gpu) → [(rule, message)] over every GPU the check applies to; on a damaged capture,
+    over its intact GPU blocks (the result is then also `unknown`). `where` names, per rule, the
+    Gpu.where key of the lines a finding rests on (its evidence)."""
+    inv, unreadable = readable(facts.gpus, GpuInventory)
+    if inv is None:
+        gap = input_gap(name, facts.gpus)
+        assert gap is not None
         return gap
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
     gpus = [g for g in inv.gpus if applies(g)]
+    lines = where or {}
+
+    def evidence(g: Gpu, rule: Rule) -> tuple[Evidence, ...]:
+        return Evidence.of(inv.source, g.where.get(lines.get(rule.name, ""), ()))
+
+    findings = [
+        gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g, evidence(g, rule))
+        for g in gpus
+        for rule, msg in judge(g)
+    ]
+    if unreadable is not None:
+        return CheckResult(name, findings=tuple(findings), unknown=unreadable)
     if not inv.gpus:
         return CheckResult(name, skipped="no GPU visible")
     if not gpus:
         return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
-    findings = [gpu_finding(cfg, name, rule, f"{g.label}: {msg}", g) for g in gpus for rule, msg in judge(g)]
     return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, rule_finding
+from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, readable
 from agent.config import Config
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.rules import Rule
@@ -90,6 +90,29 @@ ALLOCATABLE_BELOW_VISIBLE = Rule(
 )
 
 
+# The Gpu.where key of the lines each rule's finding rests on (`check --explain`).
+WHERE = {
+    COUNT_MODEL.name: "name",
+    ECC_DRAM_UNCORRECTABLE.name: "ecc.volatile_dram_uncorrectable",
+    ECC_SRAM_UNCORRECTABLE.name: "ecc.sram_uncorrectable",
+    ECC_SRAM_THRESHOLD.name: "ecc.sram_threshold_exceeded",
+    ROW_REMAP_FAILURE.name: "remapped_rows.failure",
+    ROW_REMAP_PENDING.name: "remapped_rows.pending",
+    RETIRED_PAGES_DOUBLE_BIT.name: "retired_pages.double_bit",
+    RETIRED_PAGES_PENDING.name: "retired_pages.pending",
+    RETIRED_PAGES_SINGLE_BIT.name: "retired_pages.single_bit",
+    RECOVERY_ACTION_RESET.name: "recovery_action",
+    RECOVERY_ACTION_REBOOT.name: "recovery_action",
+    RECOVERY_ACTION_DRAIN.name: "recovery_action",
+    THROTTLE_HW_SLOWDOWN.name: "clock_events",
+    THROTTLE_HW_THERMAL.name: "clock_events",
+    THROTTLE_HW_POWER_BRAKE.name: "clock_events",
+    PCIE_WIDTH.name: "pcie.width",
+    PERSISTENCE_DISABLED.name: "persistence_mode",
+    FABRIC_INCOMPLETE.name: "fabric",
+}
+
+
 # --------------------------------------------------------------------------- gpu.count
 
 
@@ -123,7 +146,14 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
         wrong = [g for g in inv.gpus if g.name and prof.gpu_model.lower() not in g.name.lower()]
         for g in wrong:
             findings.append(
-                gpu_finding(cfg, name, COUNT_MODEL, f"{g.label} is {g.name}, expected {prof.gpu_model}", g)
+                gpu_finding(
+                    cfg,
+                    name,
+                    COUNT_MODEL,
+                    f"{g.label} is {g.name}, expected {prof.gpu_model}",
+                    g,
+                    Evidence.of(inv.source, g.where.get("name", ())),
+                )
             )
     return CheckResult(
         name, findings=tuple(findings), note=f"{visible} GPU(s) as expected for {prof.instance_type}"
@@ -137,7 +167,7 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
     """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look"."""
     name = "gpu.responsive"
     probed = facts.gpus
-    if isinstance(probed, ProbeError):
+    if isinstance(probed, ProbeError) and probed.kind is not ProbeErrorKind.UNREADABLE:
         if probed.kind is ProbeErrorKind.TIMEOUT:
             rule = RESPONSIVE_TIMEOUT
         elif probed.kind is ProbeErrorKind.TOOL_FAILED:
@@ -147,12 +177,15 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
         return CheckResult(
             name, findings=(gpu_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),)
         )
-    gap = input_gap(name, probed)
-    if gap is not None:
+    inv, unreadable = readable(probed, GpuInventory)
+    if inv is None:
+        gap = input_gap(name, probed)
+        assert gap is not None
         return gap
-    assert isinstance(probed, GpuInventory)
+    # nvidia-smi saying a GPU is lost is a fault, also in a capture that is otherwise unreadable. A
+    # GPU announced ("Attached GPUs") but not described is not: the parsers call that unreadable.
     findings = []
-    for lost in probed.lost:
+    for lost in inv.lost:
         where = f"GPU {short_pci(lost.pci_bus_id)}" if lost.pci_bus_id else "a GPU"
         findings.append(
             Finding(
@@ -162,25 +195,14 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
                 message=f"{where} does not answer: {lost.message}",
                 entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
                 key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
+                evidence=Evidence.of(inv.source, (lost.where,))
+                if lost.where is not None
+                else (Evidence(inv.source, None, lost.message),),
             )
         )
-    described = len(probed.gpus) + len(probed.lost)
-    if probed.attached_gpus is not None and probed.attached_gpus > described:
-        # The driver counts GPUs the tool then could not describe (nvidia-smi -q -x prints the lost
-        # GPU's error on stderr only): a GPU that does not answer, not a short file.
-        findings.append(
-            rule_finding(
-                cfg,
-                name,
-                RESPONSIVE_LOST,
-                f"{probed.attached_gpus} GPU(s) attached but only {described} described by {probed.source}: "
-                f"{probed.attached_gpus - described} GPU(s) do not answer",
-                key="attached",
-            )
-        )
-    return CheckResult(
-        name, findings=tuple(findings), note=f"{len(probed.gpus)} GPU(s) answer ({probed.source})"
-    )
+    if unreadable is not None:
+        return CheckResult(name, findings=tuple(findings), unknown=unreadable)
+    return CheckResult(name, findings=tuple(findings), note=f"{len(inv.gpus)} GPU(s) answer ({inv.source})")
 
 
 # --------------------------------------------------------------------------- memory health
@@ -222,6 +244,7 @@ def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
         has_counters,
         not_applicable="no GPU reports ECC counters (ECC off or not supported)",
         ok="no uncorrectable ECC errors",
+        where=WHERE,
     )
 
 
@@ -249,6 +272,7 @@ def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.remapped_rows is not None,
         not_applicable="no GPU reports row remapping (before Ampere, or MIG)",
         ok="no remap pending or failed",
+        where=WHERE,
     )
 
 
@@ -273,6 +297,7 @@ def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.retired_pages is not None and g.remapped_rows is None,
         not_applicable="no GPU uses page retirement (Ampere and later remap rows instead)",
         ok="no retired-page problem",
+        where=WHERE,
     )
 
 
@@ -303,6 +328,7 @@ def check_recovery_action(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.recovery_action is not None or g.reset_required is not None,
         not_applicable="driver reports no recovery action (older driver)",
         ok="no recovery action pending",
+        where=WHERE,
     )
 
 
@@ -336,6 +362,7 @@ def check_throttle(facts: NodeFacts, cfg: Config) -> CheckResult:
         ),
         not_applicable="no clock event reasons reported",
         ok="no HW slowdown",
+        where=WHERE,
     )
 
 
@@ -360,6 +387,7 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.pcie.width_current is not None and g.pcie.width_max is not None,
         not_applicable="PCIe link width not reported",
         ok="PCIe links at full width",
+        where=WHERE,
     )
 
 
@@ -374,6 +402,7 @@ def check_persistence(facts: NodeFacts, cfg: Config) -> CheckResult:
         lambda g: g.persistence_mode is not None,
         not_applicable="persistence mode not reported",
         ok="persistence mode enabled",
+        where=WHERE,
     )
 
 
@@ -403,6 +432,7 @@ def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
         applies,
         not_applicable="no NVSwitch fabric state reported",
         ok="fabric registration completed",
+        where=WHERE,
     )
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, input_gap, readable, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding
+from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.model import TopoMatrix
 from agent.core.profile import TOPO_LEVELS
 from agent.core.rules import Rule
@@ -39,8 +39,14 @@ _NV = re.compile(r"^NV\d+$")
 _ALIASES = {"SOC": "SYS"}
 
 
-def _finding(cfg: Config, rule: Rule, message: str, entities: tuple[str, ...], key: str) -> Finding:
-    return rule_finding(cfg, NAME, rule, message, entities, key)
+def _finding(
+    cfg: Config, rule: Rule, message: str, entities: tuple[str, ...], key: str, topo: TopoMatrix
+) -> Finding:
+    """Its evidence: the rows of the devices it names that were read (the header for the count)."""
+    lines = [topo.row_lines[e] for e in entities if e in topo.row_lines]
+    if not entities and topo.header_line is not None:
+        lines = [topo.header_line]
+    return rule_finding(cfg, NAME, rule, message, entities, key, Evidence.of(topo.source, tuple(lines)))
 
 
 def _rank(cell: str) -> int | None:
@@ -63,6 +69,7 @@ def _x_off_diagonal(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                         f"{row}: topo -m shows X (self) towards {col}: the link to {col} is not seen",
                         (row, col),
                         f"{row}-{col}",
+                        topo,
                     )
                 )
     return out
@@ -84,13 +91,16 @@ def _not_nv(cfg: Config, topo: TopoMatrix) -> list[Finding]:
                 cells.append(topo.rows[col].get(row, ""))
             bad = [c for c in cells if c != "X" and not _NV.match(c)]  # X off the diagonal: own rule
             if bad:
+                # In header order, so that the pair keeps its key whichever of its rows was read.
+                a, b = sorted((row, col), key=topo.columns.index)
                 out.append(
                     _finding(
                         cfg,
                         NOT_NV_CONNECTED,
-                        f"{row} and {col} are connected by {bad[0] or 'nothing'}, not NVLink",
-                        (row, col),
-                        f"{row}-{col}",
+                        f"{a} and {b} are connected by {bad[0] or 'nothing'}, not NVLink",
+                        (a, b),
+                        f"{a}-{b}",
+                        topo,
                     )
                 )
     return out
@@ -116,34 +126,39 @@ def _nic_affinity(cfg: Config, topo: TopoMatrix, worst: str) -> tuple[list[Findi
                     f"{row}: nearest NIC {name} is {TOPO_LEVELS[best]}, profile expects {worst} or closer",
                     (row, name),
                     row,
+                    topo,
                 )
             )
     return out, f"every GPU has a NIC at {worst} or closer"
 
 
 def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(NAME, facts.topo)
-    if gap is not None:
+    """On a damaged matrix (rows lost or cut), the intact rows under the intact header are judged:
+    the GPU count is the header's, a cell rule needs the row that holds the cell, and the result is
+    also `unknown`."""
+    topo, unreadable = readable(facts.topo, TopoMatrix)
+    if topo is None:
+        gap = input_gap(NAME, facts.topo)
+        assert gap is not None
         return gap
-    topo = facts.topo
-    assert isinstance(topo, TopoMatrix)
-    gpu_rows = topo.gpu_rows
+    gpu_count = sum(1 for c in topo.columns if c.startswith("GPU"))
     findings = _x_off_diagonal(cfg, topo)
     nic_count = sum(1 for c in topo.columns if c.startswith("NIC"))
-    notes = [f"{len(gpu_rows)} GPU(s), {nic_count} NIC(s)"]
+    notes = [f"{gpu_count} GPU(s), {nic_count} NIC(s)"]
     prof = facts.profile
     if prof is None:
         which = f" (no profile for {facts.instance_type!r})" if facts.instance_type else ""
         notes.append(f"instance type unknown{which}: count and NVLink rules skipped")
     else:
-        if len(gpu_rows) != prof.gpu_count:
+        if gpu_count != prof.gpu_count:
             findings.append(
                 _finding(
                     cfg,
                     GPU_COUNT,
-                    f"topo -m shows {len(gpu_rows)} GPU(s), {prof.instance_type} has {prof.gpu_count}",
+                    f"topo -m shows {gpu_count} GPU(s), {prof.instance_type} has {prof.gpu_count}",
                     (),
                     "count",
+                    topo,
                 )
             )
         if prof.nvlink:
@@ -153,6 +168,8 @@ def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
             more, note = _nic_affinity(cfg, topo, prof.nic_affinity)
             findings += more
             notes.append(note)
+    if unreadable is not None:
+        return CheckResult(NAME, findings=tuple(findings), unknown=unreadable)
     return CheckResult(NAME, findings=tuple(findings), note="; ".join(notes))
 
 

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from agent import __version__
 from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
-from agent.cli.render import table
+from agent.cli.render import explain, table
 from agent.cli.status import AGENT_SELECTOR, EXIT_UNAVAILABLE
 from agent.cli.status import FORMATS as STATUS_FORMATS
 from agent.config import ConfigError, load_config_dir
@@ -21,7 +21,7 @@ from agent.core.severity import Status
 from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.verdict import decide
 from agent.probes.live import LiveSource
-from agent.probes.snapshot import SnapshotError, SnapshotSource
+from agent.probes.snapshot import SNAPSHOT_FILES, SnapshotError, SnapshotSource
 from agent.probes.source import Source, gather_facts
 
 EXIT_USAGE = 64
@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--only", metavar="CHECKS", help="comma-separated checks or groups (e.g. gpu,xid)")
     c.add_argument("--json", action="store_true", help="print the results annotation JSON")
+    c.add_argument(
+        "--explain",
+        action="store_true",
+        help="for each finding, the input lines it rests on (file, line, text); why a check is unknown",
+    )
     c.add_argument(
         "--config-dir", metavar="DIR", type=Path, help="config directory (default: shipped config)"
     )
@@ -151,6 +156,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         print(table(verdict, facts))
+    if args.explain:
+        files = SNAPSHOT_FILES if args.from_snapshot is not None else None
+        # With --json, stdout stays one JSON document.
+        print(
+            ("\n" if not args.json else "") + explain(verdict, files),
+            file=sys.stderr if args.json else sys.stdout,
+        )
     return EXIT_CODES[verdict.status]
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from collections.abc import Mapping
 
 from agent.core.facts import NodeFacts
-from agent.core.findings import Verdict
-from agent.core.severity import Severity
+from agent.core.findings import Evidence, Verdict
+from agent.core.severity import Severity, Status
 
 
 def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
@@ -34,6 +35,31 @@ def table(verdict: Verdict, facts: NodeFacts, title: str = "") -> str:
     if steps:
         lines += ["", "NEXT STEP (then, if it comes back)", *steps]
     return "\n".join(lines)
+
+
+def explain(verdict: Verdict, files: Mapping[str, str] | None = None) -> str:
+    """`check --explain`: for each check that did not pass, its findings and the lines of input each
+    rests on (file or tool, line number, the text), and why a check could not look. `files` maps a
+    tool ("nvidia-smi -q") to the snapshot file that holds its output."""
+    names = files or {}
+
+    def where(e: Evidence) -> str:
+        at = names.get(e.source, e.source)
+        return f"{at}:{e.line}" if e.line is not None else at
+
+    out: list[str] = []
+    for r in verdict.results:
+        if r.status in (Status.PASS, Status.SKIPPED):
+            continue
+        out.append(f"{r.name}: {r.status.value} ({r.severity.label})")
+        for f in r.findings:
+            out.append(f"  - [{f.severity.label}] {f.message}")
+            out += [f"      {where(e)}: {e.text}" for e in f.evidence]
+            if not f.evidence:
+                out.append("      (no input line recorded for this finding)")
+        if r.unknown is not None:
+            out.append(f"  - could not look: {r.unknown}")
+    return "\n".join(out) if out else "every check passed or was skipped: nothing to explain"
 
 
 def _next_steps(verdict: Verdict) -> list[str]:

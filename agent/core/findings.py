@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.core.actions import Action, Recommendation, recommend
+from agent.core.model import SourceLine
 from agent.core.severity import Severity, Status
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a finding rests on: the input (a tool: "nvidia-smi -q"), the line in its output (1-based;
+    None when the tool's output has no lines to point at, e.g. NVML) and that line's text."""
+
+    source: str
+    line: int | None
+    text: str
+
+    @staticmethod
+    def of(source: str, lines: tuple[SourceLine, ...]) -> tuple[Evidence, ...]:
+        return tuple(Evidence(source, sl.line, sl.text) for sl in lines)
 
 
 @dataclass(frozen=True)
@@ -23,6 +38,8 @@ class Finding:
     entities: tuple[str, ...] = ()
     key: str = ""
     latched: bool = False
+    # Where the input states it (`check --explain`); not part of the finding's identity.
+    evidence: tuple[Evidence, ...] = field(default=(), compare=False)
     action: Action | None = None  # the step its check names (an Xid's NVIDIA bucket); None: by severity
 
     @property
@@ -67,6 +84,9 @@ class CheckResult:
                 f.message for f in self.findings
             ]
             extra = f" (+{len(shown) - 5} more)" if len(shown) > 5 else ""
+            if self.unknown is not None and self.status is Status.UNKNOWN:
+                # Warnings from the readable part of a capture: the reason it is unknown comes first.
+                return f"{self.unknown}; {'; '.join(shown[:5])}{extra}"
             return "; ".join(shown[:5]) + extra
         if self.unknown is not None:
             return self.unknown

@@ -10,6 +10,14 @@ from typing import NamedTuple
 
 
 @dataclass(frozen=True)
+class SourceLine:
+    """A line of a tool's output that a value was read from (1-based), kept as evidence."""
+
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
 class EccErrors:
     """ECC error counters of one GPU. `*_uncorrectable_sram` sums parity and SEC-DED on R550+."""
 
@@ -102,6 +110,8 @@ class Gpu:
     drain_and_reset_recommended: bool | None = None
     fabric: Fabric | None = None  # None: no fabric section / N/A
     power: GpuPower = field(default_factory=GpuPower)
+    # The lines each judged value was read from, by field ("remapped_rows.pending"), for evidence.
+    where: dict[str, tuple[SourceLine, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -115,6 +125,7 @@ class LostGpu:
 
     pci_bus_id: str | None
     message: str
+    where: SourceLine | None = field(default=None, compare=False)  # its line in the tool's output
 
 
 @dataclass(frozen=True)
@@ -170,6 +181,9 @@ class TopoMatrix:
     nic_names: dict[str, str] = field(default_factory=dict)  # "NIC0" -> "mlx5_0" / "rdmap79s0"
     cpu_affinity: dict[str, str] = field(default_factory=dict)
     numa_affinity: dict[str, str] = field(default_factory=dict)
+    row_lines: dict[str, SourceLine] = field(default_factory=dict, compare=False, repr=False)
+    header_line: SourceLine | None = field(default=None, compare=False, repr=False)
+    source: str = "nvidia-smi topo -m"
 
     @property
     def gpu_rows(self) -> tuple[str, ...]:
@@ -190,6 +204,8 @@ class NvlinkGpu:
     links: dict[int, float | None]
     all_inactive: bool = False  # "Unable to retrieve NVLink information as all links are inactive"
     unavailable: str | None = None  # why links could not be queried (MIG mode); not a link fault
+    # Its header line and the lines that state a fault (<inactive> links, "all links are inactive").
+    where: tuple[SourceLine, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def active_links(self) -> int:
@@ -203,7 +219,10 @@ class NvlinkGpu:
 @dataclass(frozen=True)
 class NvlinkReport:
     gpus: tuple[NvlinkGpu, ...] = ()
-    supported: bool = True  # False: "Device does not have or support Nvlink", or empty output
+    # False: nvidia-smi says "Device does not have or support Nvlink"; None: the listing is empty
+    # (GPUs without NVLink print nothing, and so does a capture that lost everything).
+    supported: bool | None = True
+    source: str = "nvidia-smi nvlink -s"
 
 
 # --------------------------------------------------------------------------- kernel log

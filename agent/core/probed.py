@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar, Union
 
 
@@ -16,11 +16,16 @@ class ProbeErrorKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ProbeError:
-    """We could not look. `source` names what we tried ("nvidia-smi -q -x", "kmsg.log")."""
+    """We could not look. `source` names what we tried ("nvidia-smi -q -x", "kmsg.log").
+
+    `partial` is the part of an unreadable capture that was read intact (the complete GPU blocks of
+    a cut `nvidia-smi -q`), of the type a full read gives: a fault it states plainly is still
+    reported, while everything it cannot show stays unknown."""
 
     source: str
     kind: ProbeErrorKind
     message: str
+    partial: object | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.source}: {self.kind.value}: {self.message}"
@@ -41,4 +46,9 @@ Probed = Union[T, ProbeError, NotCaptured]
 
 
 class ParseError(ValueError):
-    """Raised inside parsers; probes turn it into ProbeError(UNREADABLE)."""
+    """Raised inside parsers; probes turn it into ProbeError(UNREADABLE), keeping `partial` (what
+    was read intact before the input stopped making sense) as ProbeError.partial."""
+
+    def __init__(self, message: str, partial: object | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial

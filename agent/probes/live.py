@@ -23,7 +23,7 @@ from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.nvlink import parse_nvlink
-from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure, with_lost_lines
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
 from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
@@ -63,6 +63,10 @@ class LiveSource:
         if out.returncode != 0 and not out.stdout.strip():
             msg = (out.stderr.strip() or f"exit code {out.returncode}").splitlines()[0]
             return ProbeError(source_name(name), ProbeErrorKind.TOOL_FAILED, msg)
+        if name == XML:
+            # nvidia-smi -q -x prints "Unable to determine the device handle for GPU…" (a lost GPU)
+            # on stderr: kept with the XML, the GPU is lost rather than missing from the document.
+            return with_lost_lines(out.stdout, out.stderr)
         return out.stdout
 
     def gpus(self) -> Probed[GpuInventory]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import LostGpu, normalize_pci
+from agent.core.model import LostGpu, SourceLine, normalize_pci
 
 
 class ToolReportedFailure(Exception):
@@ -86,5 +86,31 @@ def detect_lost_gpus(text: str) -> list[LostGpu]:
         line_start = text.rfind("\n", 0, match.start()) + 1
         line_end = text.find("\n", match.end())
         line = text[line_start : line_end if line_end >= 0 else len(text)]
-        lost.append(LostGpu(pci_bus_id=normalize_pci(pci) if pci else None, message=" ".join(line.split())))
+        lost.append(
+            LostGpu(
+                pci_bus_id=normalize_pci(pci) if pci else None,
+                message=" ".join(line.split()),
+                where=SourceLine(text.count("\n", 0, line_start) + 1, line.strip()),
+            )
+        )
     return lost
+
+
+def with_lost_lines(output: str, other: str) -> str:
+    """`output` with the lost-GPU lines of `other` (stderr, or another view of nvidia-smi) that it
+    does not already hold appended, so that its parser counts those GPUs as lost, not missing."""
+    known = {lost.pci_bus_id for lost in detect_lost_gpus(output)}
+    extra = [lost.message for lost in detect_lost_gpus(other) if lost.pci_bus_id not in known]
+    if not extra:
+        return output
+    return output + ("" if output.endswith("\n") else "\n") + "\n".join(extra) + "\n"
+
+
+def other_text(text: str) -> str | None:
+    """The first line that is neither blank, nor a lost-GPU line, nor "No devices were found": an
+    output that holds one besides those is not what nvidia-smi prints when it has no GPU to show."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not is_lost_gpu_line(stripped) and not _NO_DEVICES.match(stripped):
+            return stripped
+    return None

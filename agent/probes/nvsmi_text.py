@@ -17,6 +17,7 @@ from agent.core.model import (
     PcieLink,
     RemappedRows,
     RetiredPages,
+    SourceLine,
     normalize_pci,
 )
 from agent.core.probed import ParseError
@@ -26,9 +27,11 @@ from agent.probes.nvsmi_errors import (
     detect_no_devices,
     detect_tool_failure,
     is_lost_gpu_line,
+    other_text,
 )
 from agent.probes.nvsmi_power import text_power
 from agent.probes.nvsmi_values import (
+    WHERE_TEXT,
     add_optional,
     any_true,
     as_bool,
@@ -45,6 +48,9 @@ _BANNER = re.compile(r"^=+\s*NVSMI LOG\s*=+$")
 _GPU_HEADER = re.compile(r"^gpu\s+(?P<pci>[0-9a-f]{1,8}:[0-9a-f]{1,2}:[0-9a-f]{1,2}\.[0-9a-f])$", re.I)
 # "Key<spaces>: value". The colon must follow whitespace, so bus ids in values and headers stay whole.
 _KEY_VALUE = re.compile(r"^(?P<key>\S.*?)\s+:(?:\s+(?P<value>.*))?$")
+# Control characters other than tab, and U+FFFD (bytes that were not UTF-8): never in nvidia-smi's
+# output, so a line holding one was damaged ("Comp\x00leted" must not read as a fabric state).
+_GARBLED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
 
 
 @dataclass
@@ -54,6 +60,8 @@ class _Node:
     indent: int
     line: int
     children: list[_Node] = field(default_factory=list)
+    garbled: bool = False  # the line holds bytes nvidia-smi never prints (NUL, not UTF-8)
+    after_blank: bool = False  # a blank line came just before it
 
     def child(self, *path: str) -> _Node | None:
         """First node along a path of keys (case-insensitive), or None."""
@@ -86,16 +94,18 @@ def _norm(key: str) -> str:
     return " ".join(key.split()).lower()
 
 
-def _tree(text: str) -> tuple[_Node, bool]:
+def _tree(lines: list[str]) -> tuple[_Node, bool]:
     """Indentation tree of the output, without banner and lost-GPU lines; and whether the banner
     was seen."""
     root = _Node(key="", value=None, indent=-1, line=0)
     stack = [root]
     banner = False
-    for number, raw in enumerate(text.splitlines(), start=1):
+    blank = False
+    for number, raw in enumerate(lines, start=1):
         line = raw.expandtabs(4).rstrip()
         stripped = line.strip()
         if not stripped:
+            blank = True
             continue
         if _BANNER.match(stripped):
             banner = True
@@ -108,6 +118,8 @@ def _tree(text: str) -> tuple[_Node, bool]:
             node = _Node(_norm(match.group("key")), match.group("value") or "", indent, number)
         else:
             node = _Node(_norm(stripped), None, indent, number)
+        node.garbled = _GARBLED.search(stripped) is not None
+        node.after_blank, blank = blank, False
         while stack[-1].indent >= indent:
             stack.pop()
         stack[-1].children.append(node)
@@ -115,19 +127,114 @@ def _tree(text: str) -> tuple[_Node, bool]:
     return root, banner
 
 
+# Sections whose values the checks judge, and the keys nvidia-smi prints in each (R470-R595). A key
+# of one of them found under another means lines were lost or moved: "Pending : Yes" of Remapped
+# Rows read as a retired-pages flag would be a fault the GPU does not have.
+_JUDGED_KEYS = {
+    "retired pages": {
+        "single bit ecc",
+        "double bit ecc",
+        "pending page blacklist",
+        "pending page retirement",
+    },
+    "remapped rows": {
+        "correctable error",
+        "uncorrectable error",
+        "remapping failure occurred",
+        "bank remap availability histogram",
+    },
+    "gpu reset status": {"reset required", "drain and reset recommended"},
+}
+# Yes/No flags that raise a fault: any other value (a cut "Ye", "Enabled" moved from ECC Mode) is a
+# damaged block, never read as a fault.
+_FLAGS = {
+    ("remapped rows", "pending"),
+    ("remapped rows", "remapping failure occurred"),
+    ("retired pages", "pending page blacklist"),
+    ("retired pages", "pending page retirement"),
+    ("retired pages", "pending"),
+    ("aggregate", "sram threshold exceeded"),
+    ("gpu reset status", "reset required"),
+    ("gpu reset status", "drain and reset recommended"),
+}
+_YES_NO = {"yes", "no"}
+# The top-level keys of a GPU block the parser reads (checked for repeats and flags).
+_READ_SECTIONS = {path[0].lower() for paths in WHERE_TEXT.values() for path in paths} | {
+    "clocks event reasons",
+    "clocks throttle reasons",
+    "mig mode",
+    "ecc mode",
+    "product architecture",
+    "gpu uuid",
+    "serial number",
+}
+
+
+def _block_damage(block: _Node) -> str | None:
+    """Why a GPU block cannot be trusted as evidence (lines lost, moved or repeated), or None.
+
+    nvidia-smi never prints a blank line or a NUL inside a block, never a key twice in a section
+    that is read (other sections may repeat theirs: one "MIG Device" per MIG instance, processes)
+    and never a flag as anything but Yes/No/N/A: a block that does was damaged after it was written."""
+    if block.garbled:
+        return f"line {block.line} holds bytes nvidia-smi never prints"
+    everything = list(block.children)
+    while everything:
+        node = everything.pop()
+        everything.extend(node.children)
+        if node.garbled:
+            return f"line {node.line} holds bytes nvidia-smi never prints (NUL, not UTF-8)"
+        if node.after_blank:
+            # nvidia-smi separates GPU blocks by a blank line, never sections: lines were lost
+            # here, maybe the next GPU's header, whose lines would then read as this GPU's.
+            return f"line {node.line} follows a blank line inside the block"
+    stack = [block]
+    while stack:
+        node = stack.pop()
+        seen: dict[str, int] = {}
+        for child in node.children:
+            if node is block and child.key not in _READ_SECTIONS:
+                continue
+            if child.key in seen:
+                return f"line {child.line}: {child.key!r} appears twice under {node.key!r}"
+            seen[child.key] = child.line
+            if (node.key, child.key) in _FLAGS and child.value is not None:
+                value = clean(child.value)
+                if value is not None and value.lower() not in _YES_NO:
+                    return f"line {child.line}: {child.key!r} reads {value[:40]!r}, not Yes/No"
+            foreign = [
+                other for other, keys in _JUDGED_KEYS.items() if other != node.key and child.key in keys
+            ]
+            if node.key in _JUDGED_KEYS and foreign:
+                return f"line {child.line}: {child.key!r} (of {foreign[0]!r}) found under {node.key!r}"
+            stack.append(child)
+    return None
+
+
 def parse_nvsmi_text(text: str) -> GpuInventory:
     """`nvidia-smi -q` output (full, or a `-d` partial view) → GpuInventory.
 
     Raises ToolReportedFailure when nvidia-smi printed a driver failure instead of data, and
-    ParseError when the output is not nvidia-smi -q output or is truncated: fewer GPU blocks (plus
-    lost GPUs) than "Attached GPUs", or a full GPU block that stops before its "Processes" section.
+    ParseError when the output is not nvidia-smi -q output, or when it was cut short or damaged
+    (README: "what fails a node, what makes it unknown"): fewer GPU blocks (plus lost GPUs) than
+    "Attached GPUs" or more, a full GPU block that stops before its "Processes" section, a last line
+    without its newline, a -d view whose blocks do not show the same sections, a block with a key
+    twice or a flag that is not Yes/No. The ParseError then carries, as `partial`, the GPU blocks
+    that are intact, so that a fault they state plainly is still reported.
     Never run with `-i`: a single-GPU selection also prints every attached GPU in the count.
     """
     failure = detect_tool_failure(text)
     if failure is not None:
         raise ToolReportedFailure(failure)
     lost = detect_lost_gpus(text)
-    root, banner = _tree(text)
+    lines = text.splitlines()
+    problems: list[str] = []
+    if lines and not text.endswith(("\n", "\r")):
+        # nvidia-smi ends every line with a newline: a last line without one was cut, its value
+        # may be a prefix of the real one ("Comp" of "Completed"). It is not read.
+        problems.append(f"cut short inside line {len(lines)}")
+        lines = lines[:-1]
+    root, banner = _tree(lines)
     blocks: list[tuple[str, _Node]] = []
     for node in root.children:
         header = _GPU_HEADER.match(node.key)
@@ -135,40 +242,101 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
             blocks.append((header.group("pci"), node))
 
     if not banner and not blocks:
-        if lost:
+        stray = other_text(text)
+        if lost and not problems and stray is None:
             return GpuInventory(source=SOURCE, lost=tuple(lost))
-        if detect_no_devices(text):
+        if detect_no_devices(text) and not problems and stray is None:
             return GpuInventory(source=SOURCE, attached_gpus=0)
-        raise ParseError("not nvidia-smi -q output: no NVSMI LOG banner and no 'GPU <bus id>' block")
+        raise ParseError(
+            "not nvidia-smi -q output: no NVSMI LOG banner and no 'GPU <bus id>' block",
+            partial=GpuInventory(source=SOURCE, lost=tuple(lost)) if lost else None,
+        )
 
     attached = as_int(root.get("Attached GPUs"))
     if attached is None and not blocks and not lost and not detect_no_devices(text):
         raise ParseError("truncated nvidia-smi -q output: no 'Attached GPUs' line and no GPU block")
-    if attached is not None and len(blocks) + len(lost) < attached:
-        raise ParseError(
-            f"truncated nvidia-smi -q output: 'Attached GPUs : {attached}' but only {len(blocks)} GPU "
-            f"block(s) and {len(lost)} lost GPU line(s)"
-        )
-    for pci, block in blocks:
-        if block.child("Product Name") is not None and block.child("Processes") is None:
-            raise ParseError(
-                f"truncated nvidia-smi -q output: the block of GPU {pci} (line {block.line}) stops "
-                "before its 'Processes' section"
+    if attached is None and blocks:
+        # nvidia-smi prints it in every view: without it an excerpt looks like the whole node.
+        problems.append("no 'Attached GPUs' line: how many GPUs the node has is not known")
+    # Outside the GPU blocks nvidia-smi prints only "Key : value" lines (Timestamp, Driver Version,
+    # CUDA Version, Attached GPUs). Indented lines under one of them belong to a GPU whose header was
+    # lost; a line that is neither is not nvidia-smi's.
+    for node in root.children:
+        if _GPU_HEADER.match(node.key) and node.value is None:
+            continue
+        if node.children:
+            problems.append(
+                f"line {node.children[0].line}: indented lines outside any GPU block (a GPU header lost?)"
             )
+            break
+        if node.value is None:
+            problems.append(f"line {node.line}: {node.key[:40]!r} is not a line of nvidia-smi -q")
+            break
+    garbled = [n.line for n in root.children if n.garbled]
+    if garbled:
+        problems.append(f"line {garbled[0]} holds bytes nvidia-smi never prints (NUL, not UTF-8)")
+    if attached is not None and len(blocks) + len(lost) < attached:
+        problems.append(
+            f"'Attached GPUs : {attached}' but only {len(blocks)} GPU block(s) and {len(lost)} lost GPU "
+            "line(s): cut short or an excerpt"
+        )
+    if attached is not None and len(blocks) + len(lost) > attached:
+        problems.append(
+            f"'Attached GPUs : {attached}' but {len(blocks)} GPU block(s) and {len(lost)} lost GPU line(s)"
+        )
+    trusted: list[tuple[str, _Node]] = []
+    pcis = [normalize_pci(pci) for pci, _ in blocks]
+    full_view = any(block.child("Product Name") is not None for _, block in blocks)
+    sections = [{c.key for c in block.children} for _, block in blocks]
+    for (pci, block), shown in zip(blocks, sections, strict=True):
+        if pcis.count(normalize_pci(pci)) > 1:
+            problems.append(f"GPU {pci} has two blocks (line {block.line})")
+            continue
+        damage = _block_damage(block)
+        if damage is not None:
+            problems.append(f"the block of GPU {pci} is damaged: {damage}")
+            continue
+        trusted.append((pci, block))
+        if full_view and block.child("Processes") is None:
+            problems.append(f"the block of GPU {pci} (line {block.line}) stops before 'Processes'")
+        elif not full_view and len(blocks) > 1 and shown != set().union(*sections):
+            problems.append(f"the block of GPU {pci} (line {block.line}) lacks sections other GPUs show")
 
-    gpus = [_gpu(i, pci, block) for i, (pci, block) in enumerate(blocks)]
-    return GpuInventory(
+    # Indices over every block, so that a GPU keeps its number when a block before it is damaged.
+    gpus = assign_indices([_gpu(i, pci, block, lines) for i, (pci, block) in enumerate(blocks)], lost)
+    keep = {id(block) for _, block in trusted}
+    inventory = GpuInventory(
         source=SOURCE,
         driver_version=clean(root.get("Driver Version")),
         cuda_version=clean(root.get("CUDA Version")),
         attached_gpus=attached if attached is not None else (0 if detect_no_devices(text) else None),
-        gpus=assign_indices(gpus, lost),
+        gpus=tuple(g for g, (_, block) in zip(gpus, blocks, strict=True) if id(block) in keep),
         lost=tuple(lost),
     )
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ParseError("; ".join(problems[:3]) + more, partial=inventory)
+    return inventory
 
 
-def _gpu(index: int, header_pci: str, b: _Node) -> Gpu:
+def _where(b: _Node, lines: list[str]) -> dict[str, tuple[SourceLine, ...]]:
+    where: dict[str, tuple[SourceLine, ...]] = {}
+    for key, paths in WHERE_TEXT.items():
+        nodes = [n for path in paths if (n := b.child(*path)) is not None and n.value is not None]
+        if nodes:
+            where[key] = tuple(SourceLine(n.line, lines[n.line - 1].strip()) for n in nodes)
+    section = b.child("Clocks Event Reasons") or b.child("Clocks Throttle Reasons")
+    if section is not None:
+        reasons = [section.find(k) for k in ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown")]
+        found = tuple(SourceLine(n.line, lines[n.line - 1].strip()) for n in reasons if n is not None)
+        if found:
+            where["clock_events"] = found
+    return where
+
+
+def _gpu(index: int, header_pci: str, b: _Node, lines: list[str]) -> Gpu:
     return Gpu(
+        where=_where(b, lines),
         index=index,
         pci_bus_id=normalize_pci(header_pci),
         name=clean(b.get("Product Name")),

@@ -9,6 +9,71 @@ from dataclasses import replace
 
 from agent.core.model import Fabric, Gpu, LostGpu, RemappedRows, RetiredPages
 
+# Where each judged value is printed, by Gpu.where key (a model field path): the -q section path and
+# the -q -x element path of each line or element that can hold it.
+WHERE_TEXT: dict[str, tuple[tuple[str, ...], ...]] = {
+    "name": (("Product Name",),),
+    "ecc.volatile_dram_uncorrectable": (
+        ("ECC Errors", "Volatile", "DRAM Uncorrectable"),
+        ("ECC Errors", "Volatile", "Double Bit", "Total"),
+    ),
+    "ecc.sram_uncorrectable": tuple(
+        ("ECC Errors", scope, key)
+        for scope in ("Volatile", "Aggregate")
+        for key in ("SRAM Uncorrectable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED")
+    ),
+    "ecc.sram_threshold_exceeded": (("ECC Errors", "Aggregate", "SRAM Threshold Exceeded"),),
+    "remapped_rows.failure": (("Remapped Rows", "Remapping Failure Occurred"),),
+    "remapped_rows.pending": (("Remapped Rows", "Pending"),),
+    "retired_pages.double_bit": (("Retired Pages", "Double Bit ECC"),),
+    "retired_pages.single_bit": (("Retired Pages", "Single Bit ECC"),),
+    "retired_pages.pending": (
+        ("Retired Pages", "Pending Page Blacklist"),
+        ("Retired Pages", "Pending Page Retirement"),
+        ("Retired Pages", "Pending"),
+    ),
+    "recovery_action": (
+        ("GPU Recovery Action",),
+        ("GPU Reset Status", "Reset Required"),
+        ("GPU Reset Status", "Drain and Reset Recommended"),
+    ),
+    "pcie.width": (
+        ("PCI", "GPU Link Info", "Link Width", "Current"),
+        ("PCI", "GPU Link Info", "Link Width", "Max"),
+    ),
+    "persistence_mode": (("Persistence Mode",),),
+    "fabric": (("Fabric", "State"), ("Fabric", "Status")),
+}
+WHERE_XML: dict[str, tuple[str, ...]] = {
+    "name": ("product_name",),
+    "ecc.volatile_dram_uncorrectable": (
+        "ecc_errors/volatile/dram_uncorrectable",
+        "ecc_errors/volatile/double_bit/total",
+    ),
+    "ecc.sram_uncorrectable": tuple(
+        f"ecc_errors/{scope}/{key}"
+        for scope in ("volatile", "aggregate")
+        for key in ("sram_uncorrectable", "sram_uncorrectable_parity", "sram_uncorrectable_secded")
+    ),
+    "ecc.sram_threshold_exceeded": ("ecc_errors/aggregate/sram_threshold_exceeded",),
+    "remapped_rows.failure": ("remapped_rows/remapped_row_failure",),
+    "remapped_rows.pending": ("remapped_rows/remapped_row_pending",),
+    "retired_pages.double_bit": ("retired_pages/double_bit_retirement/retired_count",),
+    "retired_pages.single_bit": ("retired_pages/multiple_single_bit_retirement/retired_count",),
+    "retired_pages.pending": ("retired_pages/pending_blacklist", "retired_pages/pending_retirement"),
+    "recovery_action": (
+        "gpu_recovery_action",
+        "gpu_reset_status/reset_required",
+        "gpu_reset_status/drain_and_reset_recommended",
+    ),
+    "pcie.width": (
+        "pci/pci_gpu_link_info/link_widths/current_link_width",
+        "pci/pci_gpu_link_info/link_widths/max_link_width",
+    ),
+    "persistence_mode": ("persistence_mode",),
+    "fabric": ("fabric/state", "fabric/status"),
+}
+
 # Cells that mean "the tool did not say": never zero, never False.
 _ABSENT = {
     "",

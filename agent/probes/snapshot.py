@@ -17,7 +17,6 @@ Snapshot file names (all optional; a missing file means "not captured"):
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from agent.probes.kernel_tail import KernelTail
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvlink_errors import parse_nvlink_errors_json
+from agent.probes.nvsmi_errors import with_lost_lines
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
@@ -60,6 +60,8 @@ COMMANDS: dict[str, list[str]] = {
     TOPO: ["nvidia-smi", "topo", "-m"],
     NVLINK: ["nvidia-smi", "nvlink", "-s"],
 }
+# The snapshot file that holds each tool's output, by the name the parsed data carries as `source`.
+SNAPSHOT_FILES = {"nvidia-smi -q": TEXT, **{" ".join(argv): name for name, argv in COMMANDS.items()}}
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 
@@ -115,20 +117,16 @@ class SnapshotSource:
         return data.decode("utf-8", errors="replace")
 
     def gpus(self) -> Probed[GpuInventory]:
-        """The XML view, with GPUs that the text view reports lost (only it prints them) merged in."""
+        """The XML view. nvidia-smi -q -x prints a lost GPU's error on stderr, which the snapshot
+        does not keep with the XML; the text view prints it: those lines are added to the XML text,
+        as nvidia-smi would have printed them beside it."""
         xml = self.text(XML)
         text = self.text(TEXT)
         if isinstance(xml, NotCaptured):
             return self.memo.parse(TEXT, text, parse_nvsmi_text)
-        inv = self.memo.parse(XML, xml, parse_nvsmi_xml)
-        if not isinstance(inv, GpuInventory) or not isinstance(text, str):
-            return inv
-        other = self.memo.parse(TEXT, text, parse_nvsmi_text)
-        if not isinstance(other, GpuInventory):
-            return inv
-        known = {g.pci_bus_id for g in inv.gpus} | {lost.pci_bus_id for lost in inv.lost}
-        extra = tuple(lost for lost in other.lost if lost.pci_bus_id not in known)
-        return replace(inv, lost=(*inv.lost, *extra)) if extra else inv
+        if isinstance(xml, str) and isinstance(text, str):
+            xml = with_lost_lines(xml, text)
+        return self.memo.parse(XML, xml, parse_nvsmi_xml)
 
     def topo(self) -> Probed[TopoMatrix]:
         return self.memo.parse(TOPO, self.text(TOPO), parse_topo)

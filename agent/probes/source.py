@@ -47,7 +47,7 @@ def parse_with(source: str, text: str | ProbeError | NotCaptured, parser: Callab
     except ToolReportedFailure as exc:
         return ProbeError(source, ProbeErrorKind.TOOL_FAILED, str(exc))
     except ParseError as exc:
-        return ProbeError(source, ProbeErrorKind.UNREADABLE, str(exc) or "malformed output")
+        return ProbeError(source, ProbeErrorKind.UNREADABLE, str(exc) or "malformed output", exc.partial)
 
 
 class ParseMemo:

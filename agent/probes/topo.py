@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import TopoMatrix
+from agent.core.model import SourceLine, TopoMatrix
 from agent.core.probed import ParseError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -21,8 +21,9 @@ _GPU = re.compile(r"^GPU\d+$")
 _NIC = re.compile(r"^NIC\d+$")
 # Device names other than GPUn/NICn: lower-case RDMA/net names such as mlx5_0, mlx5_bond_0, rdmap79s0.
 _OTHER_DEV = re.compile(r"^[a-z][a-z0-9_.\-]*\d$")
-# A matrix cell: X, SYS, NODE, PHB, PXB, PIX, NV18, older SOC, ... (upper-case code).
-_CELL = re.compile(r"^(X|[A-Z][A-Z0-9]*)$")
+# A matrix cell: X, SYS, NODE, PHB, PXB, PIX, NV18, older SOC. Nothing else: "N" cut from "NV18"
+# or "PI" from "PIX" is a damaged row, not a connection.
+_CELL = re.compile(r"^(X|SYS|NODE|PHB|PXB|PIX|SOC|NV\d+)$")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 
@@ -62,8 +63,17 @@ def _rename_nics(columns: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def parse_topo(text: str) -> TopoMatrix:
-    """Parse `nvidia-smi topo -m` output; raises ParseError when no GPU matrix is found."""
+    """Parse `nvidia-smi topo -m` output; raises ParseError when no GPU matrix is found, or when the
+    matrix contradicts itself or stops early (README: "what fails a node, what makes it unknown"):
+    a device of the header without its row (rows lost or cut), a row cut short, twice, out of order
+    or with a cell that is no topo code, a row whose own cell is not X, a last line without its
+    newline. The intact rows under the intact header are then kept as `partial`.
+    """
     lines = [_ANSI.sub("", ln).rstrip("\r\n") for ln in text.splitlines()]
+    problems: list[str] = []
+    if lines and not text.endswith(("\n", "\r")):
+        problems.append(f"cut short inside line {len(lines)}")
+        lines = lines[:-1]  # a cut cell ("N" of "NV18") must never be read
     start = None
     head: tuple[list[str], bool] | None = None
     for i, line in enumerate(lines):
@@ -73,6 +83,11 @@ def parse_topo(text: str) -> TopoMatrix:
             break
     if start is None or head is None:
         raise ParseError("no topo -m header row (GPU0 ...) found")
+    # nvidia-smi prints the header first (after its own warnings, e.g. a corrupted infoROM): a
+    # matrix further down another text is another tool's output quoting one, not this node's.
+    before = [ln for ln in lines[:start] if ln.strip() and not ln.strip().upper().startswith("WARNING")]
+    if before:
+        raise ParseError(f"not nvidia-smi topo -m output: {before[0].strip()[:60]!r} before the header")
     raw_columns, has_affinity = head
     if len(set(raw_columns)) != len(raw_columns):
         raise ParseError("topo -m header names a device twice")
@@ -81,42 +96,68 @@ def parse_topo(text: str) -> TopoMatrix:
     ncols = len(columns)
 
     rows: dict[str, dict[str, str]] = {}
+    row_lines: dict[str, SourceLine] = {}
     cpu: dict[str, str] = {}
     numa: dict[str, str] = {}
     i = start + 1
     while i < len(lines):
         line = lines[i]
         tokens = line.split()
+        i += 1
         if not tokens:
             break  # the blank line before the Legend ends the matrix
         name = tokens[0]
         if name not in by_raw:
             if name.rstrip(":") in ("Legend", "NIC"):
                 break
-            raise ParseError(f"line {i + 1}: unexpected row {name[:40]!r} in the topo matrix")
+            problems.append(f"line {i}: unexpected row {name[:40]!r} in the topo matrix")
+            continue
         cells = tokens[1 : 1 + ncols]
+        row_name = by_raw[name]
         if len(cells) < ncols:
-            raise ParseError(f"row {name} has {len(cells)} cells, expected {ncols} (truncated?)")
+            problems.append(f"line {i}: row {name} has {len(cells)} cells, expected {ncols} (truncated?)")
+            continue
         bad = [c for c in cells if not _CELL.match(c)]
         if bad:
-            raise ParseError(f"row {name}: unexpected cell {bad[0][:20]!r}")
-        row_name = by_raw[name]
+            problems.append(f"line {i}: row {name}: unexpected cell {bad[0][:20]!r}")
+            continue
+        row = dict(zip(columns, cells, strict=True))
+        if row[row_name] != "X":
+            problems.append(f"line {i}: row {name} does not read X towards itself")
+            continue
         if row_name in rows:
-            raise ParseError(f"row {name} appears twice")
-        rows[row_name] = dict(zip(columns, cells, strict=True))
+            problems.append(f"line {i}: row {name} appears twice")
+            continue
+        rows[row_name] = row
+        row_lines[row_name] = SourceLine(i, line.strip())
         extra = tokens[1 + ncols :]
         if has_affinity and extra:
             cpu[row_name] = extra[0]
             if len(extra) > 1:
                 numa[row_name] = extra[1]
-        i += 1
     if not rows:
-        raise ParseError("topo -m header without any device row")
+        raise ParseError("topo -m header without any device row" + (f" ({problems[0]})" if problems else ""))
+    missing = [c for c in columns if c not in rows]
+    if missing:
+        problems.append(
+            f"the header names {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} but the "
+            "matrix has no row for it (rows lost or cut short)"
+        )
 
     for line in lines[i:]:
         m = _NIC_LEGEND.match(line)
         if m and m.group(1) in columns:
             nic_names.setdefault(m.group(1), m.group(2))
-    return TopoMatrix(
-        columns=tuple(columns), rows=rows, nic_names=nic_names, cpu_affinity=cpu, numa_affinity=numa
+    matrix = TopoMatrix(
+        columns=tuple(columns),
+        rows=rows,
+        nic_names=nic_names,
+        cpu_affinity=cpu,
+        numa_affinity=numa,
+        row_lines=row_lines,
+        header_line=SourceLine(start + 1, lines[start].strip()),
     )
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ParseError("; ".join(problems[:3]) + more, partial=matrix)
+    return matrix
