@@ -219,6 +219,10 @@ def test_metrics_and_health_endpoints(snap: Path) -> None:
         assert 'gpu_healthcheck_check_status{check="xid",status="pass"} 1.0' in text
         assert 'gpu_healthcheck_node_status{status="pass"} 1.0' in text
         assert 'gpu_healthcheck_tier_runs_total{tier="gpu"} 1.0' in text
+        records = float(text.split("\ngpu_healthcheck_kernel_log_records ")[1].split()[0])
+        assert records > 1000  # the snapshot's whole boot, each record once
+        assert "\ngpu_healthcheck_kernel_log_lost_records 0.0" in text
+        assert "\ngpu_healthcheck_kernel_log_untallied_lines 0.0" in text
     finally:
         server.shutdown()
 

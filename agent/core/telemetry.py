@@ -21,6 +21,7 @@ class Telemetry(Protocol):
     def record_config_rejected(self, rejected: bool) -> None: ...
     def record_brake_open(self, is_open: bool) -> None: ...
     def record_diag_running(self, running: bool) -> None: ...
+    def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
 
 
 class NoTelemetry:
@@ -54,4 +55,7 @@ class NoTelemetry:
         pass
 
     def record_diag_running(self, running: bool) -> None:
+        pass
+
+    def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:
         pass

@@ -34,7 +34,7 @@ from agent.core.contract import (
 )
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding, Verdict
-from agent.core.model import GpuInventory, NodeObject, NvlinkErrorSample, PciSample, RdmaSample
+from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkErrorSample, PciSample, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -197,6 +197,9 @@ class Engine:
                 self.nvlink_errors_previous = prev_nv
         for name in TIER_INPUTS[tier]:
             self.inputs[name] = self._read(name)
+        kernel = self.inputs.get(Input.KERNEL)
+        if tier == "xid" and isinstance(kernel, KernelXids):
+            self.metrics.record_kernel_log(kernel.records, kernel.lost, kernel.untallied)
         if tier == "gpu":
             self.state.observe_boot(self.source.boot_id())
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]

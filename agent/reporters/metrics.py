@@ -59,6 +59,19 @@ class Metrics:
         self.tainted = Gauge(
             f"{NS}_node_tainted", "1 while this agent's taint is wanted on its Node", registry=r
         )
+        self.kernel_records = Gauge(
+            f"{NS}_kernel_log_records", "kernel log records read this boot (each once)", registry=r
+        )
+        self.kernel_lost = Gauge(
+            f"{NS}_kernel_log_lost_records",
+            "kernel log records the ring overwrote before the agent read them (EPIPE on /dev/kmsg)",
+            registry=r,
+        )
+        self.kernel_untallied = Gauge(
+            f"{NS}_kernel_log_untallied_lines",
+            "Xid lines of distinct (kind, code, device) keys past the ledger's bound: counted, not kept",
+            registry=r,
+        )
         self.gpu_nodes = Gauge(
             f"{NS}_gpu_nodes", "GPU nodes the brake counts (node.gpuNodeSelector)", registry=r
         )
@@ -117,6 +130,11 @@ class Metrics:
     def record_fence(self, result: str) -> None:
         for r in ("fenced", "unfenced", "unknown"):
             self.fence.labels(r).set(1 if r == result else 0)
+
+    def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:
+        self.kernel_records.set(records)
+        self.kernel_lost.set(lost)
+        self.kernel_untallied.set(untallied)
 
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)
