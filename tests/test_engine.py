@@ -370,3 +370,21 @@ def test_an_effect_for_a_severity_that_never_taints_is_rejected() -> None:
         parse_config({"node": {"taintEffectBySeverity": {"monitor": "NoExecute"}}})
     with pytest.raises(ConfigError, match=r"node\.mode"):
         parse_config({"node": {"mode": "shadow"}})
+
+
+def test_a_tier_run_that_changes_nothing_logs_at_debug(snap: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Quiet logs (issue 18): the first run and a change say so at info; a repeat says nothing there."""
+    import logging
+
+    eng = engine_for(snap)
+    with caplog.at_level(logging.INFO, logger="gpu-healthcheck.engine"):
+        eng.run_tier("xid")
+        assert [r.levelno for r in caplog.records if "tier xid" in r.message] == [logging.INFO]
+        caplog.clear()
+        eng.run_tier("xid")
+        assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+        eng.run_tier("xid")
+        (line,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+        assert line.message.endswith("changed: xid")

@@ -205,6 +205,11 @@ class Engine:
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
         results = run_checks(specs, self.facts(), self.cfg)
         stamp = now_iso()
+        changed = [
+            r.name
+            for r in results
+            if (old := self.results.get(r.name)) is None or (old.status, old.message) != (r.status, r.message)
+        ]
         for res in results:
             self.results[res.name] = res
             self.result_at[res.name] = stamp
@@ -217,8 +222,11 @@ class Engine:
         now = self.clock()
         self.schedule.ran(tier, now)
         self.metrics.record_tier_run(tier)
-        log.info(
-            f"tier {tier}: {len(results)} check(s) in {(now - started) * 1000:.1f} ms",
+        # Quiet when nothing changed: an idle agent's log holds what happened, not that it looked.
+        log.log(
+            logging.INFO if changed else logging.DEBUG,
+            f"tier {tier}: {len(results)} check(s) in {(now - started) * 1000:.1f} ms"
+            + (f"; changed: {', '.join(changed)}" if changed else ""),
             extra={"tier": tier, "durationMs": round((now - started) * 1000, 1)},
         )
         return results
