@@ -288,6 +288,7 @@ class AgentProcess:
         log: Path,
         metrics_port: int = 0,
         kubeconfig: Path | None = None,  # default: the admin's
+        log_level: str = "warning",
     ) -> None:
         self.log = log
         self.metrics_port = metrics_port
@@ -313,7 +314,7 @@ class AgentProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", GPU_HEALTHCHECK_LOG_LEVEL="warning"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", GPU_HEALTHCHECK_LOG_LEVEL=log_level),
         )
 
     @property

@@ -13,8 +13,8 @@ Two measurements:
    verdict and a warm-up; then the process's user+sys CPU (/proc/PID/stat) over --cycles gpu-tier
    cycles, divided by the cycles. This includes everything the process does meanwhile: the kernel-log
    follower's 50 ms polls, the config poll, the Node watch, and a few /metrics scrapes (cycles are
-   counted from `gpu_healthcheck_tier_runs_total`, read at the start, after --cycles intervals, then
-   once per interval until enough have run).
+   counted from `gpu_healthcheck_tier_duration_seconds_count`, read at the start, after --cycles
+   intervals, then once per interval until enough have run).
 --profile prints the top functions (cProfile, cumulative) of the in-process cycles.
 """
 
@@ -114,7 +114,7 @@ def process(cycles: int, interval: float, warmup: float) -> None:
             )
             time.sleep(warmup)
             rss, hwm = rss_kib(agent.pid)
-            gpu_runs = "gpu_healthcheck_tier_runs_total{tier=gpu"
+            gpu_runs = "gpu_healthcheck_tier_duration_seconds_count{tier=gpu"
             c0, n0, w0 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
             time.sleep(cycles * interval)  # scrape rarely: a /metrics scrape costs the agent CPU too
             deadline = time.monotonic() + cycles * interval + 30

@@ -85,8 +85,8 @@ def main() -> None:
             agent.stop()
         measured = t1 - t0
         got = diff(a1, a0)
-        cycles = metric_sum(m1, "gpu_healthcheck_tier_runs_total{tier=gpu") - metric_sum(
-            m0, "gpu_healthcheck_tier_runs_total{tier=gpu"
+        cycles = metric_sum(m1, "gpu_healthcheck_tier_duration_seconds_count{tier=gpu") - metric_sum(
+            m0, "gpu_healthcheck_tier_duration_seconds_count{tier=gpu"
         )
         writes = {
             k.split("{", 1)[1].rstrip("}"): m1[k] - m0.get(k, 0.0)

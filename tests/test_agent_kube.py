@@ -86,7 +86,8 @@ class AgentProcess:
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            # debug: tests count tier runs in the log (a run that changes nothing logs at debug)
+            env=dict(os.environ, PYTHONUNBUFFERED="1", GPU_HEALTHCHECK_LOG_LEVEL="debug"),
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> float:

@@ -216,9 +216,14 @@ def test_metrics_and_health_endpoints(snap: Path) -> None:
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        assert 'gpu_healthcheck_check_status{check="xid",status="pass"} 1.0' in text
+        assert "gpu_healthcheck_check_status{" not in text  # per-check series only for checks not fine
+        assert 'gpu_healthcheck_checks{status="fail"} 0.0' in text
         assert 'gpu_healthcheck_node_status{status="pass"} 1.0' in text
-        assert 'gpu_healthcheck_tier_runs_total{tier="gpu"} 1.0' in text
+        assert 'gpu_healthcheck_node_status{status="fail"}' not in text  # one series, the current status
+        assert 'gpu_healthcheck_tier_duration_seconds_count{tier="gpu"} 1.0' in text
+        assert "_created" not in text
+        series = [line for line in text.splitlines() if line and not line.startswith("#")]
+        assert len(series) <= 60, len(series)
         records = float(text.split("\ngpu_healthcheck_kernel_log_records ")[1].split()[0])
         assert records > 1000  # the snapshot's whole boot, each record once
         assert "\ngpu_healthcheck_kernel_log_lost_records 0.0" in text

@@ -235,7 +235,7 @@ def test_prometheus_rules_name_metrics_the_agent_exports() -> None:
     from agent.reporters.metrics import Metrics
 
     exported = {m.name for m in Metrics().registry.collect()}
-    exported |= {f"{n}_total" for n in exported} | {f"{n}_bucket" for n in exported}
+    exported |= {f"{n}{s}" for n in exported for s in ("_total", "_bucket", "_count", "_sum")}
     rules = find("PrometheusRule", "gpu-healthcheck", docs(MANIFESTS / "optional"))["spec"]["groups"][0]
     alerts = {r["alert"]: r["expr"] for r in rules["rules"]}
     assert {"GPUNodeFailing", "GPUNodeUnknownTooLong", "GPUHealthcheckAgentDown"} <= set(alerts)

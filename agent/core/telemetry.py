@@ -11,10 +11,9 @@ from agent.core.severity import Status
 
 
 class Telemetry(Protocol):
-    def record_results(self, results: Sequence[CheckResult]) -> None: ...
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None: ...
     def record_probe_error(self, input_name: str, kind: str) -> None: ...
-    def record_tier_run(self, tier: str) -> None: ...
+    def record_tier_run(self, tier: str, seconds: float) -> None: ...
     def record_xid(self, code: str) -> None: ...
     def record_taint_wanted(self, wanted: bool) -> None: ...
     def record_config_reload(self, result: str) -> None: ...
@@ -27,16 +26,13 @@ class Telemetry(Protocol):
 class NoTelemetry:
     """Records nothing (one-shot commands, tests)."""
 
-    def record_results(self, results: Sequence[CheckResult]) -> None:
-        pass
-
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         pass
 
     def record_probe_error(self, input_name: str, kind: str) -> None:
         pass
 
-    def record_tier_run(self, tier: str) -> None:
+    def record_tier_run(self, tier: str, seconds: float) -> None:
         pass
 
     def record_xid(self, code: str) -> None:

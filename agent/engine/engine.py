@@ -218,10 +218,9 @@ class Engine:
         for spec in CHECKS:  # a check switched off in config no longer counts
             if not self.cfg.enabled(spec.name):
                 self.results.pop(spec.name, None)
-        self.metrics.record_results(results)
         now = self.clock()
         self.schedule.ran(tier, now)
-        self.metrics.record_tier_run(tier)
+        self.metrics.record_tier_run(tier, now - started)
         # Quiet when nothing changed: an idle agent's log holds what happened, not that it looked.
         log.log(
             logging.INFO if changed else logging.DEBUG,

@@ -1,11 +1,15 @@
-"""Prometheus metrics of the agent, on their own registry (tests create many agents in one process)."""
+"""Prometheus metrics of the agent, on their own registry (tests create many agents in one process).
+
+Sized for 2,000 nodes: a healthy agent exports about 50 series (bench/metrics_size.py), not one per
+check and status. Per-check series exist only for checks that fail, warn or could not look; tier
+durations are histograms per tier (their _count is the tier's runs); no `_created` series.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from agent.core.findings import CheckResult
 from agent.core.severity import Severity, Status
@@ -17,19 +21,26 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._shown: dict[int, set[tuple[str, ...]]] = {}  # per gauge: the label sets it exports
+        self.checks = Gauge(f"{NS}_checks", "checks by their current status", ["status"], registry=r)
         self.check_status = Gauge(
-            f"{NS}_check_status", "1 for the current status of each check", ["check", "status"], registry=r
-        )
-        self.check_duration = Histogram(
-            f"{NS}_check_duration_seconds",
-            "time spent in one check",
-            ["check"],
+            f"{NS}_check_status",
+            "1 for each check that fails, warns or could not look, with that status (no series otherwise)",
+            ["check", "status"],
             registry=r,
-            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
         )
-        self.findings = Gauge(f"{NS}_findings", "active findings by severity", ["severity"], registry=r)
+        self.tier_duration = Histogram(
+            f"{NS}_tier_duration_seconds",
+            "one run of a tier (its probes and checks); _count is the tier's runs",
+            ["tier"],
+            registry=r,
+            buckets=(0.5, 5),  # fast, slow, stuck-ish: enough to alert on, cheap for 2,000 nodes
+        )
+        self.findings = Gauge(
+            f"{NS}_findings", "active findings by severity (no series at zero)", ["severity"], registry=r
+        )
         self.node_status = Gauge(
-            f"{NS}_node_status", "1 for the node's current status", ["status"], registry=r
+            f"{NS}_node_status", "1, labelled with the node's current status", ["status"], registry=r
         )
         self.xid_total = Counter(f"{NS}_xid_total", "Xid events first seen, by code", ["code"], registry=r)
         self.node_writes = Counter(
@@ -46,10 +57,6 @@ class Metrics:
         self.brake_open = Gauge(
             f"{NS}_brake_open", "1 while the cluster-wide taint brake holds a taint back", registry=r
         )
-        self.tier_last_run = Gauge(
-            f"{NS}_tier_last_run_timestamp_seconds", "when each tier last ran", ["tier"], registry=r
-        )
-        self.tier_runs = Counter(f"{NS}_tier_runs_total", "tier runs", ["tier"], registry=r)
         self.probe_errors = Counter(
             f"{NS}_probe_errors_total", "inputs that could not be read", ["input", "kind"], registry=r
         )
@@ -88,25 +95,28 @@ class Metrics:
             registry=r,
         )
 
-    def record_results(self, results: Sequence[CheckResult]) -> None:
-        for res in results:
-            for st in (Status.PASS, Status.WARN, Status.FAIL, Status.UNKNOWN, Status.SKIPPED):
-                self.check_status.labels(res.name, st.value).set(1 if res.status is st else 0)
-            self.check_duration.labels(res.name).observe(res.duration_ms / 1000.0)
-
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
-        for st in (Status.PASS, Status.WARN, Status.FAIL, Status.UNKNOWN):
-            self.node_status.labels(st.value).set(1 if status is st else 0)
-        for sev in (Severity.MONITOR, Severity.RESET, Severity.REBOOT, Severity.ISOLATE):
-            count = sum(1 for r in results for f in r.findings if f.severity is sev)
-            self.findings.labels(sev.label).set(count)
+        """The node's status, its checks by status, and the checks and findings that are not fine."""
+        _only(self.node_status, {(status.value,): 1}, self._shown)
+        for st in Status:
+            self.checks.labels(st.value).set(sum(1 for r in results if r.status is st))
+        bad: dict[tuple[str, ...], int] = {
+            (r.name, r.status.value): 1
+            for r in results
+            if r.status in (Status.FAIL, Status.WARN, Status.UNKNOWN)
+        }
+        _only(self.check_status, bad, self._shown)
+        sevs = (Severity.MONITOR, Severity.RESET, Severity.REBOOT, Severity.ISOLATE)
+        found: dict[tuple[str, ...], int] = {
+            (sev.label,): sum(1 for r in results for f in r.findings if f.severity is sev) for sev in sevs
+        }
+        _only(self.findings, {k: v for k, v in found.items() if v}, self._shown)
 
     def record_probe_error(self, input_name: str, kind: str) -> None:
         self.probe_errors.labels(input_name, kind).inc()
 
-    def record_tier_run(self, tier: str) -> None:
-        self.tier_last_run.labels(tier).set(time.time())
-        self.tier_runs.labels(tier).inc()
+    def record_tier_run(self, tier: str, seconds: float) -> None:
+        self.tier_duration.labels(tier).observe(seconds)
 
     def record_xid(self, code: str) -> None:
         self.xid_total.labels(code).inc()
@@ -128,8 +138,7 @@ class Metrics:
         self.gpu_node_selected.set(1 if this_node_selected else 0)
 
     def record_fence(self, result: str) -> None:
-        for r in ("fenced", "unfenced", "unknown"):
-            self.fence.labels(r).set(1 if r == result else 0)
+        _only(self.fence, {(result,): 1}, self._shown)
 
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:
         self.kernel_records.set(records)
@@ -138,3 +147,17 @@ class Metrics:
 
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)
+
+
+def _only(gauge: Gauge, values: dict[tuple[str, ...], int], shown: dict[int, set[tuple[str, ...]]]) -> None:
+    """Set *values* on a labelled gauge and remove every other label set it exported before, so that
+    a series exists only while it says something."""
+    before = shown.setdefault(id(gauge), set())
+    for labels in before - set(values):
+        gauge.remove(*labels)
+    for labels, value in values.items():
+        gauge.labels(*labels).set(value)
+    shown[id(gauge)] = set(values)
+
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created` doubles every counter and histogram for nothing we use
