@@ -109,13 +109,19 @@ def operator_config() -> str:
     return text.replace(OUR_ENGINE, OPERATOR_ENGINE)
 
 
+CHART = ROOT / "charts" / "gpu-healthcheck"
+
+
 def outputs() -> dict[Path, str]:
-    """Every generated file and its text."""
+    """Every generated file and its text: the manifests' ConfigMap and DaemonSet blocks, and the
+    Helm chart's copies of the same (its files/ and its DaemonSet templates)."""
     block = scheduling()
     out = {OUT: render(), OPERATOR_CONFIG: operator_config()}
     for name in DAEMONSETS:
-        path = ROOT / "manifests" / name
-        out[path] = fill(path.read_text(encoding="utf-8"), block, name)
+        for path in (ROOT / "manifests" / name, CHART / "templates" / name):
+            out[path] = fill(path.read_text(encoding="utf-8"), block, str(path.relative_to(ROOT)))
+    for name in FILES:
+        out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
     return out
 
 

@@ -1,0 +1,148 @@
+"""The Helm chart is the install: with its default values it renders exactly manifests/, its values
+change what they say (images, the DCGM engine, the policy, monitoring), `helm lint` passes, and a real
+`helm install` on the test API server succeeds. helm is built from Go modules (scripts/build-helm.sh),
+as the Kubernetes test binaries are."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parent.parent
+CHART = ROOT / "charts" / "gpu-healthcheck"
+MANIFESTS = ROOT / "manifests"
+KUBE_VERSION = "1.34.4"
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-helm.sh")], capture_output=True, text=True, timeout=1200
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building helm failed: {proc.stderr[-2000:]}", pytrace=False)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def render(helm: str, *sets: str, namespace: str = "gpu-healthcheck") -> list[dict[str, Any]]:
+    argv = [helm, "template", "gpu-healthcheck", str(CHART), "--namespace", namespace]
+    argv += ["--kube-version", KUBE_VERSION]
+    for s in sets:
+        argv += ["--set", s]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def key(doc: dict[str, Any]) -> tuple[str, str, str]:
+    return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+
+
+def manifests(folder: Path = MANIFESTS) -> dict[tuple[str, str, str], dict[str, Any]]:
+    docs = [d for f in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    return {key(d): d for d in docs}
+
+
+def test_the_default_rendering_is_manifests(helm: str) -> None:
+    rendered = {key(d): d for d in render(helm)}
+    assert rendered.keys() == manifests().keys()
+    for k, doc in rendered.items():
+        assert doc == manifests()[k], k
+
+
+def test_monitoring_renders_the_optional_objects(helm: str) -> None:
+    extra = {key(d): d for d in render(helm, "monitoring.enabled=true")}.keys() - manifests().keys()
+    assert extra == manifests(MANIFESTS / "optional").keys()
+
+
+def test_values_change_images_engine_and_policy(helm: str) -> None:
+    docs = render(
+        helm,
+        "image.registry=registry.example/gpu",
+        "image.tag=9.9.9",
+        "dcgm.engine=operator-standalone",
+        "mode=observe",
+        "taintEffectBySeverity.isolate=NoExecute",
+        namespace="gpu-health",
+    )
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("DaemonSet", "nvidia-dcgm") not in kinds and ("DaemonSet", "dcgm-exporter") not in kinds
+    agent = next(
+        d for d in docs if (d["kind"], d["metadata"]["name"]) == ("DaemonSet", "gpu-healthcheck-agent")
+    )
+    (c,) = agent["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example/gpu/agent:9.9.9" and agent["metadata"]["namespace"] == "gpu-health"
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert cfg["dcgm"]["address"] == "nvidia-dcgm.gpu-operator.svc:5555"
+    assert cfg["node"]["mode"] == "observe" and cfg["node"]["taintEffectBySeverity"] == {
+        "isolate": "NoExecute"
+    }
+    assert cfg["node"]["taintMinSeverity"] == "reset"  # untouched keys keep the shipped value
+    ours = {key(d): d for d in render(helm, namespace="gpu-health")}
+    address = yaml.safe_load(
+        next(d for d in ours.values() if d["kind"] == "ConfigMap")["data"]["config.yaml"]
+    )
+    assert (
+        address["dcgm"]["address"] == "nvidia-dcgm.gpu-health.svc:5555"
+    )  # our engine, in the release's namespace
+
+
+def test_helm_lint(helm: str) -> None:
+    proc = subprocess.run([helm, "lint", str(CHART)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.kube
+def test_helm_install_on_the_api_server(helm: str, kube: Any, tmp_path: Path) -> None:
+    """A real install, on an API server of its own: the session's already holds manifests/'s
+    cluster-wide objects, which a release may not take over."""
+    from tests.kubeenv.env import KubeEnv
+    from tests.kubeenv.server import ControlPlane
+
+    plane = ControlPlane(kube.binaries)
+    plane.start()
+    own = KubeEnv(plane)
+    try:
+        env = dict(os.environ, KUBECONFIG=str(own.kubeconfig), HELM_CACHE_HOME=str(tmp_path / "cache"))
+        env.update(HELM_CONFIG_HOME=str(tmp_path / "config"), HELM_DATA_HOME=str(tmp_path / "data"))
+        argv = [helm, "install", "ghc", str(CHART), "--namespace", "gpuhc", "--create-namespace"]
+        argv += ["--set", "createNamespace=false", "--set", "monitoring.enabled=false"]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ds = own.kubectl("-n", "gpuhc", "get", "daemonset", "-o", "name").stdout.split()
+        assert sorted(ds) == [
+            "daemonset.apps/dcgm-exporter",
+            "daemonset.apps/gpu-healthcheck-agent",
+            "daemonset.apps/nvidia-dcgm",
+        ]
+        vap = own.kubectl("get", "validatingadmissionpolicy", "-o", "name").stdout.split()
+        assert "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-healthcheck-own-node" in vap
+        proc = subprocess.run(
+            [helm, "uninstall", "ghc", "--namespace", "gpuhc"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        own.stop()
+
+
+def test_scheduling_and_the_embedded_operator_mode(helm: str) -> None:
+    docs = render(helm, "scheduling.nodeSelector.pool=gpu", "dcgm.engine=operator-embedded")
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    spec = by[("DaemonSet", "gpu-healthcheck-agent")]["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"pool": "gpu"} and "affinity" not in spec and "tolerations" not in spec
+    assert ("DaemonSet", "dcgm-exporter") not in by  # the operator's exporter reads our engine
+    (engine,) = by[("DaemonSet", "nvidia-dcgm")]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert env["HOSTENGINE_GUARD_NAMESPACES"] == "gpu-healthcheck,gpu-operator"
+    assert "app=nvidia-dcgm-exporter" in env["HOSTENGINE_GUARD_SELECTOR"]
+    ingress = by[("NetworkPolicy", "nvidia-dcgm")]["spec"]["ingress"][0]["from"]
+    assert {"app": "nvidia-dcgm-exporter"} in [f.get("podSelector", {}).get("matchLabels") for f in ingress]
