@@ -60,7 +60,7 @@ def test_results_json_follows_the_node_contract(capsys: pytest.CaptureFixture[st
         base = {"name", "status", "severity", "message", "at", "durationMs", "entities"}
         assert set(c) == (base | {"action", "escalation"} if c["severity"] != "none" else base)
     for item in doc["latched"]:
-        assert set(item) == {"check", "key", "severity", "since", "message", "action"}
+        assert set(item) == {"check", "key", "severity", "since", "message", "action", "escalation"}
     xid = next(c for c in doc["checks"] if c["name"] == "xid")
     assert (xid["action"], xid["escalation"]) == ("reboot", ["service"])  # NVIDIA: RESTART_BM
     # GPU 4 fell off the bus: the driver lists it as lost (no index, no UUID), with both findings

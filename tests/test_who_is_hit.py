@@ -153,6 +153,12 @@ def test_the_pods_on_a_failing_gpu_are_named_in_the_event_and_the_annotation(
     assert latched.message.endswith("; pods: ml/train-0/main")
     changed = next(e for e in marks.events if e.reason == Reason.GPU_HEALTH_CHANGED)
     assert "pods: ml/train-0/main" in changed.message
+    (latch,) = doc["latched"]  # a latch carries its step in a check's shape, and keeps it on restore
+    assert (latch["action"], latch["escalation"]) == ("reset-gpu", ["reboot", "service"])
+    again = Engine(SnapshotSource(snap), load_config_dir(ROOT / "config"))
+    again.restore(doc)
+    (kept,) = again.latches.values()
+    assert kept.next_step is not None and kept.next_step.describe() == "reset-gpu (then: reboot, service)"
 
     # the kubelet gone: the verdict stands, without pod names
     kubelet["status"] = __import__("grpc").StatusCode.UNAVAILABLE

@@ -84,18 +84,9 @@ def gpu_finding(
     evidence: tuple[Evidence, ...] = (),
 ) -> Finding:
     """A finding on one GPU (or the node, gpu=None), keyed `rule/<pci>` so each GPU latches apart."""
-    entities = (gpu.label,) if gpu is not None else ()
-    key = f"{rule.name}/{gpu.pci_bus_id}" if gpu is not None else rule.name
-    return Finding(
-        check=check,
-        rule=rule.name,
-        severity=cfg.severity(rule),
-        message=message,
-        entities=entities,
-        key=key,
-        evidence=evidence,
-        action=rule.action,
-    )
+    if gpu is None:
+        return rule_finding(cfg, check, rule, message, evidence=evidence)
+    return rule_finding(cfg, check, rule, message, (gpu.label,), gpu.pci_bus_id, evidence)
 
 
 def per_gpu(

@@ -90,9 +90,9 @@ def _step(entry: Mapping[str, Any]) -> str:
     action = entry.get("action")
     if not action:
         return "-"
-    then = entry.get("escalation")
-    if isinstance(then, list):  # a check: action + escalation; a latch: already "x (then: y)"
-        return f"{action} (then: {', '.join(map(str, then))})" if then else str(action)
+    then = entry.get("escalation")  # checks and latches alike (core/actions.Recommendation.as_dict)
+    if isinstance(then, list) and then:
+        return f"{action} (then: {', '.join(map(str, then))})"
     return str(action)
 
 

@@ -10,6 +10,7 @@ the order NVIDIA escalates them: restart the application → reset the GPU → r
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.core.severity import Severity
@@ -90,6 +91,16 @@ class Recommendation:
 
     def as_dict(self) -> dict[str, object]:
         return {"action": self.action.value, "escalation": [a.value for a in self.escalation]}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, object]) -> Recommendation | None:
+        """as_dict's inverse; None when the entry carries none (or steps this version does not know)."""
+        then = doc.get("escalation")
+        steps = then if isinstance(then, list) else []
+        try:
+            return cls(Action(str(doc["action"])), tuple(Action(str(a)) for a in steps))
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 def escalation(action: Action) -> tuple[Action, ...]:

@@ -247,7 +247,7 @@ def results_document(
                 "severity": f.severity.label,
                 "since": checked_at,
                 "message": f.message,
-                "action": f.recommendation.describe(),
+                **f.recommendation.as_dict(),
             }
             for r in verdict.results
             for f in r.findings

@@ -33,7 +33,7 @@ from agent.core.contract import (
     stale_after_s,
 )
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult, Finding, Verdict
+from agent.core.findings import CheckResult, Verdict
 from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkErrorSample, PciSample, RdmaSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
@@ -346,15 +346,16 @@ class Engine:
             if worst is not None:
                 detail = f": {worst.check}: {worst.message}"
                 if worst.severity > Severity.NONE:
-                    detail += f" → {worst.recommendation.describe()}{pods_text(gpus, worst)}"
+                    pods = pods_text(gpus, worst.key, *worst.entities)
+                    detail += f" → {worst.recommendation.describe()}{pods}"
             was = last_status.value if last_status else "none"
             kind = WARNING if verdict.status in (Status.FAIL, Status.UNKNOWN) else NORMAL
             events.append(
                 NodeEvent(Reason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
             )
         for latch in self.state.take_new_latches():
-            then = f" → {latch.action}" if latch.action else ""
-            pods = pods_text(gpus, Finding(latch.check, "", latch.severity, latch.message, key=latch.key))
+            then = f" → {latch.next_step.describe()}" if latch.next_step else ""
+            pods = pods_text(gpus, latch.key)
             events.append(
                 NodeEvent(
                     Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}{then}{pods}", WARNING

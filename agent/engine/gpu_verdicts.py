@@ -110,8 +110,9 @@ def gpu_verdicts(
     return out
 
 
-def pods_text(entries: Sequence[Mapping[str, Any]], finding: Finding) -> str:
-    """ "; pods: ns/pod/ctr, …" for the GPUs a finding names (empty when none hold it)."""
-    named = _pcis((finding.key, *finding.entities))
+def pods_text(entries: Sequence[Mapping[str, Any]], *names: str) -> str:
+    """ "; pods: ns/pod/ctr, …" for the GPUs a finding's key or entities name (empty when none
+    hold one)."""
+    named = _pcis(names)
     held = [p for e in entries if normalize_pci(str(e.get("pci", ""))) in named for p in e.get("pods", ())]
     return f"; pods: {', '.join(held)}" if held else ""

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agent.core.actions import Recommendation
 from agent.core.contract import CLEAR_ALL, TAINT_FIELD, NodeEvent, Reason
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import NodeObject
@@ -29,18 +30,18 @@ class Latch:
     severity: Severity
     since: str
     message: str
-    action: str = ""  # its next step and escalation ("reboot (then: service)")
+    next_step: Recommendation | None = None  # its action and escalation, as the finding had them
 
-    def as_dict(self) -> dict[str, str]:
-        out = {
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "check": self.check,
             "key": self.key,
             "severity": self.severity.label,
             "since": self.since,
             "message": self.message,
         }
-        if self.action:
-            out["action"] = self.action
+        if self.next_step is not None:
+            out.update(self.next_step.as_dict())  # the shape of a check's entry
         return out
 
 
@@ -77,7 +78,7 @@ class EngineState:
                         Severity.parse(str(item["severity"])),
                         str(item["since"]),
                         str(item["message"]),
-                        str(item.get("action") or ""),
+                        Recommendation.from_dict(item),
                     )
                 except (KeyError, TypeError, ValueError):
                     continue
@@ -119,7 +120,7 @@ class EngineState:
             if self.cleared.get(f.key) == f.message:
                 continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
-                latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation.describe())
+                latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation)
                 self.latches[f.key] = latch
                 new.append(latch)
                 if f.check == "xid" and f.key.startswith("xid/"):

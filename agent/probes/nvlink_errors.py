@@ -8,7 +8,6 @@ the caller waits for at most `timeout_s`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from types import ModuleType
@@ -17,12 +16,12 @@ from typing import Any
 from agent.core.model import NvlinkErrorCounts, NvlinkErrorSample, normalize_pci
 from agent.core.probed import ParseError
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
-from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.nvml import nvml_session
+from agent.probes.nvsmi_errors import ProbeTimeout
 
 SOURCE = "nvml nvlink error counters"
 COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}  # NVML_NVLINK_ERROR_DL_*
 MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
-_LIBRARY_NOT_FOUND = 12
 _WATCHDOG = Bounded()
 
 
@@ -38,21 +37,8 @@ def read_nvlink_errors(timeout_s: float) -> NvlinkErrorSample:
 
 
 def _collect() -> NvlinkErrorSample:
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise NvmlUnavailable(f"NVML: the pynvml module (nvidia-ml-py) is not installed ({exc})") from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        if getattr(exc, "value", None) == _LIBRARY_NOT_FOUND:
-            raise NvmlUnavailable(f"NVML: libnvidia-ml.so was not found ({exc})") from None
-        raise ToolReportedFailure(f"NVML: initialisation failed ({exc})") from None
-    try:
-        return _sample(pynvml)
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
+    with nvml_session() as nv:  # the same start and stop as the GPU inventory's
+        return _sample(nv)
 
 
 def _call(nv: ModuleType, name: str, *args: Any) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -147,7 +147,10 @@ def _init_failure(exc: BaseException) -> ToolReportedFailure | NvmlUnavailable:
     return ToolReportedFailure(f"NVML: initialisation failed ({why})")
 
 
-def _collect() -> GpuInventory:
+@contextlib.contextmanager
+def nvml_session() -> Iterator[ModuleType]:
+    """pynvml, initialised for the block and shut down after it. Raises NvmlUnavailable (no pynvml,
+    no libnvidia-ml) or ToolReportedFailure (NVML cannot start: a driver/library mismatch, ...)."""
     try:
         import pynvml
     except ImportError as exc:
@@ -157,10 +160,15 @@ def _collect() -> GpuInventory:
     except pynvml.NVMLError as exc:
         raise _init_failure(exc) from None
     try:
-        return _inventory(pynvml)
+        yield pynvml
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
+
+
+def _collect() -> GpuInventory:
+    with nvml_session() as nv:
+        return _inventory(nv)
 
 
 def _inventory(nv: ModuleType) -> GpuInventory:
