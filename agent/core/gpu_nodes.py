@@ -10,7 +10,7 @@ ORed: the manifests carry the same list (tests/test_gpu_nodes.py holds them to i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from agent.core.contract import INSTANCE_TYPE_LABEL
@@ -41,15 +41,6 @@ class Requirement:
     key: str
     operator: str  # In | NotIn | Exists | DoesNotExist
     values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        if self.operator == "In":
-            return self.key in labels and labels[self.key] in self.values
-        return self.key not in labels or labels[self.key] not in self.values  # NotIn
 
 
 def _split(selector: str) -> list[str]:
@@ -93,11 +84,6 @@ def selection(base: Sequence[str], instance_types: Iterable[str] = ()) -> tuple[
     types = sorted(set(instance_types))
     extra = (f"{INSTANCE_TYPE_LABEL} in ({','.join(types)})",) if types else ()
     return tuple(dict.fromkeys((*base, *extra)))
-
-
-def is_gpu_node(labels: Mapping[str, str], selectors: Sequence[str]) -> bool:
-    """Pure: does any selector match these labels?"""
-    return any(all(r.matches(labels) for r in parse_selector(s)) for s in selectors)
 
 
 def node_selector_terms(selectors: Sequence[str]) -> list[dict[str, object]]:
