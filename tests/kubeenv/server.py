@@ -335,10 +335,13 @@ class ControlPlane:
             raise
         self.controller_manager_start_seconds = time.monotonic() - t0
 
-    def launch_controller_manager(self, name: str, controllers: Sequence[str]) -> ManagedProcess:
+    def launch_controller_manager(
+        self, name: str, controllers: Sequence[str], extra_args: Sequence[str] = ()
+    ) -> ManagedProcess:
         """One more kube-controller-manager process running only *controllers* (its caller stops
-        it; stop() stops it too). Tests use it for the daemonset controller, which the session's
-        controller manager must not run: it would make pods for every DaemonSet of every test."""
+        it; stop() stops it too), with *extra_args*. Tests use it for the daemonset controller,
+        which the session's controller manager must not run: it would make pods for every
+        DaemonSet of every test."""
         kcm = self.binaries.kube_controller_manager
         if kcm is None:
             raise ControlPlaneError(f"no kube-controller-manager in {self.binaries.dir}")
@@ -368,6 +371,7 @@ class ControlPlane:
                 f"--controllers={','.join(controllers)}",
                 "--use-service-account-credentials=true",
                 f"--root-ca-file={pki.ca_cert}",
+                *extra_args,
             ],
             self.workdir / f"{name}.log",
             env=self._env(),
