@@ -9,8 +9,11 @@ NodeClaims without any pod; the KWOK provider creates their Nodes.
 
 No kubelet runs, and KWOK's own node controller (which marks its nodes Ready in Karpenter's e2e
 tests) does not either: ``NodeReadier`` plays that part, setting ``Ready=True`` on every Node Karpenter
-launched, and nothing else. Everything Karpenter decides — which node is unhealthy, when its toleration
-ran out, the replacement, the NodeClaim's deletion and the Node's removal — is Karpenter's own code.
+launched, and nothing else. kube-controller-manager's node-lifecycle controller then lifts the
+``node.kubernetes.io/not-ready`` taint that admission put on the new Node, as in any cluster (its
+heartbeat grace periods are an hour, so it never marks these kubelet-less Nodes unreachable).
+Everything Karpenter decides — which node is unhealthy, when its toleration ran out, the
+replacement, the NodeClaim's deletion and the Node's removal — is Karpenter's own code.
 
 It is a cluster of its own because Karpenter watches every Node and pod of the API server it runs
 against; on the session's shared server it would see other tests' objects (and they its Nodes).
@@ -40,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 BUILD_SCRIPT = ROOT / "scripts" / "build-karpenter.sh"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 KWOK_GROUP = "karpenter.kwok.sh"
+NODE_LIFECYCLE_ARGS = ("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")
 INSTANCE_TYPE = "c-1x-amd64-linux"  # one of the KWOK provider's built-in instance types
 
 
@@ -135,6 +139,9 @@ class KarpenterCluster:
         kube.kubectl("apply", "--server-side", *(f"-f={p}" for p in crds))
         kube.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         self._node_class()
+        self.plane.launch_controller_manager(
+            "kcm-node-lifecycle", ["node-lifecycle-controller"], NODE_LIFECYCLE_ARGS
+        )
         metrics, self.health_port = free_ports(2)
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
         env.update(

@@ -1,0 +1,193 @@
+"""The engines that act on our marks, configured as README.md "From mark to repair" says (issue 22 item 4).
+
+- Karpenter node repair: its real controller (tools/karpenter-kwok: Karpenter v1.15.0's own KWOK
+  operator plus a repair policy of the AWS provider's shape) replaces a node whose
+  ``AcceleratedHardwareReady`` condition is ``False``, and leaves nodes at ``Unknown`` and ``True``.
+  The condition is written here by a plain nodes/status PATCH (the agent's writer for it lands with
+  ``node.remediationConditions``); ``KarpenterCluster`` is a fixture an agent-driven test can reuse.
+- Cluster API MachineHealthCheck and medik8s NodeHealthCheck: their controllers do not run here. Their
+  own CRDs are applied to the real API server and the README's objects (read from the README, the one
+  source) are created, so the server validates the documented YAML; a broken variant is refused, so
+  the validation is real.
+- Every engine's configuration names the condition type and status the agent is configured to write.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.kubeenv.crds import GoUnavailable, module_file
+from tests.kubeenv.karpenter import KarpenterCluster, build_karpenter, karpenter_cluster, wait_for
+from tests.kubeenv.server import ControlPlaneError
+
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+SECTION = "## From mark to repair"
+CRDS = ROOT / "tests" / "fixtures" / "crds"
+CAPI = (
+    "sigs.k8s.io/cluster-api",
+    "v1.14.2",
+    "core/config/crd/bases/cluster.x-k8s.io_machinehealthchecks.yaml",
+)
+NHC_CRD = CRDS / "remediation.medik8s.io_nodehealthchecks.yaml"
+REPAIR_TOLERATION_S = 5
+
+
+def readme_docs() -> list[dict[str, Any]]:
+    """Every YAML document of the README's "From mark to repair" section, in order."""
+    text = README.read_text()
+    section = text[text.index(SECTION) :]
+    section = section[: section.index("\n## ", len(SECTION))]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    return [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
+
+
+def documented(kind: str, api_version: str) -> dict[str, Any]:
+    (doc,) = [d for d in readme_docs() if d.get("kind") == kind and d.get("apiVersion") == api_version]
+    return copy.deepcopy(doc)
+
+
+def remediation_condition() -> tuple[str, str]:
+    (block,) = [d for d in readme_docs() if "remediationConditions" in (d.get("node") or {})]
+    (entry,) = block["node"]["remediationConditions"]
+    return entry["type"], entry["unhealthyStatus"]
+
+
+def test_every_engine_watches_the_condition_the_agent_is_configured_to_write() -> None:
+    ctype, status = remediation_condition()
+    assert (ctype, status) == ("AcceleratedHardwareReady", "False")  # Karpenter's AWS provider and EKS
+    mhc2 = documented("MachineHealthCheck", "cluster.x-k8s.io/v1beta2")["spec"]["checks"]
+    mhc1 = documented("MachineHealthCheck", "cluster.x-k8s.io/v1beta1")["spec"]
+    nhc = documented("NodeHealthCheck", "remediation.medik8s.io/v1alpha1")["spec"]
+    for conditions in (
+        mhc2["unhealthyNodeConditions"],
+        mhc1["unhealthyConditions"],
+        nhc["unhealthyConditions"],
+    ):
+        assert {"type": ctype, "status": status} in [
+            {k: c[k] for k in ("type", "status")} for c in conditions
+        ]
+    (nvs,) = [d for d in readme_docs() if "kubernetes-object-monitor" in d]
+    (policy,) = nvs["kubernetes-object-monitor"]["policies"]
+    assert f'c.type == "{ctype}" && c.status == "{status}"' in policy["predicate"]["expression"]
+
+
+# -- Cluster API and medik8s: the server validates the documented objects --------------------------
+
+
+def apply_crd(kube: Any, text: str) -> str:
+    crd = yaml.safe_load(text)
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
+    kube.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s")
+    return str(crd["spec"]["group"])
+
+
+def create(kube: Any, path: str, doc: dict[str, Any]) -> tuple[int, Any]:
+    """POST *doc*; retried briefly while a just-established CRD's endpoint is not served yet."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = kube.request("POST", path, doc)
+        if status != 404 or time.monotonic() > deadline:
+            return status, body
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def capi_crd() -> str:
+    try:
+        return module_file(*CAPI).decode()
+    except GoUnavailable as exc:
+        pytest.fail(f"Cluster API's CRD from the Go module proxy: {exc}", pytrace=False)
+
+
+@pytest.mark.kube
+def test_cluster_api_accepts_the_documented_machinehealthchecks(
+    kube: Any, kube_namespace: str, capi_crd: str
+) -> None:
+    group = apply_crd(kube, capi_crd)
+    for version in ("v1beta2", "v1beta1"):
+        doc = documented("MachineHealthCheck", f"{group}/{version}")
+        doc["metadata"]["name"] += f"-{version}"
+        path = f"/apis/{group}/{version}/namespaces/{kube_namespace}/machinehealthchecks"
+        status, body = create(kube, path, doc)
+        assert status == 201, body
+    # The schema is enforced: a timeout in the other version's format is refused.
+    bad = documented("MachineHealthCheck", f"{group}/v1beta2")
+    bad["spec"]["checks"]["unhealthyNodeConditions"][0]["timeoutSeconds"] = "10m"
+    status, body = kube.request(
+        "POST", f"/apis/{group}/v1beta2/namespaces/{kube_namespace}/machinehealthchecks", bad
+    )
+    assert status == 422 and "timeoutSeconds" in str(body), body
+
+
+@pytest.mark.kube
+def test_medik8s_accepts_the_documented_nodehealthcheck(kube: Any) -> None:
+    group = apply_crd(kube, NHC_CRD.read_text())
+    doc = documented("NodeHealthCheck", f"{group}/v1alpha1")
+    path = f"/apis/{group}/v1alpha1/nodehealthchecks"
+    try:
+        status, body = create(kube, path, doc)
+        assert status == 201, body
+        bad = documented("NodeHealthCheck", f"{group}/v1alpha1")
+        bad["metadata"]["name"] += "-bad"
+        bad["spec"]["unhealthyConditions"][0]["duration"] = "ten minutes"
+        status, body = kube.request("POST", path, bad)
+        assert status == 422 and "duration" in str(body), body
+    finally:
+        kube.request("DELETE", f"{path}/{doc['metadata']['name']}")
+
+
+# -- Karpenter: its real node repair acts ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def karpenter(request: pytest.FixtureRequest) -> Iterator[KarpenterCluster]:
+    from tests.kubeenv.fixtures import _binaries
+
+    binaries = _binaries(request.config)
+    try:
+        build = build_karpenter()
+    except (ControlPlaneError, subprocess.TimeoutExpired) as exc:
+        pytest.fail(f"building karpenter-kwok: {exc}", pytrace=False)
+    with karpenter_cluster(binaries, build, toleration=f"{REPAIR_TOLERATION_S}s") as cluster:
+        yield cluster
+
+
+@pytest.mark.kube
+@pytest.mark.timeout(1800)  # a cold build of karpenter-kwok takes about 5 min on 2 cores
+def test_karpenter_replaces_the_node_whose_gpu_condition_is_false_and_no_other(
+    karpenter: KarpenterCluster,
+) -> None:
+    ctype, unhealthy = remediation_condition()
+    karpenter.static_pool("gpu", 3)
+    wait_for(lambda: len(karpenter.initialized_nodes("gpu")) == 3, 120, "3 initialized nodes")
+    broken, blind, healthy = karpenter.initialized_nodes("gpu")
+    claims = {n: (karpenter.claim_of(n) or {})["metadata"]["name"] for n in (broken, blind, healthy)}
+    t0 = time.monotonic()
+    karpenter.set_condition(broken, ctype, unhealthy, "ChecksFailed", "fail: Xid 79 on GPU 4 -> reboot")
+    karpenter.set_condition(blind, ctype, "Unknown", "CouldNotCheck", "unknown: nvidia-smi unreadable")
+    karpenter.set_condition(healthy, ctype, "True", "AllChecksPassed", "pass")
+
+    wait_for(lambda: karpenter.node(broken) is None, 180, f"Karpenter to remove {broken}")
+    gone_s = time.monotonic() - t0
+    # The replacement the static pool asks for is up, so the controller has settled on this round.
+    wait_for(lambda: len(karpenter.initialized_nodes("gpu")) == 3, 120, "the replacement")
+    assert karpenter.claim_of(broken) is None
+    for node in (blind, healthy):
+        claim = karpenter.claim_of(node)
+        assert karpenter.node(node) is not None and claim is not None, node
+        assert claim["metadata"]["name"] == claims[node] and not claim["metadata"].get("deletionTimestamp")
+    # It was node repair, for our condition, that acted.
+    repaired = [line for line in karpenter.log.splitlines() if "selected repair policy" in line]
+    assert len(repaired) == 1 and broken in repaired[0] and f'"condition":"{ctype}"' in repaired[0], repaired
+    print(f"\nKarpenter node repair: {ctype}={unhealthy} -> Node deleted in {gone_s:.1f}s "
+          f"(toleration {REPAIR_TOLERATION_S}s); Unknown and True untouched")  # fmt: skip
