@@ -22,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agent.core.contract import Keys
 from tests.kubeenv.env import unique_name
 from tests.kubeenv.eviction import EvictionCluster, daemonset_tolerations, wait_for
+from tests.readme import section_docs
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
@@ -33,16 +36,31 @@ XID_LINE = (
     "name=<unknown>, GPU has fallen off the bus.\n"
 )
 KEYS = Keys()
-# Xid 79 is judged `reboot`; `isolate` is the example the README gives. Both evict.
-CONFIG = (
-    "intervals:\n  gpu: 2\n"
-    "node:\n  maxTaintedFraction: 1\n  taintEffectBySeverity: {reboot: NoExecute, isolate: NoExecute}\n"
-)
+
+
+def documented_policy() -> dict[str, Any]:
+    """README's `node:` block for NoExecute (the one with taintEffectBySeverity)."""
+    (doc,) = [d for d in section_docs() if "taintEffectBySeverity" in (d.get("node") or {})]
+    return dict(doc["node"])
+
+
+def documented_toleration() -> dict[str, Any]:
+    """README's toleration for a workload that stays a while on a node we tainted NoExecute."""
+    (doc,) = [d for d in section_docs() if "tolerations" in d]
+    (tol,) = doc["tolerations"]
+    return dict(tol)
+
+
+def config() -> str:
+    """The agent's config.yaml: the README's policy (Xid 79 is judged `reboot`, which it makes
+    NoExecute), a short gpu interval, and a brake that lets the one failing node in."""
+    node = {**documented_policy(), "maxTaintedFraction": 1}
+    return yaml.safe_dump({"intervals": {"gpu": 2}, "node": node})
 
 
 def our_toleration(seconds: int | None = None) -> dict[str, Any]:
-    """What a workload writes to stay on a node we tainted NoExecute (for *seconds*, or for good)."""
-    tol: dict[str, Any] = {"key": KEYS.taint, "operator": "Exists", "effect": "NoExecute"}
+    """The README's toleration, for *seconds* (or for good when None)."""
+    tol = {k: v for k, v in documented_toleration().items() if k != "tolerationSeconds"}
     if seconds is not None:
         tol["tolerationSeconds"] = seconds
     return tol
@@ -54,7 +72,7 @@ class Agent:
     def __init__(self, node: str, snap: Path, kubeconfig: Path, work: Path) -> None:
         cfg = work / "config"
         cfg.mkdir(parents=True, exist_ok=True)
-        (cfg / "config.yaml").write_text(CONFIG)
+        (cfg / "config.yaml").write_text(config())
         self.log = work / "agent.log"
         argv = [
             sys.executable, "-m", "agent.cli", "agent", "--node", node, "--from-snapshot", str(snap),

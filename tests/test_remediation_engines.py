@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import copy
-import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,10 +27,9 @@ import yaml
 from tests.kubeenv.crds import GoUnavailable, module_file
 from tests.kubeenv.karpenter import KarpenterCluster, build_karpenter, karpenter_cluster, wait_for
 from tests.kubeenv.server import ControlPlaneError
+from tests.readme import section_docs as readme_docs
 
 ROOT = Path(__file__).parent.parent
-README = ROOT / "README.md"
-SECTION = "## From mark to repair"
 CRDS = ROOT / "tests" / "fixtures" / "crds"
 CAPI = (
     "sigs.k8s.io/cluster-api",
@@ -40,15 +38,6 @@ CAPI = (
 )
 NHC_CRD = CRDS / "remediation.medik8s.io_nodehealthchecks.yaml"
 REPAIR_TOLERATION_S = 5
-
-
-def readme_docs() -> list[dict[str, Any]]:
-    """Every YAML document of the README's "From mark to repair" section, in order."""
-    text = README.read_text()
-    section = text[text.index(SECTION) :]
-    section = section[: section.index("\n## ", len(SECTION))]
-    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
-    return [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
 
 
 def documented(kind: str, api_version: str) -> dict[str, Any]:

@@ -35,6 +35,23 @@ def outcome(cluster: EvictionCluster, tmp_path_factory: pytest.TempPathFactory) 
     return scenario.run(cluster, tmp_path_factory.mktemp("eviction"), TOLERATION_SECONDS)
 
 
+def test_the_readme_policy_and_toleration_are_what_the_agent_and_kubernetes_read() -> None:
+    """The README's lines (which the eviction test runs) parse as the agent's config, make the
+    severities that mean "this GPU is gone" NoExecute, and tolerate exactly our taint."""
+    from agent.config import parse_config
+    from agent.core.severity import Severity
+
+    node = parse_config({"node": scenario.documented_policy()}).node
+    assert [node.effect_for(s) for s in (Severity.RESET, Severity.REBOOT, Severity.ISOLATE)] == [
+        "NoSchedule",
+        "NoExecute",
+        "NoExecute",
+    ]
+    tol = scenario.documented_toleration()
+    assert (tol["key"], tol["operator"], tol["effect"]) == (scenario.KEYS.taint, "Exists", "NoExecute")
+    assert isinstance(tol["tolerationSeconds"], int)
+
+
 def test_the_manifests_daemonsets_tolerate_every_taint() -> None:
     """What keeps our pods on a node we taint NoExecute: one toleration that matches everything."""
     found = daemonset_tolerations()
