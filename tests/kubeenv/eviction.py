@@ -1,8 +1,9 @@
 """Kubernetes' own taint-based eviction on a control plane of its own, for tests and bench/.
 
 ``EvictionCluster`` starts etcd + kube-apiserver with the audit log on (tests/kubeenv/audit.py), and
-one kube-controller-manager running the ``taint-eviction-controller`` (and the serviceaccount
-controller, so namespaces get their ``default`` ServiceAccount and pods are admitted). It is a
+one kube-controller-manager running the ``taint-eviction-controller`` (with the node-lifecycle
+controller it needs, see EVICTION_CONTROLLERS, and the serviceaccount controller, so namespaces get
+their ``default`` ServiceAccount and pods are admitted). It is a
 cluster of its own because the taint-eviction controller acts on every Node: on the session's shared
 API server it would delete other tests' pods, and the audit flags must be given at start.
 
