@@ -12,6 +12,7 @@ bench/taint_eviction.py repeats the run for a table.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,26 @@ def test_the_readme_policy_and_toleration_are_what_the_agent_and_kubernetes_read
     tol = scenario.documented_toleration()
     assert (tol["key"], tol["operator"], tol["effect"]) == (scenario.KEYS.taint, "Exists", "NoExecute")
     assert isinstance(tol["tolerationSeconds"], int)
+
+
+def test_the_shipped_rbac_grants_no_pod_deletion_nor_eviction() -> None:
+    """Beside what the agent does (the audit test below): what it may do. No Role of manifests/
+    lets any of our identities delete or evict a pod, nor drain a node by a wildcard."""
+    import yaml
+
+    roles = [
+        d
+        for path in sorted(Path(scenario.ROOT / "manifests").glob("*.yaml"))
+        for d in yaml.safe_load_all(path.read_text())
+        if isinstance(d, dict) and d.get("kind") in ("Role", "ClusterRole")
+    ]
+    assert roles
+    for role in roles:
+        for rule in role.get("rules") or []:
+            resources, verbs = set(rule.get("resources") or []), set(rule.get("verbs") or [])
+            assert "*" not in resources and "*" not in verbs, (role["metadata"]["name"], rule)
+            if resources & {"pods", "pods/eviction"}:
+                assert verbs <= {"get", "list", "watch"}, (role["metadata"]["name"], rule)
 
 
 def test_the_manifests_daemonsets_tolerate_every_taint() -> None:
