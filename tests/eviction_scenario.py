@@ -69,10 +69,12 @@ def our_toleration(seconds: int | None = None) -> dict[str, Any]:
 class Agent:
     """`gpu-healthcheck agent` on a snapshot-backed node, as a child process (stopped by its PID)."""
 
-    def __init__(self, node: str, snap: Path, kubeconfig: Path, work: Path) -> None:
+    def __init__(
+        self, node: str, snap: Path, kubeconfig: Path, work: Path, config_yaml: str | None = None
+    ) -> None:
         cfg = work / "config"
         cfg.mkdir(parents=True, exist_ok=True)
-        (cfg / "config.yaml").write_text(config())
+        (cfg / "config.yaml").write_text(config() if config_yaml is None else config_yaml)
         self.log = work / "agent.log"
         argv = [
             sys.executable, "-m", "agent.cli", "agent", "--node", node, "--from-snapshot", str(snap),
@@ -124,6 +126,20 @@ class Outcome:
         return self.evicted_at[pod] - self.taint_at
 
 
+def snapshot(dest: Path, *, readable: bool = True) -> Path:
+    """A copy of the healthy p5.48xlarge snapshot; *readable* False: nvidia-smi answers with bytes
+    that are no nvidia-smi output (the verdict is unknown)."""
+    shutil.copytree(HEALTHY, dest, symlinks=True)
+    if not readable:
+        (dest / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 not nvidia-smi output")
+    return dest
+
+
+def append_xid79(snap: Path) -> None:
+    with (snap / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+
+
 def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settle: float = 1.0) -> Outcome:
     """One run (see the module docstring). *settle*: seconds to keep watching after the timed pod
     went, so that a pod that should stay has had that long to be (wrongly) evicted."""
@@ -147,10 +163,7 @@ def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settl
                 name = f"{node}-{kind}"[:63].rstrip("-")
                 cluster.make_pod(ns, name, node, tolerations)
                 out.pods[name] = (node, kind)
-            snap = work / node / "snap"
-            shutil.copytree(HEALTHY, snap, symlinks=True)
-            if node == out.blind:  # nvidia-smi answers with bytes that are no nvidia-smi output
-                (snap / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 not nvidia-smi output")
+            snap = snapshot(work / node / "snap", readable=node != out.blind)
             agents[node] = Agent(node, snap, kubeconfig, work / node)
 
         def status(node: str) -> str | None:
@@ -159,8 +172,7 @@ def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settl
 
         wait_for(lambda: status(out.broken) == "pass", 60, "the healthy node's first verdict (pass)")
         wait_for(lambda: status(out.blind) == "unknown", 60, "the blind node's first verdict (unknown)")
-        with (work / out.broken / "snap" / "kmsg.log").open("a") as fh:
-            fh.write(XID_LINE)
+        append_xid79(work / out.broken / "snap")
         for kind in ("plain", "timed"):
             pod = out.pod(out.broken, kind)
             wait_for(lambda p=pod: cluster.evicted(ns, p), 60 + toleration_seconds, f"{pod} evicted")

@@ -1,5 +1,8 @@
 """The engines that act on our marks, configured as README.md "From mark to repair" says (issue 22 item 4).
 
+- Karpenter node repair, end to end with the real agent: its condition (typed AcceleratedHardwareReady
+  with today's ``node.conditionType``) after an Xid 79 makes Karpenter replace the node; a node whose
+  verdict is unknown is kept.
 - Karpenter node repair: its real controller (tools/karpenter-kwok: Karpenter v1.15.0's own KWOK
   operator plus a repair policy of the AWS provider's shape) replaces a node whose
   ``AcceleratedHardwareReady`` condition is ``False``, and leaves nodes at ``Unknown`` and ``True``.
@@ -24,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import eviction_scenario as scenario
 from tests.kubeenv.crds import GoUnavailable, module_file
 from tests.kubeenv.karpenter import KarpenterCluster, build_karpenter, karpenter_cluster, wait_for
 from tests.kubeenv.server import ControlPlaneError
@@ -180,3 +184,57 @@ def test_karpenter_replaces_the_node_whose_gpu_condition_is_false_and_no_other(
     assert repaired and all(broken in r and f'"condition":"{ctype}"' in r for r in repaired), repaired
     print(f"\nKarpenter node repair: {ctype}={unhealthy} -> Node deleted in {gone_s:.1f}s "
           f"(toleration {REPAIR_TOLERATION_S}s); Unknown and True untouched")  # fmt: skip
+
+
+@pytest.mark.kube
+@pytest.mark.timeout(600)
+def test_the_real_agent_drives_karpenter_repair_and_an_unknown_verdict_does_not(
+    karpenter: KarpenterCluster, tmp_path: Path
+) -> None:
+    """End to end with the agent process: its condition, given Karpenter's type with today's
+    `node.conditionType` (False on fail, Unknown when it could not look), after an Xid 79 in one
+    node's kernel log; the other node's nvidia-smi output is unreadable. Karpenter replaces the
+    first and not the second. (With `node.remediationConditions` the agent writes the type beside
+    GPUHealthy instead; the fixture is the same.)"""
+    ctype, unhealthy = remediation_condition()
+    karpenter.static_pool("agents", 2, labels={"nvidia.com/gpu.present": "true"})
+    wait_for(lambda: len(karpenter.initialized_nodes("agents")) == 2, 120, "2 initialized nodes")
+    broken, blind = karpenter.initialized_nodes("agents")
+    config = f"intervals:\n  gpu: 2\nnode:\n  conditionType: {ctype}\n  maxTaintedFraction: 1\n"
+
+    def condition(node: str) -> str | None:
+        conditions = ((karpenter.node(node) or {}).get("status") or {}).get("conditions") or []
+        return next((c["status"] for c in conditions if c["type"] == ctype), None)
+
+    agents = {
+        node: scenario.Agent(
+            node,
+            scenario.snapshot(tmp_path / node / "snap", readable=node == broken),
+            karpenter.kube.kubeconfig,
+            tmp_path / node,
+            config,
+        )
+        for node in (broken, blind)
+    }
+    try:
+        wait_for(lambda: condition(broken) == "True", 60, f"{ctype}=True on the healthy node")
+        wait_for(lambda: condition(blind) == "Unknown", 60, f"{ctype}=Unknown on the blind node")
+        t0 = time.monotonic()
+        scenario.append_xid79(tmp_path / broken / "snap")
+        marked = lambda: condition(broken) == unhealthy or karpenter.node(broken) is None  # noqa: E731
+        wait_for(marked, 30, f"the agent's {ctype}={unhealthy}")
+        wait_for(lambda: karpenter.node(broken) is None, 180, f"Karpenter to remove {broken}")
+        gone_s = time.monotonic() - t0
+        wait_for(lambda: len(karpenter.initialized_nodes("agents")) == 2, 120, "the replacement")
+    finally:
+        logs = {}
+        for node, agent in agents.items():
+            agent.stop()
+            logs[node] = agent.log.read_text()[-3000:]
+    assert karpenter.node(blind) is not None and condition(blind) == "Unknown", logs[blind]
+    claim = karpenter.claim_of(blind)
+    assert claim is not None and not claim["metadata"].get("deletionTimestamp")
+    repaired = [line for line in karpenter.log.splitlines() if "selected repair policy" in line]
+    assert any(broken in r for r in repaired) and not any(blind in r for r in repaired), repaired
+    print(f"\nagent Xid 79 -> {ctype}={unhealthy} -> Karpenter deleted the Node in {gone_s:.1f}s "
+          f"(toleration {REPAIR_TOLERATION_S}s); the unknown node kept")  # fmt: skip

@@ -213,9 +213,16 @@ class KarpenterCluster:
         assert status == 200, out
 
     # -- what tests do --------------------------------------------------------------------------
-    def static_pool(self, name: str, replicas: int, instance_type: str = INSTANCE_TYPE) -> None:
-        """A static NodePool of *replicas* nodes, every disruption budget open (repair is paced by
-        budgets), nothing consolidated or expired: node repair is the only thing that replaces."""
+    def static_pool(
+        self,
+        name: str,
+        replicas: int,
+        instance_type: str = INSTANCE_TYPE,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        """A static NodePool of *replicas* nodes (with *labels*), every disruption budget open
+        (repair is paced by budgets), nothing consolidated or expired: node repair is the only
+        thing that replaces."""
         pool = {
             "apiVersion": "karpenter.sh/v1",
             "kind": "NodePool",
@@ -223,6 +230,7 @@ class KarpenterCluster:
             "spec": {
                 "replicas": replicas,
                 "template": {
+                    "metadata": {"labels": dict(labels or {})},
                     "spec": {
                         "nodeClassRef": {"group": KWOK_GROUP, "kind": "KWOKNodeClass", "name": "default"},
                         "requirements": [
@@ -233,7 +241,7 @@ class KarpenterCluster:
                             }
                         ],
                         "expireAfter": "Never",
-                    }
+                    },
                 },
                 "disruption": {"budgets": [{"nodes": "100%"}]},
             },
