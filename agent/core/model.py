@@ -256,6 +256,8 @@ class XidEvent(NamedTuple):
     wrapped: bool = False  # the second line of an Xid 154 wrapped onto two: its action, not a new line
     variant: str = ""  # "fatal" for an NVLink5 (144-150) line the driver marks Fatal or Link Fatal
     subcode: tuple[int, int] | None = None  # NVLink5 (144-150): the line's IntrInfo and ErrorStatus
+    cause: int | None = None  # "... caused by previous Xid N": the Xid this one is a consequence of
+    nvidia: bool = False  # AER: the device is one the `nvidia` driver owns (a GPU), by its kernel lines
 
 
 @dataclass(frozen=True)

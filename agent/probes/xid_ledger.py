@@ -19,7 +19,7 @@ from agent.core.model import KernelRecord, KernelXids, XidEvent, XidTally
 WINDOW_S = 60.0
 BURST_QUIET_S = 180.0  # a device's burst of Xids ends after 3 min of silence (NVIDIA Fleet Intelligence)
 MAX_KEYS = 512  # distinct (kind, code, device); a real node has a few dozen at most
-_Key = tuple[str, int, "str | None", str, "tuple[int, int] | None"]
+_Key = tuple[str, int, "str | None", str, "tuple[int, int] | None", "int | None"]
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _second(wallclock: str) -> str:
 
 def _key(ev: XidEvent) -> _Key:
     kind = "aer" if ev.aer else "sxid" if ev.sxid else "xid"
-    return kind, ev.code, ev.pci, ev.variant, ev.subcode
+    return kind, ev.code, ev.pci, ev.variant, ev.subcode, ev.cause
 
 
 def _numbered(ev: XidEvent) -> bool:
