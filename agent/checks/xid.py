@@ -17,7 +17,12 @@ Nonfatal one stays at its catalog severity. Xid 48 together with Xid 64 on the s
 burst (Xids of a GPU until 3 minutes of silence) is a DBE whose page retirement failed: isolate.
 
 A PCIe AER uncorrected fatal error ("Uncorrected (Fatal)", "can't recover", "device recovery failed")
-on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid.
+on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid; a
+device the nvidia driver prints lines about is a GPU even without an inventory.
+
+A consequence names its cause ("45, ..., Ch 00000001 caused by previous Xid 149"): the cause is judged
+on that GPU (from its own lines when the log has them, else from the consequence line at the cause's
+catalog severity), and the consequences are counted there, never as application faults.
 """
 
 from __future__ import annotations
