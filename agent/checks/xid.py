@@ -98,10 +98,10 @@ def _count(tally: XidTally) -> str:
 
 
 def _aer_finding(
-    tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config
+    tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config, xids: KernelXids
 ) -> Finding | None:
     pci = tally.first.pci or ""
-    nvidia = tally.first.nvidia or tally.latest.nvidia  # the nvidia driver owns it: a GPU
+    nvidia = pci in xids.nvidia_devices  # the nvidia driver printed lines about it: a GPU
     entity = labels.get(pci) or nics.get(pci) or (short_pci(pci) if pci and nvidia else None)
     if entity is None:
         return None  # a bridge, a disk, a device that is not ours to judge
@@ -339,7 +339,7 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     findings: list[Finding] = []
     for tally, row in _merge_nvlink5(xids, cfg, _driver_major(facts)):
         found = (
-            _aer_finding(tally, labels, nics, cfg)
+            _aer_finding(tally, labels, nics, cfg, xids)
             if tally.first.aer
             else _finding(tally, labels, cfg, xids, row)
         )

@@ -322,7 +322,7 @@ class KernelTail:
                     f"kernel log {self.path}: more than {MAX_KEYS} distinct Xid (kind, code, device); "
                     "lines of further ones are counted as untallied, not kept"
                 )
-            return self.ledger.view(self.records, self.lines.format, self.lost)
+            return self.ledger.view(self.records, self.lines.format, self.lost, frozenset(self.xids.nvidia))
 
 
 def fold_kernel_text(text: str) -> KernelXids:

@@ -274,9 +274,10 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
     ParseError when the output is not nvidia-smi -q output, or when it was cut short or damaged
     (README: "what fails a node, what makes it unknown"): fewer GPU blocks (plus lost GPUs) than
     "Attached GPUs" or more, a full GPU block that stops before its "Processes" section, a last line
-    cut inside (one that is whole without its newline is read), a -d view whose blocks do not show the same sections, a block with a key
-    twice or a flag that is not Yes/No. The ParseError then carries, as `partial`, the GPU blocks
-    that are intact, so that a fault they state plainly is still reported.
+    cut inside (one that is whole without its newline is read: _whole), a -d view whose blocks do
+    not show the same sections, a block with a key twice or a flag that is not Yes/No. The
+    ParseError then carries, as `partial`, the GPU blocks that are intact, so that a fault they
+    state plainly is still reported.
     Never run with `-i`: a single-GPU selection also prints every attached GPU in the count.
     """
     failure = detect_tool_failure(text)

@@ -14,9 +14,9 @@ Recognised lines (anywhere in the record text):
   the driver's Fatal / Link Fatal / Nonfatal; a Fatal one is ``variant="fatal"`` (its own finding);
 - NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``;
 - PCIe AER ``Uncorrected (Fatal)``, ``can't recover``, ``device recovery failed`` → ``aer=True`` (code 0)
-  on the device the line names (``error received: <bdf>`` names the source; else the line's own device),
-  ``nvidia=True`` when the ``nvidia`` driver printed a line about that device (``nvidia 0000:03:00.0: ...``):
-  it is a GPU, even where no inventory says so;
+  on the device the line names (``error received: <bdf>`` names the source; else the line's own device);
+- the devices the ``nvidia`` driver prints lines about (``nvidia 0000:03:00.0: ...``) are kept in
+  ``XidReader.nvidia``: they are GPUs, even where no inventory says so;
 - the driver's consequence lines ``45, pid=..., Ch 00000001 caused by previous Xid 149`` → ``cause=149``.
 
 Multi-line GSP banners (``NVRM: _kgspLogXid119: *** GSP Timeout ***``, RPC history rows) carry no
@@ -39,7 +39,9 @@ _LAST_PARENS = re.compile(r"\(([^()]*)\)[^()]*$")
 _FALLEN_OFF = "fallen off the bus"
 _GPU_HEADER = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(\S+)")  # first line of the three-line record
 _HEADER_REACH = 3  # records: the header, "(PCI ID: ...) installed in this system has", "fallen off ..."
-_AER_LINE = re.compile(r"^(?:(\S+)\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$")
+_AER_LINE = re.compile(
+    r"^(?:(\S+)\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$"
+)
 # The kernel's device prefix of a line the nvidia driver prints ("nvidia 0000:19:00.0: ..."): that
 # device is a GPU, whatever inventory there is (none in an excerpt).
 _NVIDIA_DEVICE = re.compile(r"^nvidia ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):")
@@ -157,7 +159,7 @@ class XidReader:
             return None
         src = _AER_SOURCE.search(text)
         pci = _pci(src.group(1) if src else m.group(2))
-        return _event(rec, 0, pci, text, aer=True)._replace(nvidia=pci is not None and pci in self.nvidia)
+        return _event(rec, 0, pci, text, aer=True)
 
     def feed(self, rec: KernelRecord) -> XidEvent | None:
         memo = self.memo

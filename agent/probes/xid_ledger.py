@@ -164,7 +164,9 @@ class XidLedger:
         state[0] = max(state[0], t)
         return int(state[1])
 
-    def view(self, records: int, fmt: str, lost: int = 0) -> KernelXids:
+    def view(
+        self, records: int, fmt: str, lost: int = 0, nvidia_devices: frozenset[str] = frozenset()
+    ) -> KernelXids:
         return KernelXids(
             tallies=tuple(
                 XidTally(t.first, t.latest, t.count(), t.per_minute(self.now), t.burst)
@@ -174,4 +176,5 @@ class XidLedger:
             format=fmt,
             lost=lost,
             untallied=self.untallied,
+            nvidia_devices=nvidia_devices,
         )
