@@ -186,10 +186,17 @@ def test_a_row_that_contradicts_the_matrix_is_unreadable(row: str, why: str) -> 
         parse_topo("\tGPU0\tGPU1\tGPU2\nGPU0\t X \tNV4\tNV4\n" + row + "GPU2\tNV4\tNV4\t X \n")
 
 
-def test_a_last_line_without_its_newline_is_not_read() -> None:
+def test_a_last_line_is_read_without_its_newline_only_when_whole() -> None:
+    """Issue 23: a whole last line is evidence; the last NIC legend name may be cut, so it is not read."""
     text = (FIX / FULL).read_text(encoding="utf-8")
-    with pytest.raises(ParseError, match="cut short inside line"):
-        parse_topo(text.rstrip("\n"))
+    whole, kept = parse_topo(text), parse_topo(text.rstrip("\n"))
+    assert kept.rows == whole.rows and kept.nic_names == {
+        k: v for k, v in whole.nic_names.items() if k != "NIC7"
+    }
+    matrix = text[: text.index("\n\nLegend")]  # the matrix alone, its NIC7 row last
+    assert parse_topo(matrix).rows == whole.rows  # "NIC7 ... X" is whole
+    with pytest.raises(ParseError, match="cut short inside line 17"):
+        parse_topo(matrix.rstrip(" X") + " NO")  # a cell cut inside ("NO" of "NODE")
 
 
 def test_a_matrix_quoted_inside_another_text_is_not_this_nodes() -> None:

@@ -17,7 +17,12 @@ Nonfatal one stays at its catalog severity. Xid 48 together with Xid 64 on the s
 burst (Xids of a GPU until 3 minutes of silence) is a DBE whose page retirement failed: isolate.
 
 A PCIe AER uncorrected fatal error ("Uncorrected (Fatal)", "can't recover", "device recovery failed")
-on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid.
+on a GPU's or an RDMA adapter's PCI address is a finding (`xid.pcie-aer`) even without any Xid; a
+device the nvidia driver prints lines about is a GPU even without an inventory.
+
+A consequence names its cause ("45, ..., Ch 00000001 caused by previous Xid 149"): the cause is judged
+on that GPU (from its own lines when the log has them, else from the consequence line at the cause's
+catalog severity), and the consequences are counted there, never as application faults.
 """
 
 from __future__ import annotations
@@ -93,23 +98,27 @@ def _count(tally: XidTally) -> str:
 
 
 def _aer_finding(
-    tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config
+    tally: XidTally, labels: dict[str, str], nics: dict[str, str], cfg: Config, xids: KernelXids
 ) -> Finding | None:
     pci = tally.first.pci or ""
-    where = labels.get(pci) or (f"RDMA adapter {nics[pci]}" if pci in nics else None)
-    if where is None:
+    nvidia = pci in xids.nvidia_devices  # the nvidia driver printed lines about it: a GPU
+    entity = labels.get(pci) or nics.get(pci) or (short_pci(pci) if pci and nvidia else None)
+    if entity is None:
         return None  # a bridge, a disk, a device that is not ours to judge
-    where = where if where.startswith(("GPU ", "RDMA ")) else f"GPU {where}"
+    short = short_pci(pci)
+    if pci in labels:
+        where = f"{labels[pci] if labels[pci].startswith('GPU ') else f'GPU {labels[pci]}'} ({short})"
+    elif pci in nics:
+        where = f"RDMA adapter {nics[pci]} ({short})"
+    else:
+        where = f"GPU {short} (a device of the nvidia driver)"
     return Finding(
         check=NAME,
         rule=PCIE_AER.name,
         severity=cfg.severity(PCIE_AER),
-        message=(
-            f"PCIe AER fatal error on {where} ({short_pci(pci)}) {_count(tally)}: "
-            f"{_trim(tally.latest.message)}"
-        ),
-        entities=(labels.get(pci) or nics[pci],),
-        key=f"aer/{short_pci(pci)}",
+        message=(f"PCIe AER fatal error on {where} {_count(tally)}: {_trim(tally.latest.message)}"),
+        entities=(entity,),
+        key=f"aer/{short}",
         latched=True,
     )
 
@@ -119,9 +128,13 @@ def _nvlink_severity(cfg: Config) -> Severity:
 
 
 def _retirement_failed(tally: XidTally, xids: KernelXids) -> bool:
-    """Xid 48 (DBE) with Xid 64 (page retirement/row remap failed) on the same GPU in the same burst."""
+    """Xid 48 (DBE) with Xid 64 (page retirement/row remap failed) on the same GPU in the same burst
+    (a line the driver says an Xid 64 caused is evidence of that 64)."""
     return any(
-        t.first.code == 64 and not t.first.sxid and t.first.pci == tally.first.pci and t.burst == tally.burst
+        64 in (t.first.code, t.first.cause)
+        and not t.first.sxid
+        and t.first.pci == tally.first.pci
+        and t.burst == tally.burst
         for t in xids.tallies
     )
 
@@ -145,6 +158,8 @@ def _merge_nvlink5(
     """NVLink5 lines of one GPU and code that decode to the same sub-code are one finding."""
     merged: dict[tuple[object, ...], tuple[XidTally, Nvlink5Row | None]] = {}
     for tally in xids.tallies:
+        if tally.first.cause is not None:
+            continue  # a consequence: judged with its cause (_consequences)
         row = _decode(tally, cfg, driver)
         ev = tally.first
         key: tuple[object, ...] = (
@@ -168,11 +183,18 @@ def _merge_nvlink5(
 
 
 def _finding(
-    tally: XidTally, labels: dict[str, str], cfg: Config, xids: KernelXids, row: Nvlink5Row | None = None
+    tally: XidTally,
+    labels: dict[str, str],
+    cfg: Config,
+    xids: KernelXids,
+    row: Nvlink5Row | None = None,
+    named_by: str | None = None,
 ) -> Finding:
+    """One (GPU, Xid) finding; named_by: the cause is known only from lines it caused (their count
+    replaces the cause's own), and `tally.first` holds the first of them as the evidence."""
     ev = tally.first
     pci = short_pci(ev.pci) if ev.pci else "unknown PCI"
-    count = _count(tally)
+    count = named_by or _count(tally)
     text = _trim(ev.message)
     if ev.sxid:
         return Finding(
@@ -207,6 +229,8 @@ def _finding(
         )
     elif ev.variant == "fatal":  # not in the sheet, but the driver says Fatal: the NVLink default
         severity, note, suffix = max(severity, _nvlink_severity(cfg)), f"{note} (Fatal)", "/fatal"
+    elif named_by is not None and 144 <= ev.code <= 150:  # no sub-code, no Fatal word: the catalog
+        note = f"{note} (sub-code unknown)"
     if ev.code == 48 and _retirement_failed(tally, xids):
         severity, note = max(severity, Severity.ISOLATE), f"{note} (with Xid 64: page retirement failed)"
     label = labels.get(ev.pci or "") or pci
@@ -229,6 +253,80 @@ def _finding(
     )
 
 
+def _without_addressless_79(findings: list[Finding], xids: KernelXids) -> list[Finding]:
+    """A number-less "fallen off the bus" line whose GPU address did not reach it (the driver's
+    three-line record with its first line lost or far away) is the same report as a numbered or
+    addressed Xid 79 of this boot: folded into the first of them, never a second fault."""
+    addressless = [
+        t
+        for t in xids.tallies
+        if t.first.code == 79
+        and t.first.pci is None
+        and not t.first.sxid
+        and not t.first.message.startswith("Xid")
+    ]
+    addressed = [
+        i for i, f in enumerate(findings) if f.key.startswith("xid/79/") and f.key != "xid/79/unknown PCI"
+    ]
+    if not addressless or not addressed:
+        return findings
+    lines = sum(t.count for t in addressless)
+    keep = findings[addressed[0]].key
+    out = [f for f in findings if f.key != "xid/79/unknown PCI"]
+    i = next(j for j, f in enumerate(out) if f.key == keep)
+    out[i] = replace(
+        out[i], message=f"{out[i].message} (+{lines} 'fallen off the bus' line(s) naming no GPU)"
+    )
+    return out
+
+
+def _consequences(xids: KernelXids) -> dict[tuple[int, str | None], list[XidTally]]:
+    """The lines the driver says another Xid caused ("45, ... caused by previous Xid 149"), by the
+    cause and GPU they name, in log order."""
+    out: dict[tuple[int, str | None], list[XidTally]] = {}
+    for tally in xids.tallies:
+        if tally.first.cause is not None and not tally.first.sxid and not tally.first.aer:
+            out.setdefault((tally.first.cause, tally.first.pci), []).append(tally)
+    return out
+
+
+def _consequence_text(tallies: list[XidTally]) -> str:
+    """ "3 Xid 45 lines" (per consequential code)."""
+    per_code: dict[int, int] = {}
+    for t in tallies:
+        per_code[t.first.code] = per_code.get(t.first.code, 0) + t.count
+    return ", ".join(f"{n} Xid {code} line{'s' if n != 1 else ''}" for code, n in per_code.items())
+
+
+def _with_causes(
+    findings: list[Finding], xids: KernelXids, labels: dict[str, str], cfg: Config
+) -> list[Finding]:
+    """Each cause a consequence names, on its GPU: the cause's own finding (its most severe one)
+    counts the consequences; a cause whose own lines are not in the log (outside an excerpt, or
+    overwritten in the ring) is reported from the consequence line itself, at the cause's catalog
+    severity. Consequences are never application faults of their own."""
+    out = list(findings)
+    for (cause, pci), tallies in _consequences(xids).items():
+        caused = _consequence_text(tallies)
+        prefix = f"xid/{cause}/{short_pci(pci) if pci else 'unknown PCI'}"
+        own = [i for i, f in enumerate(out) if f.key == prefix or f.key.startswith(prefix + "/")]
+        if own:
+            i = max(own, key=lambda j: int(out[j].severity))
+            out[i] = replace(out[i], message=f"{out[i].message} (+{caused} caused by it)")
+            continue
+        first = tallies[0]
+        evidence = first.first._replace(
+            code=cause, cause=None, variant="", subcode=None, recovery_action=None
+        )
+        named = replace(first, first=evidence, latest=evidence, per_minute=0.0)
+        out.append(
+            _finding(
+                named, labels, cfg, xids, named_by=f"(named by {caused}: 'caused by previous Xid {cause}')"
+            )
+        )
+    return out
+
+
 def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     """Judge every Xid of the current boot (facts.kernel folds only this boot's records)."""
     gap = input_gap(NAME, facts.kernel)
@@ -241,12 +339,13 @@ def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     findings: list[Finding] = []
     for tally, row in _merge_nvlink5(xids, cfg, _driver_major(facts)):
         found = (
-            _aer_finding(tally, labels, nics, cfg)
+            _aer_finding(tally, labels, nics, cfg, xids)
             if tally.first.aer
             else _finding(tally, labels, cfg, xids, row)
         )
         if found is not None:
             findings.append(found)
+    findings = _with_causes(_without_addressless_79(findings, xids), xids, labels, cfg)
     findings.sort(key=lambda f: -int(f.severity))  # stable: equal severities keep log order
     return CheckResult(
         NAME,

@@ -256,6 +256,7 @@ class XidEvent(NamedTuple):
     wrapped: bool = False  # the second line of an Xid 154 wrapped onto two: its action, not a new line
     variant: str = ""  # "fatal" for an NVLink5 (144-150) line the driver marks Fatal or Link Fatal
     subcode: tuple[int, int] | None = None  # NVLink5 (144-150): the line's IntrInfo and ErrorStatus
+    cause: int | None = None  # "... caused by previous Xid N": the Xid this one is a consequence of
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,7 @@ class KernelXids:
     format: str  # the most common line format seen ("kmsg", "dmesg", ...)
     lost: int = 0  # records the ring overwrote before we read them (EPIPE on /dev/kmsg)
     untallied: int = 0  # lines of distinct keys past the bound (counted, not kept)
+    nvidia_devices: frozenset[str] = frozenset()  # PCI addresses the nvidia driver printed lines about
 
 
 # --------------------------------------------------------------------------- RDMA (EFA / Mellanox)

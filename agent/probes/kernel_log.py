@@ -78,6 +78,10 @@ _LEVEL_NUM = {
     "debug": 7,
 }
 _REBOOT_DROP_US = 1_000_000
+# NUL, C0 controls other than tab and ESC (colour codes), U+FFFD (bytes that were not UTF-8): the kernel
+# escapes them (\xNN) in every record it prints, so a line holding one was damaged after it was
+# written. It is no evidence: "PCI:0000:9\x001:00" must not become another GPU's address.
+_GARBLED = re.compile(r"[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f\ufffd]")
 
 
 def _is_boot_separator(line: str) -> bool:
@@ -230,7 +234,7 @@ class LineReader:
         line = line.rstrip("\r\n")
         if self.quoted:
             line = _unquote(line)
-        if not line.strip():
+        if not line.strip() or _GARBLED.search(line):
             return None
         if self.in_kmsg and line[0] == " ":
             return None  # kmsg dictionary continuation (" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from agent.core.model import KernelRecord, KernelXids, XidEvent
 from agent.probes.kernel_log import NEW_BOOT, LineReader, is_binary, looks_quoted
-from agent.probes.xid_events import XidReader
+from agent.probes.xid_events import XidReader, whole
 from agent.probes.xid_ledger import MAX_KEYS, XidLedger
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,15 @@ class Repeat:
         ts = int(line[self.ts[0] : self.ts[1]]) if self.ts else None
         wall = line[self.wall[0] : self.wall[1]] if self.wall else None
         return KernelRecord(line[self.plen :], ts_us=ts, wallclock=wall, seq=seq)
+
+
+def whole_line(text: str) -> bool:
+    """A kernel log's last line without its newline is read only when it is whole by the grammar: a
+    journal boot separator closed by " --", an Xid/SXid/AER line that says all it has to say."""
+    stripped = text.strip()
+    if stripped.startswith("-- "):
+        return stripped.endswith(" --")
+    return whole(text)
 
 
 class BinaryLog(Exception):
@@ -196,10 +205,15 @@ class KernelTail:
         if len(self.partial) > MAX_LINE:
             self._flush(MAX_LINE)
 
-    def _flush(self, limit: int = MAX_LINE) -> None:
-        """The partial line counts as a line (a file's last line without its newline, or too long)."""
+    def _flush(self, limit: int = MAX_LINE, *, at_end: bool = False) -> None:
+        """The partial line counts as a line: one too long, or (at_end) a file's last line without
+        its newline when it is whole by the grammar. One cut inside is kept back: a writer may still
+        finish it, and a capture cut there never says more (never read from a prefix)."""
         if self.partial:
-            self._line(self.partial[:limit].decode("utf-8", errors="replace"))
+            text = self.partial[:limit].decode("utf-8", errors="replace")
+            if at_end and not whole_line(text):
+                return
+            self._line(text)
         self.partial = b""
 
     # ------------------------------------------------------------------ reading
@@ -265,8 +279,8 @@ class KernelTail:
                     self.head = (self.head + data)[:HEAD_BYTES]
                 self.offset += len(data)
                 self._data(data, first=first)
-        if self.offset >= end:  # writers append whole lines; a last line without its newline is a line
-            self._flush()
+        if self.offset >= end:  # writers append whole lines; a last line without its newline is one
+            self._flush(at_end=True)  # when whole
 
     def _poll_device(self) -> None:
         if self.fd is None:
@@ -308,7 +322,7 @@ class KernelTail:
                     f"kernel log {self.path}: more than {MAX_KEYS} distinct Xid (kind, code, device); "
                     "lines of further ones are counted as untallied, not kept"
                 )
-            return self.ledger.view(self.records, self.lines.format, self.lost)
+            return self.ledger.view(self.records, self.lines.format, self.lost, frozenset(self.xids.nvidia))
 
 
 def fold_kernel_text(text: str) -> KernelXids:
@@ -317,5 +331,5 @@ def fold_kernel_text(text: str) -> KernelXids:
     tail = KernelTail("<text>", device=False)
     with tail.lock:
         tail._data(text.encode("utf-8", errors="replace"), first=True)
-        tail._flush()
+        tail._flush(at_end=True)
     return tail.view()

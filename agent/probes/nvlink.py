@@ -70,10 +70,30 @@ def _speed(text: str) -> float | None:
     raise ValueError(text)
 
 
+def _complete(last: str) -> bool:
+    """Whether a last line without its newline is whole by the listing's grammar: a GPU header that
+    closes its "(UUID: ...)" (nvidia-smi prints one on every header), a link whose value is a speed
+    with its unit or <inactive>, one of the tool's messages. Anything else ("Link 6: 26.5", "<inact",
+    "GPU 7: NVIDIA H1") was cut inside."""
+    line = last.strip()
+    if not line:
+        return True
+    if _GPU.match(line):
+        return line.endswith(")")
+    link = _LINK.match(line)
+    if link:
+        try:
+            _speed(link.group(2))
+        except ValueError:
+            return False
+        return True
+    return any(p.search(line) for p in (_ALL_INACTIVE, _NOT_SUPPORTED, _MIG))
+
+
 def parse_nvlink(text: str) -> NvlinkReport:
     """Parse the status listing; ParseError when the text is neither a listing nor a known message,
     or when the listing contradicts itself or stops early (README: "what fails a node, what makes it
-    unknown"): a last line without its newline (cut), a link value that is neither a speed nor
+    unknown"): a last line cut inside (incomplete by the grammar), a link value that is neither a speed nor
     <inactive>, link numbers that do not run 0, 1, 2... , GPU numbers that do not rise, a GPU that
     lists fewer links than the others. The GPUs whose blocks are intact are kept as `partial`.
 
@@ -82,9 +102,11 @@ def parse_nvlink(text: str) -> NvlinkReport:
     """
     lines = text.splitlines()
     problems: list[str] = []
-    cut = bool(lines) and not text.endswith(("\n", "\r"))
+    # A last line without its newline is evidence when it is whole by the grammar (a listing kept in
+    # a repository lost only its newline); a line cut inside ("26.5", "<inact") is never read.
+    cut = bool(lines) and not text.endswith(("\n", "\r")) and not _complete(lines[-1])
     if cut:
-        lines = lines[:-1]  # a cut line may read "<inact" or "26.5": never read it
+        lines = lines[:-1]
     gpus: list[_Builder] = []
     saw_not_supported = False
     for lineno, raw in enumerate(lines, 1):

@@ -211,6 +211,62 @@ def _block_damage(block: _Node) -> str | None:
     return None
 
 
+# Keys whose values the parser reads, anywhere in a block (a superset is only stricter): the value of
+# such a key on a last line without its newline must be whole by its grammar to be read.
+_READ_KEYS = {
+    _norm(k)
+    for k in (
+        *(key for paths in WHERE_TEXT.values() for path in paths for key in path),
+        *(key for keys in _JUDGED_KEYS.values() for key in keys),
+        *(key for _, key in _FLAGS),
+        *("Current", "Max", "Pending", "Total", "Replays Since Reset", "Performance State"),
+        *("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Power Cap"),
+        *("SW Thermal Slowdown", "DRAM Correctable", "Current Power Limit", "Enforced Power Limit"),
+        *("Default Power Limit", "GPU UUID", "Serial Number", "Product Architecture", "Attached GPUs"),
+        *("Driver Version", "CUDA Version"),
+    )
+}
+# Values that are no prefix of another value of their key (checked case-insensitively); "No" is
+# whole only for a Yes/No flag ("No" of "None", "Not Active").
+_WHOLE_WORDS = {
+    "yes",
+    "n/a",
+    "none",
+    "enabled",
+    "disabled",
+    "active",
+    "not active",
+    "completed",
+    "success",
+    "in progress",
+    "not started",
+    "not supported",
+    "unknown error",
+    "0",
+}
+# A value that ends with its unit or a closing bracket is whole: "16x", "700.00 W", "0 bank(s)".
+_WITH_UNIT = re.compile(r"(?:\d\s*(?:x|%|W|C|V|mV|MHz|KiB|MiB|GiB|KB/s|MB/s|GB/s|ms|us|ns|s)|\))$")
+
+
+def _whole(last: str) -> bool:
+    """Whether a last line without its newline is whole by the grammar of `nvidia-smi -q`: a
+    "Key : value" line (a section title or GPU header always has lines after it) whose value is
+    not read, or is one that cannot be a prefix of another (a Yes/No flag, a word such as
+    "Completed", a number with its unit, a zero count)."""
+    line = last.strip()
+    if not line or _BANNER.match(line):
+        return True
+    match = _KEY_VALUE.match(line)
+    if match is None or not (value := (match.group("value") or "").strip()):
+        return False
+    key = _norm(match.group("key"))
+    if key not in _READ_KEYS:
+        return True  # nothing on it is read ("EGM : disabled", "Used GPU Memory : 6482 MiB")
+    word = value.lower()
+    flag = any(key == flag_key for _, flag_key in _FLAGS)
+    return word in _WHOLE_WORDS or (flag and word == "no") or _WITH_UNIT.search(value) is not None
+
+
 def parse_nvsmi_text(text: str) -> GpuInventory:
     """`nvidia-smi -q` output (full, or a `-d` partial view) → GpuInventory.
 
@@ -218,9 +274,10 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
     ParseError when the output is not nvidia-smi -q output, or when it was cut short or damaged
     (README: "what fails a node, what makes it unknown"): fewer GPU blocks (plus lost GPUs) than
     "Attached GPUs" or more, a full GPU block that stops before its "Processes" section, a last line
-    without its newline, a -d view whose blocks do not show the same sections, a block with a key
-    twice or a flag that is not Yes/No. The ParseError then carries, as `partial`, the GPU blocks
-    that are intact, so that a fault they state plainly is still reported.
+    cut inside (one that is whole without its newline is read: _whole), a -d view whose blocks do
+    not show the same sections, a block with a key twice or a flag that is not Yes/No. The
+    ParseError then carries, as `partial`, the GPU blocks that are intact, so that a fault they
+    state plainly is still reported.
     Never run with `-i`: a single-GPU selection also prints every attached GPU in the count.
     """
     failure = detect_tool_failure(text)
@@ -229,9 +286,10 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
     lost = detect_lost_gpus(text)
     lines = text.splitlines()
     problems: list[str] = []
-    if lines and not text.endswith(("\n", "\r")):
-        # nvidia-smi ends every line with a newline: a last line without one was cut, its value
-        # may be a prefix of the real one ("Comp" of "Completed"). It is not read.
+    if lines and not text.endswith(("\n", "\r")) and not _whole(lines[-1]):
+        # A last line without its newline is read when it is whole by the grammar (a capture kept in
+        # a repository lost only its newline); one whose value may be a prefix of the real one
+        # ("Comp" of "Completed", "5" of "56") was cut inside and is not read.
         problems.append(f"cut short inside line {len(lines)}")
         lines = lines[:-1]
     root, banner = _tree(lines)

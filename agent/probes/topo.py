@@ -62,18 +62,29 @@ def _rename_nics(columns: list[str]) -> tuple[list[str], dict[str, str]]:
     return out, {v: k for k, v in renamed.items()}
 
 
+def _row_cut(tokens: list[str], known: bool, ncols: int) -> bool:
+    """Whether a matrix row that ends the text without its newline was cut inside: an unknown name
+    (a cut "GP"), fewer cells than the header has, a cell that is no code ("N", "PI"), or a last cell
+    that may have lost digits ("NV1" of "NV18"). Cells followed by the affinity columns are whole."""
+    cells = tokens[1 : 1 + ncols]
+    if not known or len(cells) < ncols or not all(_CELL.match(c) for c in cells):
+        return True
+    return len(tokens) == 1 + ncols and cells[-1].startswith("NV")
+
+
 def parse_topo(text: str) -> TopoMatrix:
     """Parse `nvidia-smi topo -m` output; raises ParseError when no GPU matrix is found, or when the
     matrix contradicts itself or stops early (README: "what fails a node, what makes it unknown"):
     a device of the header without its row (rows lost or cut), a row cut short, twice, out of order
-    or with a cell that is no topo code, a row whose own cell is not X, a last line without its
-    newline. The intact rows under the intact header are then kept as `partial`.
+    or with a cell that is no topo code, a row whose own cell is not X, a last line cut inside (a
+    last line that is whole without its newline is read). The intact rows under the intact header
+    are then kept as `partial`.
     """
     lines = [_ANSI.sub("", ln).rstrip("\r\n") for ln in text.splitlines()]
     problems: list[str] = []
-    if lines and not text.endswith(("\n", "\r")):
-        problems.append(f"cut short inside line {len(lines)}")
-        lines = lines[:-1]  # a cut cell ("N" of "NV18") must never be read
+    # The last line without its newline is read when it is whole by the grammar (see _row_cut); a
+    # line cut inside it ("N" of "NV18", a row short of cells) is never read.
+    open_line = len(lines) if lines and not text.endswith(("\n", "\r")) else 0
     start = None
     head: tuple[list[str], bool] | None = None
     for i, line in enumerate(lines):
@@ -107,9 +118,12 @@ def parse_topo(text: str) -> TopoMatrix:
         if not tokens:
             break  # the blank line before the Legend ends the matrix
         name = tokens[0]
+        if name.rstrip(":") in ("Legend", "NIC") and name not in by_raw:
+            break
+        if i == open_line and _row_cut(tokens, name in by_raw, ncols):
+            problems.append(f"cut short inside line {i}")
+            continue
         if name not in by_raw:
-            if name.rstrip(":") in ("Legend", "NIC"):
-                break
             problems.append(f"line {i}: unexpected row {name[:40]!r} in the topo matrix")
             continue
         cells = tokens[1 : 1 + ncols]
@@ -131,7 +145,7 @@ def parse_topo(text: str) -> TopoMatrix:
         rows[row_name] = row
         row_lines[row_name] = SourceLine(i, line.strip())
         extra = tokens[1 + ncols :]
-        if has_affinity and extra:
+        if has_affinity and extra and i != open_line:  # a last value without its newline may be cut
             cpu[row_name] = extra[0]
             if len(extra) > 1:
                 numa[row_name] = extra[1]
@@ -144,7 +158,7 @@ def parse_topo(text: str) -> TopoMatrix:
             "matrix has no row for it (rows lost or cut short)"
         )
 
-    for line in lines[i:]:
+    for line in lines[i : len(lines) - (1 if open_line else 0)]:  # a last name may be cut: unread
         m = _NIC_LEGEND.match(line)
         if m and m.group(1) in columns:
             nic_names.setdefault(m.group(1), m.group(2))

@@ -14,7 +14,10 @@ Recognised lines (anywhere in the record text):
   the driver's Fatal / Link Fatal / Nonfatal; a Fatal one is ``variant="fatal"`` (its own finding);
 - NVSwitch ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, ...`` → ``sxid=True``;
 - PCIe AER ``Uncorrected (Fatal)``, ``can't recover``, ``device recovery failed`` → ``aer=True`` (code 0)
-  on the device the line names (``error received: <bdf>`` names the source; else the line's own device).
+  on the device the line names (``error received: <bdf>`` names the source; else the line's own device);
+- the devices the ``nvidia`` driver prints lines about (``nvidia 0000:03:00.0: ...``) are kept in
+  ``XidReader.nvidia``: they are GPUs, even where no inventory says so;
+- the driver's consequence lines ``45, pid=..., Ch 00000001 caused by previous Xid 149`` → ``cause=149``.
 
 Multi-line GSP banners (``NVRM: _kgspLogXid119: *** GSP Timeout ***``, RPC history rows) carry no
 ``Xid (<pci>): <code>`` and produce nothing.
@@ -36,7 +39,13 @@ _LAST_PARENS = re.compile(r"\(([^()]*)\)[^()]*$")
 _FALLEN_OFF = "fallen off the bus"
 _GPU_HEADER = re.compile(r"NVRM:\s*The NVIDIA GPU\s+(\S+)")  # first line of the three-line record
 _HEADER_REACH = 3  # records: the header, "(PCI ID: ...) installed in this system has", "fallen off ..."
-_AER_LINE = re.compile(r"^(?:\S+\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$")
+_AER_LINE = re.compile(
+    r"^(?:(\S+)\s+)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):?\s+AER:\s*(.*)$"
+)
+# The kernel's device prefix of a line the nvidia driver prints ("nvidia 0000:19:00.0: ..."): that
+# device is a GPU, whatever inventory there is (none in an excerpt).
+_NVIDIA_DEVICE = re.compile(r"^nvidia ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]):")
+MAX_NVIDIA_DEVICES = 64  # GPUs of one node; bounded whatever the log holds
 _AER_SOURCE = re.compile(  # the port names the device that sent it (kernels < 6.x, then 6.x wording)
     r"(?:error received:|error message received from)\s*(?:id=)?"
     r"([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
@@ -47,8 +56,37 @@ _NVLINK5 = re.compile(
 _NVLINK5_REGS = re.compile(
     r"\((0x[0-9a-fA-F]+)\s+(0x[0-9a-fA-F]+)"
 )  # "(0x025525c6 0x00000000": IntrInfo, status
+_CAUSE = re.compile(r"\bcaused by previous Xid\s+(\d+)\s*$")  # the driver's root cause of an Xid 45
 _ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
+_NVLINK5_CLOSED = re.compile(r"\(0x[0-9a-fA-F]+(?:\s+0x[0-9a-fA-F]+)*\s*\)")  # the whole register list
+_ACTION_CLOSED = re.compile(r"\bto 0x[0-9a-fA-F]+ \([^()]*\)\s*$")  # "... to 0x1 (GPU Reset Required)"
+
+
+def whole(text: str) -> bool:
+    """Whether a kernel line that ends a capture without its newline says all it has to say, by the
+    driver's and the kernel's grammar: an Xid's code followed by its comma ("4" may be "48"), an
+    NVLink5 line with its closed register list, an Xid 154 with its closed "to 0x.. (action)", a
+    cascade's cause not at the very end ("Xid 14" may be "Xid 149"), an AER source address in full.
+    A line that reads as no event at all is whole: nothing on it is read."""
+    if "Xid" in text:
+        m = _XID.search(text)
+        sxid = m is None
+        m = m or _SXID.search(text)
+        if m is not None:
+            if text[m.end(3) : m.end(3) + 1] != ",":
+                return False
+            code = int(m.group(3))
+            if sxid:
+                return True
+            if 144 <= code <= 150:
+                return _NVLINK5_CLOSED.search(text, m.end(3)) is not None
+            if code == 154:
+                return _ACTION_CLOSED.search(text) is not None
+            return _CAUSE.search(text) is None
+    if "AER" in text and ("error received:" in text or "error message received from" in text):
+        return _AER_SOURCE.search(text) is not None
+    return True
 
 
 @lru_cache(maxsize=1024)  # a storm repeats a handful of addresses; bounded whatever the log holds
@@ -82,16 +120,6 @@ def _event(
     )
 
 
-def _aer(rec: KernelRecord) -> XidEvent | None:
-    text = rec.message
-    m = _AER_LINE.search(text)
-    if m is None or not any(f in text for f in _AER_FATAL):
-        return None
-    src = _AER_SOURCE.search(text)
-    pci = _pci(src.group(1) if src else m.group(1))
-    return _event(rec, 0, pci, text, aer=True)
-
-
 MEMO_SIZE = 512
 
 
@@ -107,11 +135,31 @@ class XidReader:
         self.since_header = _HEADER_REACH
         self.open_154: XidEvent | None = None  # an Xid 154 whose line ended before its action
         self.memo: dict[str, XidEvent] | None = {} if memo else None
+        self.nvidia: dict[str, None] = {}  # devices the nvidia driver printed a line about (ordered set)
 
     def reset(self) -> None:
         self.header_pci, self.since_header = None, _HEADER_REACH
+        self.nvidia.clear()
         if self.memo is not None:
             self.memo.clear()
+
+    def _learn_nvidia(self, bdf: str) -> None:
+        pci = _pci(bdf)
+        if pci is not None and pci not in self.nvidia and len(self.nvidia) < MAX_NVIDIA_DEVICES:
+            self.nvidia[pci] = None
+
+    def _aer(self, rec: KernelRecord) -> XidEvent | None:
+        text = rec.message
+        m = _AER_LINE.search(text)
+        if m is None:
+            return None
+        if m.group(1) == "nvidia":
+            self._learn_nvidia(m.group(2))
+        if not any(f in text for f in _AER_FATAL):
+            return None
+        src = _AER_SOURCE.search(text)
+        pci = _pci(src.group(1) if src else m.group(2))
+        return _event(rec, 0, pci, text, aer=True)
 
     def feed(self, rec: KernelRecord) -> XidEvent | None:
         memo = self.memo
@@ -141,7 +189,11 @@ class XidReader:
                     wrapped=True,
                 )
         if "AER" in text:
-            return _aer(rec)
+            return self._aer(rec)
+        if text[:7] == "nvidia ":
+            d = _NVIDIA_DEVICE.match(text)
+            if d is not None:
+                self._learn_nvidia(d.group(1))
         if "NVRM" not in text and "SXid" not in text:
             return None
         if "Xid" in text:
@@ -160,6 +212,9 @@ class XidReader:
                     regs = _NVLINK5_REGS.search(text, m.end(3))
                     if regs is not None:
                         ev = ev._replace(subcode=(int(regs.group(1), 16), int(regs.group(2), 16)))
+                cause = _CAUSE.search(text, m.end(3))
+                if cause is not None:  # a consequence: the driver names the Xid that caused it
+                    ev = ev._replace(cause=int(cause.group(1)))
                 if code == 154 and action is None:
                     self.open_154 = ev
                 return ev

@@ -19,7 +19,7 @@ from agent.core.model import KernelRecord, KernelXids, XidEvent, XidTally
 WINDOW_S = 60.0
 BURST_QUIET_S = 180.0  # a device's burst of Xids ends after 3 min of silence (NVIDIA Fleet Intelligence)
 MAX_KEYS = 512  # distinct (kind, code, device); a real node has a few dozen at most
-_Key = tuple[str, int, "str | None", str, "tuple[int, int] | None"]
+_Key = tuple[str, int, "str | None", str, "tuple[int, int] | None", "int | None"]
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _second(wallclock: str) -> str:
 
 def _key(ev: XidEvent) -> _Key:
     kind = "aer" if ev.aer else "sxid" if ev.sxid else "xid"
-    return kind, ev.code, ev.pci, ev.variant, ev.subcode
+    return kind, ev.code, ev.pci, ev.variant, ev.subcode, ev.cause
 
 
 def _numbered(ev: XidEvent) -> bool:
@@ -164,7 +164,9 @@ class XidLedger:
         state[0] = max(state[0], t)
         return int(state[1])
 
-    def view(self, records: int, fmt: str, lost: int = 0) -> KernelXids:
+    def view(
+        self, records: int, fmt: str, lost: int = 0, nvidia_devices: frozenset[str] = frozenset()
+    ) -> KernelXids:
         return KernelXids(
             tallies=tuple(
                 XidTally(t.first, t.latest, t.count(), t.per_minute(self.now), t.burst)
@@ -174,4 +176,5 @@ class XidLedger:
             format=fmt,
             lost=lost,
             untallied=self.untallied,
+            nvidia_devices=nvidia_devices,
         )
