@@ -209,6 +209,12 @@ class Gpu:
         """How a GPU is named in messages and entities: "GPU 3 (0000:53:00.0)"."""
         return f"GPU {self.index} ({short_pci(self.pci_bus_id)})"
 
+    @property
+    def lasting_name(self) -> str:
+        """The board's name across boots and slots: its serial, else its UUID, else its PCI address
+        (a replaced board starts a new reboot history and new trends)."""
+        return self.serial or self.uuid or normalize_pci(self.pci_bus_id)
+
 
 @dataclass(frozen=True)
 class LostGpu:
