@@ -9,7 +9,8 @@ reset or worse) that the undamaged file did not have, nothing raises, and the CL
 The budget is fixed (max_examples per case, derandomize=True): the same examples run on every run
 and CI time stays flat. Not judged here: sysfs trees (efa/, infiniband-sysfs/, h100-vm-capture/:
 directories, not one file), tool captures read through sysfs instead (lspci/, ibstat-ibdevinfo/), the
-generator scripts in derived/ and the kubelet's API schema (NOT_JUDGED).
+generator scripts in derived/, the trend tests' counter series (trend-series/: a file per series of
+reads, not one snapshot file) and the kubelet's API schema (NOT_JUDGED).
 """
 
 from __future__ import annotations
@@ -62,7 +63,16 @@ HUGE = 1024 * 1024  # a line of a megabyte
 # Not one file of a snapshot: sysfs trees (directories), generator scripts, the kubelet's API schema,
 # tool captures the agent reads through sysfs instead (lspci, ibstat), and the H100 capture's PCI
 # and host tree (its nvidia-smi outputs are judged as copies in nvidia-smi-q/, -xml/, -topo/, nvlink/).
-NOT_JUDGED = {"efa", "infiniband-sysfs", "derived", "kubelet", "lspci", "ibstat-ibdevinfo", "h100-vm-capture"}
+NOT_JUDGED = {
+    "efa",
+    "infiniband-sysfs",
+    "derived",
+    "kubelet",
+    "lspci",
+    "ibstat-ibdevinfo",
+    "h100-vm-capture",
+    "trend-series",  # counter series the trend tests apply to real listings, read by read
+}
 
 
 def _lines(data: bytes) -> list[bytes]:

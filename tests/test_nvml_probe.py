@@ -540,3 +540,27 @@ def test_device_count_failure_is_a_tool_failure_and_shuts_down(install: Any) -> 
     with pytest.raises(ToolReportedFailure, match="cannot count GPUs"):
         read_nvml(timeout_s=10)
     assert fake.shutdowns == 1
+
+
+def test_nvml_reads_feed_the_trend_warnings(install: Any) -> None:
+    """Live through NVML (no lines to point at): the histogram's Low and None banks warn, and the
+    evidence states the values read."""
+    from agent.checks.registry import RULE_BOOK
+    from agent.checks.trends import check_memory
+    from agent.config import parse_config
+    from agent.core import trends
+    from agent.core.facts import NodeFacts
+
+    spec = healthy_h100()
+    spec["nvmlDeviceGetRowRemapperHistogram"] = types.SimpleNamespace(
+        max=2558, high=0, partial=0, low=1, none=1
+    )
+    install(FakeNvml([spec]))
+    facts = trends.with_read(
+        NodeFacts(gpus=read_nvml(timeout_s=10), boot_id="b"), trends.TrendHistory(), 1e9, 900, 12, 80
+    )
+    (f,) = check_memory(facts, parse_config({}, rules=RULE_BOOK)).findings
+    assert f.rule == "trend.memory.remap-headroom" and "1 DRAM bank(s) at Low and 1 at None" in f.message
+    assert [(e.source, e.line, e.text) for e in f.evidence] == [
+        ("nvml", None, "bank remap histogram: max 2558, high 0, partial 0, low 1, none 1")
+    ]

@@ -197,12 +197,12 @@ def test_json_yaml_and_wide_output() -> None:
 def test_warn_column_counts_gpus_with_a_warning_before_a_fault() -> None:
     """WARN: the GPUs whose verdict carries trend warnings, of the GPUs listed; JSON per rule."""
     doc = _results("warn", "monitor", [("trend.memory", "warn", "monitor", "GPU 1: 2 DRAM banks low")], "x")
-    remap = {"rule": "trend.memory.remap-headroom", "rate": "2 bank(s) low", "action": "plan-service"}
-    hot = {"rule": "trend.thermal.near-slowdown", "rate": "3 °C left", "action": "watch"}
+    remap = {"trend.memory.remap-headroom": "2 bank(s) low"}
+    hot = {"trend.thermal.near-slowdown": "3 °C left"}
     doc["gpus"] = [
         {"index": 0, "status": "pass"},
-        {"index": 1, "status": "warn", "warnings": [remap, hot]},
-        {"index": 2, "status": "warn", "warnings": [hot]},
+        {"index": 1, "status": "warn", "warnings": {"plan-service": remap, "watch": hot}},
+        {"index": 2, "status": "warn", "warnings": {"watch": hot}},
         {"index": 3, "status": "warn"},  # a warning of another kind (gpu.persistence): not a trend
     ]
     (row,) = status_rows([_node("n", doc)], prefix=P, now=NOW)

@@ -108,7 +108,36 @@ def _kept(what: str, pts: Sequence[tr.Point], unit: str = "") -> Evidence:
 
 
 def _lines(source: str, g: Gpu, where: str) -> tuple[Evidence, ...]:
-    return Evidence.of(source, g.where.get(where, ()))
+    """The input's lines that state the values (nvidia-smi), else the values as read (NVML has no
+    lines to point at)."""
+    lines = g.where.get(where, ())
+    if lines:
+        return Evidence.of(source, lines)
+    return (Evidence(source, None, _stated(g, where)),)
+
+
+def _stated(g: Gpu, where: str) -> str:
+    rows, pages, e, th, c = g.remapped_rows, g.retired_pages, g.ecc, g.thermal, g.clocks
+    if where == "remapped_rows.histogram" and rows is not None and rows.histogram is not None:
+        h = rows.histogram
+        buckets = {"max": h.max, "high": h.high, "partial": h.partial, "low": h.low, "none": h.none}
+        return "bank remap histogram: " + ", ".join(f"{k} {v}" for k, v in buckets.items())
+    if where == "remapped_rows.correctable" and rows is not None:
+        return f"rows remapped for correctable errors: {rows.correctable}"
+    if where == "ecc.volatile_correctable":
+        sram, dram = e.volatile_sram_correctable, e.volatile_dram_correctable
+        return f"volatile correctable ECC: SRAM {sram}, DRAM {dram}, single-bit {e.volatile_single_bit_total}"
+    if where.startswith("retired_pages") and pages is not None:
+        return f"retired pages: single-bit {pages.single_bit}, double-bit {pages.double_bit}"
+    if where == "thermal":
+        gpu, mem = f"GPU {th.gpu_c} C, slowdown {th.gpu_slowdown_c} C", f"memory {th.memory_c} C"
+        return f"{gpu}; {mem}, max {th.memory_max_c} C"
+    if where == "clocks":
+        state, reasons = g.power.performance_state, g.clock_events.active()
+        busy = f"{state}, utilization {c.utilization_percent} %"
+        clock = f"SM {c.sm_mhz} MHz, application {c.applications_mhz} MHz"
+        return f"{busy}, {clock}, clock event reasons: {', '.join(reasons) if reasons else 'none'}"
+    return where
 
 
 def _span(pts: Sequence[tr.Point]) -> str:
@@ -214,7 +243,7 @@ def _retired_pages(facts: NodeFacts, cfg: Config, g: Gpu, source: str) -> Iterab
         f"double-bit {pages.double_bit or 0}; warns at {warn_at})"
     )
     rate = f"{total} of {NVIDIA_PAGE_LIMIT}"
-    evidence = _lines(source, g, "retired_pages.single_bit") + _lines(source, g, "retired_pages.double_bit")
+    evidence = _lines(source, g, "retired_pages.single_bit")
     kept = _series(facts, cfg, g, tr.PAGES, counter=True)
     if len(kept) >= 2:
         rate = f"+{_growth(kept)} single-bit in {_span(kept)}"

@@ -137,7 +137,13 @@ def gpu_warnings(results: Mapping[str, Any] | None) -> tuple[int, int, dict[str,
     per_rule: dict[str, int] = {}
     warned = 0
     for entry in entries:
-        rules = {str(w.get("rule")) for w in entry.get("warnings") or () if isinstance(w, Mapping)}
+        by_step = entry.get("warnings")
+        rules = {
+            str(rule)
+            for step in (by_step.values() if isinstance(by_step, Mapping) else ())
+            if isinstance(step, Mapping)
+            for rule in step
+        }
         warned += bool(rules)
         for rule in rules:
             per_rule[rule] = per_rule.get(rule, 0) + 1

@@ -2,7 +2,7 @@
 
 A scheduler extension, a dashboard or a person reads the node's GPUs one by one: index, UUID, PCI
 address, status and severity, the keys of the findings on it, the next step, its warnings before a
-fault (each with its rate and step), and — only for a GPU
+fault (by their own step: rule → rate; not repeated among the keys), and — only for a GPU
 with a finding, so that pods coming and going on healthy GPUs never cause a write — the containers
 the kubelet says hold it. A finding belongs to the GPUs whose PCI address its key or entities name.
 """
@@ -86,7 +86,9 @@ def gpu_verdicts(
             "severity": severity.label,
         }
         if worst is not None:
-            entry["findings"] = sorted({f.key or f.rule for f in found})
+            keys = sorted({f.key or f.rule for f in found if not is_trend(f)})
+            if keys:
+                entry["findings"] = keys
             entry.update(worst.recommendation.as_dict())
             warned = warnings(found)
             if warned:
@@ -115,14 +117,18 @@ def gpu_verdicts(
     return out
 
 
-def warnings(found: Iterable[Finding]) -> list[dict[str, str]]:
-    """A GPU's warnings before a fault (checks/trends.py): each trend rule, its rate and its own
-    next step (plan-service or watch), whatever the GPU's worst finding says."""
-    seen = {f.rule: f for f in found if f.check.startswith(CHECK_PREFIX)}
-    return [
-        {"rule": rule, "rate": f.rate, "action": f.recommendation.action.value}
-        for rule, f in sorted(seen.items())
-    ]
+def is_trend(f: Finding) -> bool:
+    return f.check.startswith(CHECK_PREFIX)
+
+
+def warnings(found: Iterable[Finding]) -> dict[str, dict[str, str]]:
+    """A GPU's warnings before a fault (checks/trends.py) by their own next step, then rule → rate:
+    {"plan-service": {"trend.memory.remap-headroom": "2 bank(s) low"}, "watch": {...}}. Compact:
+    8 GPUs with every warning fit the annotation (its keys would repeat the GPU's address)."""
+    out: dict[str, dict[str, str]] = {}
+    for f in sorted((f for f in found if is_trend(f)), key=lambda f: f.rule):
+        out.setdefault(f.recommendation.action.value, {})[f.rule] = f.rate
+    return dict(sorted(out.items()))
 
 
 def pods_text(entries: Sequence[Mapping[str, Any]], *names: str) -> str:
