@@ -98,9 +98,8 @@ def _max_gap(cfg: Config) -> float:
     return 2.5 * max(cfg.trends.read_spacing_s, cfg.intervals.gpu)
 
 
-def _series(facts: NodeFacts, cfg: Config, g: Gpu, column: int, *, counter: bool) -> list[tr.Point]:
-    pts = tr.points(facts.trends, g.lasting_name, column)
-    return tr.run(pts, counter=counter, volatile=column in tr.VOLATILE, max_gap_s=_max_gap(cfg))
+def _series(facts: NodeFacts, cfg: Config, g: Gpu, column: int, *, counter: bool) -> tuple[tr.Point, ...]:
+    return facts.trends.run_of(g.lasting_name, column, counter=counter, max_gap_s=_max_gap(cfg))
 
 
 def _kept(what: str, pts: Sequence[tr.Point], unit: str = "") -> Evidence:

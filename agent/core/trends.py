@@ -15,6 +15,7 @@ hand the checks the history with this read in it (when it was due).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,11 +58,48 @@ class Read:
 
 @dataclass(frozen=True)
 class TrendHistory:
+    """Immutable: a new one when a read is kept (advance), so what is derived from it (each GPU's
+    series, the annotation form, the digest) is computed once per kept read, not per cycle."""
+
     reads: tuple[Read, ...] = ()
 
     @property
     def latest(self) -> Read | None:
         return self.reads[-1] if self.reads else None
+
+    @functools.cached_property
+    def series(self) -> Mapping[str, tuple[tuple[Point, ...], ...]]:
+        """GPU (of the latest read) → per column, its points in the reads that have it."""
+        out: dict[str, tuple[tuple[Point, ...], ...]] = {}
+        for name in self.latest.gpus if self.latest is not None else ():
+            rows = [(r.at, r.boot, r.gpus[name]) for r in self.reads if name in r.gpus]
+            out[name] = tuple(
+                tuple(Point(at, boot, row[c]) for at, boot, row in rows) for c in range(len(COLUMNS))
+            )
+        return out
+
+    @functools.cached_property
+    def _runs(self) -> dict[tuple[str, int, bool, float], tuple[Point, ...]]:
+        return {}
+
+    def run_of(self, gpu: str, column: int, *, counter: bool, max_gap_s: float) -> tuple[Point, ...]:
+        """run() of the GPU's points in a column (remembered: a history is judged every cycle and
+        changes once a spacing)."""
+        key = (gpu, column, counter, max_gap_s)
+        found = self._runs.get(key)
+        if found is None:
+            pts = points(self, gpu, column)
+            found = tuple(run(pts, counter=counter, volatile=column in VOLATILE, max_gap_s=max_gap_s))
+            self._runs[key] = found
+        return found
+
+    @functools.cached_property
+    def doc(self) -> dict[str, Any] | None:
+        return _to_doc(self)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return _digest(self)
 
 
 @dataclass(frozen=True)
@@ -172,13 +210,11 @@ def with_read(
 # --------------------------------------------------------------------------- judging
 
 
-def points(history: TrendHistory, gpu: str, column: int) -> list[Point]:
-    """The GPU's value in each kept read that has it, oldest first; [] unless the latest read has
+def points(history: TrendHistory, gpu: str, column: int) -> tuple[Point, ...]:
+    """The GPU's value in each kept read that has it, oldest first; none unless the latest read has
     the GPU (a GPU that did not answer now has no trend now)."""
-    latest = history.latest
-    if latest is None or gpu not in latest.gpus:
-        return []
-    return [Point(r.at, r.boot, r.gpus[gpu][column]) for r in history.reads if gpu in r.gpus]
+    columns = history.series.get(gpu)
+    return columns[column] if columns is not None else ()
 
 
 def run(pts: Sequence[Point], *, counter: bool, volatile: bool = False, max_gap_s: float) -> list[Point]:
@@ -226,7 +262,13 @@ def describe(pts: Sequence[Point], unit: str = "") -> str:
 
 def to_doc(history: TrendHistory) -> dict[str, Any] | None:
     """The history as the results annotation holds it: read times, boots, and per GPU one row per
-    read (null where the GPU was not in that read; trailing nulls of a row left out)."""
+    read (null where the GPU was not in that read; trailing nulls of a row left out). A new dict
+    each call (contract.fit may drop reads from it); its lists are shared, never changed."""
+    doc = history.doc
+    return dict(doc) if doc is not None else None
+
+
+def _to_doc(history: TrendHistory) -> dict[str, Any] | None:
     if not history.reads:
         return None
     gpus: dict[str, list[list[int | None] | None]] = {}
@@ -293,6 +335,10 @@ def counters_digest(history: TrendHistory) -> str:
     the boot, for a volatile one), without the read times or the levels. A kept read whose counters
     did not move changes nothing here, so a healthy node costs no write for its trends; a moving
     counter, a reboot or a new GPU does (at most once a read), so that a restart finds it."""
+    return history.digest
+
+
+def _digest(history: TrendHistory) -> str:
     parts: list[str] = []
     names = sorted({n for r in history.reads for n in r.gpus})
     for name in names:

@@ -335,6 +335,7 @@ class Engine:
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
+            trends_digest=trends.counters_digest(self.state.trends),
         )
         return verdict, marks
 
@@ -382,8 +383,7 @@ def fingerprint(marks: Marks) -> str:
     counters did not move (core/trends.counters_digest: they ride along with the next write)."""
     doc = json.loads(marks.results_json)
     doc.pop("checkedAt", None)
-    if trends.TRENDS_FIELD in doc:
-        doc[trends.TRENDS_FIELD] = trends.counters_digest(trends.parse(doc[trends.TRENDS_FIELD]))
+    doc.pop(trends.TRENDS_FIELD, None)  # stands as marks.trends_digest
     for c in doc.get("checks", []):
         c.pop("at", None)
         c.pop("durationMs", None)
@@ -398,6 +398,7 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_status,
             marks.condition_reason,
             marks.condition_message,
+            marks.trends_digest,
             encode(doc),
         )
     )
