@@ -135,3 +135,33 @@ def test_check_from_a_snapshot_judges_with_the_reads_the_agent_kept(tmp_path: Pa
     alone = gather_facts(SnapshotSource(node.snap), node.cfg, now=node.now)
     assert len(alone.trends.reads) == 1
     assert run_checks(nvlink, alone, node.cfg)[0].status is Status.PASS
+
+
+def test_thresholds_and_the_reads_kept_change_live(tmp_path: Path) -> None:
+    """A reloaded config (engine.cfg, as the ConfigMap watch sets it) applies at the next gpu cycle,
+    on the reads already kept: no restart, no new read needed."""
+    from tests.trend_scenario import config
+
+    node = Node(tmp_path, worn=True)
+    for _ in range(node.cfg.trends.keep_reads):
+        node.read()
+    node.engine.cfg = config(
+        {
+            "trends": {
+                "eccCorrectablePerHour": 10**6,
+                "keepReads": 6,
+                "nvlinkGrowingReads": 5,
+                "pcieGrowingReads": 5,
+            }
+        }
+    )
+    node.engine.run_tier("gpu")
+    _, marks = node.engine.evaluate()
+    doc = json.loads(marks.results_json)
+    left = warned(doc)["0000:19:00.0"]
+    assert "trend.memory.ecc-rate" not in left and "trend.nvlink.errors-growing" in left
+    assert len(doc["trends"]["t"]) == 6  # fewer reads kept, at once
+    node.engine.cfg = config({"severities": {"trend.thermal.clock-stuck": "none"}})
+    node.engine.run_tier("gpu")
+    _, marks = node.engine.evaluate()
+    assert "trend.thermal.clock-stuck" not in warned(json.loads(marks.results_json))["0000:19:00.0"]
