@@ -53,8 +53,10 @@ def test_results_json_follows_the_node_contract(capsys: pytest.CaptureFixture[st
         "checks",
         "latched",
         "gpus",
+        "trends",  # this check's read of the trend warnings' counters (core/trends.py)
     }
     assert doc["version"] == 1 and doc["instanceType"] == "p5.48xlarge"
+    assert len(doc["trends"]["t"]) == 1 and len(doc["trends"]["g"]) == 7  # the lost GPU has no read
     assert doc["bootId"] == "3f0c1c56-2f4a-4b8e-9a7d-6c1e2b9d0a11"
     for c in doc["checks"]:
         base = {"name", "status", "severity", "message", "at", "durationMs", "entities"}

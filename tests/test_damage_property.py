@@ -9,7 +9,8 @@ reset or worse) that the undamaged file did not have, nothing raises, and the CL
 The budget is fixed (max_examples per case, derandomize=True): the same examples run on every run
 and CI time stays flat. Not judged here: sysfs trees (efa/, infiniband-sysfs/, h100-vm-capture/:
 directories, not one file), tool captures read through sysfs instead (lspci/, ibstat-ibdevinfo/), the
-generator scripts in derived/, the kubelet's API schema and the remediation engines' CRDs (crds/)
+generator scripts in derived/, the trend tests' counter series (trend-series/: a file per series of
+reads, not one snapshot file), the kubelet's API schema and the remediation engines' CRDs (crds/)
 (NOT_JUDGED).
 """
 
@@ -72,6 +73,7 @@ NOT_JUDGED = {
     "lspci",
     "ibstat-ibdevinfo",
     "h100-vm-capture",
+    "trend-series",  # counter series the trend tests apply to real listings, read by read
 }
 
 

@@ -20,9 +20,12 @@ from agent.core.model import (
     ClockEvents,
     EccErrors,
     Fabric,
+    GpuClocks,
     GpuInventory,
+    GpuThermal,
     LostGpu,
     PcieLink,
+    RemapHistogram,
     RemappedRows,
     RetiredPages,
 )
@@ -125,6 +128,7 @@ class FakeNvml:
         mod.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
         mod.NVML_FI_DEV_RESET_STATUS = 226
         mod.NVML_FI_DEV_DRAIN_AND_RESET_STATUS = 227
+        mod.NVML_FI_DEV_MEMORY_TEMP = 82
         mod.c_nvmlGpuFabricInfoV_t = FabricInfo
         for name in dir(self):
             if name.startswith("nvml"):
@@ -202,6 +206,8 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter_type: int) -> Any:
         table = self._get(h, "nvmlDeviceGetTotalEccErrors")
+        if (error_type, counter_type) not in table:
+            raise err("NotSupported")
         return table[(error_type, counter_type)]
 
     def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> Any:
@@ -212,6 +218,30 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, h: int) -> Any:
         return self._get(h, "nvmlDeviceGetRemappedRows")
+
+    def nvmlDeviceGetRowRemapperHistogram(self, device: int) -> Any:
+        return self._get(device, "nvmlDeviceGetRowRemapperHistogram")
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetTemperature")[sensor]
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: int, threshold: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetTemperatureThreshold")[threshold]
+
+    def nvmlDeviceGetClockInfo(self, handle: int, type: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetClockInfo")[type]
+
+    def nvmlDeviceGetApplicationsClock(self, handle: int, type: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetApplicationsClock")[type]
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle: int, type: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetDefaultApplicationsClock")[type]
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: int, type: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetMaxClockInfo")[type]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        return self._get(handle, "nvmlDeviceGetUtilizationRates")
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> Any:
         return self._get(h, "nvmlDeviceGetCurrentClocksEventReasons")
@@ -327,6 +357,10 @@ def test_two_gpus_one_healthy_one_lost(install: Any) -> None:
         hw_power_brake=False,
         sw_power_cap=True,
         sw_thermal_slowdown=True,
+        idle=True,
+        applications_clocks_setting=False,
+        sync_boost=False,
+        display_clock_setting=False,
     )
     assert gpu.pcie == PcieLink(gen_current=5, gen_max=5, width_current=16, width_max=16, replay_counter=3)
     assert gpu.recovery_action == "None"
@@ -380,7 +414,7 @@ def test_sram_summed_over_locations_when_no_sram_location(install: Any) -> None:
 def test_volta_double_bit_totals_and_retired_pages(install: Any) -> None:
     spec = healthy_h100()
     spec["nvmlDeviceGetArchitecture"] = 5  # Volta
-    spec["nvmlDeviceGetTotalEccErrors"] = {(1, 0): 1, (1, 1): 9}
+    spec["nvmlDeviceGetTotalEccErrors"] = {(1, 0): 1, (1, 1): 9, (0, 0): 4}
     spec["nvmlDeviceGetRetiredPages"] = {0: [0x1000, 0x2000], 1: [0x3000]}
     spec["nvmlDeviceGetRetiredPagesPendingStatus"] = 1
     del spec["nvmlDeviceGetRemappedRows"]
@@ -389,6 +423,7 @@ def test_volta_double_bit_totals_and_retired_pages(install: Any) -> None:
     gpu = read_nvml(timeout_s=10).gpus[0]
     assert gpu.architecture == "Volta"
     assert gpu.ecc.volatile_double_bit_total == 1 and gpu.ecc.aggregate_double_bit_total == 9
+    assert gpu.ecc.volatile_single_bit_total == 4 and gpu.ecc.volatile_correctable == 4
     assert gpu.ecc.volatile_dram_uncorrectable is None
     assert gpu.retired_pages == RetiredPages(single_bit=2, double_bit=1, pending=True)
     assert gpu.remapped_rows is None
@@ -412,7 +447,42 @@ def test_hw_slowdown_bits(install: Any) -> None:
     spec = healthy_h100()
     spec["nvmlDeviceGetCurrentClocksEventReasons"] = 0x8 | 0x40 | 0x80
     install(FakeNvml([spec]))
-    assert read_nvml(timeout_s=10).gpus[0].clock_events == ClockEvents(True, True, True, False, False)
+    assert read_nvml(timeout_s=10).gpus[0].clock_events == ClockEvents(
+        True, True, True, False, False, False, False, False, False
+    )
+
+
+def test_remap_histogram_temperatures_and_clocks(install: Any) -> None:
+    """What the trend warnings read: the bank remap histogram, SRAM correctable errors, GPU and
+    memory temperatures with their thresholds, the SM and application clocks and utilization."""
+    spec = healthy_h100()
+    spec["nvmlDeviceGetRowRemapperHistogram"] = types.SimpleNamespace(
+        max=2558, high=0, partial=0, low=1, none=1
+    )
+    spec["nvmlDeviceGetMemoryErrorCounter"] = {(0, 0, 2): 5, (0, 0, 7): 11}
+    spec["nvmlDeviceGetTemperature"] = {0: 84}
+    spec["nvmlDeviceGetTemperatureThreshold"] = {1: 87, 2: 95}
+    spec["fields"] = {230: 0, 82: 61}
+    spec["nvmlDeviceGetClockInfo"] = {1: 1200}
+    spec["nvmlDeviceGetApplicationsClock"] = {0: 1980}
+    spec["nvmlDeviceGetMaxClockInfo"] = {1: 1980}
+    spec["nvmlDeviceGetUtilizationRates"] = types.SimpleNamespace(gpu=97, memory=40)
+    install(FakeNvml([spec]))
+    gpu = read_nvml(timeout_s=10).gpus[0]
+    assert gpu.remapped_rows is not None and gpu.remapped_rows.histogram == RemapHistogram(2558, 0, 0, 1, 1)
+    assert gpu.ecc.volatile_sram_correctable == 11 and gpu.ecc.volatile_correctable == 16
+    assert gpu.thermal == GpuThermal(gpu_c=84, gpu_slowdown_c=87, memory_c=61, memory_max_c=95)
+    assert gpu.thermal.gpu_margin_c == 3 and gpu.thermal.memory_margin_c == 34
+    assert gpu.clocks == GpuClocks(
+        sm_mhz=1200, applications_mhz=1980, max_sm_mhz=1980, utilization_percent=97
+    )
+
+
+def test_no_histogram_temperatures_or_clocks_when_unsupported(install: Any) -> None:
+    install(FakeNvml([healthy_h100()]))
+    gpu = read_nvml(timeout_s=10).gpus[0]
+    assert gpu.remapped_rows is not None and gpu.remapped_rows.histogram is None
+    assert gpu.thermal == GpuThermal() and gpu.clocks == GpuClocks()
 
 
 def test_hung_nvml_is_a_timeout_and_later_reads_do_not_pile_up(install: Any) -> None:
@@ -470,3 +540,27 @@ def test_device_count_failure_is_a_tool_failure_and_shuts_down(install: Any) -> 
     with pytest.raises(ToolReportedFailure, match="cannot count GPUs"):
         read_nvml(timeout_s=10)
     assert fake.shutdowns == 1
+
+
+def test_nvml_reads_feed_the_trend_warnings(install: Any) -> None:
+    """Live through NVML (no lines to point at): the histogram's Low and None banks warn, and the
+    evidence states the values read."""
+    from agent.checks.registry import RULE_BOOK
+    from agent.checks.trends import check_memory
+    from agent.config import parse_config
+    from agent.core import trends
+    from agent.core.facts import NodeFacts
+
+    spec = healthy_h100()
+    spec["nvmlDeviceGetRowRemapperHistogram"] = types.SimpleNamespace(
+        max=2558, high=0, partial=0, low=1, none=1
+    )
+    install(FakeNvml([spec]))
+    facts = trends.with_read(
+        NodeFacts(gpus=read_nvml(timeout_s=10), boot_id="b"), trends.TrendHistory(), 1e9, 900, 12, 80
+    )
+    (f,) = check_memory(facts, parse_config({}, rules=RULE_BOOK)).findings
+    assert f.rule == "trend.memory.remap-headroom" and "1 DRAM bank(s) at Low and 1 at None" in f.message
+    assert [(e.source, e.line, e.text) for e in f.evidence] == [
+        ("nvml", None, "bank remap histogram: max 2558, high 0, partial 0, low 1, none 1")
+    ]

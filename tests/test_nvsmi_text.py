@@ -8,7 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import ClockEvents, Fabric, GpuInventory, RemappedRows, RetiredPages
+from agent.core.model import (
+    ClockEvents,
+    Fabric,
+    GpuClocks,
+    GpuInventory,
+    GpuThermal,
+    RemapHistogram,
+    RemappedRows,
+    RetiredPages,
+)
 from agent.core.probed import ParseError
 from agent.probes.nvsmi_errors import ToolReportedFailure, detect_lost_gpus, detect_tool_failure
 from agent.probes.nvsmi_text import parse_nvsmi_text
@@ -94,7 +103,7 @@ def test_h100x8_healthy_values() -> None:
         assert gpu.ecc.aggregate_sram_uncorrectable == 0
         assert gpu.ecc.sram_threshold_exceeded is False
         assert gpu.retired_pages is None  # all N/A on Hopper
-        assert gpu.remapped_rows == RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False)
+        assert gpu.remapped_rows == RemappedRows(0, 0, False, False, RemapHistogram(2560, 0, 0, 0, 0))
         assert gpu.fabric == Fabric(state="Completed", status="Success")
         assert gpu.reset_required is False
         assert gpu.drain_and_reset_recommended is False
@@ -107,7 +116,8 @@ def test_h100x8_healthy_values() -> None:
 
 def test_h100x8_one_gpu_with_power_cap_and_thermal_events() -> None:
     inv = parse(H100X8)
-    throttled = [g for g in inv.gpus if g.clock_events != ClockEvents(False, False, False, False, False)]
+    quiet = ClockEvents(False, False, False, False, False, True, False, False, False)  # idle only
+    throttled = [g for g in inv.gpus if g.clock_events != quiet]
     assert [g.index for g in throttled] == [2]
     gpu = throttled[0]
     assert gpu.pci_bus_id == "00000000:75:00.0"
@@ -118,17 +128,22 @@ def test_h100x8_one_gpu_with_power_cap_and_thermal_events() -> None:
         hw_power_brake=True,
         sw_power_cap=True,
         sw_thermal_slowdown=True,
+        idle=False,
+        applications_clocks_setting=False,
+        sync_boost=False,
+        display_clock_setting=False,
     )
 
 
 def test_a100_remap_pending_on_the_right_gpu() -> None:
     inv = parse(A100_REMAP)
     rows = [g.remapped_rows for g in inv.gpus]
+    full, one_used = RemapHistogram(640, 0, 0, 0, 0), RemapHistogram(639, 1, 0, 0, 0)
     assert rows == [
-        RemappedRows(0, 0, False, False),
-        RemappedRows(correctable=1, uncorrectable=0, pending=True, failure=False),
-        RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False),
-        RemappedRows(0, 0, False, False),
+        RemappedRows(0, 0, False, False, full),
+        RemappedRows(correctable=1, uncorrectable=0, pending=True, failure=False, histogram=one_used),
+        RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False, histogram=one_used),
+        RemappedRows(0, 0, False, False, full),
     ]
     bad = inv.gpus[1]
     assert bad.pci_bus_id == "00000000:9e:00.0"
@@ -142,7 +157,9 @@ def test_a100_remap_pending_on_the_right_gpu() -> None:
 def test_a10_fixture_shows_a_real_row_remap_fault() -> None:
     """Listed as valid by its source, but it prints Uncorrectable 4 / Pending Yes."""
     gpu = parse("gpud-a10x1-535.129.03.txt").gpus[0]
-    assert gpu.remapped_rows == RemappedRows(correctable=0, uncorrectable=4, pending=True, failure=False)
+    assert gpu.remapped_rows == RemappedRows(
+        correctable=0, uncorrectable=4, pending=True, failure=False, histogram=RemapHistogram(192, 0, 0, 0, 0)
+    )
 
 
 def test_page_retirement_partial_view_bad() -> None:
@@ -190,7 +207,7 @@ def test_l4_and_l40s() -> None:
     l40s = parse("nvgpuexp-l40s-595.80-q-load.txt").gpus[0]
     assert l40s.name == "NVIDIA L40S"
     assert l40s.persistence_mode is False
-    assert l40s.remapped_rows == RemappedRows(0, 0, False, False)
+    assert l40s.remapped_rows == RemappedRows(0, 0, False, False, RemapHistogram(192, 0, 0, 0, 0))
 
 
 def test_truncated_h100x8_is_parse_error() -> None:
@@ -376,7 +393,7 @@ def test_an_excerpt_of_one_gpu_is_unreadable_and_keeps_that_gpu() -> None:
     assert isinstance(partial, GpuInventory)
     (gpu,) = partial.gpus
     assert gpu.pci_bus_id == "00000000:9e:00.0" and gpu.ecc.mode_enabled is None
-    assert gpu.remapped_rows == RemappedRows(correctable=1, uncorrectable=0, pending=True, failure=False)
+    assert gpu.remapped_rows == RemappedRows(1, 0, True, False, RemapHistogram(639, 1, 0, 0, 0))
 
 
 def test_a_capture_cut_in_a_block_keeps_the_blocks_before_and_the_cut_block_lines() -> None:
@@ -500,3 +517,36 @@ def test_lines_outside_the_gpu_blocks_that_nvidia_smi_does_not_print_are_unreada
 ) -> None:
     with pytest.raises(ParseError, match=why):
         parse_nvsmi_text(edit(load(REMAP_VIEW)))  # type: ignore[operator]
+
+
+# --------------------------------------------------------------------------- what the trend warnings read
+
+
+def test_temperatures_absolute_and_relative_to_tlimit() -> None:
+    """Before Hopper the limits are absolute ("GPU Slowdown Temp : 89 C"); Hopper and later print
+    them relative to T.Limit ("GPU T.Limit Temp : 50 C" left, slowdown at -2 C): both give the
+    degrees left before slowdown."""
+    a100 = parse(A100_REMAP).gpus[0]
+    assert a100.thermal == GpuThermal(gpu_c=25, gpu_slowdown_c=89, memory_c=43, memory_max_c=95)
+    assert (a100.thermal.gpu_margin_c, a100.thermal.memory_margin_c) == (64, 52)
+    h100 = parse(H100X8).gpus[0]
+    assert h100.thermal == GpuThermal(gpu_c=36, gpu_tlimit_margin_c=50, gpu_slowdown_tlimit_c=-2, memory_c=44)
+    assert (h100.thermal.gpu_margin_c, h100.thermal.memory_margin_c) == (52, None)  # no HBM limit printed
+
+
+def test_clocks_utilization_and_every_clock_event_reason() -> None:
+    """The H100 under load: P0, 100 % busy, SM 1380 of 1980 MHz, explained by SW Power Cap."""
+    gpu = parse("h100-capture-580.159.04-q-load.txt").gpus[0]
+    assert gpu.clocks == GpuClocks(
+        sm_mhz=1380, applications_mhz=1980, max_sm_mhz=1980, utilization_percent=100
+    )
+    assert gpu.power.performance_state == "P0"
+    assert gpu.clock_events.active() == ("SW power cap",)
+    # Drivers >= 590 deprecated the application clocks: not read as a number.
+    assert parse("nvgpuexp-h100-80gb-hbm3-590.48.01-q-load.txt").gpus[0].clocks.applications_mhz is None
+
+
+def test_correctable_errors_sram_and_dram() -> None:
+    bad = parse(A100_REMAP).gpus[1]
+    assert (bad.ecc.volatile_sram_correctable, bad.ecc.volatile_dram_correctable) == (0, 353)
+    assert bad.ecc.volatile_correctable == 353

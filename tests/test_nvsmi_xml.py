@@ -8,7 +8,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import ClockEvents, EccErrors, Fabric, GpuInventory, RemappedRows, RetiredPages
+from agent.core.model import (
+    ClockEvents,
+    EccErrors,
+    Fabric,
+    GpuClocks,
+    GpuInventory,
+    GpuThermal,
+    RemapHistogram,
+    RemappedRows,
+    RetiredPages,
+)
 from agent.core.probed import ParseError
 from agent.probes.nvsmi_errors import ToolReportedFailure
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
@@ -81,11 +91,13 @@ def test_a100_mig_v12_trimmed_file() -> None:
         aggregate_sram_uncorrectable=0,
         volatile_dram_correctable=0,
         aggregate_dram_correctable=0,
+        volatile_sram_correctable=0,
+        aggregate_sram_correctable=0,
     )
     assert gpu.pcie.gen_current == 4 and gpu.pcie.gen_max == 4
     assert gpu.pcie.width_current == 16 and gpu.pcie.width_max == 16
     assert gpu.pcie.replay_counter == 0
-    assert gpu.clock_events == ClockEvents(False, False, False, False, False)
+    assert gpu.clock_events == ClockEvents(False, False, False, False, False, False, False, False, False)
     # MIG devices carry their own <ecc_error_count>; they must not leak into the GPU's ECC.
     assert gpu.label == "GPU 0 (0000:01:00.0)"
 
@@ -95,10 +107,11 @@ def test_a10g_v11_old_throttle_reason_names_and_x8_link() -> None:
     assert gpu.name == "NVIDIA A10G"
     assert gpu.pci_bus_id == "00000000:00:1e.0"  # id="00000000:00:1E.0" normalised to lower case
     assert gpu.mig_mode is None  # current_mig N/A
-    assert gpu.clock_events == ClockEvents(False, False, False, False, False)  # clocks_throttle_reason_*
+    # clocks_throttle_reason_* (515): idle is the only active reason
+    assert gpu.clock_events == ClockEvents(False, False, False, False, False, True, False, False, False)
     assert gpu.pcie.width_current == 8 and gpu.pcie.width_max == 16
     assert gpu.pcie.gen_current == 1 and gpu.pcie.gen_max == 4
-    assert gpu.remapped_rows == RemappedRows(correctable=0, uncorrectable=0, pending=False, failure=False)
+    assert gpu.remapped_rows == RemappedRows(0, 0, False, False, RemapHistogram(192, 0, 0, 0, 0))
     assert gpu.retired_pages is None
     assert gpu.reset_required is None  # no gpu_reset_status in v11
 
@@ -128,7 +141,7 @@ def test_v13_dual_a5000_tab_indented() -> None:
         assert gpu.ecc.volatile_sram_uncorrectable is None
         assert gpu.ecc.volatile_dram_uncorrectable is None
         assert gpu.ecc.sram_threshold_exceeded is None
-        assert gpu.remapped_rows == RemappedRows(0, 0, False, False)
+        assert gpu.remapped_rows == RemappedRows(0, 0, False, False, RemapHistogram(192, 0, 0, 0, 0))
         assert gpu.fabric is None
 
 
@@ -136,7 +149,7 @@ def test_v13_ada_architecture_with_space() -> None:
     gpu = parse(ADA_4000).gpus[0]
     assert gpu.architecture == "Ada Lovelace"
     assert gpu.name == "NVIDIA RTX 4000 SFF Ada Generation"
-    assert gpu.remapped_rows == RemappedRows(0, 0, False, False)
+    assert gpu.remapped_rows == RemappedRows(0, 0, False, False, RemapHistogram(96, 0, 0, 0, 0))
 
 
 def test_derived_volatile_dram_uncorrectable() -> None:
@@ -372,3 +385,16 @@ def test_another_view_with_a_lost_gpu_line_is_unreadable_and_keeps_the_statement
         parse_nvsmi_xml(text)
     assert isinstance(caught.value.partial, GpuInventory)
     assert [lg.pci_bus_id for lg in caught.value.partial.lost] == ["00000000:86:00.0"]
+
+
+def test_what_the_trend_warnings_read_from_xml() -> None:
+    """Histogram, temperatures (absolute on the A100, relative to T.Limit on the H100), clocks."""
+    h100 = parse("h100-capture-580.159.04-qx.xml").gpus[0]
+    assert h100.remapped_rows is not None and h100.remapped_rows.histogram == RemapHistogram(2560, 0, 0, 0, 0)
+    assert h100.thermal == GpuThermal(gpu_c=33, gpu_tlimit_margin_c=54, gpu_slowdown_tlimit_c=-2, memory_c=34)
+    assert h100.thermal.gpu_margin_c == 56
+    assert h100.clocks == GpuClocks(sm_mhz=345, applications_mhz=1980, max_sm_mhz=1980, utilization_percent=0)
+    assert h100.clock_events.active() == ("idle",)
+    a100 = parse(A100_MIG).gpus[0]
+    assert (a100.thermal.gpu_margin_c, a100.thermal.memory_margin_c) == (62, 51)
+    assert a100.clocks.utilization_percent is None  # N/A under MIG: never 0

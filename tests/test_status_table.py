@@ -126,8 +126,8 @@ def test_rows_sorted_fail_first() -> None:
         "a-pass",
         "c-unmarked",
     ]
-    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "-", "xid: Xid 79")
-    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-", "-")
+    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "-", "-", "xid: Xid 79")
+    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-", "-", "-")
 
 
 def test_the_next_step_comes_from_the_agents_own_annotation() -> None:
@@ -139,12 +139,12 @@ def test_the_next_step_comes_from_the_agents_own_annotation() -> None:
         cli(["check", "--json", "--from-snapshot", str(XID79)])
     doc = json.loads(buf.getvalue())
     (row,) = status_rows([_node("broken", doc)], prefix=P, now=NOW)
-    assert row[2] == "reboot" and row[5] == "reboot (then: service)"
+    assert row[2] == "reboot" and row[6] == "reboot (then: service)"
 
 
 def test_corrupt_annotation_does_not_break_the_table() -> None:
     node = {"metadata": {"name": "n", "labels": {K.status: "fail"}, "annotations": {K.results: "{"}}}
-    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-", "-")]
+    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-", "-", "-")]
 
 
 def _pod(node: str, ready: bool, period: int = 10, failures: int = 3) -> dict[str, Any]:
@@ -190,8 +190,29 @@ def test_json_yaml_and_wide_output() -> None:
     assert item["lastCheckMaxSeconds"] == 60 and item["agent"] == "ready"
     assert yaml.safe_load(render(statuses, "yaml", NOW)) == [item]
     wide = render(statuses, "wide", NOW).splitlines()
-    assert wide[0].split()[:7] == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "TAINT"]
+    assert wide[0].split()[:8] == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "WARN", "TAINT"]
     assert "reboot:NoExecute" in wide[1] and "p5.48xlarge" in wide[1] and "0.1.0" in wide[1]
+
+
+def test_warn_column_counts_gpus_with_a_warning_before_a_fault() -> None:
+    """WARN: the GPUs whose verdict carries trend warnings, of the GPUs listed; JSON per rule."""
+    doc = _results("warn", "monitor", [("trend.memory", "warn", "monitor", "GPU 1: 2 DRAM banks low")], "x")
+    remap = {"trend.memory.remap-headroom": "2 bank(s) low"}
+    hot = {"trend.thermal.near-slowdown": "3 °C left"}
+    doc["gpus"] = [
+        {"index": 0, "status": "pass"},
+        {"index": 1, "status": "warn", "warnings": {"plan-service": remap, "watch": hot}},
+        {"index": 2, "status": "warn", "warnings": {"watch": hot}},
+        {"index": 3, "status": "warn"},  # a warning of another kind (gpu.persistence): not a trend
+    ]
+    (row,) = status_rows([_node("n", doc)], prefix=P, now=NOW)
+    assert row[5] == "2/4"
+    (item,) = json.loads(render(status_list([_node("n", doc)], None, prefix=P, now=NOW), "json", NOW))
+    assert item["warnGpus"] == 2 and item["gpus"] == 4
+    assert item["warnings"] == {"trend.memory.remap-headroom": 1, "trend.thermal.near-slowdown": 2}
+    healthy = _results("pass", "none", [], "x")
+    healthy["gpus"] = [{"index": 0, "status": "pass"}]
+    assert status_rows([_node("h", healthy)], prefix=P, now=NOW)[0][5] == "-"
 
 
 @pytest.mark.kube
@@ -227,9 +248,21 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
             assert NodeWriter(core, name).apply(marks).ok
         out, code = render_status(core, selectors=[selector])
     lines = out.splitlines()
-    head = ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "NEXT", "STEP", "WORST", "FINDING"]
+    head = [
+        "NODE",
+        "STATUS",
+        "SEVERITY",
+        "LAST",
+        "CHECK",
+        "AGENT",
+        "WARN",
+        "NEXT",
+        "STEP",
+        "WORST",
+        "FINDING",
+    ]
     assert lines[0].split() == head
-    assert len(lines) == 3 and len(HEADER) == 7
+    assert len(lines) == 3 and len(HEADER) == 8
     assert code == 1  # a node fails
     assert lines[1].startswith(broken) and "fail" in lines[1] and "reboot" in lines[1]
     assert "xid: GPU 2: Xid 48 double-bit ECC error" in lines[1]

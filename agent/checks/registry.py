@@ -18,6 +18,7 @@ from agent.checks import (
     nvlink_speed,
     pci,
     topology,
+    trends,
     xid,
 )
 from agent.config import Config
@@ -29,6 +30,7 @@ from agent.core.rules import Rule, RuleBook
 # the severity rules it owns) and one line here.
 CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
+    *trends.CHECKS,
     *xid.CHECKS,
     *nvlink.CHECKS,
     *nvlink_speed.CHECKS,

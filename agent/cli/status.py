@@ -9,7 +9,8 @@ verdict does (its `checkedAt` is the last *change*; the last check is at or afte
 is Ready only while it checked within its `staleAfterSeconds` (also in the annotation). So a node
 whose agent is Ready was checked less than staleAfterSeconds plus the readiness probe's lag ago, or
 less than the age of `checkedAt` when that is shorter; a node without a Ready agent shows only the
-latter, and its AGENT column says why.
+latter, and its AGENT column says why. WARN counts the GPUs with a warning before a fault (a trend
+that predicts a failing GPU, checks/trends.py) out of the GPUs the agent listed.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest, api_status
 
 AGENT_SELECTOR = "app.kubernetes.io/name=gpu-healthcheck-agent"  # the agent DaemonSet's pod label
-HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "NEXT STEP", "WORST FINDING")
-WIDE_HEADER = (*HEADER[:5], "TAINT", "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[5:])
+HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "WARN", "NEXT STEP", "WORST FINDING")
+WIDE_HEADER = (*HEADER[:6], "TAINT", "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[6:])
 FORMATS = ("table", "wide", "json", "yaml")
 STATUS_ORDER = {"fail": 0, "unknown": 1, "warn": 2, "pass": 3}
 CHECK_STATUS_RANK = {"fail": 3, "unknown": 2, "warn": 1}
@@ -63,6 +64,14 @@ class NodeStatus:
     taint: str | None
     instanceType: str | None
     agentVersion: str | None
+    warnGpus: int = 0  # GPUs with a warning before a fault (the annotation's gpus[].warnings)
+    gpus: int = 0  # GPUs in the annotation's verdict per GPU
+    warnings: dict[str, int] | None = None  # trend rule → GPUs warned by it (None: none)
+
+    @property
+    def warn(self) -> str:
+        """The WARN column: "2/8" GPUs with a warning before a fault, "-" when none."""
+        return f"{self.warnGpus}/{self.gpus}" if self.warnGpus else "-"
 
     @property
     def fresh(self) -> bool:
@@ -119,6 +128,26 @@ def _worst(results: Mapping[str, Any] | None) -> tuple[str, str]:
             step = _step(latch)
     text = " ".join(text.split())
     return shorten(text, FINDING_WIDTH), step
+
+
+def gpu_warnings(results: Mapping[str, Any] | None) -> tuple[int, int, dict[str, int]]:
+    """(GPUs with a warning before a fault, GPUs listed, GPUs per trend rule) from the results
+    annotation's verdict per GPU (engine/gpu_verdicts.py)."""
+    entries = [e for e in (results or {}).get("gpus") or () if isinstance(e, Mapping)]
+    per_rule: dict[str, int] = {}
+    warned = 0
+    for entry in entries:
+        by_step = entry.get("warnings")
+        rules = {
+            str(rule)
+            for step in (by_step.values() if isinstance(by_step, Mapping) else ())
+            if isinstance(step, Mapping)
+            for rule in step
+        }
+        warned += bool(rules)
+        for rule in rules:
+            per_rule[rule] = per_rule.get(rule, 0) + 1
+    return warned, len(entries), dict(sorted(per_rule.items()))
 
 
 def _parse_time(text: Any) -> datetime | None:
@@ -200,6 +229,7 @@ def node_status(
         ),
         None,
     )
+    warned, listed, per_rule = gpu_warnings(results)
     return NodeStatus(
         node=str(meta.get("name", "?")),
         status=str(labels.get(keys.status) or results.get("status") or "-"),
@@ -214,6 +244,9 @@ def node_status(
         taint=taint,
         instanceType=str(results["instanceType"]) if results.get("instanceType") else None,
         agentVersion=str(results["agentVersion"]) if results.get("agentVersion") else None,
+        warnGpus=warned,
+        gpus=listed,
+        warnings=per_rule or None,
     )
 
 
@@ -243,7 +276,7 @@ def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False
     """Table rows (HEADER, or WIDE_HEADER)."""
     rows = []
     for s in statuses:
-        base = (s.node, s.status, s.severity, s.lastCheck, s.agent)
+        base = (s.node, s.status, s.severity, s.lastCheck, s.agent, s.warn)
         extra = (s.taint or "-", s.instanceType or "-", age(s.changedAt, now), s.agentVersion or "-")
         rows.append((*base, *(extra if wide else ()), s.nextStep, s.worstFinding))
     return rows

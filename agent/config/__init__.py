@@ -48,8 +48,9 @@ class Config:
     dcgm_incidents: IncidentTable = field(default_factory=IncidentTable)  # with dcgm.incidentOverrides
 
     def severity(self, rule: Rule) -> Severity:
-        """The configured severity of a rule (`severities:`), else its default."""
-        return self.severity_overrides.get(rule.name, rule.severity)
+        """The configured severity of a rule (`severities:`), else its default; never above the
+        rule's ceiling (a trend warning never taints)."""
+        return min(self.severity_overrides.get(rule.name, rule.severity), rule.max_severity)
 
     def enabled(self, check: str) -> bool:
         return bool(self.raw["checks"].get(check, True))
@@ -66,6 +67,10 @@ class Config:
     @functools.cached_property
     def thresholds(self) -> settings.Thresholds:
         return settings.thresholds(self.raw)
+
+    @functools.cached_property
+    def trends(self) -> settings.TrendSettings:
+        return settings.trend_settings(self.raw)
 
     @functools.cached_property
     def node(self) -> settings.NodeSettings:
@@ -133,6 +138,7 @@ def parse_config(
             raise ConfigError(f"xid.overrides.{code}: Xid codes are integers")
     raw["xid"]["overrides"] = {str(k): v for k, v in raw["xid"]["overrides"].items()}
     settings.gpu_node_selectors(raw["node"]["gpuNodeSelector"])  # raises ConfigError
+    settings.trend_settings(raw)  # raises ConfigError
     try:
         profiles = parse_profiles(profiles_doc) if profiles_doc is not None else {}
         catalog = (
@@ -161,6 +167,13 @@ def _check_names(raw: dict[str, Any], rules: RuleBook) -> None:
     unknown_rules = sorted(set(raw["severities"]) - set(rules.rules))
     if unknown_rules:
         raise ConfigError(f"severities: unknown rule(s) {unknown_rules}; see `gpu-healthcheck rules`")
+    for name, value in raw["severities"].items():
+        ceiling = rules.rules[name].max_severity
+        if Severity.parse(value) > ceiling:
+            raise ConfigError(
+                f"severities.{name}: {value} is above what this rule may be ({ceiling.label}): "
+                "a warning before a fault never taints"
+            )
 
 
 def _read_yaml(path: Path | Traversable) -> Any:

@@ -68,6 +68,22 @@ SCHEMA: dict[str, Any] = {
             "impaired_remote_conn_events": _num(1, 0),
         },
     },
+    # Warnings before a fault (checks/trends.py): how reads are kept, and each rule's threshold.
+    "trends": {
+        "readSpacingSeconds": _num(900, 60, 86400),
+        "keepReads": Spec(int, 12, 2, 24),
+        "remapBanksLow": Spec(int, 1, 1, 10**6),
+        "remapRowsGrowth": Spec(int, 1, 1, 10**6),
+        "eccCorrectablePerHour": _num(100, 0, 10**9),
+        "retiredPagesWarnAt": Spec(int, 48, 1, 10**6),
+        "nvlinkGrowingReads": Spec(int, 8, 1, 23),
+        "pcieGrowingReads": Spec(int, 8, 1, 23),
+        "thermalMarginC": _num(5, 0, 100),
+        "thermalReads": Spec(int, 3, 1, 24),
+        "clockShortfallPercent": _num(10, 1, 100),
+        "clockBusyPercent": _num(80, 1, 100),
+        "clockReads": Spec(int, 3, 1, 24),
+    },
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),
         "recoverAfter": _num(3, 1, 1000),

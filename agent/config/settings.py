@@ -38,6 +38,25 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class TrendSettings:
+    """How trend reads are kept and the trend rules' thresholds (README "Warnings before a fault")."""
+
+    read_spacing_s: float
+    keep_reads: int
+    remap_banks_low: int
+    remap_rows_growth: int
+    ecc_correctable_per_hour: float
+    retired_pages_warn_at: int
+    nvlink_growing_reads: int
+    pcie_growing_reads: int
+    thermal_margin_c: float
+    thermal_reads: int
+    clock_shortfall_percent: float
+    clock_busy_percent: float
+    clock_reads: int
+
+
+@dataclass(frozen=True)
 class NodeSettings:
     """How the agent marks its Node, and the brake."""
 
@@ -83,6 +102,38 @@ def thresholds(raw: Mapping[str, Any]) -> Thresholds:
     s = raw["thresholds"]
     rates = {str(k): float(v) for k, v in s["efaCounterRatePerSec"].items()}
     return Thresholds(float(s["retiredPagesSingleBitMax"]), rates)
+
+
+def trend_settings(raw: Mapping[str, Any]) -> TrendSettings:
+    """Raises ConfigError when a rule asks for more reads than are kept (it could never warn)."""
+    s = raw["trends"]
+    out = TrendSettings(
+        read_spacing_s=float(s["readSpacingSeconds"]),
+        keep_reads=int(s["keepReads"]),
+        remap_banks_low=int(s["remapBanksLow"]),
+        remap_rows_growth=int(s["remapRowsGrowth"]),
+        ecc_correctable_per_hour=float(s["eccCorrectablePerHour"]),
+        retired_pages_warn_at=int(s["retiredPagesWarnAt"]),
+        nvlink_growing_reads=int(s["nvlinkGrowingReads"]),
+        pcie_growing_reads=int(s["pcieGrowingReads"]),
+        thermal_margin_c=float(s["thermalMarginC"]),
+        thermal_reads=int(s["thermalReads"]),
+        clock_shortfall_percent=float(s["clockShortfallPercent"]),
+        clock_busy_percent=float(s["clockBusyPercent"]),
+        clock_reads=int(s["clockReads"]),
+    )
+    # N growing reads are N intervals: N + 1 reads.
+    for key, reads in (
+        ("nvlinkGrowingReads", out.nvlink_growing_reads + 1),
+        ("pcieGrowingReads", out.pcie_growing_reads + 1),
+        ("thermalReads", out.thermal_reads),
+        ("clockReads", out.clock_reads),
+    ):
+        if reads > out.keep_reads:
+            raise ConfigError(
+                f"trends.{key}: needs {reads} kept reads but trends.keepReads is {out.keep_reads}"
+            )
+    return out
 
 
 def node_settings(raw: Mapping[str, Any]) -> NodeSettings:

@@ -5,6 +5,7 @@ does (a taint from `reset` up). An operator or a remediation controller also nee
 fixes it, and the one after. The steps follow NVIDIA's resolution buckets (the Xid catalog's
 "immediate action": RESTART_APP, RESET_GPU, RESTART_BM, CHECK_MECHANICALS, UPDATE_SWFW, ...), in
 the order NVIDIA escalates them: restart the application → reset the GPU → reboot → service.
+A warning before a fault (checks/trends.py) names `watch` or `plan-service`: nothing fails yet.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from agent.core.severity import Severity
 
 class Action(str, enum.Enum):
     WATCH = "watch"  # nothing to do now; act if it recurs or grows
+    PLAN_SERVICE = "plan-service"  # still works, wearing out: replace or repair at the next window
     RESTART_APP = "restart-app"  # the GPU is fine; the application faulted
     RESTART_FABRIC_MANAGER = "restart-fabric-manager"
     UPDATE_SOFTWARE = "update-software"  # driver / firmware
@@ -33,6 +35,8 @@ class Action(str, enum.Enum):
 
 ACTION_TEXT = {
     Action.WATCH: "nothing to do now; act if it recurs or grows",
+    Action.PLAN_SERVICE: "the GPU still works but is wearing out: plan its repair or replacement "
+    "(RMA) at the next maintenance window, and move long jobs off it",
     Action.RESTART_APP: "restart the application (the GPU is not at fault)",
     Action.RESTART_FABRIC_MANAGER: "restart NVIDIA Fabric Manager",
     Action.UPDATE_SOFTWARE: "update the GPU driver or firmware",
@@ -46,6 +50,7 @@ ACTION_TEXT = {
 LADDER = (Action.RESTART_APP, Action.RESET_GPU, Action.REBOOT, Action.SERVICE)
 _AFTER = {
     Action.WATCH: (Action.RESET_GPU, Action.REBOOT, Action.SERVICE),
+    Action.PLAN_SERVICE: (Action.SERVICE,),
     Action.RESTART_FABRIC_MANAGER: (Action.REBOOT, Action.SERVICE),
     Action.UPDATE_SOFTWARE: (Action.REBOOT, Action.SERVICE),
     Action.RESEAT: (Action.SERVICE,),

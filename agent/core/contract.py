@@ -15,6 +15,7 @@ from agent import __version__
 from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten
+from agent.core.trends import TRENDS_FIELD, drop_oldest_read
 
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
@@ -174,6 +175,8 @@ class Marks:
     taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
     unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
     config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
+    # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
+    trends_digest: str = ""
 
     @property
     def taint_value(self) -> str:
@@ -198,6 +201,7 @@ MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
 HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
+# TRENDS_FIELD ("trends", core/trends.py): the kept reads the trend warnings judge
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 
 
@@ -224,6 +228,7 @@ def results_document(
     stale_after: int | None = None,
     gpus: Sequence[dict[str, Any]] | None = None,
     history: Sequence[dict[str, Any]] | None = None,
+    trends: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -272,6 +277,8 @@ def results_document(
         doc[GPUS_FIELD] = list(gpus)
     if history:
         doc[HISTORY_FIELD] = list(history)
+    if trends:
+        doc[TRENDS_FIELD] = trends
     return fit(doc)
 
 
@@ -311,6 +318,10 @@ def fit(doc: dict[str, Any], limit: int = MAX_RESULTS_BYTES) -> dict[str, Any]:
         if len(encode(doc).encode()) <= limit:
             break
         entry.pop("pods", None)
+    while len(encode(doc).encode()) > limit and TRENDS_FIELD in doc:
+        # The oldest trend reads go next (warnings already judged stay in their checks), then all.
+        if not drop_oldest_read(doc[TRENDS_FIELD]):
+            del doc[TRENDS_FIELD]
     while len(encode(doc).encode()) > limit and len(doc["latched"]) > 1:
         # Latched findings are ordered oldest first; keep the most severe when something must go.
         doc["latched"].sort(key=lambda x: Severity.parse(x["severity"]))

@@ -41,6 +41,7 @@ class Finding:
     # Where the input states it (`check --explain`); not part of the finding's identity.
     evidence: tuple[Evidence, ...] = field(default=(), compare=False)
     action: Action | None = None  # the step its check names (an Xid's NVIDIA bucket); None: by severity
+    rate: str = field(default="", compare=False)  # a trend warning's rate ("1440/h", "+2 in 3.0 h")
 
     @property
     def recommendation(self) -> Recommendation:

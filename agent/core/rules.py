@@ -15,6 +15,7 @@ class Rule:
     severity: Severity  # the default
     text: str  # what it means, for `gpu-healthcheck rules`
     action: Action | None = None  # the step that fixes it, where its severity does not say it
+    max_severity: Severity = Severity.ISOLATE  # the most `severities:` may make it (trends: monitor)
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from agent.checks.registry import CHECKS, run_checks
 from agent.config import Config
+from agent.core import trends
 from agent.core.contract import (
     CONDITION_MESSAGE_MAX,
     MODE_LABEL,
@@ -59,13 +61,15 @@ class Engine:
         metrics: Telemetry | None = None,
         node_getter: Callable[[], Probed[NodeObject]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
         workloads: Callable[[], Any] | None = None,
     ) -> None:
         """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);
-        progress() adds a line to the condition message (a DCGM diag in progress)."""
+        progress() adds a line to the condition message (a DCGM diag in progress); wall() stamps the
+        trend reads (epoch seconds: they outlive the process)."""
         self.source = source
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.schedule = Scheduler(cfg, rng or random.Random())
@@ -76,6 +80,7 @@ class Engine:
         self.progress = progress
         self.workloads = workloads  # the kubelet's device holders (probes/pod_resources.list_devices)
         self.clock = clock
+        self.wall = wall
         self.inputs: dict[Input, Any] = {}
         self.results: dict[str, CheckResult] = {}
         self.result_at: dict[str, str] = {}
@@ -200,10 +205,16 @@ class Engine:
         kernel = self.inputs.get(Input.KERNEL)
         if tier == "xid" and isinstance(kernel, KernelXids):
             self.metrics.record_kernel_log(kernel.records, kernel.lost, kernel.untallied)
+        facts = self.facts()
         if tier == "gpu":
             self.state.observe_boot(self.source.boot_id())
+            # One read per gpu cycle, kept when due: the trend checks below judge the kept reads.
+            t = self.cfg.trends
+            read = trends.take_read(replace(facts, boot_id=self.boot_id), self.wall(), t.clock_busy_percent)
+            self.state.trends = trends.advance(self.state.trends, read, t.read_spacing_s, t.keep_reads)
+            facts = replace(facts, trends=self.state.trends, boot_id=self.boot_id)
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
-        results = run_checks(specs, self.facts(), self.cfg)
+        results = run_checks(specs, facts, self.cfg)
         stamp = now_iso()
         changed = [
             r.name
@@ -235,8 +246,8 @@ class Engine:
         return self.node_getter() if self.node_getter else self.source.node()
 
     def facts(self) -> NodeFacts:
-        """Each input as its tier last read it; the Node as it is now."""
-        return assemble_facts(
+        """Each input as its tier last read it; the Node as it is now; the kept trend reads."""
+        facts = assemble_facts(
             self.source,
             self.cfg,
             {**self.inputs, Input.NODE: self._node()},
@@ -245,6 +256,7 @@ class Engine:
             pci_previous=self.pci_previous,
             nvlink_errors_previous=self.nvlink_errors_previous,
         )
+        return replace(facts, trends=self.state.trends)
 
     # ------------------------------------------------------------------ verdict
 
@@ -297,6 +309,7 @@ class Engine:
             stale_after=stale_after_s(self.cfg.intervals.gpu),
             gpus=gpus,
             history=[seen.as_dict() for seen in self.state.history.values()],
+            trends=trends.to_doc(self.state.trends),
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
@@ -322,6 +335,7 @@ class Engine:
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
+            trends_digest=trends.counters_digest(self.state.trends),
         )
         return verdict, marks
 
@@ -365,9 +379,11 @@ class Engine:
 
 
 def fingerprint(marks: Marks) -> str:
-    """What makes a write necessary: everything but timestamps and durations."""
+    """What makes a write necessary: everything but timestamps, durations and the trend reads whose
+    counters did not move (core/trends.counters_digest: they ride along with the next write)."""
     doc = json.loads(marks.results_json)
     doc.pop("checkedAt", None)
+    doc.pop(trends.TRENDS_FIELD, None)  # stands as marks.trends_digest
     for c in doc.get("checks", []):
         c.pop("at", None)
         c.pop("durationMs", None)
@@ -382,6 +398,7 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_status,
             marks.condition_reason,
             marks.condition_message,
+            marks.trends_digest,
             encode(doc),
         )
     )

@@ -1,7 +1,8 @@
 """A verdict per GPU, for the results annotation: "GPU 3 of this node is broken, these pods run on it".
 
 A scheduler extension, a dashboard or a person reads the node's GPUs one by one: index, UUID, PCI
-address, status and severity, the keys of the findings on it, the next step, and — only for a GPU
+address, status and severity, the keys of the findings on it, the next step, its warnings before a
+fault (by their own step: rule → rate; not repeated among the keys), and — only for a GPU
 with a finding, so that pods coming and going on healthy GPUs never cause a write — the containers
 the kubelet says hold it. A finding belongs to the GPUs whose PCI address its key or entities name.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import GpuInventory, normalize_pci, short_pci
 from agent.core.severity import Severity, Status
+from agent.core.trends import CHECK_PREFIX
 
 PCI = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\b")
 MAX_PODS = 8  # per GPU in the annotation; the rest counted
@@ -84,8 +86,13 @@ def gpu_verdicts(
             "severity": severity.label,
         }
         if worst is not None:
-            entry["findings"] = sorted({f.key or f.rule for f in found})
+            keys = sorted({f.key or f.rule for f in found if not is_trend(f)})
+            if keys:
+                entry["findings"] = keys
             entry.update(worst.recommendation.as_dict())
+            warned = warnings(found)
+            if warned:
+                entry["warnings"] = warned
             held = list(pods.get(g.index, ()))
             if held:
                 entry["pods"] = held[:MAX_PODS] + (
@@ -108,6 +115,20 @@ def gpu_verdicts(
             entry.update(worst.recommendation.as_dict())
         out.append(entry)
     return out
+
+
+def is_trend(f: Finding) -> bool:
+    return f.check.startswith(CHECK_PREFIX)
+
+
+def warnings(found: Iterable[Finding]) -> dict[str, dict[str, str]]:
+    """A GPU's warnings before a fault (checks/trends.py) by their own next step, then rule → rate:
+    {"plan-service": {"trend.memory.remap-headroom": "2 bank(s) low"}, "watch": {...}}. Compact:
+    8 GPUs with every warning fit the annotation (its keys would repeat the GPU's address)."""
+    out: dict[str, dict[str, str]] = {}
+    for f in sorted((f for f in found if is_trend(f)), key=lambda f: f.rule):
+        out.setdefault(f.recommendation.action.value, {})[f.rule] = f.rate
+    return dict(sorted(out.items()))
 
 
 def pods_text(entries: Sequence[Mapping[str, Any]], *names: str) -> str:

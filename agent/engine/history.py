@@ -63,9 +63,7 @@ def _gpu_names(gpus: Any) -> dict[str, str]:
     """normalised PCI -> the GPU's lasting name (serial, else UUID, else the PCI address)."""
     if not isinstance(gpus, GpuInventory):
         return {}
-    names = {
-        normalize_pci(g.pci_bus_id): g.serial or g.uuid or normalize_pci(g.pci_bus_id) for g in gpus.gpus
-    }
+    names = {normalize_pci(g.pci_bus_id): g.lasting_name for g in gpus.gpus}
     names.update(
         {normalize_pci(x.pci_bus_id): normalize_pci(x.pci_bus_id) for x in gpus.lost if x.pci_bus_id}
     )

@@ -1,5 +1,6 @@
 """What the engine remembers from one cycle to the next: latched findings of this boot (restored from
-the Node's results annotation after a restart), the findings an operator cleared, and the hysteresis
+the Node's results annotation after a restart), the reboot history and the trend reads (restored
+across boots), the findings an operator cleared, and the hysteresis
 that keeps a failing node tainted until recoverAfter passing gpu-tier cycles. Only pass/warn cycles
 count: an unknown one (a tool unreadable, the engine down) freezes the count, since a missing signal
 must never clear a taint."""
@@ -18,6 +19,8 @@ from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
+from agent.core.trends import TRENDS_FIELD, TrendHistory
+from agent.core.trends import parse as parse_trends
 from agent.engine import history
 
 log = logging.getLogger("gpu-healthcheck.engine")
@@ -60,6 +63,7 @@ class EngineState:
         self.recovery_frozen = False  # the last gpu cycle while tainted was not a pass/warn
         self.last_status: Status | None = None
         self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
+        self.trends = TrendHistory()  # the kept reads the trend warnings judge (core/trends.py)
         self._last_gpu_run_seen = -1.0
 
     # ------------------------------------------------------------------ restore
@@ -84,6 +88,7 @@ class EngineState:
                     continue
                 self.latches[latch.key] = latch
         self.history = history.parse(doc)  # across boots: that is its point
+        self.trends = parse_trends(doc.get(TRENDS_FIELD))  # across boots too (each counter knows its boot)
         taint = doc.get(TAINT_FIELD)
         if isinstance(taint, dict):  # tainted, maybe recovering or frozen: keep the count and value
             self.taint_wanted = True

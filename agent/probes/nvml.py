@@ -19,7 +19,9 @@ from agent.core.model import (
     EccErrors,
     Fabric,
     Gpu,
+    GpuClocks,
     GpuInventory,
+    GpuThermal,
     LostGpu,
     PcieLink,
     RemappedRows,
@@ -29,7 +31,12 @@ from agent.core.model import (
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_power import nvml_power
-from agent.probes.nvsmi_values import fabric_or_none, remapped_rows_or_none, retired_pages_or_none
+from agent.probes.nvsmi_values import (
+    fabric_or_none,
+    histogram_or_none,
+    remapped_rows_or_none,
+    retired_pages_or_none,
+)
 
 SOURCE = "nvml"
 
@@ -44,6 +51,10 @@ _UNINITIALIZED = 1
 _UNKNOWN = 999
 
 # Clocks event (throttle) reason bits.
+_GPU_IDLE = 0x1
+_APPLICATIONS_CLOCKS = 0x2
+_SYNC_BOOST = 0x10
+_DISPLAY_CLOCKS = 0x100
 _SW_POWER_CAP = 0x4
 _HW_SLOWDOWN = 0x8
 _SW_THERMAL = 0x20
@@ -81,6 +92,11 @@ _LOC_SRAM = 7
 _SRAM_PARTS = (0, 1, 3, 4, 5, 6)  # L1, L2, register file, texture memory, texture shm, CBU
 _CORRECTED, _UNCORRECTED = 0, 1
 _VOLATILE, _AGGREGATE = 0, 1
+
+# Temperatures and clocks (nvmlTemperatureSensors_t, nvmlTemperatureThresholds_t, nvmlClockType_t).
+_TEMPERATURE_GPU = 0
+_THRESHOLD_SLOWDOWN, _THRESHOLD_MEM_MAX = 1, 2
+_CLOCK_GRAPHICS, _CLOCK_SM = 0, 1
 
 _WATCHDOG = Bounded()  # parks the workers abandoned after a timeout, still inside NVML
 
@@ -244,7 +260,7 @@ def _gpu_details(nv: ModuleType, h: object, index: int, pci: str, name: str | No
     arch_code = call("nvmlDeviceGetArchitecture")
     mig = call("nvmlDeviceGetMigMode")
     persistence = call("nvmlDeviceGetPersistenceMode")
-    recovery, reset_required, drain = _field_values(nv, h)
+    recovery, reset_required, drain, memory_temp = _field_values(nv, h)
     return Gpu(
         index=index,
         pci_bus_id=pci,
@@ -270,6 +286,31 @@ def _gpu_details(nv: ModuleType, h: object, index: int, pci: str, name: str | No
         drain_and_reset_recommended=drain,
         fabric=_fabric(nv, h),
         power=nvml_power(call),
+        thermal=GpuThermal(
+            gpu_c=_int(call("nvmlDeviceGetTemperature", _TEMPERATURE_GPU)),
+            gpu_slowdown_c=_int(call("nvmlDeviceGetTemperatureThreshold", _THRESHOLD_SLOWDOWN)),
+            memory_c=memory_temp,
+            memory_max_c=_int(call("nvmlDeviceGetTemperatureThreshold", _THRESHOLD_MEM_MAX)),
+        ),
+        clocks=_clocks(call),
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _clocks(call: Callable[..., Any]) -> GpuClocks:
+    app = _int(call("nvmlDeviceGetApplicationsClock", _CLOCK_GRAPHICS))
+    util = call("nvmlDeviceGetUtilizationRates")
+    busy = getattr(util, "gpu", None)
+    return GpuClocks(
+        sm_mhz=_int(call("nvmlDeviceGetClockInfo", _CLOCK_SM)),
+        applications_mhz=app
+        if app is not None
+        else _int(call("nvmlDeviceGetDefaultApplicationsClock", _CLOCK_GRAPHICS)),
+        max_sm_mhz=_int(call("nvmlDeviceGetMaxClockInfo", _CLOCK_SM)),
+        utilization_percent=busy if isinstance(busy, int) and 0 <= busy <= 100 else None,
     )
 
 
@@ -289,16 +330,16 @@ def _ecc(call: Callable[..., Any], arch_code: Any) -> EccErrors:
         value = call("nvmlDeviceGetMemoryErrorCounter", err, counter, loc)
         return value if isinstance(value, int) else None
 
-    def sram(counter: int) -> int | None:
-        whole = location(_UNCORRECTED, counter, _LOC_SRAM)
+    def sram(counter: int, err: int = _UNCORRECTED) -> int | None:
+        whole = location(err, counter, _LOC_SRAM)
         if whole is not None:
             return whole
-        parts = [location(_UNCORRECTED, counter, loc) for loc in _SRAM_PARTS]
+        parts = [location(err, counter, loc) for loc in _SRAM_PARTS]
         present = [p for p in parts if p is not None]
         return sum(present) if present else None
 
-    def total(counter: int) -> int | None:
-        value = call("nvmlDeviceGetTotalEccErrors", _UNCORRECTED, counter)
+    def total(counter: int, err: int = _UNCORRECTED) -> int | None:
+        value = call("nvmlDeviceGetTotalEccErrors", err, counter)
         return value if isinstance(value, int) else None
 
     if isinstance(arch_code, int) and arch_code < _AMPERE:
@@ -307,6 +348,7 @@ def _ecc(call: Callable[..., Any], arch_code: Any) -> EccErrors:
             mode_enabled=mode == 1 if mode is not None else None,
             volatile_double_bit_total=total(_VOLATILE),
             aggregate_double_bit_total=total(_AGGREGATE),
+            volatile_single_bit_total=total(_VOLATILE, _CORRECTED),
         )
     vol_dram = location(_UNCORRECTED, _VOLATILE, _LOC_DRAM)
     agg_dram = location(_UNCORRECTED, _AGGREGATE, _LOC_DRAM)
@@ -319,8 +361,11 @@ def _ecc(call: Callable[..., Any], arch_code: Any) -> EccErrors:
         aggregate_sram_uncorrectable=sram(_AGGREGATE),
         volatile_dram_correctable=location(_CORRECTED, _VOLATILE, _LOC_DRAM),
         aggregate_dram_correctable=location(_CORRECTED, _AGGREGATE, _LOC_DRAM),
+        volatile_sram_correctable=sram(_VOLATILE, _CORRECTED),
+        aggregate_sram_correctable=sram(_AGGREGATE, _CORRECTED),
         volatile_double_bit_total=total(_VOLATILE) if no_locations else None,
         aggregate_double_bit_total=total(_AGGREGATE) if no_locations else None,
+        volatile_single_bit_total=total(_VOLATILE, _CORRECTED) if no_locations else None,
     )
 
 
@@ -340,7 +385,19 @@ def _remapped_rows(call: Callable[..., Any]) -> RemappedRows | None:
     if not isinstance(rows, list | tuple) or len(rows) < 4:
         return None
     corr, unc, pending, failure = rows[:4]
-    return remapped_rows_or_none(int(corr), int(unc), bool(pending), bool(failure))
+    hist = call("nvmlDeviceGetRowRemapperHistogram")
+
+    def bucket(name: str) -> int | None:
+        value = getattr(hist, name, None) if hist is not None else None
+        return value if isinstance(value, int) else None
+
+    return remapped_rows_or_none(
+        int(corr),
+        int(unc),
+        bool(pending),
+        bool(failure),
+        histogram_or_none(bucket("max"), bucket("high"), bucket("partial"), bucket("low"), bucket("none")),
+    )
 
 
 def _clock_events(nv: ModuleType, h: object) -> ClockEvents:
@@ -356,19 +413,25 @@ def _clock_events(nv: ModuleType, h: object) -> ClockEvents:
         hw_power_brake=bool(mask & _HW_POWER_BRAKE),
         sw_power_cap=bool(mask & _SW_POWER_CAP),
         sw_thermal_slowdown=bool(mask & _SW_THERMAL),
+        idle=bool(mask & _GPU_IDLE),
+        applications_clocks_setting=bool(mask & _APPLICATIONS_CLOCKS),
+        sync_boost=bool(mask & _SYNC_BOOST),
+        display_clock_setting=bool(mask & _DISPLAY_CLOCKS),
     )
 
 
-def _field_values(nv: ModuleType, h: object) -> tuple[str | None, bool | None, bool | None]:
-    """Recovery action (field 230) and the older reset / drain-and-reset status fields (226, 227)."""
+def _field_values(nv: ModuleType, h: object) -> tuple[str | None, bool | None, bool | None, int | None]:
+    """Recovery action (field 230), the older reset / drain-and-reset status fields (226, 227) and
+    the memory (HBM) temperature (field 82), in one call."""
     wanted = [
         ("recovery", getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)),
         ("reset", getattr(nv, "NVML_FI_DEV_RESET_STATUS", None)),
         ("drain", getattr(nv, "NVML_FI_DEV_DRAIN_AND_RESET_STATUS", None)),
+        ("memory_temp", getattr(nv, "NVML_FI_DEV_MEMORY_TEMP", None)),
     ]
     ids = [(key, fid) for key, fid in wanted if isinstance(fid, int)]
     if not ids:
-        return None, None, None
+        return None, None, None, None
     values = _optional(nv, getattr(nv, "nvmlDeviceGetFieldValues", None), h, [fid for _, fid in ids])
     got: dict[str, int] = {}
     if values is not None:
@@ -382,6 +445,7 @@ def _field_values(nv: ModuleType, h: object) -> tuple[str | None, bool | None, b
         _RECOVERY_ACTIONS.get(recovery, f"Unknown ({recovery})") if recovery is not None else None,
         bool(got["reset"]) if "reset" in got else None,
         bool(got["drain"]) if "drain" in got else None,
+        _int(got.get("memory_temp")),
     )
 
 

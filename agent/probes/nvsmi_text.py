@@ -13,7 +13,9 @@ from agent.core.model import (
     ClockEvents,
     EccErrors,
     Gpu,
+    GpuClocks,
     GpuInventory,
+    GpuThermal,
     PcieLink,
     RemappedRows,
     RetiredPages,
@@ -39,6 +41,7 @@ from agent.probes.nvsmi_values import (
     assign_indices,
     clean,
     fabric_or_none,
+    histogram_or_none,
     remapped_rows_or_none,
     retired_pages_or_none,
 )
@@ -413,6 +416,8 @@ def _gpu(index: int, header_pci: str, b: _Node, lines: list[str]) -> Gpu:
         drain_and_reset_recommended=as_bool(b.get("GPU Reset Status", "Drain and Reset Recommended")),
         fabric=fabric_or_none(clean(b.get("Fabric", "State")), clean(b.get("Fabric", "Status"))),
         power=text_power(b.get),
+        thermal=_thermal(b.child("Temperature")),
+        clocks=_clocks(b),
     )
 
 
@@ -443,9 +448,12 @@ def _ecc(b: _Node) -> EccErrors:
         aggregate_sram_uncorrectable=_sram_uncorrectable(agg),
         volatile_dram_correctable=as_int(get(vol, "DRAM Correctable")),
         aggregate_dram_correctable=as_int(get(agg, "DRAM Correctable")),
+        volatile_sram_correctable=as_int(get(vol, "SRAM Correctable")),
+        aggregate_sram_correctable=as_int(get(agg, "SRAM Correctable")),
         sram_threshold_exceeded=as_bool(get(agg, "SRAM Threshold Exceeded")),
         volatile_double_bit_total=as_int(get(vol, "Double Bit", "Total")),
         aggregate_double_bit_total=as_int(get(agg, "Double Bit", "Total")),
+        volatile_single_bit_total=as_int(get(vol, "Single Bit", "Total")),
     )
 
 
@@ -466,11 +474,17 @@ def _retired_pages(section: _Node | None) -> RetiredPages | None:
 def _remapped_rows(section: _Node | None) -> RemappedRows | None:
     if section is None or not section.children:  # absent, or "Remapped Rows : N/A"
         return None
+    hist = section.child("Bank Remap Availability Histogram")
+
+    def bucket(name: str) -> int | None:
+        return as_int(hist.get(name)) if hist is not None else None
+
     return remapped_rows_or_none(
         as_int(section.get("Correctable Error")),
         as_int(section.get("Uncorrectable Error")),
         as_bool(section.get("Pending")),
         as_bool(section.get("Remapping Failure Occurred")),
+        histogram_or_none(bucket("Max"), bucket("High"), bucket("Partial"), bucket("Low"), bucket("None")),
     )
 
 
@@ -489,6 +503,33 @@ def _clock_events(b: _Node) -> ClockEvents:
         hw_power_brake=reason("HW Power Brake Slowdown"),
         sw_power_cap=reason("SW Power Cap"),
         sw_thermal_slowdown=reason("SW Thermal Slowdown"),
+        idle=reason("Idle"),
+        applications_clocks_setting=reason("Applications Clocks Setting"),
+        sync_boost=reason("Sync Boost"),
+        display_clock_setting=reason("Display Clock Setting"),
+    )
+
+
+def _thermal(t: _Node | None) -> GpuThermal:
+    if t is None:
+        return GpuThermal()
+    return GpuThermal(
+        gpu_c=as_int(t.get("GPU Current Temp")),
+        gpu_slowdown_c=as_int(t.get("GPU Slowdown Temp")),
+        gpu_tlimit_margin_c=as_int(t.get("GPU T.Limit Temp")),
+        gpu_slowdown_tlimit_c=as_int(t.get("GPU Slowdown T.Limit Temp")),
+        memory_c=as_int(t.get("Memory Current Temp")),
+        memory_max_c=as_int(t.get("Memory Max Operating Temp")),
+    )
+
+
+def _clocks(b: _Node) -> GpuClocks:
+    app = as_int(b.get("Applications Clocks", "Graphics"))
+    return GpuClocks(
+        sm_mhz=as_int(b.get("Clocks", "SM")),
+        applications_mhz=app if app is not None else as_int(b.get("Default Applications Clocks", "Graphics")),
+        max_sm_mhz=as_int(b.get("Max Clocks", "SM")),
+        utilization_percent=as_int(b.get("Utilization", "Gpu")),
     )
 
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from agent.core.model import Fabric, Gpu, LostGpu, RemappedRows, RetiredPages
+from agent.core.model import Fabric, Gpu, LostGpu, RemapHistogram, RemappedRows, RetiredPages
 
 # Where each judged value is printed, by Gpu.where key (a model field path): the -q section path and
 # the -q -x element path of each line or element that can hold it.
@@ -43,6 +43,31 @@ WHERE_TEXT: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "persistence_mode": (("Persistence Mode",),),
     "fabric": (("Fabric", "State"), ("Fabric", "Status")),
+    # What the trend warnings (checks/trends.py) rest on.
+    "remapped_rows.correctable": (("Remapped Rows", "Correctable Error"),),
+    "remapped_rows.histogram": tuple(
+        ("Remapped Rows", "Bank Remap Availability Histogram", k)
+        for k in ("Max", "High", "Partial", "Low", "None")
+    ),
+    "ecc.volatile_correctable": (
+        ("ECC Errors", "Volatile", "SRAM Correctable"),
+        ("ECC Errors", "Volatile", "DRAM Correctable"),
+        ("ECC Errors", "Volatile", "Single Bit", "Total"),
+    ),
+    "thermal": (
+        ("Temperature", "GPU Current Temp"),
+        ("Temperature", "GPU T.Limit Temp"),
+        ("Temperature", "GPU Slowdown Temp"),
+        ("Temperature", "GPU Slowdown T.Limit Temp"),
+        ("Temperature", "Memory Current Temp"),
+        ("Temperature", "Memory Max Operating Temp"),
+    ),
+    "clocks": (
+        ("Performance State",),
+        ("Utilization", "Gpu"),
+        ("Clocks", "SM"),
+        ("Applications Clocks", "Graphics"),
+    ),
 }
 WHERE_XML: dict[str, tuple[str, ...]] = {
     "name": ("product_name",),
@@ -72,6 +97,30 @@ WHERE_XML: dict[str, tuple[str, ...]] = {
     ),
     "persistence_mode": ("persistence_mode",),
     "fabric": ("fabric/state", "fabric/status"),
+    "remapped_rows.correctable": ("remapped_rows/remapped_row_corr",),
+    "remapped_rows.histogram": tuple(
+        f"remapped_rows/row_remapper_histogram/row_remapper_histogram_{k}"
+        for k in ("max", "high", "partial", "low", "none")
+    ),
+    "ecc.volatile_correctable": (
+        "ecc_errors/volatile/sram_correctable",
+        "ecc_errors/volatile/dram_correctable",
+        "ecc_errors/volatile/single_bit/total",
+    ),
+    "thermal": (
+        "temperature/gpu_temp",
+        "temperature/gpu_temp_tlimit",
+        "temperature/gpu_temp_slow_threshold",
+        "temperature/gpu_temp_slow_tlimit_threshold",
+        "temperature/memory_temp",
+        "temperature/gpu_temp_max_mem_threshold",
+    ),
+    "clocks": (
+        "performance_state",
+        "utilization/gpu_util",
+        "clocks/sm_clock",
+        "applications_clocks/graphics_clock",
+    ),
 }
 
 # Cells that mean "the tool did not say": never zero, never False.
@@ -151,11 +200,26 @@ def retired_pages_or_none(
 
 
 def remapped_rows_or_none(
-    corr: int | None, unc: int | None, pending: bool | None, failure: bool | None
+    corr: int | None,
+    unc: int | None,
+    pending: bool | None,
+    failure: bool | None,
+    histogram: RemapHistogram | None = None,
 ) -> RemappedRows | None:
-    if corr is None and unc is None and pending is None and failure is None:
+    if corr is None and unc is None and pending is None and failure is None and histogram is None:
         return None
-    return RemappedRows(correctable=corr, uncorrectable=unc, pending=pending, failure=failure)
+    return RemappedRows(
+        correctable=corr, uncorrectable=unc, pending=pending, failure=failure, histogram=histogram
+    )
+
+
+def histogram_or_none(
+    max_: int | None, high: int | None, partial: int | None, low: int | None, none: int | None
+) -> RemapHistogram | None:
+    """The bank remap availability histogram; None when no bucket is reported."""
+    if all(v is None for v in (max_, high, partial, low, none)):
+        return None
+    return RemapHistogram(max=max_, high=high, partial=partial, low=low, none=none)
 
 
 def fabric_or_none(state: str | None, status: str | None) -> Fabric | None:

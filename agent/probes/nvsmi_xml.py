@@ -13,7 +13,9 @@ from agent.core.model import (
     ClockEvents,
     EccErrors,
     Gpu,
+    GpuClocks,
     GpuInventory,
+    GpuThermal,
     LostGpu,
     PcieLink,
     RemappedRows,
@@ -39,6 +41,7 @@ from agent.probes.nvsmi_values import (
     assign_indices,
     clean,
     fabric_or_none,
+    histogram_or_none,
     remapped_rows_or_none,
     retired_pages_or_none,
 )
@@ -218,6 +221,8 @@ def _gpu(index: int, el: ET.Element) -> Gpu:
         drain_and_reset_recommended=as_bool(_text(el, "gpu_reset_status/drain_and_reset_recommended")),
         fabric=fabric_or_none(_text(el, "fabric/state"), _text(el, "fabric/status")),
         power=xml_power(el),
+        thermal=_thermal(el.find("temperature")),
+        clocks=_clocks(el),
     )
 
 
@@ -243,9 +248,12 @@ def _ecc(el: ET.Element) -> EccErrors:
         aggregate_sram_uncorrectable=_sram_uncorrectable(agg),
         volatile_dram_correctable=as_int(_text(vol, "dram_correctable")),
         aggregate_dram_correctable=as_int(_text(agg, "dram_correctable")),
+        volatile_sram_correctable=as_int(_text(vol, "sram_correctable")),
+        aggregate_sram_correctable=as_int(_text(agg, "sram_correctable")),
         sram_threshold_exceeded=as_bool(_text(agg, "sram_threshold_exceeded")),
         volatile_double_bit_total=as_int(_text(vol, "double_bit/total")),
         aggregate_double_bit_total=as_int(_text(agg, "double_bit/total")),
+        volatile_single_bit_total=as_int(_text(vol, "single_bit/total")),
     )
 
 
@@ -262,11 +270,16 @@ def _retired_pages(el: ET.Element | None) -> RetiredPages | None:
 def _remapped_rows(el: ET.Element | None) -> RemappedRows | None:
     if el is None or len(el) == 0:  # absent, or the literal text "N/A" (pre-Ampere, MIG)
         return None
+
+    def bucket(name: str) -> int | None:
+        return as_int(_text(el, f"row_remapper_histogram/row_remapper_histogram_{name}"))
+
     return remapped_rows_or_none(
         as_int(_text(el, "remapped_row_corr")),
         as_int(_text(el, "remapped_row_unc")),
         as_bool(_text(el, "remapped_row_pending")),
         as_bool(_text(el, "remapped_row_failure")),
+        histogram_or_none(bucket("max"), bucket("high"), bucket("partial"), bucket("low"), bucket("none")),
     )
 
 
@@ -288,6 +301,37 @@ def _clock_events(el: ET.Element) -> ClockEvents:
         hw_power_brake=reason("hw_power_brake_slowdown"),
         sw_power_cap=reason("sw_power_cap"),
         sw_thermal_slowdown=reason("sw_thermal_slowdown"),
+        idle=reason("gpu_idle"),
+        applications_clocks_setting=reason("applications_clocks_setting"),
+        sync_boost=reason("sync_boost"),
+        display_clock_setting=reason("display_clocks_setting"),
+    )
+
+
+def _thermal(t: ET.Element | None) -> GpuThermal:
+    """v12+ name the slowdown threshold gpu_temp_slow_threshold (absolute) or, on Hopper and later,
+    gpu_temp_slow_tlimit_threshold (relative to T.Limit, beside gpu_temp_tlimit)."""
+    if t is None:
+        return GpuThermal()
+    return GpuThermal(
+        gpu_c=as_int(_text(t, "gpu_temp")),
+        gpu_slowdown_c=as_int(_text(t, "gpu_temp_slow_threshold")),
+        gpu_tlimit_margin_c=as_int(_text(t, "gpu_temp_tlimit")),
+        gpu_slowdown_tlimit_c=as_int(_text(t, "gpu_temp_slow_tlimit_threshold")),
+        memory_c=as_int(_text(t, "memory_temp")),
+        memory_max_c=as_int(_text(t, "gpu_temp_max_mem_threshold")),
+    )
+
+
+def _clocks(el: ET.Element) -> GpuClocks:
+    app = as_int(_text(el, "applications_clocks/graphics_clock"))
+    if app is None:
+        app = as_int(_text(el, "default_applications_clocks/graphics_clock"))
+    return GpuClocks(
+        sm_mhz=as_int(_text(el, "clocks/sm_clock")),
+        applications_mhz=app,
+        max_sm_mhz=as_int(_text(el, "max_clocks/sm_clock")),
+        utilization_percent=as_int(_text(el, "utilization/gpu_util")),
     )
 
 

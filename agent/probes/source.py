@@ -8,13 +8,15 @@ showed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from agent.config import Config
-from agent.core.contract import INSTANCE_TYPE_LABEL
+from agent.core import trends
+from agent.core.contract import INSTANCE_TYPE_LABEL, Keys, decode_results
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import Input, NodeFacts
 from agent.core.model import (
@@ -203,6 +205,14 @@ def assemble_facts(
     )
 
 
+def kept_trends(node: Probed[NodeObject], prefix: str) -> trends.TrendHistory:
+    """The trend reads the agent kept in the Node's results annotation (none: an empty history)."""
+    if not isinstance(node, NodeObject):
+        return trends.TrendHistory()
+    doc = decode_results(node.annotations.get(Keys(prefix).results))
+    return trends.parse(doc.get(trends.TRENDS_FIELD)) if doc else trends.TrendHistory()
+
+
 def gather_facts(
     source: Source,
     cfg: Config,
@@ -210,11 +220,14 @@ def gather_facts(
     instance_type: str | None = None,
     rdma_previous: RdmaSample | None = None,
     only: Callable[[Input], bool] = lambda _: True,
+    now: float | None = None,
 ) -> NodeFacts:
-    """Read every input the enabled checks need. `only(input)` lets callers skip unneeded probes."""
+    """Read every input the enabled checks need. `only(input)` lets callers skip unneeded probes.
+    The trend checks judge this read with the reads the agent kept on the Node (node.json of a
+    snapshot, the Node live), this one added when due (`now`: epoch seconds, default the clock)."""
     inputs = {name: read() for name, read in source_readers(source).items() if only(name)}
     node = inputs.get(Input.NODE)
-    return assemble_facts(
+    facts = assemble_facts(
         source,
         cfg,
         inputs,
@@ -222,3 +235,7 @@ def gather_facts(
         instance_type=instance_type,
         rdma_previous=rdma_previous,
     )
+    t = cfg.trends
+    kept = kept_trends(facts.node, cfg.prefix)
+    stamp = time.time() if now is None else now
+    return trends.with_read(facts, kept, stamp, t.read_spacing_s, t.keep_reads, t.clock_busy_percent)

@@ -2,7 +2,8 @@
 
 Sized for 2,000 nodes: a healthy agent exports about 50 series (bench/metrics_size.py), not one per
 check and status. Per-check series exist only for checks that fail, warn or could not look; tier
-durations are histograms per tier (their _count is the tier's runs); no `_created` series.
+durations are histograms per tier (their _count is the tier's runs); warnings before a fault are
+counted in GPUs per trend rule, never a series per GPU; no `_created` series.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from agent.core.findings import CheckResult
 from agent.core.severity import Severity, Status
+from agent.core.trends import CHECK_PREFIX
 
 NS = "gpu_healthcheck"
 
@@ -38,6 +40,13 @@ class Metrics:
         )
         self.findings = Gauge(
             f"{NS}_findings", "active findings by severity (no series at zero)", ["severity"], registry=r
+        )
+        self.gpu_warnings = Gauge(
+            f"{NS}_gpu_warnings",
+            "GPUs with a warning before a fault, by trend rule (one series per rule, none at zero; "
+            "never one per GPU)",
+            ["rule"],
+            registry=r,
         )
         self.node_status = Gauge(
             f"{NS}_node_status", "1, labelled with the node's current status", ["status"], registry=r
@@ -111,6 +120,13 @@ class Metrics:
             (sev.label,): sum(1 for r in results for f in r.findings if f.severity is sev) for sev in sevs
         }
         _only(self.findings, {k: v for k, v in found.items() if v}, self._shown)
+        warned: dict[str, set[str]] = {}
+        for r in results:
+            if r.name.startswith(CHECK_PREFIX):
+                for f in r.findings:
+                    if f.severity > Severity.NONE:
+                        warned.setdefault(f.rule, set()).update(f.entities or (f.key,))
+        _only(self.gpu_warnings, {(rule,): len(gpus) for rule, gpus in warned.items()}, self._shown)
 
     def record_probe_error(self, input_name: str, kind: str) -> None:
         self.probe_errors.labels(input_name, kind).inc()
