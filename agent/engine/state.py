@@ -289,7 +289,8 @@ class EngineState:
         )
         if request is not None and request.force:
             who += f"; forced while {', '.join(request.failing) or 'a check'} still failed"
-        msg = f"cleared {len(keys)} latched finding(s): {', '.join(keys) or 'none matched ' + value!r}; {who}"
+        names = ", ".join(keys) or f"none matched {value!r}"
+        msg = f"cleared {len(keys)} latched finding(s): {names}; {who}"
         log.info(msg, extra={"event": "clear-latched"})
         self.last_clear = {
             "at": now,
