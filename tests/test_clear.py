@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.cli.clear import ClearUsageError, judge
+from agent.cli.clear import ClearUsageError, judge, kubeconfig_user, whoami
 from agent.cli.status import node_status, render
 from agent.core.contract import Keys
 from agent.core.model import NodeObject
@@ -84,6 +84,31 @@ def test_a_key_not_latched_is_a_usage_error() -> None:
 
 def test_without_an_agents_results_nothing_can_be_judged() -> None:
     assert not judge(node_with(None), "gpu-healthcheck", None).judged
+
+
+def test_who_falls_back_to_the_kubeconfig_user(tmp_path: Path) -> None:
+    """An API server that cannot answer SelfSubjectReview (older, or locked down): the kubeconfig's
+    current user names the requester."""
+
+    class NoReview:
+        def json(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("404 Not Found")
+
+    kcfg = tmp_path / "kubeconfig"
+    kcfg.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "alice@example.com", "user": {"token": "t"}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "alice@example.com"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    assert whoami(NoReview(), lambda: kubeconfig_user(str(kcfg))) == "alice@example.com"  # type: ignore[arg-type]
+    assert whoami(NoReview(), lambda: None) == "unknown"  # type: ignore[arg-type]
 
 
 def test_the_agent_names_who_and_why_and_keeps_the_request() -> None:
