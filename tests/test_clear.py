@@ -146,6 +146,51 @@ def test_the_agent_names_who_and_why_and_keeps_the_request() -> None:
     assert drop == (K.clear_latched,) and event is not None and "by an unnamed requester" in event.message
 
 
+def test_a_cleared_xid_stays_cleared_when_only_its_gpus_label_comes_back(tmp_path: Path) -> None:
+    """An Xid seen while nvidia-smi did not answer names its GPU by PCI address; once nvidia-smi
+    answers it says "GPU 4 (…)". That is no new evidence: a clear holds (it came straight back, with
+    the taint, before Finding.evidence_key)."""
+    import shutil
+
+    from agent.config import load_config_dir
+    from agent.engine.engine import Engine
+    from agent.probes.snapshot import SnapshotSource
+
+    snap = tmp_path / "snap"
+    shutil.copytree(ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy", snap, symlinks=True)
+    annotations: dict[str, str] = {}
+
+    def node() -> NodeObject:
+        return NodeObject("n1", {}, 8, 8, annotations=dict(annotations))
+
+    eng = Engine(SnapshotSource(snap), load_config_dir(ROOT / "config"), node_getter=node)
+    for tier in ("gpu", "xid", "efa", "topology"):
+        eng.run_tier(tier)
+    (snap / "errors.json").write_text(json.dumps({"nvidia-smi-q.txt": {"kind": "timeout", "message": "x"}}))
+    eng.run_tier("gpu")
+    with (snap / "kmsg.log").open("a") as fh:
+        fh.write(XID_LINE)
+    eng.run_tier("xid")
+    (snap / "errors.json").unlink()
+    eng.run_tier("gpu")
+    verdict, _ = eng.evaluate()
+    assert verdict.worst is not None and "on GPU 0000:97:00.0 ×1" in verdict.worst.message
+    annotations[K.clear_latched] = "all"
+    verdict, marks = eng.evaluate()
+    assert verdict.status.value == "pass" and not marks.taint
+    annotations.clear()
+    eng.run_tier("xid")  # the same line, now labelled "GPU 4 (0000:97:00.0)"
+    verdict, marks = eng.evaluate()
+    assert verdict.status.value == "pass" and not marks.taint
+    with (snap / "kmsg.log").open("a") as fh:  # a new Xid is new evidence
+        fh.write(XID_LINE)
+    eng.run_tier("xid")
+    verdict, marks = eng.evaluate()
+    assert verdict.status.value == "fail" and "GPU 4 (0000:97:00.0) ×2" in (
+        verdict.worst.message if verdict.worst else ""
+    )
+
+
 def test_status_shows_a_clear_by_hand_for_24_hours() -> None:
     done = {
         "at": (NOW - timedelta(hours=3)).isoformat(),
@@ -287,6 +332,9 @@ def test_clear_refuses_while_a_check_fails_then_clears_audited(
             "forced while gpu.responsive still failed" in m for m in event_messages(world, "LatchesCleared")
         )
         assert "LatchesCleared" in events(world)
+    except AssertionError:
+        print(world["agent"].log.read_text()[-6000:])  # what the agent did, for the failure report
+        raise
     finally:
         world["agent"].stop(signal.SIGKILL)
 

@@ -134,7 +134,7 @@ class EngineState:
         self.metrics = metrics
         self.latches: dict[str, Latch] = {}
         self.new_latches: list[Latch] = []  # latched since the last evaluation: one Event each
-        # Findings an operator cleared, with the message they had: hidden until the evidence changes.
+        # Findings an operator cleared, with the evidence they had (Finding.seen): hidden until it changes.
         self.cleared: dict[str, str] = {}
         self.operator_cleared = False
         self.last_clear: dict[str, Any] | None = None  # the last clear request acted on (lastClear)
@@ -230,7 +230,7 @@ class EngineState:
         """Latch the result's new latched findings (each gets an Event at the next evaluation)."""
         new = []
         for f in res.findings:
-            if self.cleared.get(f.key) == f.message:
+            if self.cleared.get(f.key) == f.seen:
                 continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
                 latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation)
@@ -278,7 +278,7 @@ class EngineState:
         for res in results.values():
             for f in res.findings:
                 if f.key in keys:
-                    self.cleared[f.key] = f.message
+                    self.cleared[f.key] = f.seen
         self.operator_cleared = True
         request = ClearRequest.decode(node.annotations.get(by_annotation)) if by_annotation else None
         who = (
@@ -307,7 +307,7 @@ class EngineState:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
         results = {
             name: replace(
-                res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.message)
+                res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.seen)
             )
             if self.cleared
             else res
