@@ -306,9 +306,7 @@ class EngineState:
     def current_results(self, latest: Mapping[str, CheckResult], order: list[str]) -> list[CheckResult]:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
         results = {
-            name: replace(
-                res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.seen)
-            )
+            name: replace(res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.seen))
             if self.cleared
             else res
             for name, res in latest.items()
