@@ -364,12 +364,14 @@ class NodeWriter:
             raise
         self._retired_conditions -= {c["type"] for c in conds if c.get("$patch") == "delete"}
         self._note("status", "ok")
-        self._log_remediation(node, conds)
+        self._log_remediation(node, marks, conds)
         return 1
 
-    def _log_remediation(self, node: Mapping[str, Any], conds: Sequence[Mapping[str, Any]]) -> None:
+    def _log_remediation(
+        self, node: Mapping[str, Any], marks: Marks, conds: Sequence[Mapping[str, Any]]
+    ) -> None:
         """Say in the log when a remediation condition changes status: an engine may act on it."""
-        types = {m.type for m in (self._last_marks.remediation if self._last_marks else ())}
+        types = {m.type for m in marks.remediation}
         for c in conds:
             if c.get("type") in types and "status" in c:
                 before = (find_condition(node, str(c["type"])) or {}).get("status")
