@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Write what the manifests take from config/: manifests/20-configmap.yaml (the ConfigMap
-`gpu-healthcheck-config` holding config/*.yaml) and, in each DaemonSet, the block between the
+`gpu-healthcheck-config` holding config/*.yaml), in each DaemonSet the block between the
 GENERATED markers that says where it runs (the GPU-node selection of core/gpu_nodes.py: the same
-list the brake and `gpu-healthcheck status` use) and that it tolerates every taint.
+list the brake and `gpu-healthcheck status` use) and that it tolerates every taint, and in the
+admission policy the variables that read the agent's condition types out of its ConfigMap
+(agent/config/fence_view.py) and list our conditions' reasons.
 
 Why a generator: `kubectl apply -f manifests/` must work without kustomize, so these are committed
 manifests; `--check` (make lint) exits 1 when one is not byte-for-byte what this script writes (run
@@ -18,6 +20,8 @@ import yaml
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import load_config_dir
+from agent.config.fence_view import CONDITION_TYPE_LINE, REMEDIATION_TYPE_LINE
+from agent.core.contract import DEFAULT_CONDITION_TYPE, OUR_CONDITION_REASONS
 from agent.core.gpu_nodes import node_selector_terms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,16 +83,50 @@ def scheduling(config_dir: Path = CONFIG) -> str:
     return "\n".join(lines) + "\n" + TOLERATE_ALL
 
 
-def fill(text: str, block: str, where: str) -> str:
+def fill(text: str, block: str, where: str, begin: str = BEGIN, end: str = END) -> str:
     """*text* with the lines between the markers replaced by *block*, indented like the markers."""
     lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
-    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    starts = [i for i, line in enumerate(lines) if line.strip() == begin]
+    ends = [i for i, line in enumerate(lines) if line.strip() == end]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise SystemExit(f"{where}: needs one pair of markers {BEGIN!r} ... {END!r}")
+        raise SystemExit(f"{where}: needs one pair of markers {begin!r} ... {end!r}")
     indent = lines[starts[0]][: len(lines[starts[0]]) - len(lines[starts[0]].lstrip())]
     middle = [f"{indent}{line}\n" if line else "\n" for line in block.splitlines()]
     return "".join(lines[: starts[0] + 1] + middle + lines[ends[0] :])
+
+
+POLICY = "30-admission-policy.yaml"
+FENCE_BEGIN = "# BEGIN GENERATED condition types (scripts/gen-configmap.py, from agent/config/fence_view.py)"
+FENCE_END = "# END GENERATED condition types"
+
+
+def cel_string(text: str) -> str:
+    """A CEL single-quoted string literal holding *text* exactly."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def fence_variables() -> str:
+    """The admission policy's variables that read the agent's condition types out of its ConfigMap
+    (the policy's parameter) the way agent/config/fence_view.py does, and our conditions' reasons."""
+    value = "m, m.substring(m.indexOf(':') + 1).trim().replace('\"', '').replace(\"'\", '')"
+    own = f"variables.configText.findAll({cel_string(CONDITION_TYPE_LINE)})"
+    listed = f"variables.configText.findAll({cel_string(REMEDIATION_TYPE_LINE)})"
+    reasons = ", ".join(cel_string(r) for r in OUR_CONDITION_REASONS)
+    return "\n".join(
+        [
+            "- name: configText",
+            "  expression: \"params.?data[?'config.yaml'].orValue('')\"",
+            "- name: conditionTypes  # node.conditionType (default GPUHealthy), node.remediationConditions",
+            "  expression: >-",
+            f"    ({own}.size() == 0",
+            f"      ? [{cel_string(DEFAULT_CONDITION_TYPE)}]",
+            f"      : {own}.map({value}))",
+            f"    + {listed}.map({value})",
+            "- name: ourReasons  # every reason a condition of ours carries (agent/core/contract.py)",
+            "  expression: >-",
+            f"    [{reasons}]",
+        ]
+    ) + "\n"
 
 
 OPERATOR_CONFIG = ROOT / "overlays" / "gpu-operator-dcgm" / "config.yaml"
@@ -122,6 +160,10 @@ def outputs() -> dict[Path, str]:
             out[path] = fill(path.read_text(encoding="utf-8"), block, str(path.relative_to(ROOT)))
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
+    fence = fence_variables()
+    for path in (ROOT / "manifests" / POLICY, CHART / "templates" / POLICY):
+        text = path.read_text(encoding="utf-8")
+        out[path] = fill(text, fence, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
     return out
 
 

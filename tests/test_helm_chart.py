@@ -92,6 +92,43 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
     )  # our engine, in the release's namespace
 
 
+def test_remediation_conditions_from_the_values_are_what_the_fence_reads(helm: str, tmp_path: Path) -> None:
+    """`remediationConditions` lands in config.yaml in block style (the admission fence reads the
+    types out of that text), and the fence's binding names the ConfigMap in the release's namespace."""
+    from agent.config import load_config_dir
+    from agent.config.fence_view import allowed_types
+
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "remediationConditions:\n"
+        "  - {type: AcceleratedHardwareReady, unhealthyStatus: 'False', minSeverity: reset}\n"
+        "  - {type: example.com/GPUReplace, unhealthyStatus: 'True', minSeverity: isolate}\n"
+    )
+    argv = [helm, "template", "gpu-healthcheck", str(CHART), "--namespace", "gpu-health"]
+    argv += ["--kube-version", KUBE_VERSION, "-f", str(values)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    text = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"]
+    (tmp_path / "config.yaml").write_text(text)
+    entries = load_config_dir(tmp_path).node.remediation_conditions  # the agent's own load accepts it
+    assert [(c.type, c.unhealthy_status, c.min_severity.label) for c in entries] == [
+        ("AcceleratedHardwareReady", "False", "reset"),
+        ("example.com/GPUReplace", "True", "isolate"),
+    ]
+    assert allowed_types(text) == ["GPUHealthy", "AcceleratedHardwareReady", "example.com/GPUReplace"]
+    binding = next(
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"] == "gpu-healthcheck-own-node"
+    )
+    assert binding["spec"]["paramRef"] == {
+        "name": "gpu-healthcheck-config",
+        "namespace": "gpu-health",
+        "parameterNotFoundAction": "Deny",
+    }
+
+
 def test_helm_lint(helm: str) -> None:
     proc = subprocess.run([helm, "lint", str(CHART)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -503,7 +503,7 @@ def test_least_privilege_refusals(agent_token: dict[str, Any]) -> None:
     ready = {"type": "Ready", "status": "False", "reason": "X", "message": "x"}
     denied(patch(agent_token, own + "/status", {"status": {"conditions": [ready]}}, STRATEGIC), "GPUHealthy")
     alloc = {"status": {"allocatable": {"nvidia.com/gpu": "0"}}}
-    denied(patch(agent_token, own + "/status", alloc, STRATEGIC), "GPUHealthy")
+    denied(patch(agent_token, own + "/status", alloc, STRATEGIC), "capacity or allocatable")
     # Events about another Node
     ev_other = {**event, "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": other}}
     denied(

@@ -250,6 +250,7 @@ def _finding(
         key=f"xid/{ev.code}/{pci}{suffix}",
         latched=True,
         action=action,
+        evidence_key=f"{count}{note}: {text}",  # not the GPU's label, which comes and goes with nvidia-smi
     )
 
 

@@ -106,6 +106,32 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--agent-selector", default=AGENT_SELECTOR, help="the agent pods' labels (any namespace)")
     st.add_argument("-o", "--output", choices=STATUS_FORMATS, default="table", help="output format")
 
+    cl = sub.add_parser(
+        "clear",
+        help="clear a node's latched findings, audited (who and why); refused while a check still "
+        "fails unless --force (exit 0 done, 1 refused, 2 cannot judge, 64 usage, 69 no cluster)",
+    )
+    cl.add_argument("node", metavar="NODE")
+    which = cl.add_mutually_exclusive_group()
+    which.add_argument(
+        "--latch",
+        action="append",
+        metavar="KEY",
+        help="a latch key as in the results annotation's `latched` list (repeatable)",
+    )
+    which.add_argument("--all", action="store_true", help="every latched finding (the default)")
+    cl.add_argument("--reason", required=True, help="why: kept with who asked, in the agent's Event")
+    cl.add_argument("--force", action="store_true", help="clear although another check still fails")
+    cl.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait this long for the agent to act on it (0: do not wait; default 30)",
+    )
+    cl.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    cl.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
     km = inj_sub.add_parser("kmsg", help="write a realistic NVRM Xid line into the kernel log")
@@ -211,6 +237,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_clear(args: argparse.Namespace) -> int:
+    from agent.cli.agent import kube_core
+    from agent.cli.clear import ClearUsageError, clear, kubeconfig_user, whoami
+
+    if not args.reason.strip():
+        raise UsageError("--reason: say why (it is kept with who asked)")
+    if args.wait < 0:
+        raise UsageError("--wait: seconds, 0 or more")
+    try:
+        rest = kube_core(args.kubeconfig)
+        who = whoami(rest, lambda: kubeconfig_user(args.kubeconfig))
+        outcome = clear(
+            rest,
+            args.node,
+            prefix=args.prefix,
+            latch=args.latch,
+            reason=args.reason.strip(),
+            force=args.force,
+            who=who,
+            wait_s=args.wait,
+        )
+    except ClearUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    except Exception as exc:  # no cluster, no permission: one clear line
+        print(f"gpu-healthcheck: cannot clear {args.node}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    print(outcome.message, file=sys.stdout if outcome.code == 0 else sys.stderr)
+    return outcome.code
+
+
 def cmd_inject(args: argparse.Namespace) -> int:
     from agent.probes.kmsg_inject import InjectRefused, write_xid_line
 
@@ -254,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "snapshot": cmd_snapshot,
         "agent": cmd_agent,
         "status": cmd_status,
+        "clear": cmd_clear,
         "inject": cmd_inject,
         "rules": cmd_rules,
         "config": cmd_config,

@@ -23,7 +23,14 @@ from typing import Any
 
 import yaml
 
-from agent.core.contract import DEFAULT_PREFIX, STALE_AFTER_FIELD, Keys, decode_results
+from agent.core.contract import (
+    DEFAULT_PREFIX,
+    LAST_CLEAR_FIELD,
+    STALE_AFTER_FIELD,
+    ClearRequest,
+    Keys,
+    decode_results,
+)
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 from agent.core.text import shorten
@@ -45,6 +52,7 @@ PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessP
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN, EXIT_UNAVAILABLE = 0, 1, 2, 69
 
 READY, NOT_READY, NO_AGENT, AGENT_UNKNOWN = "ready", "not-ready", "none", "?"
+CLEARED_WINDOW_S = 24 * 3600  # a latch cleared by hand is shown this long
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,10 @@ class NodeStatus:
     warnGpus: int = 0  # GPUs with a warning before a fault (the annotation's gpus[].warnings)
     gpus: int = 0  # GPUs in the annotation's verdict per GPU
     warnings: dict[str, int] | None = None  # trend rule → GPUs warned by it (None: none)
+    # The last clear-latched request the agent acted on, when within CLEARED_WINDOW_S:
+    # {at, by, reason, latches, requested[, force, failing]} (the results annotation's lastClear).
+    clearedByHand: dict[str, Any] | None = None
+    clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
 
     @property
     def warn(self) -> str:
@@ -247,7 +259,55 @@ def node_status(
         warnGpus=warned,
         gpus=listed,
         warnings=per_rule or None,
+        clearedByHand=cleared_by_hand(results, now),
+        clearPending=clear_pending(meta.get("annotations") or {}, keys),
     )
+
+
+def cleared_by_hand(results: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
+    """The agent's record of the last clear-latched request, when it was acted on in the last 24 h."""
+    done = results.get(LAST_CLEAR_FIELD)
+    if not isinstance(done, Mapping):
+        return None
+    secs = seconds_since(done.get("at"), now)
+    return dict(done) if secs is not None and secs <= CLEARED_WINDOW_S else None
+
+
+def clear_pending(annotations: Mapping[str, Any], keys: Keys) -> dict[str, Any] | None:
+    """A clear-latched request still on the Node (no agent has acted on it)."""
+    value = annotations.get(keys.clear_latched)
+    if value is None:
+        return None
+    request = ClearRequest.decode(annotations.get(keys.clear_latched_by))
+    return {
+        "requested": str(value),
+        "by": request.by if request else None,
+        "reason": request.reason if request else None,
+        "at": request.at if request else None,
+    }
+
+
+def clear_lines(statuses: Sequence[NodeStatus], now: datetime) -> list[str]:
+    """The section under the table: nodes whose latches were cleared by hand in the last 24 h, and
+    requests no agent has acted on yet."""
+    lines = []
+    for s in statuses:
+        for done, note in ((s.clearedByHand, ""), (s.clearPending, " (pending: no agent acted on it yet)")):
+            if not done:
+                continue
+            who = done.get("by") or "an unnamed requester (kubectl annotate)"
+            why = f": {done['reason']}" if done.get("reason") else ""
+            latches = done.get("latches")
+            what = ", ".join(latches) if isinstance(latches, list) else str(done.get("requested") or "-")
+            forced = (
+                f"; forced while {', '.join(done.get('failing') or ()) or 'a check'} failed"
+                if done.get("force")
+                else ""
+            )
+            lines.append(
+                f"{s.node}  {age(done.get('at'), now)} ago by {who}{why} [{what or 'none'}]{forced}{note}"
+            )
+    return lines
 
 
 def status_list(
@@ -350,7 +410,11 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     if fmt == "yaml":
         return str(yaml.safe_dump([asdict(s) for s in statuses], sort_keys=False, allow_unicode=True))
     wide = fmt == "wide"
-    return format_table(rows_of(statuses, now, wide=wide), WIDE_HEADER if wide else HEADER)
+    out = format_table(rows_of(statuses, now, wide=wide), WIDE_HEADER if wide else HEADER)
+    cleared = clear_lines(statuses, now)
+    if cleared:
+        out += "\nLATCHES CLEARED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in cleared)
+    return out
 
 
 def render_status(

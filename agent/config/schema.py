@@ -93,6 +93,9 @@ SCHEMA: dict[str, Any] = {
         # severity → effect over taintEffect; only severities that taint may be named
         "taintEffectBySeverity": {s: Spec(str, None, choices=TAINT_EFFECTS) for s in TAINT_SEVERITIES},
         "conditionType": Spec(str, DEFAULT_CONDITION_TYPE),
+        # [{type, unhealthyStatus, minSeverity}]: conditions remediation engines watch (settings.py
+        # validates the entries: REMEDIATION_ENTRY)
+        "remediationConditions": Spec(list, []),
         "maxTaintedFraction": _num(0.2, 0, 1),
         "maxTaintedNodes": _num(0, 0, 10**6),
         "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
@@ -112,6 +115,14 @@ SCHEMA: dict[str, Any] = {
         "overrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
         "nvlinkSeverity": Spec(str, "reset", choices=("monitor", "reset", "reboot", "isolate")),
     },
+}
+
+
+# One entry of node.remediationConditions. `type` has no default: an entry must name its condition.
+REMEDIATION_ENTRY: dict[str, Any] = {
+    "type": Spec(str, None),
+    "unhealthyStatus": Spec(str, "False", choices=("True", "False")),
+    "minSeverity": Spec(str, TAINT_SEVERITIES[0], choices=TAINT_SEVERITIES),
 }
 
 

@@ -4,11 +4,18 @@ every value is there and of its type."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.config.schema import ConfigError
+from agent.config.schema import REMEDIATION_ENTRY, ConfigError, validate
+from agent.core.contract import (
+    CONDITION_TYPE_MAX,
+    CONDITION_TYPE_PATTERN,
+    KUBELET_CONDITION_TYPES,
+    RemediationCondition,
+)
 from agent.core.gpu_nodes import parse_selector
 from agent.core.severity import Severity
 
@@ -67,6 +74,7 @@ class NodeSettings:
     taint_effect: str
     taint_effect_by_severity: Mapping[Severity, str]
     condition_type: str
+    remediation_conditions: tuple[RemediationCondition, ...]  # conditions remediation engines watch
     max_tainted_fraction: float
     max_tainted_nodes: int
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
@@ -147,11 +155,67 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         taint_effect_by_severity={
             Severity.parse(k): str(v) for k, v in s["taintEffectBySeverity"].items() if v is not None
         },
-        condition_type=str(s["conditionType"]),
+        condition_type=condition_type(s["conditionType"]),
+        remediation_conditions=remediation_conditions(
+            s["remediationConditions"], str(s["conditionType"]), Severity.parse(str(s["taintMinSeverity"]))
+        ),
         max_tainted_fraction=float(s["maxTaintedFraction"]),
         max_tainted_nodes=int(s["maxTaintedNodes"]),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
     )
+
+
+def condition_type(value: str, where: str = "node.conditionType") -> str:
+    """A NodeCondition type we may write: a qualified name (what the admission fence reads out of
+    config.yaml), never one of the kubelet's."""
+    if len(value) > CONDITION_TYPE_MAX or not re.match(CONDITION_TYPE_PATTERN, value):
+        raise ConfigError(
+            f"{where}: {value!r} is not a condition type (a name such as AcceleratedHardwareReady, "
+            "optionally with a DNS prefix: example.com/GPUReady)"
+        )
+    if value in KUBELET_CONDITION_TYPES:
+        raise ConfigError(f"{where}: {value} is the kubelet's condition; the agent never writes it")
+    return value
+
+
+def remediation_conditions(
+    value: list[object], own_type: str, taint_min: Severity
+) -> tuple[RemediationCondition, ...]:
+    """`node.remediationConditions`: each entry {type, unhealthyStatus, minSeverity} (unknown keys are
+    errors). An engine acts only on a node we taint (the brake caps those), so an entry's minSeverity
+    may not lie below node.taintMinSeverity: it would promise a remediation that never comes."""
+    out: list[RemediationCondition] = []
+    for i, entry in enumerate(value):
+        where = f"node.remediationConditions[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(
+                f"{where}: expected a mapping {{type, unhealthyStatus, minSeverity}}, got {entry!r}"
+            )
+        if entry.get("minSeverity") == "monitor":
+            raise ConfigError(
+                f"{where}.minSeverity: monitor never fails a node; an engine acts only on a node we taint "
+                "(reset, reboot or isolate)"
+            )
+        if isinstance(entry.get("unhealthyStatus"), bool):
+            raise ConfigError(
+                f'{where}.unhealthyStatus: quote it ("True" or "False"): YAML reads it as a boolean'
+            )
+        doc = validate(entry, REMEDIATION_ENTRY, f"{where}.")
+        if doc["type"] is None:
+            raise ConfigError(f"{where}.type: missing (the NodeCondition type an engine watches)")
+        kind = condition_type(doc["type"], f"{where}.type")
+        if kind == own_type:
+            raise ConfigError(f"{where}.type: {kind} is node.conditionType (the agent's own condition)")
+        if kind in (c.type for c in out):
+            raise ConfigError(f"{where}.type: {kind} is listed twice")
+        severity = Severity.parse(doc["minSeverity"])
+        if severity < taint_min:
+            raise ConfigError(
+                f"{where}.minSeverity: {severity.label} is below node.taintMinSeverity "
+                f"({taint_min.label}): an engine acts only on a node we taint"
+            )
+        out.append(RemediationCondition(kind, doc["unhealthyStatus"], severity))
+    return tuple(out)
 
 
 def gpu_node_selectors(value: str | list[object]) -> tuple[str, ...]:

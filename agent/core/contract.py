@@ -36,6 +36,16 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 TRUE = "true"  # <prefix>/tainted while our taint is on
 DISABLED = "disabled"  # <prefix>/taint=disabled: an operator's "do not taint this node"
 CLEAR_ALL = "all"  # <prefix>/clear-latched=all
+# Condition types others own: the kubelet's. node.conditionType and node.remediationConditions may not
+# name one (the agent would fight the kubelet over the Node's readiness).
+KUBELET_CONDITION_TYPES = ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
+# A condition type we may be configured to write: a qualified name, as metav1.Condition's type, so that
+# the admission fence can read it out of config.yaml's text (agent/config/fence_view.py).
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+CONDITION_TYPE_MAX = 316
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,13 @@ class Keys:
     def clear_latched(self) -> str:
         """Annotation an operator sets ("all" or comma-separated latch keys); the agent removes it."""
         return f"{self.prefix}/clear-latched"
+
+    @property
+    def clear_latched_by(self) -> str:
+        """Annotation `gpu-healthcheck clear` sets beside clear-latched: who asked and why (JSON
+        ClearRequest); the agent names them in its LatchesCleared Event, keeps them in the results
+        annotation's `lastClear` and removes this one with clear-latched."""
+        return f"{self.prefix}/clear-latched-by"
 
     def ours(self, key: str) -> bool:
         return key.startswith(f"{self.prefix}/")
@@ -139,6 +156,79 @@ class Reason:
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
 
+
+# ----------------------------------------------------------------------------- remediation conditions
+
+TRUE_FALSE = ("True", "False")
+
+
+@dataclass(frozen=True)
+class RemediationCondition:
+    """One entry of `node.remediationConditions`: a NodeCondition type a remediation engine watches
+    (Karpenter/EKS node repair, a Cluster API MachineHealthCheck, a medik8s NodeHealthCheck), written
+    at `unhealthy_status` while the node carries our taint for a failure at `min_severity` or above
+    (after hysteresis), and at the other of True/False otherwise."""
+
+    type: str
+    unhealthy_status: str = "False"  # "True" | "False"
+    min_severity: Severity = Severity.RESET
+
+    @property
+    def healthy_status(self) -> str:
+        return TRUE_FALSE[1] if self.unhealthy_status == TRUE_FALSE[0] else TRUE_FALSE[0]
+
+
+class RemediationReason:
+    """The reasons of the remediation conditions: distinct from every other component's, so that the
+    agent (and the admission fence) can tell a condition it wrote from one it must never touch."""
+
+    FAILED = "GPUHealthcheckFailed"  # unhealthy: fail at minSeverity or above, the node tainted
+    RECOVERING = "GPUHealthcheckRecovering"  # unhealthy still: recovering, or paused by an unknown cycle
+    PASSED = "GPUHealthcheckPassed"  # healthy: pass or warn
+    BELOW_MIN_SEVERITY = "GPUHealthcheckBelowMinSeverity"  # healthy: a failure below this minSeverity
+    COULD_NOT_CHECK = "GPUHealthcheckCouldNotCheck"  # healthy: unknown never marks a node unhealthy
+    BRAKE_HELD = "GPUHealthcheckBrakeHeld"  # healthy: the brake holds this node back
+    TAINT_DISABLED = "GPUHealthcheckTaintDisabled"  # healthy: <prefix>/taint=disabled on the Node
+    NOT_ENFORCED = "GPUHealthcheckNotEnforced"  # healthy: node.mode observe or label, or no taint
+
+    ALL = (
+        FAILED,
+        RECOVERING,
+        PASSED,
+        BELOW_MIN_SEVERITY,
+        COULD_NOT_CHECK,
+        BRAKE_HELD,
+        TAINT_DISABLED,
+        NOT_ENFORCED,
+    )
+
+
+# Every reason a condition of ours can carry: the admission fence lets the agent delete a condition of
+# a type no longer configured only when it carries one of these (it was ours).
+OUR_CONDITION_REASONS: tuple[str, ...] = (
+    *dict.fromkeys(c.reason for c in CONDITIONS.values()),
+    CONFIG_REJECTED_REASON,
+    *RemediationReason.ALL,
+)
+
+
+@dataclass(frozen=True)
+class RemediationMark:
+    """What the engine wants one remediation condition to say. `unhealthy` is the engine's wish (mode
+    `taint`, a failure at minSeverity or above, hysteresis); the writer writes the unhealthy status
+    only where our taint is on after the brake, and says why not otherwise."""
+
+    type: str
+    unhealthy_status: str
+    unhealthy: bool
+    reason: str  # while the wish stands (FAILED/RECOVERING), or why the node is not unhealthy
+    message: str
+
+    @property
+    def healthy_status(self) -> str:
+        return RemediationCondition(self.type, self.unhealthy_status).healthy_status
+
+
 NORMAL, WARNING = "Normal", "Warning"
 EVENT_MESSAGE_MAX = 1024
 CONDITION_MESSAGE_MAX = 1024
@@ -177,6 +267,7 @@ class Marks:
     config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
     # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
     trends_digest: str = ""
+    remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
 
     @property
     def taint_value(self) -> str:
@@ -194,6 +285,40 @@ class Marks:
         return CONFIG_REJECTED_REASON if self.config_rejected else CONDITIONS[self.status].reason
 
 
+@dataclass(frozen=True)
+class ClearRequest:
+    """Who asked to clear latched findings and why: the `<prefix>/clear-latched-by` annotation that
+    `gpu-healthcheck clear` writes beside `<prefix>/clear-latched` (JSON)."""
+
+    by: str  # the requester's Kubernetes identity (SelfSubjectReview), else the kubeconfig user
+    reason: str
+    at: str = ""  # RFC 3339, when it was asked
+    force: bool = False  # asked although a current check still failed
+    failing: tuple[str, ...] = ()  # with force: the checks that still failed then
+
+    def encode(self) -> str:
+        doc: dict[str, Any] = {"by": self.by, "reason": self.reason, "at": self.at}
+        if self.force:
+            doc["force"] = True
+            doc["failing"] = list(self.failing)
+        return encode(doc)
+
+    @classmethod
+    def decode(cls, raw: str | None) -> ClearRequest | None:
+        """The request, or None when absent or unreadable (an Event then says by whom is unknown)."""
+        doc = decode_results(raw)
+        if doc is None or not isinstance(doc.get("by"), str) or not isinstance(doc.get("reason"), str):
+            return None
+        failing = doc.get("failing")
+        return cls(
+            by=doc["by"],
+            reason=doc["reason"],
+            at=str(doc.get("at") or ""),
+            force=doc.get("force") is True,
+            failing=tuple(str(x) for x in failing) if isinstance(failing, list) else (),
+        )
+
+
 # ----------------------------------------------------------------------------- the results annotation
 
 RESULTS_VERSION = 1
@@ -203,6 +328,8 @@ GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
 HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
 # TRENDS_FIELD ("trends", core/trends.py): the kept reads the trend warnings judge
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
+REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
+LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)
 
 
 def stale_after_s(gpu_interval_s: float) -> int:
@@ -229,6 +356,8 @@ def results_document(
     gpus: Sequence[dict[str, Any]] | None = None,
     history: Sequence[dict[str, Any]] | None = None,
     trends: dict[str, Any] | None = None,
+    remediation: dict[str, Any] | None = None,
+    last_clear: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -279,6 +408,10 @@ def results_document(
         doc[HISTORY_FIELD] = list(history)
     if trends:
         doc[TRENDS_FIELD] = trends
+    if remediation:
+        doc[REMEDIATION_FIELD] = remediation
+    if last_clear:
+        doc[LAST_CLEAR_FIELD] = last_clear
     return fit(doc)
 
 

@@ -42,6 +42,15 @@ class Finding:
     evidence: tuple[Evidence, ...] = field(default=(), compare=False)
     action: Action | None = None  # the step its check names (an Xid's NVIDIA bucket); None: by severity
     rate: str = field(default="", compare=False)  # a trend warning's rate ("1440/h", "+2 in 3.0 h")
+    # What only new evidence changes (an Xid's count and line), where the message also carries
+    # words that change without it (the GPU's label, known only while nvidia-smi answers): a finding
+    # an operator cleared stays hidden while this is the same. "" = the message.
+    evidence_key: str = field(default="", compare=False)
+
+    @property
+    def seen(self) -> str:
+        """The evidence a clear hides: evidence_key, else the message."""
+        return self.evidence_key or self.message
 
     @property
     def recommendation(self) -> Recommendation:

@@ -43,6 +43,7 @@ from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
 from agent.engine import history
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
+from agent.engine.remediation import describe, remediation_marks
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
 from agent.engine.verdict import decide
@@ -129,8 +130,9 @@ class Engine:
         return self.state.boot_id
 
     def restore(self, doc: dict[str, Any] | None) -> None:
-        """Take latches and the taint state back from the Node's results annotation (same boot only)."""
-        self.state.restore(doc)
+        """Take latches, the taint's and the remediation conditions' hysteresis and the last clear back
+        from the Node's results annotation (latches: same boot only)."""
+        self.state.restore(doc, self.cfg.node.remediation_conditions)
 
     # ------------------------------------------------------------------ scheduling (agent.engine.scheduler)
 
@@ -264,10 +266,13 @@ class Engine:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
         return self.state.current_results(self.results, [s.name for s in CHECKS])
 
-    def take_clear_request(self, node: Probed[NodeObject]) -> tuple[str | None, NodeEvent | None]:
-        """An operator's `<prefix>/clear-latched` annotation: the key to remove and an Event."""
-        ann = Keys(self.cfg.prefix).clear_latched
-        return self.state.take_clear_request(node, ann, self.results)
+    def take_clear_request(self, node: Probed[NodeObject]) -> tuple[tuple[str, ...], NodeEvent | None]:
+        """An operator's `<prefix>/clear-latched` annotation (and who asked, `clear-latched-by`): the
+        keys to remove and the LatchesCleared Event."""
+        keys = Keys(self.cfg.prefix)
+        return self.state.take_clear_request(
+            node, keys.clear_latched, self.results, keys.clear_latched_by, now_iso()
+        )
 
     def evaluate(self) -> tuple[Verdict, Marks]:
         node = self._node()
@@ -288,6 +293,8 @@ class Engine:
             self.last_run.get("gpu", -1.0),
             recover_after,
             policy.taint_min_severity,
+            policy.remediation_conditions,
+            describe(verdict),
         )
         taint = wanted and policy.mode == MODE_TAINT  # observe and label modes never taint
         self.metrics.record_taint_wanted(taint)
@@ -310,6 +317,8 @@ class Engine:
             gpus=gpus,
             history=[seen.as_dict() for seen in self.state.history.values()],
             trends=trends.to_doc(self.state.trends),
+            remediation=self.state.remediation_document(),
+            last_clear=self.state.last_clear,
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
@@ -331,11 +340,18 @@ class Engine:
             taint=taint,
             condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
-            drop_annotations=(drop,) if drop else (),
+            drop_annotations=drop,
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
             trends_digest=trends.counters_digest(self.state.trends),
+            remediation=remediation_marks(
+                policy.remediation_conditions,
+                self.state.remediation,
+                verdict,
+                mode=policy.mode,
+                recover_after=recover_after,
+            ),
         )
         return verdict, marks
 
@@ -399,6 +415,7 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_reason,
             marks.condition_message,
             marks.trends_digest,
+            *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
             encode(doc),
         )
     )

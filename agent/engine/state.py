@@ -8,17 +8,27 @@ must never clear a taint."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.core.actions import Recommendation
-from agent.core.contract import CLEAR_ALL, TAINT_FIELD, NodeEvent, Reason
+from agent.core.contract import (
+    CLEAR_ALL,
+    LAST_CLEAR_FIELD,
+    REMEDIATION_FIELD,
+    TAINT_FIELD,
+    ClearRequest,
+    NodeEvent,
+    Reason,
+    RemediationCondition,
+)
 from agent.core.findings import CheckResult, Finding
 from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
+from agent.core.text import shorten
 from agent.core.trends import TRENDS_FIELD, TrendHistory
 from agent.core.trends import parse as parse_trends
 from agent.engine import history
@@ -48,28 +58,125 @@ class Latch:
         return out
 
 
+CAUSE_MAX = 256  # a recovering remediation condition's cause, as the results annotation keeps it
+
+
+@dataclass
+class Recovery:
+    """Hysteresis of one mark that a failure sets (the taint, a remediation condition): a failure at
+    min_severity or above sets it; it is lifted only after recover_after gpu-tier cycles whose verdict
+    was pass or warn, or at once when an operator cleared the latches. Any other cycle (unknown, or a
+    failure below min_severity) freezes the count where it is: a missing signal never lifts it."""
+
+    wanted: bool = False
+    severity: Severity = Severity.NONE  # the last failing severity (the taint's value)
+    passes: int = 0
+    frozen: bool = False  # the last gpu cycle while set was not a pass/warn
+    cause: str = ""  # what the failure that set it said
+
+    def settle(
+        self,
+        status: Status,
+        severity: Severity,
+        new_cycle: bool,
+        recover_after: int,
+        min_severity: Severity,
+        cleared: bool,
+        cause: str = "",
+    ) -> None:
+        if status is Status.FAIL and severity >= min_severity:
+            self.wanted, self.passes, self.frozen = True, 0, False
+            self.severity, self.cause = severity, cause
+        elif cleared:
+            self.wanted, self.passes, self.frozen = False, 0, False  # the operator said it is fixed
+        elif self.wanted and new_cycle:
+            if status in (Status.PASS, Status.WARN):
+                self.frozen = False
+                self.passes += 1
+                if self.passes >= recover_after:
+                    self.wanted, self.passes = False, 0
+            else:
+                self.frozen = True
+
+    def note(self, recover_after: int) -> str:
+        """Why it is still set while the verdict is not a failure; "" when it is not set."""
+        if not self.wanted:
+            return ""
+        if self.frozen:
+            return (
+                f"recovery paused at {self.passes}/{recover_after} passing cycles: "
+                "an unknown cycle does not count as passing"
+            )
+        return f"recovering: {self.passes}/{recover_after} passing cycles"
+
+    def document(self, *, with_cause: bool = False) -> dict[str, Any] | None:
+        if not self.wanted:
+            return None
+        doc: dict[str, Any] = {"severity": self.severity.label, "passes": self.passes}
+        if with_cause and self.cause:
+            doc["cause"] = shorten(self.cause, CAUSE_MAX)
+        return doc
+
+    @classmethod
+    def restore(cls, doc: Any, failing: bool, severity: Severity) -> Recovery:
+        """From its results-annotation field; without one, set when the node was failing."""
+        if isinstance(doc, dict):
+            passes = doc.get("passes")
+            return cls(
+                wanted=True,
+                severity=_severity_or(doc.get("severity"), Severity.RESET),
+                passes=passes if isinstance(passes, int) and passes >= 0 else 0,
+                cause=str(doc.get("cause") or ""),
+            )
+        return cls(wanted=True, severity=severity) if failing else cls()
+
+
 class EngineState:
     def __init__(self, boot_id: str | None, metrics: Telemetry) -> None:
         self.boot_id = boot_id
         self.metrics = metrics
         self.latches: dict[str, Latch] = {}
         self.new_latches: list[Latch] = []  # latched since the last evaluation: one Event each
-        # Findings an operator cleared, with the message they had: hidden until the evidence changes.
+        # Findings an operator cleared, with the evidence they had (Finding.seen): hidden until it changes.
         self.cleared: dict[str, str] = {}
         self.operator_cleared = False
-        self.taint_wanted = False
-        self.taint_severity = Severity.NONE  # the taint's value: the last failing severity
-        self.pass_streak = 0
-        self.recovery_frozen = False  # the last gpu cycle while tainted was not a pass/warn
+        self.last_clear: dict[str, Any] | None = None  # the last clear request acted on (lastClear)
+        self.taint = Recovery()  # the taint's hysteresis (node.taintMinSeverity)
+        # node.remediationConditions: one hysteresis per type, at the entry's minSeverity
+        self.remediation: dict[str, Recovery] = {}
         self.last_status: Status | None = None
         self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
         self.trends = TrendHistory()  # the kept reads the trend warnings judge (core/trends.py)
         self._last_gpu_run_seen = -1.0
 
+    # The taint's hysteresis under the names the engine and tests have always used.
+    @property
+    def taint_wanted(self) -> bool:
+        return self.taint.wanted
+
+    @taint_wanted.setter
+    def taint_wanted(self, value: bool) -> None:
+        self.taint.wanted = value
+
+    @property
+    def taint_severity(self) -> Severity:
+        """The taint's value: the last failing severity."""
+        return self.taint.severity
+
+    @property
+    def pass_streak(self) -> int:
+        return self.taint.passes
+
+    @property
+    def recovery_frozen(self) -> bool:
+        """The last gpu cycle while tainted was not a pass/warn."""
+        return self.taint.frozen
+
     # ------------------------------------------------------------------ restore
 
-    def restore(self, doc: dict[str, Any] | None) -> None:
-        """Take latches and the taint state back from the Node's results annotation (same boot only)."""
+    def restore(self, doc: dict[str, Any] | None, remediation: Sequence[RemediationCondition] = ()) -> None:
+        """Take latches, the taint's and the remediation conditions' hysteresis and the last clear
+        back from the Node's results annotation (latches: same boot only)."""
         if not doc or not isinstance(doc, dict):
             return
         same_boot = bool(self.boot_id) and doc.get("bootId") == self.boot_id
@@ -89,15 +196,21 @@ class EngineState:
                 self.latches[latch.key] = latch
         self.history = history.parse(doc)  # across boots: that is its point
         self.trends = parse_trends(doc.get(TRENDS_FIELD))  # across boots too (each counter knows its boot)
-        taint = doc.get(TAINT_FIELD)
-        if isinstance(taint, dict):  # tainted, maybe recovering or frozen: keep the count and value
-            self.taint_wanted = True
-            self.taint_severity = _severity_or(taint.get("severity"), Severity.RESET)
-            passes = taint.get("passes")
-            self.pass_streak = passes if isinstance(passes, int) and passes >= 0 else 0
-        elif doc.get("status") == Status.FAIL.value:
-            self.taint_wanted = True  # hysteresis survives a restart: recoverAfter passes are needed again
-            self.taint_severity = _severity_or(doc.get("severity"), Severity.RESET)
+        failing = doc.get("status") == Status.FAIL.value
+        doc_severity = _severity_or(doc.get("severity"), Severity.RESET)
+        # Tainted, maybe recovering or frozen: keep the count and value. Without the field but
+        # failing: hysteresis survives a restart, recoverAfter passes are needed again.
+        self.taint = Recovery.restore(doc.get(TAINT_FIELD), failing, doc_severity)
+        entries = doc.get(REMEDIATION_FIELD)
+        for entry in remediation:
+            if isinstance(entries, dict):  # written by an agent that knew remediation conditions
+                kept = entries.get(entry.type)
+                self.remediation[entry.type] = Recovery.restore(kept, False, doc_severity)
+            else:
+                wanted = failing and doc_severity >= entry.min_severity
+                self.remediation[entry.type] = Recovery.restore(None, wanted, doc_severity)
+        clear = doc.get(LAST_CLEAR_FIELD)
+        self.last_clear = clear if isinstance(clear, dict) else None
         try:
             self.last_status = Status(str(doc.get("status")))
         except ValueError:
@@ -122,7 +235,7 @@ class EngineState:
         """Latch the result's new latched findings (each gets an Event at the next evaluation)."""
         new = []
         for f in res.findings:
-            if self.cleared.get(f.key) == f.message:
+            if self.cleared.get(f.key) == f.seen:
                 continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
                 latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation)
@@ -137,19 +250,27 @@ class EngineState:
         return new
 
     def take_clear_request(
-        self, node: Probed[NodeObject], annotation: str, results: Mapping[str, CheckResult]
-    ) -> tuple[str | None, NodeEvent | None]:
-        """An operator's `<prefix>/clear-latched` annotation ("all" or comma-separated keys).
+        self,
+        node: Probed[NodeObject],
+        annotation: str,
+        results: Mapping[str, CheckResult],
+        by_annotation: str | None = None,
+        now: str = "",
+    ) -> tuple[tuple[str, ...], NodeEvent | None]:
+        """An operator's `<prefix>/clear-latched` annotation ("all" or comma-separated keys), with
+        `<prefix>/clear-latched-by` (who asked and why) when `gpu-healthcheck clear` set it.
 
-        Returns the annotation key to remove and an Event. Cleared findings stay hidden until their
-        evidence changes (a new Xid line changes the count), so a cleared Xid still in the kernel
-        ring does not come straight back.
+        Returns the annotation keys to remove and the LatchesCleared Event naming the latches, who
+        and why; the request is kept as `last_clear` (the results annotation's `lastClear`, which
+        `gpu-healthcheck status` shows for 24 h). Cleared findings stay hidden until their evidence
+        changes (a new Xid line changes the count), so a cleared Xid still in the kernel ring does
+        not come straight back.
         """
         if not isinstance(node, NodeObject):
-            return None, None
+            return (), None
         value = node.annotations.get(annotation)
         if value is None:
-            return None, None
+            return (), None
         wanted = [k.strip() for k in value.split(",") if k.strip()]
         keys = (
             list(self.latches)
@@ -162,18 +283,35 @@ class EngineState:
         for res in results.values():
             for f in res.findings:
                 if f.key in keys:
-                    self.cleared[f.key] = f.message
+                    self.cleared[f.key] = f.seen
         self.operator_cleared = True
-        msg = f"cleared {len(keys)} latched finding(s): {', '.join(keys) or 'none matched ' + value!r}"
+        request = ClearRequest.decode(node.annotations.get(by_annotation)) if by_annotation else None
+        who = (
+            f"by {request.by} (reason: {request.reason})"
+            if request is not None
+            else f"by an unnamed requester (no {by_annotation or 'clear-latched-by'} annotation: "
+            "use `gpu-healthcheck clear`)"
+        )
+        if request is not None and request.force:
+            who += f"; forced while {', '.join(request.failing) or 'a check'} still failed"
+        names = ", ".join(keys) or f"none matched {value!r}"
+        msg = f"cleared {len(keys)} latched finding(s): {names}; {who}"
         log.info(msg, extra={"event": "clear-latched"})
-        return annotation, NodeEvent(Reason.LATCHES_CLEARED, msg)
+        self.last_clear = {
+            "at": now,
+            "by": request.by if request is not None else None,
+            "reason": request.reason if request is not None else None,
+            "latches": keys,
+            "requested": value,
+            **({"force": True, "failing": list(request.failing)} if request and request.force else {}),
+        }
+        drop = (annotation,) + ((by_annotation,) if by_annotation in node.annotations else ())
+        return drop, NodeEvent(Reason.LATCHES_CLEARED, msg)
 
     def current_results(self, latest: Mapping[str, CheckResult], order: list[str]) -> list[CheckResult]:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
         results = {
-            name: replace(
-                res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.message)
-            )
+            name: replace(res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.seen))
             if self.cleared
             else res
             for name, res in latest.items()
@@ -202,50 +340,38 @@ class EngineState:
         gpu_last_run: float,
         recover_after: int,
         min_severity: Severity = Severity.RESET,
+        remediation: Sequence[RemediationCondition] = (),
+        cause: str = "",
     ) -> bool:
-        """Whether the node should be tainted after a verdict of `status`/`severity`.
-
-        A failure at min_severity or above (re)starts the taint. A tainted node is untainted only
-        after recover_after gpu-tier cycles (gpu_last_run tells a new one) whose verdict was pass or
-        warn, or at once when an operator cleared its latches. Any other cycle (unknown, or a
-        failure below min_severity) freezes the count where it is: it neither advances nor resets it.
-        """
+        """Whether the node should be tainted after a verdict of `status`/`severity`; the
+        remediation conditions' hysteresis moves in the same step (Recovery.settle), each at its own
+        minSeverity. *cause*: what a failure says (kept while an entry recovers)."""
         new_cycle = self._gpu_cycle_completed(gpu_last_run)
-        if status is Status.FAIL and severity >= min_severity:
-            self.taint_wanted, self.pass_streak, self.recovery_frozen = True, 0, False
-            self.taint_severity = severity
-        elif self.operator_cleared:
-            self.taint_wanted, self.pass_streak = False, 0  # the operator said it is fixed: no hysteresis
-            self.recovery_frozen = False
-        elif self.taint_wanted and new_cycle:
-            if status in (Status.PASS, Status.WARN):
-                self.recovery_frozen = False
-                self.pass_streak += 1
-                if self.pass_streak >= recover_after:
-                    self.taint_wanted, self.pass_streak = False, 0
-            else:
-                self.recovery_frozen = True
+        cleared = self.operator_cleared
+        args = (status, severity, new_cycle, recover_after)
+        self.taint.settle(*args, min_severity, cleared, cause)
+        kept = {e.type: self.remediation.get(e.type) or Recovery() for e in remediation}
+        for entry in remediation:
+            kept[entry.type].settle(*args, entry.min_severity, cleared, cause)
+        self.remediation = kept  # an entry no longer configured forgets its state
         self.operator_cleared = False
-        return self.taint_wanted
+        return self.taint.wanted
 
     def recovery_note(self, recover_after: int) -> str:
         """What the condition message says of a node kept unhealthy (tainted, or labelled in mode
         `label`) while its verdict is not fail."""
-        if not self.taint_wanted:
-            return ""
-        if self.recovery_frozen:
-            return (
-                f"recovery paused at {self.pass_streak}/{recover_after} passing cycles: "
-                "an unknown cycle does not count as passing"
-            )
-        return f"recovering: {self.pass_streak}/{recover_after} passing cycles"
+        return self.taint.note(recover_after)
 
     def taint_document(self) -> dict[str, Any] | None:
         """The results annotation's `taint` field: present while the taint is wanted, so that a
         restarted agent keeps the taint, its value and the recovery count."""
-        if not self.taint_wanted:
-            return None
-        return {"severity": self.taint_severity.label, "passes": self.pass_streak}
+        return self.taint.document()
+
+    def remediation_document(self) -> dict[str, Any] | None:
+        """The results annotation's `remediation` field: the entries kept unhealthy, with their
+        recovery count and cause, so that a restarted agent keeps them (None: none is)."""
+        docs = {t: r.document(with_cause=True) for t, r in self.remediation.items()}
+        return {t: d for t, d in docs.items() if d is not None} or None
 
     def _gpu_cycle_completed(self, ran: float) -> bool:
         if ran != self._last_gpu_run_seen:

@@ -5,15 +5,24 @@ sends just that. Labels and annotations are a JSON merge patch naming only our k
 one); `spec.taints` appears only when our taint must change, and then it is the Node's own list with
 only the taints of our key changed. Any taint with our key is ours whatever its effect (an effect
 changed in config moves it; none is ever orphaned), and exactly one remains while the node is
-tainted. The condition is our one entry of `status.conditions`.
+tainted. The conditions (ours and node.remediationConditions) are entries of `status.conditions`,
+planned together so that they go in one status PATCH.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agent.core.contract import DISABLED, TRUE, Keys, Marks
+from agent.core.contract import (
+    CONDITION_MESSAGE_MAX,
+    DISABLED,
+    TRUE,
+    Keys,
+    Marks,
+    RemediationMark,
+    RemediationReason,
+)
 
 
 def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
@@ -121,18 +130,94 @@ def plan_condition(
     node: Mapping[str, Any], marks: Marks, *, condition_type: str, now: str
 ) -> dict[str, Any] | None:
     """Our condition when status/reason/message differ (lastTransitionTime moves only with status)."""
+    return plan_entry(
+        node,
+        condition_type,
+        marks.condition_status,
+        marks.condition_reason,
+        marks.condition_message,
+        now=now,
+    )
+
+
+def plan_entry(
+    node: Mapping[str, Any], condition_type: str, status: str, reason: str, message: str, *, now: str
+) -> dict[str, Any] | None:
+    """One condition when its status, reason or message differ from the Node's, else None."""
     cur = find_condition(node, condition_type)
-    want = {
-        "status": marks.condition_status,
-        "reason": marks.condition_reason,
-        "message": marks.condition_message,
-    }
+    want = {"status": status, "reason": reason, "message": message}
     if cur is not None and all(cur.get(k) == v for k, v in want.items()):
         return None
     transition = now
-    if cur is not None and cur.get("status") == marks.condition_status and cur.get("lastTransitionTime"):
+    if cur is not None and cur.get("status") == status and cur.get("lastTransitionTime"):
         transition = str(cur["lastTransitionTime"])
     return {"type": condition_type, **want, "lastHeartbeatTime": now, "lastTransitionTime": transition}
+
+
+def remediation_condition(
+    mark: RemediationMark, *, taint_on: bool, brake_open: bool, disabled: bool, prefix: str
+) -> tuple[str, str, str]:
+    """(status, reason, message) of one remediation condition, once the taint is decided: the
+    engine's wish for the unhealthy status holds only where our taint is on; a node the brake holds
+    back (or that refuses our taint) is not marked for the engines either, and says why."""
+    if not mark.unhealthy:
+        return mark.healthy_status, mark.reason, mark.message
+    if taint_on:
+        return mark.unhealthy_status, mark.reason, mark.message
+    if brake_open:
+        why = (
+            RemediationReason.BRAKE_HELD,
+            "not marked for remediation: the brake holds this node back "
+            "(node.maxTaintedFraction, node.maxTaintedNodes)",
+        )
+    elif disabled:
+        why = (
+            RemediationReason.TAINT_DISABLED,
+            f"not marked for remediation: label {Keys(prefix).taint_opt_out}={DISABLED} is set",
+        )
+    else:
+        why = (RemediationReason.NOT_ENFORCED, "not marked for remediation: the node is not tainted")
+    return mark.healthy_status, why[0], f"{why[1]}; {mark.message}"[:CONDITION_MESSAGE_MAX]
+
+
+def plan_conditions(
+    node: Mapping[str, Any],
+    marks: Marks,
+    *,
+    condition_type: str,
+    retired: Iterable[str] = (),
+    taint_on: bool,
+    brake_open: bool = False,
+    disabled: bool = False,
+    prefix: str,
+    now: str,
+) -> list[dict[str, Any]]:
+    """Every condition entry of the one status PATCH that makes our conditions match, or [].
+
+    Our condition, each remediation condition, and a delete directive (strategic merge `$patch:
+    delete`) for each condition of ours no longer configured: a *retired* type (a renamed
+    node.conditionType) and any condition carrying a remediation reason whose type is no longer in
+    node.remediationConditions. A condition of another component is never named.
+    """
+    out: list[dict[str, Any]] = []
+    own = plan_condition(node, marks, condition_type=condition_type, now=now)
+    if own is not None:
+        out.append(own)
+    wanted = {condition_type}
+    for mark in marks.remediation:
+        wanted.add(mark.type)
+        status, reason, message = remediation_condition(
+            mark, taint_on=taint_on, brake_open=brake_open, disabled=disabled, prefix=prefix
+        )
+        entry = plan_entry(node, mark.type, status, reason, message, now=now)
+        if entry is not None:
+            out.append(entry)
+    gone = {t for t in retired if t not in wanted and find_condition(node, t) is not None}
+    for c in (node.get("status") or {}).get("conditions") or ():
+        if c.get("type") not in wanted and c.get("reason") in RemediationReason.ALL:
+            gone.add(str(c.get("type")))
+    out.extend({"type": t, "$patch": "delete"} for t in sorted(gone))
+    return out
 
 
 def rv_number(node: Mapping[str, Any] | None) -> int:
@@ -157,7 +242,10 @@ __all__ = [
     "labels_of",
     "our_taints",
     "plan_condition",
+    "plan_conditions",
+    "plan_entry",
     "plan_node_patch",
+    "remediation_condition",
     "rv_number",
     "rv_text",
     "taint_disabled",

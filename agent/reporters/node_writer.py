@@ -7,8 +7,10 @@ Why it is built this way:
   taints of our key changed (any effect is ours, so a changed effect moves it), and
   `metadata.resourceVersion` as precondition: if anyone wrote the Node meanwhile the API server
   answers 409, and we re-read and retry (tenacity, bounded).
-- The condition goes through `nodes/status` as a strategic-merge patch of just our condition (the
-  conditions list merges by `type`), so kubelet's and others' conditions are untouched.
+- The conditions go through `nodes/status` as ONE strategic-merge patch of just ours (the
+  conditions list merges by `type`): our condition, the remediation conditions (node_patch says what
+  each shows once the taint is decided: a node the brake holds back is not marked for the engines)
+  and the removal of ours no longer configured. Kubelet's and others' conditions are untouched.
 - Nothing is written unless one of our keys differs from the last seen Node; one watch of the own
   Node keeps that copy current, so the steady state costs the API server nothing but that watch.
 - A taint removed by someone while the node still fails is put back (Event TaintRestored); the way to
@@ -58,7 +60,7 @@ from agent.reporters.node_patch import (
     annotations_of,
     find_condition,
     find_our_taint,
-    plan_condition,
+    plan_conditions,
     plan_node_patch,
     rv_text,
     taint_disabled,
@@ -253,9 +255,6 @@ class NodeWriter:
     def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._patch("", body, MERGE_PATCH)
 
-    def _patch_status(self, cond: dict[str, Any]) -> dict[str, Any]:
-        return self._patch("status", {"status": {"conditions": [cond]}}, STRATEGIC_MERGE_PATCH)
-
     # -- the write -----------------------------------------------------------------------------------
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         conflicts = 0
@@ -316,7 +315,7 @@ class NodeWriter:
                         if adding:
                             self.gate.taint_landed(rv_text(written))
         node = self.watch.current(fresh=False)
-        status_writes = self._write_condition(node, marks) + self._remove_retired_conditions(node)
+        status_writes = self._write_conditions(node, marks, decided)
 
         events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
         self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
@@ -336,38 +335,55 @@ class NodeWriter:
             dry_run=self.dry_run,
         )
 
-    def _write_condition(self, node: Mapping[str, Any], marks: Marks) -> int:
-        """Our condition through nodes/status when it differs; the number of writes (0 or 1)."""
-        cond = plan_condition(node, marks, condition_type=self.condition_type, now=now_iso())
-        if cond is None:
+    def _write_conditions(self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision) -> int:
+        """Our condition, the remediation conditions and the removal of ours no longer configured, in
+        one status PATCH when any differs; the number of writes (0 or 1)."""
+        retired = sorted(self._retired_conditions)
+        conds = plan_conditions(
+            node,
+            marks,
+            condition_type=self.condition_type,
+            retired=retired,
+            taint_on=decided.taint_on,
+            brake_open=decided.brake_open,
+            disabled=decided.disabled,
+            prefix=self.prefix,
+            now=now_iso(),
+        )
+        self._retired_conditions -= {t for t in retired if find_condition(node, t) is None}
+        if not conds:
             return 0
         if self.dry_run:
-            log.info("node %s: dry run, would set condition: %s", self.node_name, json.dumps(cond))
+            log.info("node %s: dry run, would set conditions: %s", self.node_name, json.dumps(conds))
             self._note("status", "skipped")
             return 0
         try:
-            self._patch_status(cond)
+            self._patch("status", {"status": {"conditions": conds}}, STRATEGIC_MERGE_PATCH)
         except Exception:
             self._note("status", "error")
             raise
+        self._retired_conditions -= {c["type"] for c in conds if c.get("$patch") == "delete"}
         self._note("status", "ok")
+        self._log_remediation(node, marks, conds)
         return 1
 
-    def _remove_retired_conditions(self, node: Mapping[str, Any]) -> int:
-        """Delete our conditions of a type no longer configured (strategic merge `$patch: delete`)."""
-        gone = [t for t in sorted(self._retired_conditions) if find_condition(node, t) is not None]
-        self._retired_conditions -= set(self._retired_conditions) - set(gone)
-        if not gone or self.dry_run:
-            return 0
-        body = {"status": {"conditions": [{"type": t, "$patch": "delete"} for t in gone]}}
-        try:
-            self._patch("status", body, STRATEGIC_MERGE_PATCH)
-        except Exception:
-            self._note("status", "error")
-            raise
-        self._retired_conditions -= set(gone)
-        self._note("status", "ok")
-        return 1
+    def _log_remediation(
+        self, node: Mapping[str, Any], marks: Marks, conds: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Say in the log when a remediation condition changes status: an engine may act on it."""
+        types = {m.type for m in marks.remediation}
+        for c in conds:
+            if c.get("type") in types and "status" in c:
+                before = (find_condition(node, str(c["type"])) or {}).get("status")
+                if before != c["status"]:
+                    log.info(
+                        "node %s: condition %s=%s (%s): %s",
+                        self.node_name,
+                        c["type"],
+                        c["status"],
+                        c["reason"],
+                        c["message"],
+                    )
 
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:
