@@ -1,13 +1,14 @@
 """The engines that act on our marks, configured as README.md "From mark to repair" says (issue 22 item 4).
 
-- Karpenter node repair, end to end with the real agent: its condition (typed AcceleratedHardwareReady
-  with today's ``node.conditionType``) after an Xid 79 makes Karpenter replace the node; a node whose
-  verdict is unknown is kept.
+- Karpenter node repair, end to end with the real agent: the condition the README's
+  ``node.remediationConditions`` block makes it write (AcceleratedHardwareReady beside GPUHealthy)
+  after an Xid 79 makes Karpenter replace the node; a node whose verdict is unknown shows the healthy
+  status (reason GPUHealthcheckCouldNotCheck) and is kept.
 - Karpenter node repair: its real controller (tools/karpenter-kwok: Karpenter v1.15.0's own KWOK
   operator plus a repair policy of the AWS provider's shape) replaces a node whose
   ``AcceleratedHardwareReady`` condition is ``False``, and leaves nodes at ``Unknown`` and ``True``.
-  The condition is written here by a plain nodes/status PATCH (the agent's writer for it lands with
-  ``node.remediationConditions``); ``KarpenterCluster`` is a fixture an agent-driven test can reuse.
+  The condition is written here by a plain nodes/status PATCH, so that Karpenter's side is proven on
+  all three statuses alone; ``KarpenterCluster`` is the fixture the agent-driven test reuses.
 - Cluster API MachineHealthCheck and medik8s NodeHealthCheck: their controllers do not run here. Their
   own CRDs are applied to the real API server and the README's objects (read from the README, the one
   source) are created, so the server validates the documented YAML; a broken variant is refused, so
@@ -49,9 +50,15 @@ def documented(kind: str, api_version: str) -> dict[str, Any]:
     return copy.deepcopy(doc)
 
 
-def remediation_condition() -> tuple[str, str]:
+def remediation_entry() -> dict[str, Any]:
+    """The README's one `node.remediationConditions` entry (the block a user copies)."""
     (block,) = [d for d in readme_docs() if "remediationConditions" in (d.get("node") or {})]
     (entry,) = block["node"]["remediationConditions"]
+    return dict(entry)
+
+
+def remediation_condition() -> tuple[str, str]:
+    entry = remediation_entry()
     return entry["type"], entry["unhealthyStatus"]
 
 
@@ -191,20 +198,27 @@ def test_karpenter_replaces_the_node_whose_gpu_condition_is_false_and_no_other(
 def test_the_real_agent_drives_karpenter_repair_and_an_unknown_verdict_does_not(
     karpenter: KarpenterCluster, tmp_path: Path
 ) -> None:
-    """End to end with the agent process: its condition, given Karpenter's type with today's
-    `node.conditionType` (False on fail, Unknown when it could not look), after an Xid 79 in one
-    node's kernel log; the other node's nvidia-smi output is unreadable. Karpenter replaces the
-    first and not the second. (With `node.remediationConditions` the agent writes the type beside
-    GPUHealthy instead; the fixture is the same.)"""
-    ctype, unhealthy = remediation_condition()
+    """End to end with the agent process, configured with the README's `node.remediationConditions`
+    block: after an Xid 79 in one node's kernel log it writes AcceleratedHardwareReady=False (beside
+    GPUHealthy=False) and Karpenter replaces that node. The other node's nvidia-smi output is
+    unreadable: GPUHealthy is Unknown, the remediation condition the healthy status with reason
+    GPUHealthcheckCouldNotCheck, and Karpenter keeps it."""
+    entry = remediation_entry()
+    ctype, unhealthy = entry["type"], entry["unhealthyStatus"]
+    healthy = "True" if unhealthy == "False" else "False"
     karpenter.static_pool("agents", 2, labels={"nvidia.com/gpu.present": "true"})
     wait_for(lambda: len(karpenter.initialized_nodes("agents")) == 2, 120, "2 initialized nodes")
     broken, blind = karpenter.initialized_nodes("agents")
-    config = f"intervals:\n  gpu: 2\nnode:\n  conditionType: {ctype}\n  maxTaintedFraction: 1\n"
+    config = yaml.safe_dump(
+        {"intervals": {"gpu": 2}, "node": {"remediationConditions": [entry], "maxTaintedFraction": 1}}
+    )
 
-    def condition(node: str) -> str | None:
-        conditions = ((karpenter.node(node) or {}).get("status") or {}).get("conditions") or []
-        return next((c["status"] for c in conditions if c["type"] == ctype), None)
+    def conditions(node: str) -> dict[str, dict[str, Any]]:
+        found = ((karpenter.node(node) or {}).get("status") or {}).get("conditions") or []
+        return {c["type"]: c for c in found}
+
+    def condition(node: str, ctype: str = ctype) -> str | None:
+        return (conditions(node).get(ctype) or {}).get("status")
 
     agents = {
         node: scenario.Agent(
@@ -217,8 +231,10 @@ def test_the_real_agent_drives_karpenter_repair_and_an_unknown_verdict_does_not(
         for node in (broken, blind)
     }
     try:
-        wait_for(lambda: condition(broken) == "True", 60, f"{ctype}=True on the healthy node")
-        wait_for(lambda: condition(blind) == "Unknown", 60, f"{ctype}=Unknown on the blind node")
+        wait_for(lambda: condition(broken) == healthy, 60, f"{ctype}={healthy} on the healthy node")
+        wait_for(lambda: condition(blind, "GPUHealthy") == "Unknown", 60, "GPUHealthy=Unknown (blind node)")
+        assert condition(blind) == healthy, conditions(blind)  # unknown never marks a node for repair
+        assert conditions(blind)[ctype]["reason"] == "GPUHealthcheckCouldNotCheck", conditions(blind)
         t0 = time.monotonic()
         scenario.append_xid79(tmp_path / broken / "snap")
         marked = lambda: condition(broken) == unhealthy or karpenter.node(broken) is None  # noqa: E731
@@ -231,7 +247,8 @@ def test_the_real_agent_drives_karpenter_repair_and_an_unknown_verdict_does_not(
         for node, agent in agents.items():
             agent.stop()
             logs[node] = agent.log.read_text()[-3000:]
-    assert karpenter.node(blind) is not None and condition(blind) == "Unknown", logs[blind]
+    assert karpenter.node(blind) is not None and condition(blind) == healthy, logs[blind]
+    assert condition(blind, "GPUHealthy") == "Unknown", conditions(blind)
     claim = karpenter.claim_of(blind)
     assert claim is not None and not claim["metadata"].get("deletionTimestamp")
     repaired = [line for line in karpenter.log.splitlines() if "selected repair policy" in line]
