@@ -26,7 +26,8 @@ import yaml
 
 from agent.core.contract import Keys
 from tests.kubeenv.env import unique_name
-from tests.kubeenv.eviction import EvictionCluster, daemonset_tolerations, wait_for
+from tests.kubeenv.eviction import EvictionCluster, daemonset_tolerations
+from tests.kubeenv.waiting import wait_for
 from tests.readme import section_docs
 
 ROOT = Path(__file__).resolve().parent.parent

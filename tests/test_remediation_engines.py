@@ -30,8 +30,9 @@ import yaml
 
 from tests import eviction_scenario as scenario
 from tests.kubeenv.crds import GoUnavailable, module_file
-from tests.kubeenv.karpenter import KarpenterCluster, build_karpenter, karpenter_cluster, wait_for
+from tests.kubeenv.karpenter import KarpenterCluster, build_karpenter, karpenter_cluster
 from tests.kubeenv.server import ControlPlaneError
+from tests.kubeenv.waiting import wait_for
 from tests.readme import section_docs as readme_docs
 
 ROOT = Path(__file__).parent.parent

@@ -28,7 +28,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -319,17 +319,6 @@ def karpenter_cluster(binaries: KubeBinaries, build: Path, **kwargs: Any) -> Ite
         yield cluster.start()
     finally:
         cluster.stop()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll)
 
 
 def dump(obj: Any) -> str:
