@@ -185,14 +185,24 @@ def main(args: Any) -> int:
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
         )
 
+        parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)
+
         def node_getter() -> Probed[NodeObject]:
+            """The watched Node, parsed once per change of it (the engine asks several times a cycle)."""
+            version = writer.node_version
+            if parsed and parsed[0][0] == version:
+                return parsed[0][1]
             current = writer.node
+            node: Probed[NodeObject]
             if current is None:
-                return NotCaptured("Node object (not read yet)")
-            try:
-                return node_from_dict(current)
-            except ParseError as exc:
-                return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
+                node = NotCaptured("Node object (not read yet)")
+            else:
+                try:
+                    node = node_from_dict(current)
+                except ParseError as exc:
+                    node = ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
+            parsed[:] = [(version, node)]
+            return node
 
     from agent.probes.pod_resources import gpu_pods, list_devices
 

@@ -43,6 +43,7 @@ class NodeWatch:
         self._on_node = on_node
         self._node_lock = threading.Lock()
         self._node: dict[str, Any] | None = None  # the last seen Node (watch, reads, write responses)
+        self._version = 0  # one more on every change of _node
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: Any = None
@@ -54,6 +55,7 @@ class NodeWatch:
         with self._node_lock:
             if self._node is None or rv_number(node) >= rv_number(self._node):
                 self._node = node
+                self._version += 1
 
     def read(self) -> dict[str, Any]:
         """GET the Node (and keep it)."""
@@ -68,6 +70,13 @@ class NodeWatch:
         if cached is not None and not fresh:
             return cached
         return self.read()
+
+    @property
+    def version(self) -> int:
+        """Counts the changes of the copy: a reader keys its own parse of the Node on it, instead of
+        copying and parsing the Node again whenever it looks."""
+        with self._node_lock:
+            return self._version
 
     @property
     def node(self) -> dict[str, Any] | None:
@@ -144,6 +153,7 @@ class NodeWatch:
                     elif ev.get("type") == "DELETED":
                         with self._node_lock:
                             self._node = None
+                            self._version += 1
                         self.synced.clear()
                         rv = None
                 backoff = 0.5
