@@ -118,8 +118,6 @@ class NodeWatch:
         self._on_node(node)
 
     def _loop(self) -> None:
-        from kubernetes import watch  # imported here: the pure parts of the writer need no client
-
         backoff = 0.5
         rv: str | None = None
         while not self._stop.is_set():
@@ -129,22 +127,23 @@ class NodeWatch:
                     rv = str(node["metadata"]["resourceVersion"])
                     self.synced.set()
                     self._seen(node)
-                watch_cls: Any = watch.Watch
-                w = watch_cls()
+                w = self.rest.watch(
+                    "/api/v1/nodes",
+                    query={
+                        "fieldSelector": f"metadata.name={self.node_name}",
+                        "resourceVersion": rv,
+                        "timeoutSeconds": self.timeout_seconds,
+                        "allowWatchBookmarks": True,
+                    },
+                    timeout=(5, self.timeout_seconds + 15),
+                )
                 self._watch = w
                 if self._stop.is_set():
                     break
-                for ev in w.stream(
-                    self.rest.lister("/api/v1/nodes"),
-                    field_selector=f"metadata.name={self.node_name}",
-                    resource_version=rv,
-                    timeout_seconds=self.timeout_seconds,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(5, self.timeout_seconds + 15),
-                ):
+                for ev in w:
                     if self._stop.is_set():
                         break
-                    obj = ev.get("raw_object") or {}
+                    obj = ev.get("object") or {}
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = str(new_rv)
