@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.model import KernelXids
 from agent.probes.inotify import FileChanges
 from agent.probes.kernel_follow import KernelFollower
 from agent.probes.kernel_tail import KernelTail
+from agent.probes.snapshot import SnapshotSource
+
+ROOT = Path(__file__).resolve().parent.parent
 
 XID79 = "NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 LINE = f"kern  :err   : 2025-01-21T03:12:44,118231+00:00 {XID79}\n"
@@ -114,3 +118,24 @@ def test_the_follower_of_a_fifo_waits_on_poll_and_a_gone_writer_does_not_make_it
             os.close(wfd)
         os.close(rfd)
     assert not follower.is_alive()
+
+
+def test_a_snapshot_whose_kmsg_log_is_a_fifo_reads_it_as_the_device(tmp_path: Path) -> None:
+    """bench/fault_to_taint --kmsg fifo: the live path's reader (one record at a time, poll(2)) in a
+    snapshot-backed agent."""
+    fifo = tmp_path / "kmsg.log"
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # so the writer's open does not block
+    wfd = os.open(fifo, os.O_WRONLY)
+    try:
+        src = SnapshotSource(tmp_path)
+        assert src.kernel_tail.device
+        os.write(wfd, f"3,1,200,-;{XID79}\n".encode())
+        view = src.kernel()
+        assert isinstance(view, KernelXids) and view.format == "kmsg"
+        assert [(t.first.code, t.first.pci) for t in view.tallies] == [(79, "00000000:53:00.0")]
+    finally:
+        src.kernel_tail.forget()
+        os.close(wfd)
+        os.close(keep)
+    assert not SnapshotSource(ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy").kernel_tail.device
