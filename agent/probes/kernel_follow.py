@@ -8,10 +8,11 @@ tail's view; it reads nothing itself but what the follower has not read yet.
 
 Live: poll(2) on /dev/kmsg (readable when a record is waiting; a FIFO standing in for it alike).
 Snapshot: inotify on kmsg.log's directory wakes the follower when the file is written, truncated or
-replaced (tests and the benchmark append to it); without inotify the file is polled, every 5 ms while
-it grows and every 50 ms while it does not. A regular file standing in for the device (poll(2) calls
-it always readable) is polled the same way. Nothing else is read between wake-ups: an idle follower
-costs no CPU.
+replaced (tests and the benchmark append to it), so the first line after a quiet spell is read at
+once; while the file keeps growing it is read in batches, one every 50 ms (a storm of appends costs
+what it did when the file was polled); without inotify it is polled every 50 ms. A regular file
+standing in for the device (poll(2) calls it always readable) is polled every 50 ms while idle. An
+idle follower makes no system call but poll(2) or inotify's read.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from agent.probes.kernel_tail import Change, KernelTail
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.05  # a file without inotify, or a regular file standing in for the device, when idle
-GROWING_POLL_SECONDS = 0.005  # ... while it grows: the next line is likely to follow soon
+BATCH_SECONDS = 0.05  # a file that grows: the next read after this, however often it is appended to
 SAFETY_POLL_SECONDS = 2.0  # with inotify or poll(2): a look now and then whatever they say
 COUNTS_EVERY_S = 5.0
 
@@ -113,10 +114,13 @@ class KernelFollower(threading.Thread):
             return
         if self.tail.device:
             self._wait_device(idle)
-        elif self.changes is not None:
-            self.changes.wait(SAFETY_POLL_SECONDS, self._wake_fd())
-        else:
-            self.stopped.wait(POLL_SECONDS if idle else GROWING_POLL_SECONDS)
+            return
+        if not idle:  # growing: let more lines come, and read them in one go
+            self.stopped.wait(BATCH_SECONDS)
+        if self.changes is not None:
+            self.changes.wait(SAFETY_POLL_SECONDS, self._wake_fd())  # at once when written meanwhile
+        elif idle:
+            self.stopped.wait(POLL_SECONDS)
 
     def _wait_device(self, idle: bool) -> None:
         """poll(2) on the device (or a FIFO): readable when a record waits, an error on EPIPE. A
@@ -124,7 +128,8 @@ class KernelFollower(threading.Thread):
         up: those are polled."""
         fd = self.tail.fd
         if fd is None or not _pollable(fd):
-            self.stopped.wait(POLL_SECONDS if idle else GROWING_POLL_SECONDS)
+            if idle:
+                self.stopped.wait(POLL_SECONDS)
             return
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLERR | select.POLLPRI)
