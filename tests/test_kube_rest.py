@@ -84,6 +84,22 @@ def test_an_agent_in_a_pod_imports_only_the_clients_transport(tmp_path: Path) ->
     assert out[1] == "[]"
 
 
+def test_the_clients_package_init_runs_when_a_name_it_defines_is_asked_for() -> None:
+    """The deferred packages stay the client's: code asking for a name their __init__ defines gets
+    it (and then the whole client), as if the package had been imported the usual way."""
+    code = (
+        "import sys; from agent.reporters.kube_rest import client_modules; client_modules();"
+        "from kubernetes.client.configuration import Configuration;"
+        "from kubernetes.config.incluster_config import InClusterConfigLoader;"
+        "print('pydantic' in sys.modules);"
+        "from kubernetes import config; print(callable(config.list_kube_config_contexts));"
+        "import kubernetes; print(kubernetes.__version__ == kubernetes.client.__version__);"
+        "print('kubernetes.config.kube_config' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "True", "True", "True"]
+
+
 @pytest.mark.kube
 def test_the_agent_in_a_pod_writes_its_node_with_its_service_account(
     kube: Any, kube_namespace: str, gpu_node: Any, tmp_path: Path

@@ -12,9 +12,10 @@ token's refresh, TLS settings), its `RESTClientObject` (the urllib3 pool, timeou
 packages' own __init__ modules, which import every part of the client the first time any part of it
 is imported (the generated API machinery with pydantic, the dynamic client, streams, leader
 election, informers, and kube_config with requests and oauthlib): about 17 MiB of RSS on an agent
-that uses none of them. The package objects are the installed ones (their spec and path), left
-unexecuted; nothing of the client is patched, and a process that imported `kubernetes` already
-(tests, tools) keeps it as it is.
+that uses none of them. The package objects are the installed ones (their spec and path) with their
+__init__ deferred until a name it defines is asked for (then it runs, and code that asks, e.g. for
+`kubernetes.config.list_kube_config_contexts`, gets the whole client); nothing of the client is patched,
+and a process that imported `kubernetes` already (tests, tools) keeps it as it is.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import importlib.util
 import json
 import socket
 import sys
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -81,16 +83,31 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
+class _InitDeferred(types.ModuleType):
+    """A package whose __init__ has not run: its submodules import as usual, and the first name asked
+    of it that its __init__ defines (`kubernetes.__version__`, `kubernetes.config.load_kube_config`)
+    runs that __init__ then, so code that wants the whole client still gets it."""
+
+    def __getattr__(self, name: str) -> Any:
+        object.__setattr__(self, "__class__", types.ModuleType)  # plain again, before __init__ runs
+        spec = self.__spec__
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(self)
+        return getattr(self, name)
+
+
 def client_modules() -> None:
-    """Let the client's parts import without its packages' __init__ modules (the module docstring
-    says why). Call before the first import of anything under `kubernetes`."""
+    """Let the client's parts import without its packages' __init__ modules, which run only if a name
+    they define is asked for (the module docstring says why). Call before the first import of
+    anything under `kubernetes`; a process that imported it already keeps it as it is."""
     if "kubernetes" in sys.modules:
         return
     for name in ("kubernetes", "kubernetes.config"):
         spec = importlib.util.find_spec(name)
-        if spec is None or spec.submodule_search_locations is None:
+        if spec is None or spec.submodule_search_locations is None or spec.loader is None:
             return  # not installed (or not a package): the import that follows says so
         module = importlib.util.module_from_spec(spec)
+        module.__class__ = _InitDeferred
         sys.modules[name] = module
         parent, _, child = name.rpartition(".")
         if parent:
