@@ -276,8 +276,34 @@ def write_config(dest: Path, yaml_text: str) -> Path:
     return dest
 
 
+def service_account_dir(
+    env: Any, dest: Path, namespace: str = "gpu-healthcheck", name: str = "bench-agent"
+) -> Path:
+    """A pod's service-account mount (token, ca.crt) for an agent process run as in a pod: its
+    ServiceAccount bound to cluster-admin (what the agent's RBAC allows is the tests' business, not
+    the benchmarks'), a one-hour token from the TokenRequest API."""
+    env.create_service_account(namespace, name)
+    binding = {
+        "metadata": {"name": f"{name}-{namespace}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }
+    status, body = env.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    if status not in (201, 409):
+        raise RuntimeError(f"binding {name} to cluster-admin: {status} {body}")
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "token").write_text(env.token_for(namespace, name, expiration=3600))
+    (dest / "ca.crt").write_bytes(Path(env.ca_cert).read_bytes())
+    return dest
+
+
 class AgentProcess:
-    """`gpu-healthcheck agent` on a snapshot-backed node, as a child process (stopped by PID)."""
+    """`gpu-healthcheck agent` on a snapshot-backed node, as a child process (stopped by PID).
+
+    With *service_account* (a directory from service_account_dir) it runs as in a pod: the
+    client's in-cluster loader, KUBERNETES_SERVICE_HOST/PORT, no kubeconfig; else with a kubeconfig
+    (default: the admin's). *root*: the checkout whose agent runs (default: this one), so that one
+    benchmark run can measure an older checkout's agent beside this one's."""
 
     def __init__(
         self,
@@ -287,34 +313,28 @@ class AgentProcess:
         config_dir: Path,
         log: Path,
         metrics_port: int = 0,
-        kubeconfig: Path | None = None,  # default: the admin's
+        kubeconfig: Path | None = None,
         log_level: str = "warning",
+        *,
+        service_account: Path | None = None,
+        root: Path = ROOT,
     ) -> None:
         self.log = log
         self.metrics_port = metrics_port
-        argv = [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "agent",
-            "--node",
-            node,
-            "--from-snapshot",
-            str(snap),
-            "--kubeconfig",
-            str(kubeconfig or env.kubeconfig),
-            "--config-dir",
-            str(config_dir),
-            "--metrics-port",
-            str(metrics_port),
-        ]
+        argv = [sys.executable, "-m", "agent.cli", "agent", "--node", node, "--from-snapshot", str(snap)]
+        argv += ["--config-dir", str(config_dir), "--metrics-port", str(metrics_port)]
+        child_env = dict(os.environ, PYTHONUNBUFFERED="1", GPU_HEALTHCHECK_LOG_LEVEL=log_level)
+        if service_account is not None:
+            host, port = env.url.removeprefix("https://").rsplit(":", 1)
+            argv += ["--service-account-dir", str(service_account)]
+            child_env.pop("KUBECONFIG", None)
+            child_env |= {"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port}
+            child_env["NO_PROXY"] = ",".join(filter(None, (child_env.get("NO_PROXY"), host.strip("[]"))))
+        else:
+            argv += ["--kubeconfig", str(kubeconfig or env.kubeconfig)]
         self._log = log.open("w")
         self.proc = subprocess.Popen(
-            argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1", GPU_HEALTHCHECK_LOG_LEVEL=log_level),
+            argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=root, env=child_env
         )
 
     @property

@@ -169,21 +169,16 @@ class MarksWatch:
         return (sorted(labels.items()), json.dumps(taints, sort_keys=True), cond, hash(results))
 
     def _run(self) -> None:
-        from kubernetes import watch
-
         rv = self._rv
         while not self._stop.is_set():
-            self._w = watch.Watch()
+            self._w = self._rest.watch(  # raw events, as the agents read theirs
+                "/api/v1/nodes", query={"resourceVersion": rv, "timeoutSeconds": 3600}, timeout=(5, 3700)
+            )
             try:
-                for ev in self._w.stream(
-                    self._rest.lister("/api/v1/nodes"),  # raw events: no model decoding
-                    resource_version=rv,
-                    timeout_seconds=3600,
-                    _request_timeout=(5, 3700),
-                ):
+                for ev in self._w:
                     if self._stop.is_set():
                         return
-                    node = ev.get("raw_object") or {}
+                    node = ev.get("object") or {}
                     rv = (node.get("metadata") or {}).get("resourceVersion") or rv
                     if ev.get("type") in ("ADDED", "MODIFIED"):
                         self._see(node)

@@ -1,6 +1,7 @@
 """Footprint: agent RSS after warm-up and CPU time per cycle on an 8-GPU snapshot.
 
 Usage: python -m bench.footprint [--cycles 30] [--interval 2] [--runs 30] [--profile] [--no-process]
+                                 [--auth in-cluster|kubeconfig|both] [--compare OLD_CHECKOUT] [--repeat N]
 
 Two measurements:
 1. In-process (like bench/check_cpu.py): an Engine on the healthy p5.48xlarge snapshot (8 GPUs,
@@ -12,22 +13,42 @@ Two measurements:
    cycle runs all tiers), metrics port on. RSS (VmRSS, VmHWM from /proc/PID/status) after the first
    verdict and a warm-up; then the process's user+sys CPU (/proc/PID/stat) over --cycles gpu-tier
    cycles, divided by the cycles. This includes everything the process does meanwhile: the kernel-log
-   follower's 50 ms polls, the config poll, the Node watch, and a few /metrics scrapes (cycles are
-   counted from `gpu_healthcheck_tier_duration_seconds_count`, read at the start, after --cycles
-   intervals, then once per interval until enough have run).
---profile prints the top functions (cProfile, cumulative) of the in-process cycles.
+   follower, the config poll, the Node watch, and a few /metrics scrapes (cycles are counted from
+   `gpu_healthcheck_tier_duration_seconds_count`, read at the start, after --cycles intervals, then
+   once per interval until enough have run). The CPU is also split by thread (/proc/PID/task; names
+   from `py-spy dump` when py-spy is installed): the loop, the follower, the Node watch, and the
+   probes' short-lived reader threads (what is left once the live threads are counted).
+   --auth: how the agent reaches the API server: as in a pod (in-cluster: the client's in-cluster
+   loader with a service account's token and CA, what a DaemonSet runs; the default), with a
+   kubeconfig (the client's kubeconfig loader, which imports more of the client), or both.
+   --compare DIR: the same measurement, in the same run, of the agent of another checkout (e.g. the
+   old code: `git worktree add ../base main`), which runs with a kubeconfig when it has no
+   --service-account-dir; --repeat N alternates the agents N times and prints each run, the median
+   and the spread, and the old/new ratio of the medians. The machine's load average is printed with
+   each run: CPU time is less disturbed by other work than wall time, not immune to it.
+--profile prints the top functions (cProfile, cumulative) of the in-process cycles and, when py-spy
+is installed (the test extra), where the agent process spent its CPU over the measured cycles
+(py-spy record, samples of threads not waiting, inclusive and own).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
+import os
 import pstats
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent.config import load_config_dir
 from agent.core.contract import Keys
@@ -35,6 +56,7 @@ from agent.engine.engine import Engine, fingerprint
 from agent.probes.snapshot import SnapshotSource
 from bench._kube import (
     HEALTHY,
+    ROOT,
     AgentProcess,
     core_api,
     free_port,
@@ -44,6 +66,7 @@ from bench._kube import (
     pct,
     proc_cpu_s,
     proc_rss_kb,
+    service_account_dir,
     snapshot_copy,
     wait_for,
     write_config,
@@ -92,49 +115,213 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return proc_rss_kb(pid), proc_rss_kb(pid, "VmHWM")
 
 
-def process(cycles: int, interval: float, warmup: float) -> None:
-    with tempfile.TemporaryDirectory(prefix="bench-foot-") as tmp, kube_env() as env:
-        work = Path(tmp)
-        node = "bench-footprint-node"
-        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
-        snap = snapshot_copy(work / "snap")
-        cfg = write_config(
-            work / "config",
-            f"intervals:\n  gpu: {interval:g}\n  efa: {interval:g}\n  topology: {interval:g}\n"
-            "jitterFraction: 0\n",
-        )
-        port = free_port()
-        agent = AgentProcess(env, node, snap, cfg, work / "agent.log", metrics_port=port)
-        core = core_api(env)
-        try:
-            wait_for(
-                lambda: (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass",
-                60,
-                "first verdict",
-            )
-            time.sleep(warmup)
-            rss, hwm = rss_kib(agent.pid)
-            gpu_runs = "gpu_healthcheck_tier_duration_seconds_count{tier=gpu"
-            c0, n0, w0 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
-            time.sleep(cycles * interval)  # scrape rarely: a /metrics scrape costs the agent CPU too
-            deadline = time.monotonic() + cycles * interval + 30
-            while metric_sum(agent.metrics(), gpu_runs) - n0 < cycles and time.monotonic() < deadline:
-                time.sleep(interval)
-            c1, n1, w1 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
-            rss2, hwm2 = rss_kib(agent.pid)
-        finally:
-            agent.stop()
-    done = n1 - n0
-    print(
-        f"agent process: every tier every {interval:g} s, warm-up {warmup:.0f} s after the first verdict, "
-        f"{done:.0f} cycles in {w1 - w0:.0f} s"
+def thread_ticks(pid: int) -> dict[int, int]:
+    """user+sys clock ticks of each live thread of *pid*."""
+    out: dict[int, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def py_spy() -> str | None:
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Native thread id → Python thread name, from `py-spy dump` ({} without py-spy)."""
+    spy = py_spy()
+    if spy is None:
+        return {}
+    proc = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, check=False)
+    names: dict[int, str] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("Thread ") and '"' in line:
+            with contextlib.suppress(ValueError, IndexError):
+                names[int(line.split()[1], 0)] = line.split('"')[1]
+    return names
+
+
+def thread_role(name: str) -> str:
+    for prefix, role in (
+        ("MainThread", "loop"),
+        ("kernel-follower", "follower"),
+        ("node-watch", "node watch"),
+    ):
+        if name.startswith(prefix):
+            return role
+    return "other threads"
+
+
+WAITING = ("wait (threading", "acquire", "select (", "poll (", "accept (", "recv", "_wait_for_tstate_lock")
+
+
+def spy_report(raw: Path, top: int = 25) -> str:
+    """Top functions of a `py-spy record -f raw` file, leaving out samples of threads that wait."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not count.isdigit() or any(w in frames[-1] for w in WAITING):
+            continue
+        n = int(count)
+        total += n
+        own[frames[-1]] += n
+        for frame in dict.fromkeys(frames):
+            inclusive[frame] += n
+    lines = [f"py-spy: {total} samples of threads not waiting; inclusive, then own:"]
+    lines += [f"{n / total * 100:6.1f}%  {f}" for f, n in inclusive.most_common(top)]
+    lines += ["---"] + [f"{n / total * 100:6.1f}%  {f}" for f, n in own.most_common(top)]
+    return "\n".join(lines)
+
+
+@dataclass
+class Run:
+    label: str
+    auth: str
+    rss: float  # MiB after warm-up
+    hwm: float
+    rss_after: float
+    cpu_ms: float  # per cycle
+    share: float  # % of one core
+    cycles: int
+    load: float  # 1-minute load average at the end
+    threads: dict[str, float] = field(default_factory=dict)  # role -> ms per cycle
+
+
+def process(
+    env: Any,
+    work: Path,
+    n: int,
+    *,
+    label: str,
+    root: Path,
+    auth: str,
+    cycles: int,
+    interval: float,
+    warmup: float,
+    profile: bool,
+) -> Run:
+    node = f"bench-footprint-{n}"
+    env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+    snap = snapshot_copy(work / f"snap-{n}")
+    cfg = write_config(
+        work / f"config-{n}",
+        f"intervals:\n  gpu: {interval:g}\n  efa: {interval:g}\n  topology: {interval:g}\n"
+        "jitterFraction: 0\n",
     )
-    print(f"{'RSS after warm-up':<34} {rss / 1024:>8.1f} MiB   (peak {hwm / 1024:.1f} MiB)")
-    print(f"{'RSS after the cycles':<34} {rss2 / 1024:>8.1f} MiB   (peak {hwm2 / 1024:.1f} MiB)")
-    print(f"{'CPU (user+sys) per cycle':<34} {(c1 - c0) * 1000 / done:>8.1f} ms  (every tier each cycle)")
-    print(f"{'CPU share while cycling':<34} {(c1 - c0) / (w1 - w0) * 100:>8.1f} %  of one core")
-    print(f"targets: RSS <= 64 MiB: {'met' if rss / 1024 <= 64 else 'MISSED'};  ", end="")
-    print(f"CPU <= 20 ms per cycle: {'met' if (c1 - c0) * 1000 / done <= 20 else 'MISSED'}")
+    port = free_port()
+    sa = service_account_dir(env, work / "serviceaccount") if auth == "in-cluster" else None
+    agent = AgentProcess(
+        env, node, snap, cfg, work / f"agent-{n}.log", metrics_port=port, service_account=sa, root=root
+    )
+    core = core_api(env)
+    spy = py_spy() if profile else None
+    try:
+        wait_for(
+            lambda: (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass",
+            60,
+            "first verdict",
+        )
+        time.sleep(warmup)
+        rss, hwm = rss_kib(agent.pid)
+        names = thread_names(agent.pid)
+        gpu_runs = "gpu_healthcheck_tier_duration_seconds_count{tier=gpu"
+        t0 = thread_ticks(agent.pid)
+        c0, n0, w0 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
+        recorder = None
+        if spy is not None:
+            raw = work / f"spy-{n}.txt"
+            recorder = subprocess.Popen(
+                [spy, "record", "-p", str(agent.pid), "-d", str(int(cycles * interval)), "-r", "500",
+                 "--nonblocking", "-f", "raw", "-o", str(raw)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        time.sleep(cycles * interval)  # scrape rarely: a /metrics scrape costs the agent CPU too
+        deadline = time.monotonic() + cycles * interval + 30
+        while metric_sum(agent.metrics(), gpu_runs) - n0 < cycles and time.monotonic() < deadline:
+            time.sleep(interval)
+        c1, n1, w1 = proc_cpu_s(agent.pid), metric_sum(agent.metrics(), gpu_runs), time.monotonic()
+        t1 = thread_ticks(agent.pid)
+        rss2, _ = rss_kib(agent.pid)
+        if recorder is not None:
+            recorder.wait(60)
+    finally:
+        agent.stop()
+    done = int(n1 - n0)
+    tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+    threads: dict[str, float] = defaultdict(float)
+    for tid, ticks in t1.items():
+        role = thread_role(names.get(tid, "")) if names else "live threads"
+        threads[role] += (ticks - t0.get(tid, 0)) * tick_ms / done
+    threads["probe reads (short-lived threads)"] = (c1 - c0) * 1000 / done - sum(threads.values())
+    if spy is not None and (work / f"spy-{n}.txt").exists():
+        print(f"--- {label} ({auth}) ---")
+        print(spy_report(work / f"spy-{n}.txt"))
+    return Run(
+        label,
+        auth,
+        rss / 1024,
+        hwm / 1024,
+        rss2 / 1024,
+        (c1 - c0) * 1000 / done,
+        (c1 - c0) / (w1 - w0) * 100,
+        done,
+        os.getloadavg()[0],
+        dict(threads),
+    )
+
+
+def report(runs: list[Run], interval: float, warmup: float) -> None:
+    print(
+        f"agent process: every tier every {interval:g} s, warm-up {warmup:.0f} s after the first verdict; "
+        "CPU = user+sys of all threads per gpu cycle (every tier each cycle)"
+    )
+    print(
+        f"{'agent':<6} {'auth':<11} {'RSS MiB':>8} {'peak':>6} {'after':>6} {'CPU ms':>7} {'% core':>7} "
+        f"{'cycles':>6} {'load':>5}  CPU ms/cycle by thread"
+    )
+    for r in runs:
+        by = ", ".join(f"{k} {v:.1f}" for k, v in r.threads.items() if round(v, 1))
+        print(
+            f"{r.label:<6} {r.auth:<11} {r.rss:>8.1f} {r.hwm:>6.1f} {r.rss_after:>6.1f} {r.cpu_ms:>7.1f} "
+            f"{r.share:>7.2f} {r.cycles:>6} {r.load:>5.2f}  {by}"
+        )
+    groups: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for r in runs:
+        groups[(r.label, r.auth)].append(r)
+    if len(runs) > len(groups):
+        print("median [min-max] over the runs:")
+        for (label, auth), rs in groups.items():
+            cpu, rss = [r.cpu_ms for r in rs], [r.rss for r in rs]
+            print(
+                f"  {label:<6} {auth:<11} RSS {statistics.median(rss):.1f} [{min(rss):.1f}-{max(rss):.1f}] "
+                f"MiB, CPU {statistics.median(cpu):.1f} [{min(cpu):.1f}-{max(cpu):.1f}] ms/cycle "
+                f"({len(rs)} runs)"
+            )
+    old = [r for r in runs if r.label == "old"]
+    for auth in ("in-cluster", "kubeconfig"):
+        new = [r for r in runs if r.label == "new" and r.auth == auth]
+        if old and new:
+            o_cpu, n_cpu = statistics.median(r.cpu_ms for r in old), statistics.median(r.cpu_ms for r in new)
+            o_rss, n_rss = statistics.median(r.rss for r in old), statistics.median(r.rss for r in new)
+            print(
+                f"old ({old[0].auth}) / new ({auth}): CPU {o_cpu:.1f} / {n_cpu:.1f} ms "
+                f"= {o_cpu / n_cpu:.2f}x, "
+                f"RSS {o_rss:.1f} / {n_rss:.1f} MiB = {o_rss / n_rss:.2f}x"
+            )
+    best = [r for r in runs if r.label == "new"]
+    if best:
+        rss_new = statistics.median(r.rss for r in best if r.auth == best[0].auth)
+        cpu_new = statistics.median(r.cpu_ms for r in best if r.auth == best[0].auth)
+        print(
+            f"targets ({best[0].auth}): RSS <= 44 MiB idle: {'met' if rss_new <= 44 else 'MISSED'};  "
+            f"CPU <= 15 ms per cycle: {'met' if cpu_new <= 15 else 'MISSED'}"
+        )
 
 
 def main() -> None:
@@ -143,13 +330,49 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=30, help="agent-process cycles measured")
     ap.add_argument("--interval", type=float, default=2.0, help="agent-process interval of every tier")
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds after the first verdict")
+    ap.add_argument("--auth", choices=("in-cluster", "kubeconfig", "both"), default="in-cluster")
+    ap.add_argument("--compare", type=Path, metavar="DIR", help="also measure the agent of this checkout")
+    ap.add_argument("--repeat", type=int, default=1, help="measure each agent this many times, alternating")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-process", action="store_true", help="only the in-process measurement")
     args = ap.parse_args()
-    print(f"footprint  machine: {machine()}")
+    print(f"footprint  machine: {machine()}, load average {os.getloadavg()[0]:.2f}")
     in_process(args.runs, args.profile)
-    if not args.no_process:
-        process(args.cycles, args.interval, args.warmup)
+    if args.no_process:
+        return
+    auths = ("in-cluster", "kubeconfig") if args.auth == "both" else (args.auth,)
+    agents = [("new", ROOT, auth) for auth in auths]
+    if args.compare is not None:
+        old_root = args.compare.resolve()
+        old_cli = (old_root / "agent" / "cli" / "main.py").read_text()
+        old_auth = (
+            "in-cluster" if "--service-account-dir" in old_cli and args.auth != "kubeconfig" else "kubeconfig"
+        )
+        agents.append(("old", old_root, old_auth))
+        print(f"old: the agent of {old_root} (auth {old_auth})")
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="bench-foot-") as tmp, kube_env() as env:
+        for rep in range(args.repeat):
+            for label, root, auth in agents if rep % 2 == 0 else agents[::-1]:
+                run = process(
+                    env,
+                    Path(tmp),
+                    len(runs),
+                    label=label,
+                    root=root,
+                    auth=auth,
+                    cycles=args.cycles,
+                    interval=args.interval,
+                    warmup=args.warmup,
+                    profile=args.profile,
+                )
+                runs.append(run)
+                print(
+                    f"  run {len(runs)}: {label} ({auth}) RSS {run.rss:.1f} MiB, "
+                    f"CPU {run.cpu_ms:.1f} ms/cycle, load {run.load:.2f}",
+                    flush=True,
+                )
+    report(runs, args.interval, args.warmup)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from agent.probes.node_object import node_from_dict
 from agent.probes.snapshot import KMSG, SnapshotSource
 from agent.probes.source import Source
 from agent.reporters.http import serve_http
-from agent.reporters.kube_rest import KubeRest
+from agent.reporters.kube_rest import KubeRest, client_modules
 from agent.reporters.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -54,18 +54,31 @@ log = logging.getLogger("gpu-healthcheck.agent")
 ETC_CONFIG = Path("/etc/gpu-healthcheck")
 
 
-def kube_core(kubeconfig: str | None) -> KubeRest:
-    """The API client: raw JSON over the official client's ApiClient (kube_rest says why)."""
-    from kubernetes import config
-    from kubernetes.client import ApiClient
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # the kubelet's mount
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+
+def kube_core(kubeconfig: str | None, service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> KubeRest:
+    """The API client: raw JSON over the official client's transport (kube_rest says why). In a pod
+    (KUBERNETES_SERVICE_HOST set, no --kubeconfig) the client's in-cluster loader reads the service
+    account's token (re-read as the kubelet rotates it) and CA from *service_account_dir*; else the
+    client's kubeconfig loader (--kubeconfig, $KUBECONFIG, ~/.kube/config), which a pod never loads."""
+    client_modules()
+    from kubernetes.client.configuration import Configuration
+
+    cfg = Configuration()
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        from kubernetes.config.incluster_config import InClusterConfigLoader
+
+        loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
+            token_filename=str(service_account_dir / "token"),
+            cert_filename=str(service_account_dir / "ca.crt"),
+        )
+        loader.load_and_set(cfg)  # type: ignore[no-untyped-call]
     else:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return KubeRest(ApiClient())
+        from kubernetes.config.kube_config import load_kube_config
+
+        load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return KubeRest(cfg)
 
 
 DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
@@ -160,7 +173,7 @@ def main(args: Any) -> int:
         from agent.reporters.brake import Brake
         from agent.reporters.node_writer import NodeWriter
 
-        core = kube_core(args.kubeconfig)
+        core = kube_core(args.kubeconfig, getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR)
         brake = Brake(
             core,
             selectors=cfg.gpu_node_selection,
@@ -185,14 +198,24 @@ def main(args: Any) -> int:
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
         )
 
+        parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)
+
         def node_getter() -> Probed[NodeObject]:
+            """The watched Node, parsed once per change of it (the engine asks several times a cycle)."""
+            version = writer.node_version
+            if parsed and parsed[0][0] == version:
+                return parsed[0][1]
             current = writer.node
+            node: Probed[NodeObject]
             if current is None:
-                return NotCaptured("Node object (not read yet)")
-            try:
-                return node_from_dict(current)
-            except ParseError as exc:
-                return ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
+                node = NotCaptured("Node object (not read yet)")
+            else:
+                try:
+                    node = node_from_dict(current)
+                except ParseError as exc:
+                    node = ProbeError("Node object", ProbeErrorKind.UNREADABLE, str(exc))
+            parsed[:] = [(version, node)]
+            return node
 
     from agent.probes.pod_resources import gpu_pods, list_devices
 

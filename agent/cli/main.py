@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--node", help="this Node's name (default: $NODE_NAME)")
     a.add_argument("--from-snapshot", metavar="DIR", help="judge a snapshot directory, re-read every tick")
     a.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    a.add_argument(
+        "--service-account-dir",
+        type=Path,
+        help="in-cluster: the service account's token and ca.crt "
+        "(default: the kubelet's mount, /var/run/secrets/kubernetes.io/serviceaccount)",
+    )
     a.add_argument("--config-dir", type=Path, help="config directory (default: /etc/gpu-healthcheck)")
     a.add_argument(
         "--state-dir",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from agent.core.actions import Action, Recommendation, recommend
 from agent.core.model import SourceLine
@@ -60,7 +61,9 @@ class Finding:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """The outcome of one check. `unknown` means "we could not look", never "the GPU is broken"."""
+    """The outcome of one check. `unknown` means "we could not look", never "the GPU is broken".
+    Immutable: its severity, status and message are worked out once (the engine reads them on every
+    verdict, the metrics and the annotation again)."""
 
     name: str
     findings: tuple[Finding, ...] = ()
@@ -69,11 +72,11 @@ class CheckResult:
     note: str = ""  # a short pass message ("8 GPUs, ECC clean")
     duration_ms: float = 0.0
 
-    @property
+    @cached_property
     def severity(self) -> Severity:
         return max((f.severity for f in self.findings), default=Severity.NONE)
 
-    @property
+    @cached_property
     def status(self) -> Status:
         """fail beats unknown beats warn: "could not look" must never hide behind a warning."""
         sev = self.severity
@@ -87,7 +90,7 @@ class CheckResult:
             return Status.SKIPPED
         return Status.PASS
 
-    @property
+    @cached_property
     def message(self) -> str:
         if self.findings:
             shown = [f.message for f in self.findings if f.severity > Severity.NONE] or [

@@ -86,11 +86,12 @@ def record(
     out = dict(history)
     if not boot:
         return out
-    names = _gpu_names(gpus)
+    names: dict[str, str] | None = None  # worked out for the first failing finding only
     for res in results:
         for f in res.findings:
             if f.severity < Severity.RESET:
                 continue
+            names = _gpu_names(gpus) if names is None else names
             gpu = _gpu_of(f, names)
             ident = (f.rule, gpu or f.key)
             old = out.get(ident)
@@ -113,7 +114,7 @@ def escalate(
     "came back after N reboots"; 0 turns it off."""
     if after_reboots <= 0:
         return list(results)
-    names = _gpu_names(gpus)
+    names = _gpu_names(gpus) if history else {}
     out = []
     for res in results:
         findings = []
@@ -128,7 +129,9 @@ def escalate(
                     action=Action.SERVICE,
                 )
             findings.append(f)
-        out.append(replace(res, findings=tuple(findings)))
+        # The result itself when nothing came back: what it worked out once (status, message) stays.
+        changed = any(a is not b for a, b in zip(findings, res.findings, strict=True))
+        out.append(replace(res, findings=tuple(findings)) if changed else res)
     return out
 
 

@@ -1,7 +1,9 @@
 """A recorded node snapshot directory as a Source (`check --from-snapshot DIR`, tests, the demo).
 
 kmsg.log may grow while the agent runs (tests and the benchmark append to it): it is read
-incrementally, like /dev/kmsg on a live node (agent.probes.kernel_tail).
+incrementally, like /dev/kmsg on a live node (agent.probes.kernel_tail). A kmsg.log that is a FIFO
+or a character device (a stand-in for /dev/kmsg: bench/fault_to_taint --kmsg fifo) is read as the
+device is, one record at a time as it is written.
 
 Snapshot file names (all optional; a missing file means "not captured"):
 
@@ -17,6 +19,7 @@ Snapshot file names (all optional; a missing file means "not captured"):
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,15 @@ def source_name(name: str) -> str:
     return " ".join(COMMANDS[name]) if name in COMMANDS else name
 
 
+def _is_stream(path: Path) -> bool:
+    """A FIFO or a character device: read as /dev/kmsg is, not as a file that grows."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
 class SnapshotError(Exception):
     """The snapshot directory itself is unusable (missing, not a directory)."""
 
@@ -84,7 +96,7 @@ class SnapshotSource:
             raise SnapshotError(f"{root} is not a directory")
         self.root = root
         self.memo = ParseMemo()
-        self.kernel_tail = KernelTail(str(root / KMSG), device=False)
+        self.kernel_tail = KernelTail(str(root / KMSG), device=_is_stream(root / KMSG))
 
     def _errors(self) -> dict[str, Any]:
         path = self.root / ERRORS

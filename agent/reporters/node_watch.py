@@ -43,6 +43,7 @@ class NodeWatch:
         self._on_node = on_node
         self._node_lock = threading.Lock()
         self._node: dict[str, Any] | None = None  # the last seen Node (watch, reads, write responses)
+        self._version = 0  # one more on every change of _node
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: Any = None
@@ -54,6 +55,7 @@ class NodeWatch:
         with self._node_lock:
             if self._node is None or rv_number(node) >= rv_number(self._node):
                 self._node = node
+                self._version += 1
 
     def read(self) -> dict[str, Any]:
         """GET the Node (and keep it)."""
@@ -68,6 +70,13 @@ class NodeWatch:
         if cached is not None and not fresh:
             return cached
         return self.read()
+
+    @property
+    def version(self) -> int:
+        """Counts the changes of the copy: a reader keys its own parse of the Node on it, instead of
+        copying and parsing the Node again whenever it looks."""
+        with self._node_lock:
+            return self._version
 
     @property
     def node(self) -> dict[str, Any] | None:
@@ -109,8 +118,6 @@ class NodeWatch:
         self._on_node(node)
 
     def _loop(self) -> None:
-        from kubernetes import watch  # imported here: the pure parts of the writer need no client
-
         backoff = 0.5
         rv: str | None = None
         while not self._stop.is_set():
@@ -120,22 +127,23 @@ class NodeWatch:
                     rv = str(node["metadata"]["resourceVersion"])
                     self.synced.set()
                     self._seen(node)
-                watch_cls: Any = watch.Watch
-                w = watch_cls()
+                w = self.rest.watch(
+                    "/api/v1/nodes",
+                    query={
+                        "fieldSelector": f"metadata.name={self.node_name}",
+                        "resourceVersion": rv,
+                        "timeoutSeconds": self.timeout_seconds,
+                        "allowWatchBookmarks": True,
+                    },
+                    timeout=(5, self.timeout_seconds + 15),
+                )
                 self._watch = w
                 if self._stop.is_set():
                     break
-                for ev in w.stream(
-                    self.rest.lister("/api/v1/nodes"),
-                    field_selector=f"metadata.name={self.node_name}",
-                    resource_version=rv,
-                    timeout_seconds=self.timeout_seconds,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(5, self.timeout_seconds + 15),
-                ):
+                for ev in w:
                     if self._stop.is_set():
                         break
-                    obj = ev.get("raw_object") or {}
+                    obj = ev.get("object") or {}
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = str(new_rv)
@@ -144,6 +152,7 @@ class NodeWatch:
                     elif ev.get("type") == "DELETED":
                         with self._node_lock:
                             self._node = None
+                            self._version += 1
                         self.synced.clear()
                         rv = None
                 backoff = 0.5

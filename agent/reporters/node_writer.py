@@ -219,6 +219,11 @@ class NodeWriter:
         return self.watch.node
 
     @property
+    def node_version(self) -> int:
+        """Changes whenever the last seen Node does (NodeWatch.version)."""
+        return self.watch.version
+
+    @property
     def brake_open(self) -> bool:
         return self.gate.state.brake_open
 
