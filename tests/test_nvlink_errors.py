@@ -1,7 +1,7 @@
 """NVLink error counters: the NVML probe against a fake `pynvml` module (no GPU here; the functions
 it offers are checked against the installed nvidia-ml-py), the snapshot file, and nvlink-errors.
 
-No recording of NVLink error counters exists in ../shared/fixtures (the H100 capture's
+No real recording of NVLink error counters exists among the project's fixture sources (the H100 capture's
 `nvidia-smi nvlink -e` printed nothing: a single GPU without NVLink). The counts below are ours:
 a healthy 18-link H100 with a few replays since driver load, and faults made from it."""
 
