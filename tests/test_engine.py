@@ -280,6 +280,7 @@ def test_an_unknown_cycle_freezes_recovery_and_keeps_the_taint(snap: Path) -> No
     eng.evaluate()
     _gpu_timeout(snap)  # a hung nvidia-smi: a GPU failure (reboot), not latched
     eng.run_tier("gpu")
+    eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
     verdict, marks = eng.evaluate()
     assert verdict.status is Status.FAIL and marks.taint and marks.taint_value == "reboot"
 
@@ -319,6 +320,7 @@ def test_an_unknown_cycle_between_passes_neither_counts_nor_resets(snap: Path) -
     run_all(eng)
     _gpu_timeout(snap)
     eng.run_tier("gpu")
+    eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
     eng.evaluate()
     (snap / "errors.json").unlink()
     eng.run_tier("gpu")  # pass 1
@@ -342,6 +344,7 @@ def test_observe_and_label_modes_never_ask_for_a_taint(snap: Path) -> None:
         eng = engine_for(snap, node={"mode": mode})
         _gpu_timeout(snap)
         run_all(eng)
+        eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
         verdict, marks = eng.evaluate()
         assert verdict.status is Status.FAIL and not marks.taint
         assert marks.unhealthy_label is label and marks.taint_value == "reboot"
@@ -352,6 +355,7 @@ def test_the_lowest_severity_that_taints_and_the_effect_per_severity(snap: Path)
     _gpu_timeout(snap)  # a reboot failure
     high = engine_for(snap, node={"taintMinSeverity": "isolate"})
     run_all(high)
+    high.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
     verdict, marks = high.evaluate()
     assert verdict.severity is Severity.REBOOT and not marks.taint, "reboot is below isolate"
     assert marks.condition_status == "False"  # still reported as failing
@@ -360,10 +364,12 @@ def test_the_lowest_severity_that_taints_and_the_effect_per_severity(snap: Path)
         snap, node={"taintMinSeverity": "reboot", "taintEffectBySeverity": {"reboot": "NoExecute"}}
     )
     run_all(eng)
+    eng.run_tier("gpu")
     _, marks = eng.evaluate()
     assert marks.taint and marks.taint_effect == "NoExecute"
     plain = engine_for(snap, node={"taintEffectBySeverity": {"isolate": "NoExecute"}})
     run_all(plain)
+    plain.run_tier("gpu")
     _, marks = plain.evaluate()
     assert marks.taint and marks.taint_effect == "NoSchedule"
 

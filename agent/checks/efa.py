@@ -27,7 +27,8 @@ RATE_COUNTERS = (
 
 
 COUNT = Rule("efa.count", Severity.ISOLATE, "EFA device count differs from the profile")
-PORT_DOWN = Rule("efa.port-down", Severity.REBOOT, "an EFA port is not ACTIVE")
+# A port read once while its link retrains is not a dead adapter (confirmed over node.confirmAfter).
+PORT_DOWN = Rule("efa.port-down", Severity.REBOOT, "an EFA port is not ACTIVE", confirm=True)
 COUNTER_RATE = Rule("efa.counter-rate", Severity.MONITOR, "an EFA error counter grows faster than its limit")
 
 

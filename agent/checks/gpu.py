@@ -21,12 +21,15 @@ RESPONSIVE_LOST = Rule(
     Severity.REBOOT,
     "the driver cannot talk to a GPU (GPU is lost / no device handle)",
 )
-RESPONSIVE_TIMEOUT = Rule("gpu.responsive.timeout", Severity.REBOOT, "nvidia-smi/NVML hung past its timeout")
+RESPONSIVE_TIMEOUT = Rule(
+    "gpu.responsive.timeout", Severity.REBOOT, "nvidia-smi/NVML hung past its timeout", confirm=True
+)  # one slow read (a loaded host, a driver busy for a moment) is not a broken GPU
 RESPONSIVE_DRIVER = Rule(
     "gpu.responsive.driver",
     Severity.REBOOT,
     "nvidia-smi/NVML cannot talk to the driver (not loaded, version mismatch)",
-)
+    confirm=True,
+)  # also a tool that exited non-zero without output, and a driver caught mid-reload
 ECC_DRAM_UNCORRECTABLE = Rule(
     "gpu.ecc.dram-uncorrectable",
     Severity.RESET,
@@ -66,15 +69,20 @@ RECOVERY_ACTION_DRAIN = Rule(
     Severity.RESET,
     "the driver asks to drain and reset",
 )
-THROTTLE_HW_SLOWDOWN = Rule("gpu.throttle.hw-slowdown", Severity.MONITOR, "HW slowdown active")
-THROTTLE_HW_THERMAL = Rule("gpu.throttle.hw-thermal", Severity.MONITOR, "HW thermal slowdown active")
+# Clock events and a link width are what the GPU does at the moment of the read (monitor; confirmed
+# where `severities:` makes them fail).
+THROTTLE_HW_SLOWDOWN = Rule("gpu.throttle.hw-slowdown", Severity.MONITOR, "HW slowdown active", confirm=True)
+THROTTLE_HW_THERMAL = Rule(
+    "gpu.throttle.hw-thermal", Severity.MONITOR, "HW thermal slowdown active", confirm=True
+)
 THROTTLE_HW_POWER_BRAKE = Rule(
     "gpu.throttle.hw-power-brake",
     Severity.MONITOR,
     "HW power brake slowdown active",
+    confirm=True,
 )
 PCIE_WIDTH = Rule(
-    "gpu.pcie.width", Severity.MONITOR, "PCIe link width below its maximum", Action.RESEAT
+    "gpu.pcie.width", Severity.MONITOR, "PCIe link width below its maximum", Action.RESEAT, confirm=True
 )  # a link that trained down: seating, riser or cable
 PERSISTENCE_DISABLED = Rule("gpu.persistence.disabled", Severity.MONITOR, "persistence mode disabled")
 FABRIC_INCOMPLETE = Rule(

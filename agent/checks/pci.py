@@ -41,8 +41,13 @@ NIC_INVISIBLE = Rule(
     "pci.inventory.nic-invisible", Severity.REBOOT, "an RDMA NIC on the PCI bus without RDMA device"
 )
 NIC_OFF_BUS = Rule("pci.inventory.nic-off-bus", Severity.ISOLATE, "an RDMA NIC is missing from the PCI bus")
-LINK_WIDTH = Rule("pci.link.width", Severity.MONITOR, "a PCIe link runs narrower than both its ends support")
-LINK_SPEED = Rule("pci.link.speed", Severity.MONITOR, "a PCIe link runs slower than both its ends support")
+# A link read once while it retrains (monitor; confirmed where `severities:` makes it fail).
+LINK_WIDTH = Rule(
+    "pci.link.width", Severity.MONITOR, "a PCIe link runs narrower than both its ends support", confirm=True
+)
+LINK_SPEED = Rule(
+    "pci.link.speed", Severity.MONITOR, "a PCIe link runs slower than both its ends support", confirm=True
+)
 AER_FATAL = Rule("pci.aer.fatal", Severity.REBOOT, "a fatal uncorrectable PCIe error was counted this boot")
 AER_NONFATAL = Rule("pci.aer.nonfatal", Severity.MONITOR, "non-fatal uncorrectable PCIe errors grew")
 AER_CORRECTABLE = Rule("pci.aer.correctable", Severity.MONITOR, "correctable PCIe errors grow > 8 a minute")

@@ -137,6 +137,7 @@ class LiveParts:
         if isinstance(self.source, LiveSource):
             self.source.timeout_s = new.timeouts.nvidia_smi
             self.source.nvml_timeout_s = new.timeouts.nvml
+            self.source.check_timeout_s = new.timeouts.check
         dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
         if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
             engine.set_inputs(*self.dcgm_inputs(new))
@@ -162,13 +163,16 @@ def main(args: Any) -> int:
         source = SnapshotSource(Path(args.from_snapshot))
         kernel_path, device = Path(args.from_snapshot) / KMSG, False
     else:
-        source = LiveSource(timeout_s=cfg.timeouts.nvidia_smi, nvml_timeout_s=cfg.timeouts.nvml)
+        t = cfg.timeouts
+        source = LiveSource(timeout_s=t.nvidia_smi, nvml_timeout_s=t.nvml, check_timeout_s=t.check)
         kernel_path, device = Path("/dev/kmsg"), True
     writer: NodeWriter | None = None
     brake: Brake | None = None
     node_getter = None
     fence: threading.Thread | None = None
     metrics = Metrics()
+    if isinstance(source, LiveSource):
+        source.telemetry = metrics  # tool latency (gpu_healthcheck_tool_seconds)
     if not args.no_kube:
         from agent.reporters.brake import Brake
         from agent.reporters.node_writer import NodeWriter

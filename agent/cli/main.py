@@ -174,7 +174,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         except SnapshotError as exc:
             raise UsageError(str(exc)) from exc
     else:
-        source = LiveSource(timeout_s=args.timeout or cfg.timeouts.nvidia_smi)
+        source = LiveSource(
+            timeout_s=args.timeout or cfg.timeouts.nvidia_smi, check_timeout_s=cfg.timeouts.check
+        )
     inputs = needed_inputs(specs) | {Input.NODE}
     facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
     verdict = decide(run_checks(specs, facts, cfg))
@@ -289,7 +291,8 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 def cmd_rules(_: argparse.Namespace) -> int:
     for rule in RULES.values():
-        print(f"{rule.name:<34} {rule.severity.label:<8} {rule.text}")
+        confirm = " [confirmed over node.confirmAfter runs]" if rule.confirm else ""
+        print(f"{rule.name:<34} {rule.severity.label:<8} {rule.text}{confirm}")
     return 0
 
 

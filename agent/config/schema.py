@@ -87,6 +87,7 @@ SCHEMA: dict[str, Any] = {
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),
         "recoverAfter": _num(3, 1, 1000),
+        "confirmAfter": Spec(int, 2, 1, 100),  # consecutive failing runs before a confirm rule fails
         "escalateAfterReboots": Spec(int, 2, 0, 10),
         "taintMinSeverity": Spec(str, TAINT_SEVERITIES[0], choices=TAINT_SEVERITIES),
         "taintEffect": Spec(str, DEFAULT_TAINT_EFFECT, choices=TAINT_EFFECTS),

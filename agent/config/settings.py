@@ -69,6 +69,7 @@ class NodeSettings:
 
     mode: str  # observe | label | taint
     recover_after: int
+    confirm_after: int  # consecutive failing runs of its check before a rule marked `confirm` fails
     escalate_after_reboots: int  # a failing finding back on the same GPU after N reboots: isolate (0 off)
     taint_min_severity: Severity
     taint_effect: str
@@ -149,6 +150,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
     return NodeSettings(
         mode=str(s["mode"]),
         recover_after=int(s["recoverAfter"]),
+        confirm_after=int(s["confirmAfter"]),
         escalate_after_reboots=int(s["escalateAfterReboots"]),
         taint_min_severity=Severity.parse(str(s["taintMinSeverity"])),
         taint_effect=str(s["taintEffect"]),

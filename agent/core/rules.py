@@ -16,6 +16,10 @@ class Rule:
     text: str  # what it means, for `gpu-healthcheck rules`
     action: Action | None = None  # the step that fixes it, where its severity does not say it
     max_severity: Severity = Severity.ISOLATE  # the most `severities:` may make it (trends: monitor)
+    # A transient can trip it (a read that timed out, a link caught retraining): a finding at reset
+    # or above fails the node only after node.confirmAfter consecutive runs of its check
+    # (engine/confirm.py). Never set on what the input states plainly (an Xid line, an ECC count).
+    confirm: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ class Telemetry(Protocol):
     def record_brake_open(self, is_open: bool) -> None: ...
     def record_diag_running(self, running: bool) -> None: ...
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
+    # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
+    def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None: ...
 
 
 class NoTelemetry:
@@ -54,4 +56,7 @@ class NoTelemetry:
         pass
 
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:
+        pass
+
+    def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
         pass

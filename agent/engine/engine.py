@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agent.checks.registry import CHECKS, run_checks
+from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
 from agent.core import trends
 from agent.core.contract import (
@@ -216,7 +216,8 @@ class Engine:
             self.state.trends = trends.advance(self.state.trends, read, t.read_spacing_s, t.keep_reads)
             facts = replace(facts, trends=self.state.trends, boot_id=self.boot_id)
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
-        results = run_checks(specs, facts, self.cfg)
+        results = run_checks(specs, facts, self.cfg)  # below: confirmAfter (engine/confirm.py)
+        results = self.state.confirm.judge(results, self.cfg.node.confirm_after, RULES)
         stamp = now_iso()
         changed = [
             r.name

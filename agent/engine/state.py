@@ -32,6 +32,7 @@ from agent.core.text import shorten
 from agent.core.trends import TRENDS_FIELD, TrendHistory
 from agent.core.trends import parse as parse_trends
 from agent.engine import history
+from agent.engine.confirm import Confirmations
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -147,6 +148,7 @@ class EngineState:
         self.last_status: Status | None = None
         self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
         self.trends = TrendHistory()  # the kept reads the trend warnings judge (core/trends.py)
+        self.confirm = Confirmations()  # findings a transient can trip, until node.confirmAfter runs
         self._last_gpu_run_seen = -1.0
 
     # The taint's hysteresis under the names the engine and tests have always used.
@@ -180,7 +182,9 @@ class EngineState:
         if not doc or not isinstance(doc, dict):
             return
         same_boot = bool(self.boot_id) and doc.get("bootId") == self.boot_id
-        if same_boot:
+        if same_boot:  # an agent restart, not a reboot: a check failing then stays confirmed
+            checks = [c for c in doc.get("checks") or [] if isinstance(c, dict)]
+            self.confirm.restore(str(c.get("name")) for c in checks if c.get("status") == Status.FAIL.value)
             for item in doc.get("latched") or []:
                 try:
                     latch = Latch(

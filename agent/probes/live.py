@@ -1,11 +1,21 @@
-"""The live node as a Source: NVML first, nvidia-smi as the fallback, /dev/kmsg, /sys."""
+"""The live node as a Source: NVML first, nvidia-smi as the fallback, /dev/kmsg, /sys.
+
+One slow read is not a broken GPU: a GPU inventory read that timed out gets one second try in the
+same cycle, from nvidia-smi (a hung NVML call cannot be retried while its thread is stuck in the
+driver; nvidia-smi is a separate process that can be killed), within what is left of
+`timeouts.check`, so the whole read never takes longer than before. Each GPU inventory read is
+timed (Telemetry.record_tool_read), so a read that slows down shows before it times out; the other
+tools' timeouts only make their checks unknown (counted in probe errors) and are not timed, to keep
+an agent's series few (issue 18)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from agent.core.dcgm_report import DiagReport
 from agent.core.model import (
@@ -20,6 +30,7 @@ from agent.core.model import (
     TopoMatrix,
 )
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
+from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.nvlink import parse_nvlink
@@ -28,6 +39,13 @@ from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
 from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
+
+log = logging.getLogger("gpu-healthcheck.probes")
+T = TypeVar("T")
+
+RETRY_MARGIN_S = 2.0  # kept free under timeouts.check, so the engine's own bound never fires first
+RETRY_MIN_S = 1.0  # a second try with less time than this is not made
+NVML = "nvml"  # the tool name of an NVML inventory read in the tool histogram
 
 
 class LiveSource:
@@ -42,9 +60,13 @@ class LiveSource:
         node_loader: Callable[[], Probed[NodeObject]] | None = None,
         instance_type: str | None = None,
         nvml_timeout_s: float | None = None,
+        check_timeout_s: float = 60.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
-        self.timeout_s = timeout_s  # nvidia-smi (timeouts.nvidiaSmi); both are set again on a reload
+        self.timeout_s = timeout_s  # nvidia-smi (timeouts.nvidiaSmi); all three are set again on a reload
         self.nvml_timeout_s = timeout_s if nvml_timeout_s is None else nvml_timeout_s  # timeouts.nvml
+        self.check_timeout_s = check_timeout_s  # timeouts.check: bounds a read with its second try
+        self.telemetry: Telemetry = telemetry or NoTelemetry()
         self.sys_root = sys_root
         self.kmsg_path = kmsg_path
         self.use_nvml = use_nvml
@@ -53,11 +75,11 @@ class LiveSource:
         self.memo = ParseMemo()
         self.kernel_tail = KernelTail(kmsg_path, device=True)
 
-    def run(self, name: str) -> CommandOutput | ProbeError:
-        return run_command(COMMANDS[name], self.timeout_s)
+    def run(self, name: str, timeout_s: float | None = None) -> CommandOutput | ProbeError:
+        return run_command(COMMANDS[name], self.timeout_s if timeout_s is None else timeout_s)
 
-    def text(self, name: str) -> str | ProbeError:
-        out = self.run(name)
+    def text(self, name: str, timeout_s: float | None = None) -> str | ProbeError:
+        out = self.run(name, timeout_s)
         if isinstance(out, ProbeError):
             return out
         if out.returncode != 0 and not out.stdout.strip():
@@ -70,11 +92,59 @@ class LiveSource:
         return out.stdout
 
     def gpus(self) -> Probed[GpuInventory]:
+        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module)."""
+        started = time.monotonic()
+        first: Probed[GpuInventory] | None = None
         if self.use_nvml:
-            nvml = _read_nvml(self.nvml_timeout_s)
-            if not (isinstance(nvml, ProbeError) and nvml.kind is ProbeErrorKind.UNAVAILABLE):
-                return nvml
-        return self.memo.parse(source_name(XML), self.text(XML), parse_nvsmi_xml)
+            first = self._timed(NVML, self.nvml_timeout_s, _read_nvml)
+            if _kind(first) is ProbeErrorKind.UNAVAILABLE:
+                first = None
+        if first is None:
+            first = self._xml(self.timeout_s)
+        if _kind(first) is not ProbeErrorKind.TIMEOUT:
+            return first
+        assert isinstance(first, ProbeError)
+        left = self.check_timeout_s - (time.monotonic() - started) - RETRY_MARGIN_S
+        limit = min(self.timeout_s, left)
+        if limit < RETRY_MIN_S:
+            return _with_note(first, "no second try: timeouts.check leaves no time for one")
+        second = self._xml(limit)
+        kind = _kind(second)
+        if kind is ProbeErrorKind.UNAVAILABLE:
+            return _with_note(first, f"no second try: {second}")
+        if kind is ProbeErrorKind.TIMEOUT:
+            assert isinstance(second, ProbeError)
+            return _with_note(first, f"second try, {second.source}: {second.message}")
+        log.warning(
+            f"{first.source} timed out ({first.message}); the second try, {source_name(XML)}, answered: "
+            "judged on its read",
+            extra={"event": "retry"},
+        )
+        return second
+
+    def _xml(self, timeout_s: float) -> Probed[GpuInventory]:
+        return self.memo.parse(
+            source_name(XML), self._timed(source_name(XML), timeout_s, self._xml_text), parse_nvsmi_xml
+        )
+
+    def _xml_text(self, timeout_s: float) -> str | ProbeError:
+        return self.text(XML, timeout_s)
+
+    def _timed(self, tool: str, timeout_s: float, read: Callable[[float], T | ProbeError]) -> T | ProbeError:
+        """A GPU inventory read (the read whose timeout is judged), timed for the tool histogram.
+        A tool that is not there, or an NVML read refused at once because an earlier one is still
+        stuck in the driver, made no read: not observed."""
+        started = time.monotonic()
+        got = read(timeout_s)
+        seconds = time.monotonic() - started
+        kind = got.kind if isinstance(got, ProbeError) else None
+        if kind is None:
+            self.telemetry.record_tool_read(tool, "ok", seconds)
+        elif kind is ProbeErrorKind.TOOL_FAILED:
+            self.telemetry.record_tool_read(tool, "failed", seconds)
+        elif kind is ProbeErrorKind.TIMEOUT and seconds >= timeout_s:
+            self.telemetry.record_tool_read(tool, "timeout", seconds)
+        return got
 
     def topo(self) -> Probed[TopoMatrix]:
         return self.memo.parse(source_name(TOPO), self.text(TOPO), parse_topo)
@@ -122,6 +192,14 @@ class LiveSource:
 
     def instance_type(self) -> str | None:
         return self._instance_type or os.environ.get("GPU_HEALTHCHECK_INSTANCE_TYPE") or None
+
+
+def _kind(probed: object) -> ProbeErrorKind | None:
+    return probed.kind if isinstance(probed, ProbeError) else None
+
+
+def _with_note(err: ProbeError, note: str) -> ProbeError:
+    return ProbeError(err.source, err.kind, f"{err.message}; {note}", err.partial)
 
 
 def _read_nvml(timeout_s: float) -> Probed[GpuInventory]:

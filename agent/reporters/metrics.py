@@ -17,6 +17,13 @@ from agent.core.severity import Severity, Status
 from agent.core.trends import CHECK_PREFIX
 
 NS = "gpu_healthcheck"
+# Tool reads (issue 28): a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to
+# the 30 s default timeout, so that a read slowing from 5 to 25 s shows before it fails a node; six
+# buckets (9 series a tool) to stay within issue 18's 60 series an agent.
+TOOL_BUCKETS = (0.1, 1, 5, 10, 20, 30)
+# A tier (its reads and checks, bounded by timeouts.check): fast; slow; past 30 s, at a tool's
+# timeout (the default). Two buckets, as before; the tool histogram shows where the time went.
+TIER_BUCKETS = (1, 30)
 
 
 class Metrics:
@@ -36,7 +43,7 @@ class Metrics:
             "one run of a tier (its probes and checks); _count is the tier's runs",
             ["tier"],
             registry=r,
-            buckets=(0.5, 5),  # fast, slow, stuck-ish: enough to alert on, cheap for 2,000 nodes
+            buckets=TIER_BUCKETS,
         )
         self.findings = Gauge(
             f"{NS}_findings", "active findings by severity (no series at zero)", ["severity"], registry=r
@@ -104,6 +111,17 @@ class Metrics:
             registry=r,
         )
 
+        # ---- issue 28 (one slow read is not a broken GPU): node tool latency
+        self.tool_seconds = Histogram(
+            f"{NS}_tool_seconds",
+            "one read of a node tool (nvml, nvml nvlink, nvidia-smi -q -x, nvidia-smi topo -m, ...) by "
+            "outcome (ok, failed: it answered with an error, timeout: killed or abandoned at its limit)",
+            ["tool", "outcome"],
+            registry=r,
+            buckets=TOOL_BUCKETS,
+        )
+        # ---- end issue 28
+
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
         _only(self.node_status, {(status.value,): 1}, self._shown)
@@ -163,6 +181,10 @@ class Metrics:
 
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)
+
+    def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
+        """Issue 28: a read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
+        self.tool_seconds.labels(tool, outcome).observe(seconds)
 
 
 def _only(gauge: Gauge, values: dict[tuple[str, ...], int], shown: dict[int, set[tuple[str, ...]]]) -> None:
