@@ -106,7 +106,7 @@ class LiveSource:
         assert isinstance(first, ProbeError)
         left = self.check_timeout_s - (time.monotonic() - started) - RETRY_MARGIN_S
         limit = min(self.timeout_s, left)
-        if limit < RETRY_MIN_S:
+        if limit < min(self.timeout_s, RETRY_MIN_S):
             return _with_note(first, "no second try: timeouts.check leaves no time for one")
         second = self._xml(limit)
         kind = _kind(second)
