@@ -4,7 +4,8 @@
 A snapshot-backed agent runs every tier once, in process, on each bundled snapshot (healthy, and
 after an Xid 79); its registry is rendered as Prometheus would scrape it. The live agent adds the
 series of what it talks to: Node writes by kind and outcome (about 3 when healthy), the brake's
-GPU-node count (2) and the fence (1).
+GPU-node count (2), the fence (1) and the GPU inventory read's latency (gpu_healthcheck_tool_seconds,
+9 series for the one tool a healthy node reads: nvml, or nvidia-smi -q -x without NVML).
 
     python -m bench.metrics_size
 """

@@ -378,7 +378,10 @@ def test_unknown_first_then_fail_unknown_and_recovery_in_one_patch_each(
         assert "gpu.responsive" in failed["message"] and "→ reboot" in failed["message"]
         assert our_taint(node_dict(world)) is not None and condition(world)["status"] == "False"
         time.sleep(3)
-        assert apiserver_status_patches(kube) - before == 1, "GPUHealthy and AHR in one status PATCH"
+        # The first timed-out cycle is unknown (node.confirmAfter 2: GPUHealthy Unknown, AHR stays
+        # True), the second fails: GPUHealthy and AHR in one status PATCH (the writer may also fold
+        # the unknown one into it).
+        assert 1 <= apiserver_status_patches(kube) - before <= 2, "GPUHealthy and AHR in one status PATCH"
 
         garble(world["snap"])
         wait_for(
