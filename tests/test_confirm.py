@@ -11,6 +11,7 @@ timeout.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -123,14 +124,18 @@ def test_a_read_that_always_hangs_is_a_timeout_after_its_second_try(
     assert runs(counter) == 2
 
 
+@pytest.mark.parametrize(("check_s", "tries"), [(2.5, 1), (7.0, 2)])
 def test_the_second_try_fits_in_what_timeouts_check_leaves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check_s: float, tries: int
 ) -> None:
+    """0.3 s spent on the first try and 6 s kept free under the engine's bound (timeouts.check): no
+    second try fits in 2.5 s; in 7 s one does."""
     counter = fake_nvidia_smi(tmp_path, monkeypatch, -1, f'cat "{XML}"')
-    # 0.3 s spent, 2 s kept free under the engine's bound: no second try fits in 2.5 s.
-    got = live(tmp_path, check_timeout_s=2.5).gpus()
+    got = live(tmp_path, check_timeout_s=check_s).gpus()
     assert isinstance(got, ProbeError) and got.kind is ProbeErrorKind.TIMEOUT
-    assert "no second try: timeouts.check leaves no time" in got.message and runs(counter) == 1
+    assert runs(counter) == tries
+    said = "second try, nvidia-smi -q -x" if tries == 2 else "no second try: timeouts.check leaves no time"
+    assert said in got.message
 
 
 @pytest.fixture
@@ -146,10 +151,11 @@ def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
 
 
 def test_a_hung_nvml_read_gets_nvidia_smi_as_its_second_opinion(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_pynvml: FakeNvml
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_pynvml: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A hung NVML call cannot be retried while its thread is stuck: nvidia-smi, a process that can
     be killed, is the second try."""
+    caplog.set_level(logging.WARNING, logger="gpu-healthcheck.probes")
     counter = fake_nvidia_smi(tmp_path, monkeypatch, 0, f'cat "{XML}"')
     reads = Reads()
     source = live(tmp_path, use_nvml=True, nvml_timeout_s=HANG_S, timeout_s=10, telemetry=reads)
@@ -160,6 +166,8 @@ def test_a_hung_nvml_read_gets_nvidia_smi_as_its_second_opinion(
     again = source.gpus()
     assert isinstance(again, GpuInventory) and runs(counter) == 2
     assert [(t, o) for t, o, _ in reads.reads[2:]] == [("nvidia-smi -q -x", "ok")]
+    said = [r for r in caplog.records if "the second try, nvidia-smi -q -x, answered" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING], "said once while it lasts"
 
 
 # ----------------------------------------------------------------------------- across cycles

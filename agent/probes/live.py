@@ -43,7 +43,9 @@ from agent.probes.topo import parse_topo
 log = logging.getLogger("gpu-healthcheck.probes")
 T = TypeVar("T")
 
-RETRY_MARGIN_S = 2.0  # kept free under timeouts.check, so the engine's own bound never fires first
+# Kept free under timeouts.check, so that the engine's own bound never fires first: a killed tool
+# stuck in the driver is waited for 5 s before it is left to be reaped later (command.py).
+RETRY_MARGIN_S = 6.0
 RETRY_MIN_S = 1.0  # a second try with less time than this is not made
 NVML = "nvml"  # the tool name of an NVML inventory read in the tool histogram
 
@@ -67,6 +69,7 @@ class LiveSource:
         self.nvml_timeout_s = timeout_s if nvml_timeout_s is None else nvml_timeout_s  # timeouts.nvml
         self.check_timeout_s = check_timeout_s  # timeouts.check: bounds a read with its second try
         self.telemetry: Telemetry = telemetry or NoTelemetry()
+        self._second_try_answered = False  # the last read was a second try that answered (logged once)
         self.sys_root = sys_root
         self.kmsg_path = kmsg_path
         self.use_nvml = use_nvml
@@ -102,6 +105,7 @@ class LiveSource:
         if first is None:
             first = self._xml(self.timeout_s)
         if _kind(first) is not ProbeErrorKind.TIMEOUT:
+            self._second_try_answered = False
             return first
         assert isinstance(first, ProbeError)
         left = self.check_timeout_s - (time.monotonic() - started) - RETRY_MARGIN_S
@@ -115,7 +119,11 @@ class LiveSource:
         if kind is ProbeErrorKind.TIMEOUT:
             assert isinstance(second, ProbeError)
             return _with_note(first, f"second try, {second.source}: {second.message}")
-        log.warning(
+        # Said once while it lasts (an NVML call stuck for hours would say it every cycle).
+        level = logging.DEBUG if self._second_try_answered else logging.WARNING
+        self._second_try_answered = True
+        log.log(
+            level,
             f"{first.source} timed out ({first.message}); the second try, {source_name(XML)}, answered: "
             "judged on its read",
             extra={"event": "retry"},
