@@ -236,7 +236,7 @@ def test_a_fleet_in_taint_mode_keeps_the_plain_table_and_counts_what_is_held_bac
     rows = status_rows(nodes, prefix=K.prefix, now=NOW)
     assert all(len(r) == len(HEADER) for r in rows)
     out = render(status_list(nodes, None, prefix=K.prefix, now=NOW), "table", NOW)
-    assert "taint (3 nodes): 2 nodes would be tainted (1 are), 0 would be marked for remediation" in out
+    assert "taint (3 nodes): 2 nodes would be tainted (1 tainted), 0 would be marked for remediation" in out
     assert "configs:" not in out  # one config everywhere: nothing to say
 
 

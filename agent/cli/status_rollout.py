@@ -74,7 +74,7 @@ def summary_lines(nodes: Sequence[tuple[Rollout | None, bool]]) -> list[str]:
             continue
         taint = sum(r.wouldTaint is not None for r, _ in here)
         mark = sum(bool(r.wouldMark) for r, _ in here)
-        are = f" ({sum(t for _, t in here)} are)" if mode not in SHADOW_MODES else ""
+        are = f" ({sum(t for _, t in here)} tainted)" if mode not in SHADOW_MODES else ""
         lines.append(
             f"{mode} ({_nodes(len(here))}): {_nodes(taint)} would be tainted{are}, "
             f"{mark} would be marked for remediation"
