@@ -257,3 +257,28 @@ def test_wide_shows_each_nodes_config_and_the_canary_spread() -> None:
     assert "main@111111111111" in row["a"]
     assert "configs: canary@222222222222 on 1 node, main@111111111111 on 2 nodes" in lines
     assert "observe (1 node): 0 nodes would be tainted, 0 would be marked for remediation" in lines
+
+
+# ----------------------------------------------------------------------------- the DaemonSet
+
+
+def test_the_daemonset_mounts_the_canary_as_an_optional_volume() -> None:
+    """manifests/ (the chart's default rendering: tests/test_helm_chart.py holds them equal)."""
+    import yaml
+
+    from agent.cli.agent import ETC_CANARY, ETC_CONFIG
+
+    (ds,) = [
+        d
+        for d in yaml.safe_load_all((ROOT / "manifests" / "60-agent.yaml").read_text())
+        if d and d["kind"] == "DaemonSet"
+    ]
+    spec = ds["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    canary = volumes["config-canary"]["configMap"]
+    assert canary == {"name": "gpu-healthcheck-config-canary", "optional": True}
+    assert "optional" not in volumes["config"]["configMap"]  # the main one must exist
+    (agent,) = spec["containers"]
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["config-canary"]["mountPath"] == str(ETC_CANARY) and mounts["config-canary"]["readOnly"]
+    assert mounts["config"]["mountPath"] == str(ETC_CONFIG) and "subPath" not in mounts["config-canary"]
