@@ -36,7 +36,9 @@ def config_events(world: dict[str, Any]) -> list[tuple[str, str]]:
     out = world["kube"].kubectl(
         "get", "events", "-A", "--field-selector", f"involvedObject.name={world['node']}", "-o", "json"
     )
-    items = sorted(json.loads(out.stdout)["items"], key=lambda e: e["metadata"]["creationTimestamp"])
+    # In the order they were posted: creationTimestamp has whole seconds, resourceVersion (etcd's
+    # revision) grows with every write.
+    items = sorted(json.loads(out.stdout)["items"], key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [(e["reason"], e["message"]) for e in items if e["reason"].startswith("Config")]
 
 
@@ -133,5 +135,40 @@ def test_an_agent_restarted_on_a_canary_node_starts_on_the_canary(
         assert (first["source"], first["mode"]) == ("canary", "observe")
         wait_for(lambda: config_events(world), what="the ConfigReloaded Event of the switch")
         assert "the canary ConfigMap" in config_events(world)[0][1]
+    finally:
+        agent.stop(signal.SIGKILL)
+
+
+def test_status_counts_what_an_agent_in_observe_would_do(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The real agent in observe, an Xid 79: no taint, no mark, and `status` says both would come."""
+    from tests.test_agent_kube import XID_LINE, our_taint, status_cli
+
+    pool = f"observe-{time.time_ns()}"
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8, labels={"test.example/pool": pool}).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    main = tmp_path / "config"
+    main.mkdir()
+    (main / "config.yaml").write_text(
+        "intervals:\n  gpu: 30\nnode:\n  mode: observe\n  remediationConditions:\n"
+        "    - type: AcceleratedHardwareReady\n"
+    )
+    agent = AgentProcess(kube, node, snap, main, tmp_path / "agent.log")
+    world = {"node": node, "kube": kube, "core": kube.api_client(), "agent": agent}
+    try:
+        wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "pass", what="pass")
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+        wait_for(lambda: node_dict(world)["metadata"]["labels"].get(K.status) == "fail", what="fail")
+        assert our_taint(node_dict(world)) is None
+        out = status_cli(kube, "--selector", f"test.example/pool={pool}")
+        assert out.returncode == 1, out.stderr  # a node fails
+        lines = out.stdout.splitlines()
+        assert "WOULD TAINT" in lines[0] and "WOULD MARK" in lines[0]
+        row = next(line for line in lines if line.startswith(node))
+        assert "reboot:NoSchedule" in row and "AcceleratedHardwareReady" in row
+        assert "observe (1 node): 1 node would be tainted, 1 would be marked for remediation" in lines
     finally:
         agent.stop(signal.SIGKILL)
