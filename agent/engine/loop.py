@@ -180,7 +180,8 @@ class Agent:
         if outcome is None:
             return False
         if outcome.config is None:
-            kept = outcome.previous.describe() if self.cfg.source in (MAIN, FROM_CANARY) else self.cfg.source
+            ours = self.cfg.source in (MAIN, FROM_CANARY)
+            kept = outcome.previous.describe() if ours else f"the {self.cfg.source} configuration"
             self._config_rejected(
                 f"the {outcome.source.source} ConfigMap: {outcome.error}; keeping the configuration "
                 f"in force ({kept}, digest {self.cfg.digest or '-'})"
@@ -203,7 +204,7 @@ class Agent:
         self.metrics.record_config_reload("applied")
         applied = ", ".join(outcome.changed) or "no key changed"
         where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
-        if outcome.switched:
+        if outcome.switched and outcome.previous != outcome.source:
             where += f"; was {outcome.previous.describe()}"
         log.info(f"config reloaded from {where}, applied: {applied}", extra={"event": "config"})
         self.pending_events.append(
