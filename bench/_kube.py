@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +318,7 @@ class AgentProcess:
         *,
         service_account: Path | None = None,
         root: Path = ROOT,
+        extra: Sequence[str] = (),
     ) -> None:
         self.log = log
         self.metrics_port = metrics_port
@@ -332,6 +333,7 @@ class AgentProcess:
             child_env["NO_PROXY"] = ",".join(filter(None, (child_env.get("NO_PROXY"), host.strip("[]"))))
         else:
             argv += ["--kubeconfig", str(kubeconfig or env.kubeconfig)]
+        argv += list(extra)  # more `agent` options (steady_state --canary: --canary-config-dir)
         self._log = log.open("w")
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, cwd=root, env=child_env

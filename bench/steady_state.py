@@ -20,11 +20,12 @@ and is re-opened): its per-hour figure is wall-clock (measured count x 3600 / wi
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
 
-from agent.core.contract import Keys
+from agent.core.contract import CANARY, CONFIG_FIELD, Keys
 from bench._kube import (
     AgentProcess,
     apiserver_requests,
@@ -46,6 +47,11 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=3.0, help="measurement window (>= 10 for the full run)")
     ap.add_argument("--gpu-interval", type=float, default=5.0, help="intervals.gpu in seconds (default 60)")
     ap.add_argument("--baseline-seconds", type=float, default=30.0, help="no-agent window first (0 = skip)")
+    ap.add_argument(
+        "--canary",
+        action="store_true",
+        help="the Node labelled gpu-healthcheck/config=canary, the agent on a canary ConfigMap directory",
+    )
     args = ap.parse_args()
     window = args.minutes * 60
     with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp, kube_env() as env:
@@ -67,7 +73,12 @@ def main() -> None:
             work / "config", f"intervals:\n  gpu: {g:g}\n  efa: {5 * g:g}\n  topology: {5 * g:g}\n"
         )
         port = free_port()
-        agent = AgentProcess(env, node, snap, cfg, work / "agent.log", metrics_port=port)
+        extra: list[str] = []
+        if args.canary:  # the same config, read from the canary directory while the Node asks for it
+            canary = write_config(work / "canary", (cfg / "config.yaml").read_text())
+            core.patch_node(node, {"metadata": {"labels": {Keys().config_channel: CANARY}}})
+            extra = ["--canary-config-dir", str(canary)]
+        agent = AgentProcess(env, node, snap, cfg, work / "agent.log", metrics_port=port, extra=extra)
         try:
             wait_for(
                 lambda: (core.read_node(node).metadata.labels or {}).get(Keys().status) == "pass",
@@ -94,6 +105,10 @@ def main() -> None:
             if k.startswith("gpu_healthcheck_node_writes_total{")
         }
         print(f"steady_state  machine: {machine()}  apiserver: {env.version}")
+        if args.canary:
+            results = (core.read_node(node).metadata.annotations or {}).get(Keys().results) or "{}"
+            in_force = json.loads(results).get(CONFIG_FIELD)
+            print(f"canary: the Node labelled {Keys().config_channel}={CANARY}; config in force: {in_force}")
         print(
             f"parameters: window={measured:.0f}s  intervals gpu={g:g}s efa={5 * g:g}s topology={5 * g:g}s  "
             f"gpu cycles in window={cycles:.0f}  "

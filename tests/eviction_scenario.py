@@ -6,8 +6,9 @@ taint, one that tolerates it for ``toleration_seconds``, and one per DaemonSet o
 that DaemonSet's own tolerations. On each Node the REAL agent process runs on a snapshot-backed node
 with ``taintEffectBySeverity`` set to NoExecute: on ``broken`` the snapshot is healthy until an Xid 79
 line is appended to its kernel log; on ``blind`` nvidia-smi's output cannot be read, so the verdict
-is ``unknown``. The scenario waits until the two pods that should go from ``broken`` are gone, then
-records every pod's state and the audit log's times.
+is ``unknown``. A PodDisruptionBudget (``maxUnavailable: 0``) covers every pod of the namespace.
+The scenario waits until the two pods that should go from ``broken`` are gone, then records every
+pod's state, the audit log's times, and what the Eviction API answers for a pod under that budget.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class Outcome:
     evicted_at: dict[str, float] = field(default_factory=dict)  # pod -> server time of its DELETE
     agent_writes: list[Any] = field(default_factory=list)  # the agents' audited writes
     agent_logs: dict[str, str] = field(default_factory=dict)
+    eviction_api: tuple[int, str] = (0, "")  # the Eviction API's answer for a pod under the PDB
 
     def pod(self, node: str, kind: str) -> str:
         return next(p for p, (n, k) in self.pods.items() if n == node and k == kind)
@@ -141,6 +143,15 @@ def append_xid79(snap: Path) -> None:
         fh.write(XID_LINE)
 
 
+def running(kube: Any, ns: str, name: str) -> None:
+    """Mark a pod Running and Ready as a kubelet would (none runs here): the Eviction API lets a
+    Pending pod go whatever its PodDisruptionBudget says, a Running one it holds to it."""
+    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    path = f"/api/v1/namespaces/{ns}/pods/{name}/status"
+    code, body = kube.request("PATCH", path, {"status": status}, content_type="application/merge-patch+json")
+    assert code == 200, body
+
+
 def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settle: float = 1.0) -> Outcome:
     """One run (see the module docstring). *settle*: seconds to keep watching after the timed pod
     went, so that a pod that should stay has had that long to be (wrongly) evicted."""
@@ -148,6 +159,14 @@ def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settl
     ns = unique_name("evict", max_len=30)
     kube.ensure_namespace(ns)
     cluster.wait_service_account(ns)
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "no-disruption"},
+        "spec": {"maxUnavailable": 0, "selector": {}},  # every pod of the namespace
+    }
+    created, body = kube.request("POST", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb)
+    assert created == 201, body
     out = Outcome(ns, unique_name("broken"), unique_name("blind"), toleration_seconds)
     kinds: dict[str, list[dict[str, Any]]] = {
         "plain": [],
@@ -163,6 +182,7 @@ def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settl
             for kind, tolerations in kinds.items():
                 name = f"{node}-{kind}"[:63].rstrip("-")
                 cluster.make_pod(ns, name, node, tolerations)
+                running(kube, ns, name)
                 out.pods[name] = (node, kind)
             snap = snapshot(work / node / "snap", readable=node != out.blind)
             agents[node] = Agent(node, snap, kubeconfig, work / node)
@@ -193,6 +213,10 @@ def run(cluster: EvictionCluster, work: Path, toleration_seconds: int = 5, settl
         obj = kube.request("GET", f"/api/v1/nodes/{node}")[1]
         out.labels[node] = obj["metadata"].get("labels") or {}
         out.taints[node] = obj["spec"].get("taints") or []
+    stays = out.pod(out.blind, "plain")  # what `kubectl drain` would ask: refused by the budget
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": stays, "namespace": ns}}
+    code, answer = kube.request("POST", f"/api/v1/namespaces/{ns}/pods/{stays}/eviction", eviction)
+    out.eviction_api = (code, str(answer.get("message", "")) if isinstance(answer, dict) else str(answer))
     out.taint_at = cluster.taint_added_at(out.broken, KEYS.taint)
     out.evicted_at = cluster.evictions(ns)
     out.agent_writes = cluster.agent_writes()

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from agent.config import load_config_dir
-from agent.core.contract import CONDITIONS, DISABLED, TRUE, Keys, Marks, Reason
+from agent.core.contract import CANARY, CONDITIONS, DISABLED, TRUE, Keys, Marks, Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.probes.snapshot import SnapshotSource
@@ -40,6 +40,7 @@ def test_the_readme_documents_every_key_of_the_contract() -> None:
         assert key in rows, key
     assert f"{keys.tainted}={TRUE}" in rows
     assert f"{keys.taint_opt_out}={DISABLED}" in rows
+    assert f"{keys.config_channel}={CANARY}" in rows  # an operator's label the agent only reads
     assert f"{keys.taint}=<severity>:NoSchedule" in rows
     assert all(f"`{s.label}`" in rows[keys.severity] for s in Severity)
     assert all(f"`{s.value}`" in rows[keys.status] for s in Status if s is not Status.SKIPPED)

@@ -106,6 +106,18 @@ def test_a_broken_gpu_evicts_the_pods_that_do_not_tolerate_the_taint(outcome: sc
     )
 
 
+def test_the_taint_eviction_controller_does_not_honour_pod_disruption_budgets(
+    outcome: scenario.Outcome,
+) -> None:
+    """README "NoExecute": the controller DELETEs pods (pkg/controller/tainteviction), it does not
+    ask the Eviction API, so a PodDisruptionBudget that refuses every eviction does not hold it."""
+    o = outcome
+    assert o.evicted[o.pod(o.broken, "plain")] and o.evicted[o.pod(o.broken, "timed")]
+    code, message = o.eviction_api
+    assert code == 429 and "disruption budget" in message, o.eviction_api  # the budget holds evictions
+    assert not o.evicted[o.pod(o.blind, "plain")]
+
+
 def test_an_unknown_verdict_evicts_nothing(outcome: scenario.Outcome) -> None:
     o = outcome
     assert o.labels[o.blind][scenario.KEYS.status] == "unknown", o.agent_logs[o.blind]

@@ -52,6 +52,7 @@ def start_fence_proof(core: Any, node_name: str, prefix: str, metrics: Metrics) 
 
 log = logging.getLogger("gpu-healthcheck.agent")
 ETC_CONFIG = Path("/etc/gpu-healthcheck")
+ETC_CANARY = Path("/etc/gpu-healthcheck-canary")  # the optional canary ConfigMap (config/canary.py)
 
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")  # the kubelet's mount
@@ -149,6 +150,7 @@ def main(args: Any) -> int:
 
     logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
+    canary_dir = getattr(args, "canary_config_dir", None) or (ETC_CANARY if ETC_CANARY.is_dir() else None)
     state_dir = args.state_dir
     # An invalid (or newer) config never stops the agent: it runs on the last good one or the shipped
     # defaults and says why (Event, metric, condition reason; agent.config.last_good).
@@ -245,6 +247,7 @@ def main(args: Any) -> int:
         config_problem=start.problem,
         state_dir=state_dir,
         workloads=None if args.from_snapshot else list_devices,  # who is hit: the kubelet says
+        canary_dir=canary_dir,
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--config-dir", type=Path, help="config directory (default: /etc/gpu-healthcheck)")
     a.add_argument(
+        "--canary-config-dir",
+        type=Path,
+        help="the canary ConfigMap's directory, run while the Node is labelled "
+        "gpu-healthcheck/config=canary (default: /etc/gpu-healthcheck-canary when mounted)",
+    )
+    a.add_argument(
         "--state-dir",
         type=Path,
         default=DEFAULT_STATE_DIR,

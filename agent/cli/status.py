@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from agent.cli import status_rollout as rollout_view
 from agent.core.contract import (
     DEFAULT_PREFIX,
     LAST_CLEAR_FIELD,
@@ -38,7 +39,9 @@ from agent.reporters.kube_rest import KubeRest, api_status
 
 AGENT_SELECTOR = "app.kubernetes.io/name=gpu-healthcheck-agent"  # the agent DaemonSet's pod label
 HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "WARN", "NEXT STEP", "WORST FINDING")
-WIDE_HEADER = (*HEADER[:6], "TAINT", "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[6:])
+ROLLOUT = (*rollout_view.WOULD_HEADER, *rollout_view.CONFIG_HEADER)
+WIDE_HEADER = (*HEADER[:6], "TAINT", *ROLLOUT, "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[6:])
+WOULD_TABLE_HEADER = (*HEADER[:6], *rollout_view.WOULD_HEADER, *HEADER[6:])  # a node in observe or label
 FORMATS = ("table", "wide", "json", "yaml")
 STATUS_ORDER = {"fail": 0, "unknown": 1, "warn": 2, "pass": 3}
 CHECK_STATUS_RANK = {"fail": 3, "unknown": 2, "warn": 1}
@@ -79,6 +82,7 @@ class NodeStatus:
     # {at, by, reason, latches, requested[, force, failing]} (the results annotation's lastClear).
     clearedByHand: dict[str, Any] | None = None
     clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
+    rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
 
     @property
     def warn(self) -> str:
@@ -261,6 +265,7 @@ def node_status(
         warnings=per_rule or None,
         clearedByHand=cleared_by_hand(results, now),
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
+        rollout=rollout_view.rollout_of(results),
     )
 
 
@@ -333,13 +338,30 @@ def status_list(
 
 
 def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False) -> list[tuple[str, ...]]:
-    """Table rows (HEADER, or WIDE_HEADER)."""
+    """Table rows (header_of's columns)."""
     rows = []
+    shadow = rollout_view.shows_would([s.rollout for s in statuses])
     for s in statuses:
         base = (s.node, s.status, s.severity, s.lastCheck, s.agent, s.warn)
-        extra = (s.taint or "-", s.instanceType or "-", age(s.changedAt, now), s.agentVersion or "-")
-        rows.append((*base, *(extra if wide else ()), s.nextStep, s.worstFinding))
+        would, config = s.rollout.cells if s.rollout else (("-", "-"), ("-", "-"))
+        extra = (
+            s.taint or "-",
+            *would,
+            *config,
+            s.instanceType or "-",
+            age(s.changedAt, now),
+            s.agentVersion or "-",
+        )
+        middle = extra if wide else would if shadow else ()
+        rows.append((*base, *middle, s.nextStep, s.worstFinding))
     return rows
+
+
+def header_of(statuses: Sequence[NodeStatus], *, wide: bool = False) -> tuple[str, ...]:
+    """HEADER; WOULD_TABLE_HEADER while a node runs observe or label; WIDE_HEADER."""
+    if wide:
+        return WIDE_HEADER
+    return WOULD_TABLE_HEADER if rollout_view.shows_would([s.rollout for s in statuses]) else HEADER
 
 
 def status_rows(
@@ -410,7 +432,9 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     if fmt == "yaml":
         return str(yaml.safe_dump([asdict(s) for s in statuses], sort_keys=False, allow_unicode=True))
     wide = fmt == "wide"
-    out = format_table(rows_of(statuses, now, wide=wide), WIDE_HEADER if wide else HEADER)
+    out = format_table(rows_of(statuses, now, wide=wide), header_of(statuses, wide=wide))
+    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None) for s in statuses])
+    out += "".join(f"{line}\n" for line in rollout)
     cleared = clear_lines(statuses, now)
     if cleared:
         out += "\nLATCHES CLEARED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in cleared)

@@ -47,6 +47,10 @@ class Config:
     xid_catalog: XidCatalog = field(default_factory=XidCatalog)
     severity_overrides: dict[str, Severity] = field(default_factory=dict)
     dcgm_incidents: IncidentTable = field(default_factory=IncidentTable)  # with dcgm.incidentOverrides
+    # Where it was read (config/canary.py: main, canary, last-good, shipped) and its files' digest:
+    # the results annotation says which config each node runs.
+    source: str = ""
+    digest: str = ""
 
     def severity(self, rule: Rule) -> Severity:
         """The configured severity of a rule (`severities:`), else its default; never above the

@@ -13,10 +13,12 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.config import CONFIG_FILES, Config, ConfigError, load_config_dir
+from agent.config.canary import LAST_GOOD as FROM_LAST_GOOD
+from agent.config.canary import MAIN, SHIPPED_DEFAULTS, files_digest, short
 from agent.core.rules import RuleBook
 
 log = logging.getLogger("gpu-healthcheck.config")
@@ -60,13 +62,13 @@ def load_at_start(config_dir: Path | None, state_dir: Path | None, rules: RuleBo
         error = str(exc)
     else:
         save_last_good(config_dir, state_dir)
-        return StartConfig(cfg)
+        return StartConfig(replace(cfg, source=MAIN, digest=short(files_digest(config_dir))))
     kept = state_dir / LAST_GOOD if state_dir is not None else None
     if kept is not None and kept.is_dir():
         try:
-            return StartConfig(
-                load_config_dir(kept, rules=rules), f"{error}; running on the last good configuration"
-            )
+            cfg = load_config_dir(kept, rules=rules)
+            cfg = replace(cfg, source=FROM_LAST_GOOD, digest=short(files_digest(kept)))
+            return StartConfig(cfg, f"{error}; running on the last good configuration")
         except ConfigError as exc:  # an older copy this version cannot read either
             log.warning(f"the last good config in {kept} is not valid either: {exc}")
     return StartConfig(load_shipped(rules), f"{error}; running on the shipped default configuration")
@@ -74,4 +76,5 @@ def load_at_start(config_dir: Path | None, state_dir: Path | None, rules: RuleBo
 
 def load_shipped(rules: RuleBook | None) -> Config:
     """The shipped defaults (package data), whatever $GPU_HEALTHCHECK_CONFIG_DIR says."""
-    return load_config_dir(None, rules=rules, shipped_only=True)
+    cfg = load_config_dir(None, rules=rules, shipped_only=True)
+    return replace(cfg, source=SHIPPED_DEFAULTS, digest=short(files_digest(None)))

@@ -7,15 +7,15 @@ reliable: compare the content of the files instead (they are small).
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
+from agent.config.canary import MAIN, Choice, choose, files_digest, short
 from agent.config.last_good import save_last_good
 from agent.config.schema import RESTART_ONLY, SCHEMA
 from agent.core.rules import RuleBook
@@ -27,6 +27,9 @@ class ReloadOutcome:
     error: str | None  # why it was rejected
     changed: tuple[str, ...] = ()  # the keys (dotted) and tables that changed and are applied
     needs_restart: tuple[str, ...] = ()  # "key: old → new" of the RESTART_ONLY keys not applied
+    source: Choice = Choice(MAIN, None)  # the directory this outcome is about
+    previous: Choice = Choice(MAIN, None)  # the one in force before (still in force when rejected)
+    switched: bool = False  # the agent turned from one directory to the other (label, canary ConfigMap)
 
 
 def flatten(raw: Mapping[str, Any], schema: Mapping[str, Any] = SCHEMA, where: str = "") -> dict[str, Any]:
@@ -75,58 +78,73 @@ class ConfigWatcher:
         current: Config,
         rules: RuleBook | None = None,
         state_dir: Path | None = None,
+        *,
+        canary_dir: Path | None = None,
+        wants_canary: Callable[[], bool | None] | None = None,
     ) -> None:
         """current: the config in force (at start maybe a fallback, when the mounted one is invalid);
-        state_dir: where each accepted config is kept (last_good)."""
+        state_dir: where each accepted config is kept (last_good); canary_dir and wants_canary (the
+        Node's `<prefix>/config=canary` label; None while the Node is not seen): config/canary.py."""
         self.directory = directory
+        self.canary_dir = canary_dir
+        self.wants_canary = wants_canary
         self.state_dir = state_dir
         self.current = current
         self.rules = rules
+        self.watching = Choice(MAIN, directory)  # the directory polled (an invalid canary stays here)
+        self.in_force = Choice(MAIN, directory)  # at start always the main one (or its fallback)
         self._fingerprint = self._digest()
         self._last_stamp = self._stamp()
 
     def _digest(self) -> str:
-        if self.directory is None:
-            return ""
-        h = hashlib.sha256()
-        for name in FILES:
-            path = self.directory / name
-            try:
-                h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-            except OSError:
-                h.update(name.encode() + b"\0-\0")
-        return h.hexdigest()
+        return files_digest(self.watching.directory) if self.watching.directory is not None else ""
 
     def _stamp(self) -> tuple[tuple[int, int, int], ...]:
         """Cheap change detector (inode, mtime, size through the kubelet's symlinks); the content
         hash decides."""
-        if self.directory is None:
+        if self.watching.directory is None:
             return ()
         out = []
         for name in FILES:
             try:
-                st = os.stat(os.path.join(self.directory, name))
+                st = os.stat(os.path.join(self.watching.directory, name))
                 out.append((st.st_ino, st.st_mtime_ns, st.st_size))
             except OSError:
                 out.append((0, 0, -1))
         return tuple(out)
 
     def poll(self) -> ReloadOutcome | None:
-        """None when nothing changed; else the accepted config or the rejection reason."""
+        """None when nothing changed; else the accepted config or the rejection reason. A switch
+        between the main and the canary directory loads the other one whether or not it changed."""
+        wants = self.wants_canary() if self.wants_canary is not None and self.canary_dir else False
+        choice = choose(self.directory, self.canary_dir, wants, self.watching)
+        switched = choice != self.watching
+        if switched:
+            self.watching, self._fingerprint = choice, ""
         stamp = self._stamp()
-        if stamp == self._last_stamp:
+        if stamp == self._last_stamp and not switched:
             return None
         self._last_stamp = stamp
         digest = self._digest()
         if digest == self._fingerprint:
             return None
         self._fingerprint = digest
+        was = self.in_force
         try:
-            loaded = load_config_dir(self.directory, rules=self.rules)
+            loaded = load_config_dir(self.watching.directory, rules=self.rules)
         except ConfigError as exc:
-            return ReloadOutcome(config=None, error=str(exc))
-        save_last_good(self.directory, self.state_dir)
+            return ReloadOutcome(config=None, error=str(exc), source=choice, previous=was, switched=switched)
+        save_last_good(self.watching.directory, self.state_dir)
+        loaded = replace(loaded, source=choice.source, digest=short(digest))
         cfg, kept = keep_restart_only(self.current, loaded)
         changed = changed_keys(self.current, cfg)
-        self.current = cfg
-        return ReloadOutcome(config=cfg, error=None, changed=tuple(changed), needs_restart=tuple(kept))
+        self.current, self.in_force = cfg, choice
+        return ReloadOutcome(
+            config=cfg,
+            error=None,
+            changed=tuple(changed),
+            needs_restart=tuple(kept),
+            source=choice,
+            previous=was,
+            switched=switched,
+        )

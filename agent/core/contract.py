@@ -35,6 +35,7 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 TRUE = "true"  # <prefix>/tainted while our taint is on
 DISABLED = "disabled"  # <prefix>/taint=disabled: an operator's "do not taint this node"
+CANARY = "canary"  # <prefix>/config=canary: an operator's "run the canary ConfigMap on this node"
 CLEAR_ALL = "all"  # <prefix>/clear-latched=all
 # Condition types others own: the kubelet's. node.conditionType and node.remediationConditions may not
 # name one (the agent would fight the kubelet over the Node's readiness).
@@ -82,6 +83,12 @@ class Keys:
     @property
     def taint_opt_out(self) -> str:
         return f"{self.prefix}/taint"
+
+    @property
+    def config_channel(self) -> str:
+        """Label an operator sets (`=canary`) for the agent to run the canary ConfigMap; the agent
+        only reads it (config/canary.py)."""
+        return f"{self.prefix}/config"
 
     @property
     def results(self) -> str:
@@ -330,6 +337,8 @@ HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were se
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)
+CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
+WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
 
 
 def stale_after_s(gpu_interval_s: float) -> int:
@@ -358,6 +367,7 @@ def results_document(
     trends: dict[str, Any] | None = None,
     remediation: dict[str, Any] | None = None,
     last_clear: dict[str, Any] | None = None,
+    rollout: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -412,6 +422,7 @@ def results_document(
         doc[REMEDIATION_FIELD] = remediation
     if last_clear:
         doc[LAST_CLEAR_FIELD] = last_clear
+    doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD
     return fit(doc)
 
 

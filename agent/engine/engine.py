@@ -44,6 +44,7 @@ from agent.core.workloads import GpuIdentity, gpu_holders
 from agent.engine import history
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.remediation import describe, remediation_marks
+from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
 from agent.engine.verdict import decide
@@ -320,6 +321,7 @@ class Engine:
             trends=trends.to_doc(self.state.trends),
             remediation=self.state.remediation_document(),
             last_clear=self.state.last_clear,
+            rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.

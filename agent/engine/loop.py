@@ -13,8 +13,11 @@ from typing import Any, Protocol
 
 from agent.checks.registry import RULE_BOOK
 from agent.config import Config
+from agent.config.canary import CANARY as FROM_CANARY
+from agent.config.canary import MAIN
 from agent.config.watch import ConfigWatcher
 from agent.core.contract import (
+    CANARY,
     CONDITION_MESSAGE_MAX,
     WARNING,
     Keys,
@@ -61,9 +64,11 @@ class Agent:
         config_problem: str = "",
         state_dir: Path | None = None,
         workloads: Callable[[], Any] | None = None,
+        canary_dir: Path | None = None,
     ) -> None:
         """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
-        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine."""
+        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine.
+        canary_dir: the canary ConfigMap's directory, run while the Node asks (config/canary.py)."""
         self.cfg = cfg
         self.on_config = on_config
         self.metrics: Telemetry = metrics or NoTelemetry()
@@ -78,7 +83,16 @@ class Agent:
         )
         self.writer = writer
         self.watcher = (
-            ConfigWatcher(config_dir, cfg, RULE_BOOK, state_dir) if config_dir is not None else None
+            ConfigWatcher(
+                config_dir,
+                cfg,
+                RULE_BOOK,
+                state_dir,
+                canary_dir=canary_dir if node_getter is not None else None,
+                wants_canary=self._wants_canary,
+            )
+            if config_dir is not None
+            else None
         )
         self.stop_event = threading.Event()
         self.poke = threading.Event()
@@ -108,7 +122,10 @@ class Agent:
     def run(self, once: bool = False) -> None:
         if self.writer is not None:
             self.writer.start()
-            self.engine.restore(self.writer.read_results())
+            results = self.writer.read_results()  # the Node is known from here on (its labels too)
+            if self.watcher is not None:
+                self._reload()  # a canary node starts on the canary before its first verdict
+            self.engine.restore(results)
         if self.follower is not None:
             self.follower.start()
         next_reload = 0.0
@@ -149,13 +166,26 @@ class Agent:
 
     # ------------------------------------------------------------------ steps
 
+    def _wants_canary(self) -> bool | None:
+        """The Node's `<prefix>/config=canary` label, from the watched copy; None: not seen yet."""
+        getter = self.engine.node_getter
+        node = getter() if getter else None
+        if not isinstance(node, NodeObject):
+            return None
+        return node.labels.get(Keys(self.cfg.prefix).config_channel) == CANARY
+
     def _reload(self) -> bool:
         assert self.watcher is not None
         outcome = self.watcher.poll()
         if outcome is None:
             return False
         if outcome.config is None:
-            self._config_rejected(f"{outcome.error}; keeping the configuration in force")
+            ours = self.cfg.source in (MAIN, FROM_CANARY)
+            kept = outcome.previous.describe() if ours else f"the {self.cfg.source} configuration"
+            self._config_rejected(
+                f"the {outcome.source.source} ConfigMap: {outcome.error}; keeping the configuration "
+                f"in force ({kept}, digest {self.cfg.digest or '-'})"
+            )
             return True
         if self.config_problem:
             self.config_problem = ""
@@ -173,9 +203,12 @@ class Agent:
                 )
         self.metrics.record_config_reload("applied")
         applied = ", ".join(outcome.changed) or "no key changed"
-        log.info(f"config reloaded, applied: {applied}", extra={"event": "config"})
+        where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
+        if outcome.switched and outcome.previous != outcome.source:
+            where += f"; was {outcome.previous.describe()}"
+        log.info(f"config reloaded from {where}, applied: {applied}", extra={"event": "config"})
         self.pending_events.append(
-            NodeEvent(Reason.CONFIG_RELOADED, f"configuration reloaded and applied: {applied}")
+            NodeEvent(Reason.CONFIG_RELOADED, f"configuration reloaded and applied ({where}): {applied}")
         )
         if outcome.needs_restart:
             kept = "; ".join(outcome.needs_restart)
