@@ -104,7 +104,7 @@ def _nvlinks(opened: Opened, fixed: dict[str, Any], count: int) -> dict[tuple[in
     pcis: list[str] = fixed["pci"]
     to_gpu: list[dict[int, int]] = []
     to_switch: list[int] = []
-    for index in range(count):
+    for index in range(count if count > 1 else 0):  # one GPU: no pair to join
         links = read_links(opened.nv, opened.handle(index))
         peers: dict[int, int] = {}
         switch = 0
