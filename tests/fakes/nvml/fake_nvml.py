@@ -60,7 +60,7 @@ def _put(spec: dict[str, str], key: str, value: object) -> None:
 
 def gpu_spec(gpu: Gpu) -> dict[str, str]:
     """What NVML answers for a GPU that nvidia-smi -q described as `gpu` (absent: NOT_SUPPORTED)."""
-    s: dict[str, str] = {"pci": gpu.pci_bus_id.upper().replace("0X", "0x")}
+    s: dict[str, str] = {"pci": gpu.pci_bus_id.upper()}  # NVML prints the hex digits upper case
     for key, value in (("name", gpu.name), ("uuid", gpu.uuid), ("serial", gpu.serial)):
         _put(s, key, value)
     _put(s, "arch", _ARCH.get(gpu.architecture or ""))
