@@ -29,7 +29,8 @@ SOURCE = "nvml topology"
 _LEVELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 _REMOTE_GPU, _REMOTE_SWITCH = 0, 2  # nvmlIntNvLinkDeviceType_t
 _SCOPE_NODE = 0  # NVML_SCOPE_NODE
-_WORDS = max(1, ((os.cpu_count() or 64) + 63) // 64)  # unsigned longs in a CPU set
+# unsigned longs in the CPU and node sets asked for: 1024 CPUs at least (read once per driver load)
+_WORDS = max(16, ((os.cpu_count() or 0) + 63) // 64)
 
 
 def _call(opened: Opened, name: str, *args: Any) -> Any:
@@ -69,22 +70,25 @@ def _fixed(opened: Opened, count: int) -> dict[str, Any]:
         pcis.append(normalize_pci(bus))
     cpus = [_mask(_optional(opened, "nvmlDeviceGetCpuAffinity", h, _WORDS)) for h in handles]
     numa = [_mask(_optional(opened, "nvmlDeviceGetMemoryAffinity", h, _WORDS, _SCOPE_NODE)) for h in handles]
-    ancestors = {
-        (a, b): _LEVELS.get(
-            int(_call(opened, "nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])), "SYS"
-        )
-        for a in range(count)
-        for b in range(a + 1, count)
-    }
     fixed = {
         "pci": pcis,
         "cpu": [cpu_ranges(c) or "N/A" for c in cpus],
         "numa": [cpu_ranges(n) or "N/A" for n in numa],
-        "ancestors": ancestors,
+        "ancestors": {},  # asked for the pairs NVLink does not join, once
         "remote": {},
     }
     opened.cache["topo"] = fixed
     return fixed
+
+
+def _ancestor(opened: Opened, fixed: dict[str, Any], pair: tuple[int, int]) -> str:
+    """The PCIe path between two GPUs (nvmlDeviceGetTopologyCommonAncestor), as topo -m names it."""
+    if pair not in fixed["ancestors"]:
+        a, b = (opened.handle(i) for i in pair)
+        got = int(_call(opened, "nvmlDeviceGetTopologyCommonAncestor", a, b))
+        fixed["ancestors"][pair] = _LEVELS.get(got, "SYS")
+    cell: str = fixed["ancestors"][pair]
+    return cell
 
 
 def _remote(opened: Opened, fixed: dict[str, Any], index: int, link: int) -> tuple[int | None, str | None]:
@@ -158,7 +162,7 @@ def topo_matrix(opened: Opened, sys_root: Path) -> TopoMatrix:
                 cell = "X"
             elif i < count and j < count:
                 pair = (min(i, j), max(i, j))
-                cell = f"NV{nv_pairs[pair]}" if pair in nv_pairs else fixed["ancestors"][pair]
+                cell = f"NV{nv_pairs[pair]}" if pair in nv_pairs else _ancestor(opened, fixed, pair)
             else:
                 pa, pb = places[a], places[b]
                 if pa is None or pb is None:

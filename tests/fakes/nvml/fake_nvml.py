@@ -170,7 +170,7 @@ def add_topology(specs: list[dict[str, str]], topo: TopoMatrix) -> None:
             ids += range(int(lo), int(hi or lo) + 1)
         out = [0] * (max(ids) // 64 + 1)
         for n in ids:
-            out[n // 64] |= 1 << n
+            out[n // 64] |= 1 << (n % 64)
         return " ".join(f"{w:x}" for w in out)
 
     for index, spec in enumerate(specs):
