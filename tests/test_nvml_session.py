@@ -167,3 +167,18 @@ def test_the_real_pynvml_finds_the_fake_on_ld_library_path(fake_libnvml_dir: Pat
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True
     )
     assert out.stdout.split() == ["8", "535.183.01", "1", "8"]
+
+
+def test_a_gpu_asking_for_a_reset_is_not_held_between_reads(fake_nvml: Any, h100x8: Machine) -> None:
+    """Recovery action "Reset" on GPU 5: the session is shut down after each read, so that a reset
+    (nvidia-smi -r) does not find the agent holding the GPU between reads."""
+    h100x8.gpus[5]["field.230"] = "1"
+    fake_nvml.write(h100x8)
+    inv = read_nvml(timeout_s=10)
+    assert inv.gpus[5].recovery_action == "Reset"
+    assert fake_nvml.counts()["refcount"] == 0 and fake_nvml.counts()["shutdowns"] == 1
+    h100x8.gpus[5]["field.230"] = "0"  # reset done
+    fake_nvml.write(h100x8, now=True)
+    read_nvml(timeout_s=10)
+    read_nvml(timeout_s=10)
+    assert fake_nvml.counts()["refcount"] == 1 and fake_nvml.counts()["inits"] == 2
