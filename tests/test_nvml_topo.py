@@ -192,3 +192,23 @@ def test_a_hung_nvml_is_a_timeout_not_a_fallback(
     got = live.topo()
     assert isinstance(got, ProbeError) and got.kind is ProbeErrorKind.TIMEOUT
     fake_nvml.hold(False)
+
+
+def test_an_nvidia_ml_py_without_fields_by_link_falls_back(
+    fake_nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before scopeId, nvidia-ml-py set `fieldId = (field, link)`: a TypeError, not an NVMLError."""
+    import pynvml
+
+    def old_field_values(handle: Any, field_ids: list[Any]) -> Any:
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for i, field_id in enumerate(field_ids):
+            values[i].fieldId = field_id  # a tuple here raises TypeError, as the old binding did
+        return values
+
+    q, nvlink_file, topo_file = recordings("h100-590")
+    fake_nvml.write(from_recordings(q, parse_nvlink(nvlink_file.read_text(encoding="utf-8"))))
+    put_nvidia_smi(tmp_path, monkeypatch, nvlink_file, topo_file)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", old_field_values)
+    got = LiveSource(timeout_s=10, sys_root=tmp_path).nvlink()
+    assert isinstance(got, NvlinkReport) and got.source == "nvidia-smi nvlink -s"

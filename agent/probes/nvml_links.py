@@ -67,6 +67,8 @@ def field_values(nv: ModuleType, handle: Any, ids: list[tuple[int, int]]) -> lis
     except nv.NVMLError as exc:
         check_session(exc)
         raise NotAnswered(f"NVML: nvmlDeviceGetFieldValues: {describe(exc)}") from None
+    except (TypeError, ValueError, AttributeError) as exc:  # an nvidia-ml-py without scoped fields
+        raise NotAnswered(f"NVML: this nvidia-ml-py cannot ask fields by link ({exc})") from None
     out: list[tuple[int, Any]] = []
     for fv in values:
         ret = int(fv.nvmlReturn)

@@ -11,7 +11,10 @@ A read that timed out may still be inside the library. Its session is dropped at
 read initialises a new one) but never shut down under the stuck call: nvmlInit/nvmlShutdown are
 reference-counted, so the stuck read's own thread releases its session's reference if the call
 ever returns, and if it never does the reference is left alone. The state lock is never held
-across an NVML call, so a caller giving up on a hung read never waits for the library.
+across an NVML call, so a caller giving up on a hung read never waits for the library. A read
+stuck in nvmlInit itself (or in the driver-version check) holds the initialisation lock: the other
+NVML readers then wait for it in their own worker threads, and their callers time out in turn (one
+parked thread per kind of read at most, as before).
 """
 
 from __future__ import annotations
