@@ -30,7 +30,9 @@ _WATCHDOG = Bounded()
 def read_nvlink_errors(timeout_s: float) -> NvlinkErrorSample:
     """Raises NvmlUnavailable (no pynvml / libnvidia-ml), ToolReportedFailure (NVML cannot start),
     ProbeTimeout (NVML hung)."""
-    return bounded_read(_WATCHDOG, SOURCE, _sample, timeout_s, what="NVLink counter read")
+    return bounded_read(
+        _WATCHDOG, SOURCE, _sample, timeout_s, what="NVLink counter read", thread="nvml-nvlink-errors"
+    )
 
 
 def _call(nv: ModuleType, name: str, *args: Any) -> Any:

@@ -111,7 +111,7 @@ def read_nvml(timeout_s: float) -> GpuInventory:
     handle) is a LostGpu; such a read, or one that finds a GPU asking for a reset, retires the
     session so that the next read attaches afresh.
     """
-    return bounded_read(_WATCHDOG, SOURCE, _inventory, timeout_s, what="NVML read")
+    return bounded_read(_WATCHDOG, SOURCE, _inventory, timeout_s, what="NVML read", thread="nvml-read")
 
 
 class _Lost(Exception):

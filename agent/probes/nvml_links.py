@@ -188,4 +188,4 @@ _WATCHDOG = Bounded()
 def read_nvlink_status(timeout_s: float) -> NvlinkReport:
     """Raises NotAnswered / NvmlUnavailable (read `nvidia-smi nvlink -s` instead), ProbeTimeout,
     ToolReportedFailure."""
-    return bounded_read(_WATCHDOG, SOURCE, nvlink_report, timeout_s, what="NVLink read")
+    return bounded_read(_WATCHDOG, SOURCE, nvlink_report, timeout_s, what="NVLink read", thread="nvml-nvlink")

@@ -276,14 +276,14 @@ SESSION = NvmlSession()
 
 
 def bounded_read(
-    watchdog: Bounded, key: str, reader: Callable[[Opened], T], timeout_s: float, *, what: str
+    watchdog: Bounded, key: str, reader: Callable[[Opened], T], timeout_s: float, *, what: str, thread: str
 ) -> T:
     """reader on the shared session, in a worker thread the caller waits for at most timeout_s.
     Raises ProbeTimeout (hung now, or an earlier read still hung), NvmlUnavailable,
     ToolReportedFailure."""
     ticket = Ticket()
     try:
-        return watchdog.run(key, lambda: SESSION.read(reader, ticket), timeout_s, thread_name=key)
+        return watchdog.run(key, lambda: SESSION.read(reader, ticket), timeout_s, thread_name=thread)
     except StillStuck as stuck:
         raise ProbeTimeout(
             f"an earlier {what} is still hung in the driver ({stuck.count} stuck call(s)); "

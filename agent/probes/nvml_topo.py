@@ -186,5 +186,10 @@ def read_nvml_topo(timeout_s: float, sys_root: Path) -> TopoMatrix:
     """Raises NotAnswered / NvmlUnavailable (read `nvidia-smi topo -m` instead), ProbeTimeout,
     ToolReportedFailure."""
     return bounded_read(
-        _WATCHDOG, SOURCE, lambda opened: topo_matrix(opened, sys_root), timeout_s, what="NVML topology read"
+        _WATCHDOG,
+        SOURCE,
+        lambda opened: topo_matrix(opened, sys_root),
+        timeout_s,
+        what="NVML topology read",
+        thread="nvml-topology",
     )
