@@ -212,3 +212,28 @@ def test_an_nvidia_ml_py_without_fields_by_link_falls_back(
     monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", old_field_values)
     got = LiveSource(timeout_s=10, sys_root=tmp_path).nvlink()
     assert isinstance(got, NvlinkReport) and got.source == "nvidia-smi nvlink -s"
+
+
+def test_nvlink_counters_come_from_one_field_call_per_gpu(fake_nvml: Any) -> None:
+    """Replay, recovery and CRC by link (fields 161-163 scoped by link), the data CRC counter of
+    links 0-11 (NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L<n>); no call per link and counter."""
+    from agent.probes.nvlink_errors import read_nvlink_errors
+
+    q, nvlink_file, _ = recordings("h100-590")
+    machine = from_recordings(q, parse_nvlink(nvlink_file.read_text(encoding="utf-8")))
+    gpu = machine.gpus[0]
+    for n in range(18):
+        gpu[f"field.161.{n}"], gpu[f"field.162.{n}"], gpu[f"field.163.{n}"] = "3", "0", str(n)
+        gpu[f"nvlink_err.{n}.0"] = "!999"  # the per-link call must not be what is read
+    gpu["field.44"] = "7"  # CRC data, link 5
+    gpu["field.165.4"] = "0"  # link 4 inactive: no counters kept for it
+    fake_nvml.write(machine)
+    sample = read_nvlink_errors(10)
+    calls = fake_nvml.counts()["calls"]
+    sample = read_nvlink_errors(10)
+    links = sample.gpus[0].links
+    assert sorted(links) == [n for n in range(18) if n != 4]
+    assert links[5] == {"replay": 3, "recovery": 0, "crc_flit": 5, "crc_data": 7}
+    assert links[17] == {"replay": 3, "recovery": 0, "crc_flit": 17}  # no data-CRC field past link 11
+    # A read: the driver version check, the count, the PCI info, one field-value call.
+    assert fake_nvml.counts()["calls"] - calls == 4
