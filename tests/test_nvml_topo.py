@@ -197,11 +197,24 @@ def test_a_hung_nvml_is_a_timeout_not_a_fallback(
 def test_an_nvidia_ml_py_without_fields_by_link_falls_back(
     fake_nvml: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before scopeId, nvidia-ml-py set `fieldId = (field, link)`: a TypeError, not an NVMLError."""
+    """A binding whose nvmlFieldValue_t is laid out otherwise (no scopeId, no latencyUsec: 32
+    bytes, so the agent's own call cannot be used) and whose wrapper sets `fieldId = (field, link)`:
+    a TypeError, not an NVMLError. Not answered: the tier reads nvidia-smi."""
+    import ctypes
+
     import pynvml
 
+    class OldFieldValue(ctypes.Structure):
+        _fields_ = [
+            ("fieldId", ctypes.c_uint32),
+            ("timestamp", ctypes.c_int64),
+            ("valueType", ctypes.c_uint),
+            ("nvmlReturn", ctypes.c_uint),
+            ("value", ctypes.c_uint64),
+        ]
+
     def old_field_values(handle: Any, field_ids: list[Any]) -> Any:
-        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        values = (OldFieldValue * len(field_ids))()
         for i, field_id in enumerate(field_ids):
             values[i].fieldId = field_id  # a tuple here raises TypeError, as the old binding did
         return values
@@ -209,6 +222,7 @@ def test_an_nvidia_ml_py_without_fields_by_link_falls_back(
     q, nvlink_file, topo_file = recordings("h100-590")
     fake_nvml.write(from_recordings(q, parse_nvlink(nvlink_file.read_text(encoding="utf-8"))))
     put_nvidia_smi(tmp_path, monkeypatch, nvlink_file, topo_file)
+    monkeypatch.setattr(pynvml, "c_nvmlFieldValue_t", OldFieldValue)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", old_field_values)
     got = LiveSource(timeout_s=10, sys_root=tmp_path).nvlink()
     assert isinstance(got, NvlinkReport) and got.source == "nvidia-smi nvlink -s"
