@@ -11,8 +11,8 @@ getrusage SELF), its children's CPU (nvidia-smi, getrusage CHILDREN), wall, and 
             old: the same read, then the session shut down (init + attach + shutdown per read)
   topology  new: topo -m and nvlink -s models from NVML field values and sysfs, the NVLink counters,
             the PCI bus and host reads (the scheduler's topology tier)
-            old: `nvidia-smi topo -m` and `nvidia-smi nvlink -s`, the counters on a session shut down
-            after the read, the PCI bus and host reads
+            old: `nvidia-smi topo -m` and `nvidia-smi nvlink -s`, the counters by a call per link
+            and counter on a session shut down after the read, the PCI bus and host reads
 then the same during a GPU load (a bf16 8192^3 matmul loop in a child process, if torch imports).
 It also prints whether the NVML models equal the nvidia-smi text models on this machine, NVML's raw
 answers to the NVLink fields (what the NVML path maps to "no NVLink" / "not answered"), and RSS
@@ -79,8 +79,9 @@ def measure(read: Callable[[], object], reads: int) -> dict[str, float]:
 
 
 def tiers(reads: int) -> dict[str, dict[str, float]]:
-    from agent.probes.live import LiveSource, _read_nvlink_errors
-    from agent.probes.nvml_session import SESSION
+    from agent.probes.live import LiveSource
+    from agent.probes.nvlink_errors import _legacy_links
+    from agent.probes.nvml_session import SESSION, Opened
 
     new = LiveSource(timeout_s=30)
     old = LiveSource(timeout_s=30, use_nvml=False)
@@ -93,10 +94,16 @@ def tiers(reads: int) -> dict[str, dict[str, float]]:
         for read in (new.topo, new.nvlink, new.nvlink_errors, new.pci, new.host):
             read()
 
+    def counters_by_call(opened: Opened) -> None:  # the old read: a call per link and counter
+        for index in range(int(opened.nv.nvmlDeviceGetCount())):
+            handle = opened.handle(index)
+            opened.nv.nvmlDeviceGetPciInfo(handle)
+            _legacy_links(opened.nv, handle)
+
     def topo_old() -> None:
         old.topo()
         old.nvlink()
-        _read_nvlink_errors(30)
+        SESSION.read(counters_by_call)
         SESSION.close()
         old.pci()
         old.host()
