@@ -58,8 +58,8 @@ def _mask(words: Any) -> list[int]:
 
 def _fixed(opened: Opened, count: int) -> dict[str, Any]:
     """What stays for the driver load: PCI ids, affinities, PCIe ancestors, NVLink remote ends."""
-    if "topo" in opened.cache:
-        fixed: dict[str, Any] = opened.cache["topo"]
+    fixed: dict[str, Any] | None = opened.cache.get("topo")
+    if fixed is not None and len(fixed["pci"]) == count:
         return fixed
     handles = [opened.handle(i) for i in range(count)]
     pcis = []
