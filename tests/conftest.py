@@ -35,6 +35,52 @@ def build_fake_libdcgm() -> Path:
     return out
 
 
+FAKE_LIBNVML_C = Path(__file__).parent / "fakes" / "nvml" / "fake_libnvidia_ml.c"
+NVML_CACHE = Path(__file__).parent.parent / ".cache" / "fake-libnvidia-ml"
+
+
+def build_fake_libnvml() -> Path:
+    """Compile tests/fakes/nvml/fake_libnvidia_ml.c into <dir>/libnvidia-ml.so.1 (soname
+    libnvidia-ml.so.1), cached by the source's hash; returns <dir>. Skips without a C compiler."""
+    source = FAKE_LIBNVML_C.read_bytes()
+    out = NVML_CACHE / hashlib.sha256(source).hexdigest()[:16]
+    if (out / "libnvidia-ml.so.1").is_file():
+        return out
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake libnvidia-ml.so.1")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"libnvidia-ml.so.1.{os.getpid()}"
+    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"]
+    subprocess.run([*cmd, "-o", str(tmp), str(FAKE_LIBNVML_C), "-lpthread"], check=True)
+    tmp.replace(out / "libnvidia-ml.so.1")
+    return out
+
+
+@pytest.fixture(scope="session")
+def fake_libnvml_dir() -> Path:
+    return build_fake_libnvml()
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch, fake_libnvml_dir: Path, tmp_path: Path) -> Iterator[Any]:
+    """The fake libnvidia-ml.so.1 loaded into this process under its soname, so that the real pynvml's
+    CDLL("libnvidia-ml.so.1") finds it (a library already loaded is found by its soname before any
+    search); its configuration file in tmp_path (FAKE_NVML_CONFIG). Yields the FakeLib controls, with
+    the agent's NVML session closed and the fake's counts reset before and after."""
+    from agent.probes.nvml_session import SESSION
+    from tests.fakes.nvml.fake_nvml import FakeLib
+
+    lib = FakeLib(fake_libnvml_dir / "libnvidia-ml.so.1", tmp_path / "fake-nvml.conf")
+    monkeypatch.setenv("FAKE_NVML_CONFIG", str(lib.path))
+    SESSION.close()
+    lib.reset()
+    yield lib
+    lib.hold(False)
+    SESSION.close()
+    lib.reset()
+
+
 @pytest.fixture(scope="session")
 def fake_libdcgm_dir() -> Path:
     return build_fake_libdcgm()

@@ -52,6 +52,9 @@ class FakeNvml:
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
 
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.90.07"  # the kept session compares it on every read (a driver reload)
+
     def nvmlDeviceGetCount(self) -> int:
         return 1
 

@@ -155,9 +155,24 @@ class LiveSource:
         return got
 
     def topo(self) -> Probed[TopoMatrix]:
+        """NVML and sysfs where NVML answers; `nvidia-smi topo -m` where it cannot be loaded or
+        does not answer (agent.probes.nvml_topo)."""
+        if self.use_nvml:
+            from agent.probes.nvml_topo import SOURCE, read_nvml_topo
+
+            got = _nvml_tier(SOURCE, lambda: read_nvml_topo(self.nvml_timeout_s, self.sys_root))
+            if got is not None:
+                return got
         return self.memo.parse(source_name(TOPO), self.text(TOPO), parse_topo)
 
     def nvlink(self) -> Probed[NvlinkReport]:
+        """NVML link fields where NVML answers; `nvidia-smi nvlink -s` otherwise (nvml_links)."""
+        if self.use_nvml:
+            from agent.probes.nvml_links import SOURCE, read_nvlink_status
+
+            got = _nvml_tier(SOURCE, lambda: read_nvlink_status(self.nvml_timeout_s))
+            if got is not None:
+                return got
         return self.memo.parse(source_name(NVLINK), self.text(NVLINK), parse_nvlink)
 
     def kernel(self) -> Probed[KernelXids]:
@@ -222,6 +237,20 @@ def _read_nvml(timeout_s: float) -> Probed[GpuInventory]:
         return ProbeError("nvml", ProbeErrorKind.TIMEOUT, str(exc) or f"no answer after {timeout_s:g} s")
     except ToolReportedFailure as exc:
         return ProbeError("nvml", ProbeErrorKind.TOOL_FAILED, str(exc))
+
+
+def _nvml_tier(source: str, read: Callable[[], T]) -> Probed[T] | None:
+    """A topology input read through NVML; None where NVML cannot be loaded or does not answer
+    (the caller reads the nvidia-smi text). A hang or a driver NVML cannot start is not retried
+    through nvidia-smi, which calls the same library."""
+    try:
+        return read()
+    except NvmlUnavailable:
+        return None
+    except ProbeTimeout as exc:
+        return ProbeError(source, ProbeErrorKind.TIMEOUT, str(exc))
+    except ToolReportedFailure as exc:
+        return ProbeError(source, ProbeErrorKind.TOOL_FAILED, str(exc))
 
 
 def _read_nvlink_errors(timeout_s: float) -> Probed[NvlinkErrorSample]:

@@ -1,16 +1,16 @@
 """Read the GPU inventory live through NVML (pynvml, PyPI nvidia-ml-py), into the same model the
 nvidia-smi parsers produce.
 
-NVML calls can block for minutes on a dying GPU, so the whole read runs in a daemon worker thread
-and the caller waits at most `timeout_s`. A read that hangs is abandoned (its thread cannot be
-killed); while it is still stuck, later reads fail fast with ProbeTimeout instead of piling up
-more stuck threads inside the driver."""
+The read runs on the NVML session kept open across reads (agent.probes.nvml_session). NVML calls
+can block for minutes on a dying GPU, so the whole read runs in a daemon worker thread and the
+caller waits at most `timeout_s`. A read that hangs is abandoned (its thread cannot be killed);
+while it is still stuck, later reads fail fast with ProbeTimeout instead of piling up more stuck
+threads inside the driver."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -28,8 +28,19 @@ from agent.core.model import (
     RetiredPages,
     normalize_pci,
 )
-from agent.probes.bounded import Bounded, StillStuck, TimedOut
-from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
+from agent.probes.bounded import Bounded
+from agent.probes.nvml_session import (
+    GPU_IS_LOST,
+    RESET_REQUIRED,
+    UNKNOWN,
+    Opened,
+    bounded_read,
+    check_session,
+)
+from agent.probes.nvml_session import code as _code
+from agent.probes.nvml_session import describe as _describe
+from agent.probes.nvml_session import text as _text
+from agent.probes.nvsmi_errors import ToolReportedFailure
 from agent.probes.nvsmi_power import nvml_power
 from agent.probes.nvsmi_values import (
     fabric_or_none,
@@ -39,16 +50,6 @@ from agent.probes.nvsmi_values import (
 )
 
 SOURCE = "nvml"
-
-# NVML return codes (stable C enum values; pynvml exposes the same numbers).
-_NOT_SUPPORTED = 3
-_DRIVER_NOT_LOADED = 9
-_LIBRARY_NOT_FOUND = 12
-_GPU_IS_LOST = 15
-_RESET_REQUIRED = 16
-_LIB_RM_VERSION_MISMATCH = 18
-_UNINITIALIZED = 1
-_UNKNOWN = 999
 
 # Clocks event (throttle) reason bits.
 _GPU_IDLE = 0x1
@@ -102,111 +103,53 @@ _WATCHDOG = Bounded()  # parks the workers abandoned after a timeout, still insi
 
 
 def read_nvml(timeout_s: float) -> GpuInventory:
-    """Read every GPU through NVML within timeout_s.
+    """Read every GPU through NVML within timeout_s, on the session kept open (nvml_session).
 
     Raises ProbeTimeout when NVML does not answer in time, ToolReportedFailure when NVML cannot
-    start (driver not loaded, driver/library version mismatch, library missing). A GPU that NVML
-    lists but cannot talk to (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN on its handle) is a LostGpu.
+    start (driver not loaded, driver/library version mismatch), NvmlUnavailable when the library is
+    missing. A GPU that NVML lists but cannot talk to (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN on its
+    handle) is a LostGpu; such a read, or one that finds a GPU asking for a reset, retires the
+    session so that the next read attaches afresh.
     """
-    try:
-        return _WATCHDOG.run(SOURCE, _collect, timeout_s, thread_name="nvml-read")
-    except StillStuck as stuck:
-        raise ProbeTimeout(
-            f"an earlier NVML read is still hung in the driver ({stuck.count} stuck call(s)); "
-            "not calling NVML again until it returns"
-        ) from None
-    except TimedOut:
-        raise ProbeTimeout(
-            f"NVML did not answer within {timeout_s:g} s (a GPU or the driver is hung)"
-        ) from None
+    return bounded_read(_WATCHDOG, SOURCE, _inventory, timeout_s, what="NVML read", thread="nvml-read")
 
 
 class _Lost(Exception):
     """The GPU stopped answering in the middle of being read."""
 
 
-def _code(exc: BaseException) -> int | None:
-    value = getattr(exc, "value", None)
-    return value if isinstance(value, int) else None
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # pynvml's __str__ calls into the library
-        text = ""
-    return text or f"NVML error {_code(exc)}"
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    text = " ".join(str(value).split())
-    return text or None
-
-
-def _init_failure(exc: BaseException) -> ToolReportedFailure | NvmlUnavailable:
-    code = _code(exc)
-    why = _describe(exc)
-    if code == _DRIVER_NOT_LOADED:
-        return ToolReportedFailure(f"NVML: the NVIDIA kernel driver is not loaded ({why})")
-    if code == _LIB_RM_VERSION_MISMATCH:
-        return ToolReportedFailure(
-            f"NVML: driver/library version mismatch; the driver was upgraded without a reboot ({why})"
-        )
-    if code == _LIBRARY_NOT_FOUND:
-        return NvmlUnavailable(f"NVML: libnvidia-ml.so was not found ({why})")
-    if code == _UNINITIALIZED:
-        return ToolReportedFailure(f"NVML: library not initialised ({why})")
-    return ToolReportedFailure(f"NVML: initialisation failed ({why})")
-
-
-@contextlib.contextmanager
-def nvml_session() -> Iterator[ModuleType]:
-    """pynvml, initialised for the block and shut down after it. Raises NvmlUnavailable (no pynvml,
-    no libnvidia-ml) or ToolReportedFailure (NVML cannot start: a driver/library mismatch, ...)."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise NvmlUnavailable(f"NVML: the pynvml module (nvidia-ml-py) is not installed ({exc})") from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise _init_failure(exc) from None
-    try:
-        yield pynvml
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
-
-
-def _collect() -> GpuInventory:
-    with nvml_session() as nv:
-        return _inventory(nv)
-
-
-def _inventory(nv: ModuleType) -> GpuInventory:
+def _inventory(opened: Opened) -> GpuInventory:
+    nv = opened.nv
     try:
         count = int(nv.nvmlDeviceGetCount())
     except nv.NVMLError as exc:
+        check_session(exc)
+        opened.retire()
         raise ToolReportedFailure(f"NVML: cannot count GPUs ({_describe(exc)})") from None
     gpus: list[Gpu] = []
     lost: list[LostGpu] = []
     for index in range(count):
-        got = _read_gpu(nv, index)
+        got = _read_gpu(opened, index)
         if isinstance(got, LostGpu):
             lost.append(got)
         else:
             gpus.append(got)
+    if lost or any(_wants_reset(g) for g in gpus):
+        opened.retire()  # attach afresh next time, and hold no handle on a GPU awaiting a reset
     return GpuInventory(
         source=SOURCE,
-        driver_version=_text(_optional(nv, nv.nvmlSystemGetDriverVersion)),
+        driver_version=opened.driver_version,
         cuda_version=_cuda_version(nv),
         attached_gpus=count,
         gpus=tuple(gpus),
         lost=tuple(lost),
+    )
+
+
+def _wants_reset(gpu: Gpu) -> bool:
+    return bool(gpu.reset_required or gpu.drain_and_reset_recommended) or gpu.recovery_action not in (
+        None,
+        "None",
     )
 
 
@@ -221,8 +164,9 @@ def _optional(nv: ModuleType, fn: Callable[..., Any] | None, *args: Any, basic: 
     try:
         return fn(*args)
     except nv.NVMLError as exc:
+        check_session(exc)
         code = _code(exc)
-        if code in (_GPU_IS_LOST, _RESET_REQUIRED) or (basic and code == _UNKNOWN):
+        if code in (GPU_IS_LOST, RESET_REQUIRED) or (basic and code == UNKNOWN):
             raise _Lost(f"{getattr(fn, '__name__', 'NVML call')}: {_describe(exc)}") from None
         return None
 
@@ -234,10 +178,12 @@ def _cuda_version(nv: ModuleType) -> str | None:
     return f"{raw // 1000}.{(raw % 1000) // 10}"
 
 
-def _read_gpu(nv: ModuleType, index: int) -> Gpu | LostGpu:
+def _read_gpu(opened: Opened, index: int) -> Gpu | LostGpu:
+    nv = opened.nv
     try:
-        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        handle = opened.handle(index)
     except nv.NVMLError as exc:
+        check_session(exc)
         return LostGpu(pci_bus_id=None, message=f"GPU {index}: nvmlDeviceGetHandleByIndex: {_describe(exc)}")
     pci: str | None = None
     try:
