@@ -9,8 +9,10 @@
 # Idempotent; one build at a time (flock). Go as in scripts/build-kube-bins.sh (go on PATH or
 # /usr/local/go/bin/go; GPUHC_GO picks another). github.com/prometheus/prometheus v0.316.0 is
 # Prometheus 3.x's Go module tag (the module's versions are v0.3xx.y); it needs Go >= 1.26.7.
-# Cold build (empty module and build caches): 353 s on 2 shared cores (load average about 6);
-# later builds reuse the Go caches.
+# First build, measured on this project's 2-core machine shared with other sessions (load average 1-4):
+# 201 s, of which the downloads of its 166 modules not yet in ~/go/pkg/mod are a small part (Go's
+# build cache held the kube-bins build, none of promtool's own packages). Later builds reuse the Go
+# caches; with the binary there the script exits at once.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
