@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +22,22 @@ from typing import Any
 
 import pytest
 
-from agent.core.contract import CONDITIONS, Reason
+from agent.core.contract import CONDITIONS, Reason, RemediationMark, RemediationReason
 from agent.core.severity import Status
 from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, free_port, wait_for
+from tests.test_remediation_kube import (
+    AHR,
+    CM,
+    NS,
+    ROOT,
+    cond,
+    fenced,  # noqa: F401  (fixture)
+    installed,  # noqa: F401  (fixture)
+    set_config,
+    status_patch,
+    until_status,
+    with_entries,
+)
 from tests.test_write_refused import (
     COND,
     Identity,
@@ -55,6 +70,49 @@ def sample(port: int, series: str) -> float | None:
         if line.startswith(series + " "):
             return float(line.split()[1])
     return None
+
+
+def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_and_unmarked(
+    fenced: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """harness2 R4 with the shipped fence: the agent's config names AcceleratedHardwareReady, the
+    ConfigMap the fence reads does not. Before, the labels and taint went on while GPUHealthy kept
+    saying pass. Now GPUHealthy, the labels and the taint tell the failure, AHR is not written (an
+    engine never replaces a node the fence disputes), the fence's own words are in the log and a
+    NodeWriteRefused Event; once the ConfigMap names the type, the next run writes AHR."""
+    kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
+    text = with_entries(AHR).replace("  maxTaintedFraction: 0.2 ", "  maxTaintedFraction: 1.0 ")
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text(text)  # the agent's; the cluster's ConfigMap stays as shipped
+
+    def run_once() -> str:
+        argv = [sys.executable, "-m", "agent.cli", "agent", "--node", node, "--once", "--metrics-port", "0"]
+        argv += ["--from-snapshot", str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79")]
+        argv += ["--kubeconfig", str(kube.kubeconfig_for_token(token)), "--config-dir", str(cfg)]
+        argv += ["--state-dir", str(tmp_path / "state")]
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        return proc.stdout + proc.stderr
+
+    out = run_once()
+    assert "refused the status write" in out and "may change only its own conditions" in out, out[-3000:]
+    n = node_of(kube, node)
+    remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
+    assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None
+    assert conds(n)[COND]["status"] == CONDITIONS[Status.FAIL].status and AHR not in conds(n)
+    assert story(n, remediation) == []
+    (event,) = refused_events(kube, node)
+    assert "may change only its own conditions" in event["message"]
+
+    set_config(kube, NS, CM, text)  # the fence now allows AHR
+    until_status(lambda: status_patch(kube, node, [cond(AHR, "False")], token), 200, "the fence has it")
+    out = run_once()
+    assert "API server refused" not in out, out[-3000:]
+    n = node_of(kube, node)
+    assert (conds(n)[AHR]["status"], conds(n)[AHR]["reason"]) == ("False", RemediationReason.FAILED)
+    assert story(n, remediation) == []
 
 
 def test_the_agent_says_a_refused_status_write_keeps_one_story_and_retries(
