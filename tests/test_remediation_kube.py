@@ -128,7 +128,9 @@ def fenced(installed: Any, gpu_node: Any) -> Iterator[dict[str, Any]]:
         lambda: kube.request(
             "PATCH",
             f"/api/v1/nodes/{node}",
-            {"metadata": {"labels": {"x": "y"}}},
+            # a new value each time: once a probe landed before the policy did, the same label again
+            # would change nothing, which the fence rightly allows (the fixture's old flake)
+            {"metadata": {"labels": {"x": str(time.monotonic_ns())}}},
             token=token,
             content_type=MERGE,
         ),

@@ -5,7 +5,8 @@ healthy story, a ValidatingAdmissionPolicy of the test's own starts refusing tha
 PATCH, an Xid 79 arrives. The Node keeps one story (the healthy one: no label, taint or condition
 runs ahead of the others), the log line carries the server's message, the metric counts the
 refusal by code, one `NodeWriteRefused` Event says it, and once the refusal is lifted the agent's
-retries write the failure.
+retries write the failure. And harness2 R4 with the shipped fence: a remediation type the agent's
+config names and the fence's ConfigMap does not.
 """
 
 from __future__ import annotations
