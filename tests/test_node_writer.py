@@ -440,7 +440,8 @@ def test_others_keys_survive_hundreds_of_interleaved_writes(
 @pytest.mark.kube
 def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> None:
     """Someone writes the Node between our read and our patch: the API server answers 409 and the
-    writer re-reads and writes again, keeping the other write."""
+    writer re-reads and writes again, keeping the other write. (The sneaking write goes just before
+    our Node PATCH: the status PATCH before it brings the copy up to date.)"""
     gpu_node()
     with kube.api_client() as api:
         real = k8s.CoreV1Api(api)
@@ -448,14 +449,13 @@ def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> N
 
         class Sneaky(KubeRest):
             def json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-                out = super().json(method, path, **kw)
-                if method == "GET" and path == node_path(kube_node_name) and len(sneaked) < 2:
+                if method == "PATCH" and path == node_path(kube_node_name) and len(sneaked) < 2:
                     sneaked.append(1)
                     real.patch_node(
                         kube_node_name,
                         {"metadata": {"labels": {"other.example/sneak": str(len(sneaked))}}},
                     )
-                return out
+                return super().json(method, path, **kw)
 
         writes = Writes()
         res = NodeWriter(Sneaky(api), kube_node_name, on_write=writes).apply(FAIL)

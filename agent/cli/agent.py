@@ -202,6 +202,8 @@ def main(args: Any) -> int:
             brake=brake,
             dry_run=args.dry_run,
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
+            on_refused=metrics.record_write_refused,
+            on_state=metrics.record_node_state,
         )
 
         parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)

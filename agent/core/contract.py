@@ -159,6 +159,7 @@ class Reason:
     CONFIG_RELOADED = "ConfigReloaded"
     CONFIG_REJECTED = "ConfigRejected"
     CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
+    NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts

@@ -75,11 +75,36 @@ def api_status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+API_MESSAGE_MAX = 600  # a fence's denial names the policy, the binding and the rule's message
+
+
+def api_message(exc: BaseException) -> str:
+    """The API server's own words in an `ApiException`: its Status `message` (the admission policy
+    and rule that denied a write, the RBAC verb missing), else the body's text; "" when there are
+    none. On one line, cut at API_MESSAGE_MAX characters."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body.strip():
+        return ""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    text = str(doc.get("message") or "") if isinstance(doc, dict) else body
+    text = " ".join(text.split())
+    return text if len(text) <= API_MESSAGE_MAX else text[: API_MESSAGE_MAX - 1] + "…"
+
+
 def describe_error(exc: BaseException) -> str:
-    """One short line for a log or an ApplyResult: the API's status and reason, else the exception."""
+    """One short line for a log or an ApplyResult: the API's status, reason and the server's own
+    message (a "403 Forbidden" alone sends an on-call to RBAC when a fence named its rule), else the
+    exception as it is."""
     status = api_status(exc)
     if status:
-        return f"API error {status} {getattr(exc, 'reason', '') or ''}".strip()
+        head = f"API error {status} {getattr(exc, 'reason', '') or ''}".strip()
+        message = api_message(exc)
+        return f"{head}: {message}" if message else head
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
@@ -257,6 +282,7 @@ def _lines(resp: Any) -> Iterator[bytes]:
 
 
 __all__ = [
+    "API_MESSAGE_MAX",
     "JSON",
     "MERGE_PATCH",
     "REQUEST_TIMEOUT",
@@ -265,6 +291,7 @@ __all__ = [
     "KubeRest",
     "WatchStream",
     "api_exception",
+    "api_message",
     "api_status",
     "client_modules",
     "describe_error",

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from agent.core.findings import CheckResult
 from agent.core.severity import Severity, Status
 from agent.core.trends import CHECK_PREFIX
+from agent.reporters.node_story import NodeState
 
 NS = "gpu_healthcheck"
 # Tool reads (issue 28): a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to
@@ -80,7 +81,30 @@ class Metrics:
             f"{NS}_dcgm_diag_running", "1 while a DCGM diagnostic runs", registry=r
         )
         self.tainted = Gauge(
-            f"{NS}_node_tainted", "1 while this agent's taint is wanted on its Node", registry=r
+            f"{NS}_node_tainted",
+            "1 while this agent's taint is on its Node (the Node as last read or written)",
+            registry=r,
+        )
+        self.taint_wanted = Gauge(
+            f"{NS}_taint_wanted", "1 while the verdict wants this agent's taint (mode taint)", registry=r
+        )
+        self.taint_held = Gauge(
+            f"{NS}_taint_held",
+            "1 while the taint is wanted but the cluster-wide brake holds it back (no taint on the Node)",
+            registry=r,
+        )
+        self.remediation_marked = Gauge(
+            f"{NS}_remediation_marked",
+            "1 while the Node's node.remediationConditions condition of this type is at its unhealthy "
+            "status (marked for a remediation engine), 0 otherwise; a series per configured type",
+            ["type"],
+            registry=r,
+        )
+        self.write_refusals = Counter(
+            f"{NS}_node_write_refusals_total",
+            "Node writes the API server refused (admission fence, RBAC, validation), by kind and HTTP code",
+            ["kind", "code"],
+            registry=r,
         )
         self.kernel_records = Gauge(
             f"{NS}_kernel_log_records", "kernel log records read this boot (each once)", registry=r
@@ -156,7 +180,16 @@ class Metrics:
         self.xid_total.labels(code).inc()
 
     def record_taint_wanted(self, wanted: bool) -> None:
-        self.tainted.set(1 if wanted else 0)
+        self.taint_wanted.set(1 if wanted else 0)
+
+    def record_node_state(self, state: NodeState) -> None:
+        """What the Node shows (the writer's on_state): the taint on it, held, the remediation marks."""
+        self.tainted.set(1 if state.tainted else 0)
+        self.taint_held.set(1 if state.taint_held else 0)
+        _only(self.remediation_marked, {(t,): int(on) for t, on in state.marked.items()}, self._shown)
+
+    def record_write_refused(self, kind: str, code: int) -> None:
+        self.write_refusals.labels(kind, str(code)).inc()
 
     def record_config_reload(self, result: str) -> None:
         self.config_reloads.labels(result).inc()

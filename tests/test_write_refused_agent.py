@@ -1,0 +1,173 @@
+"""The agent process when the API server refuses its status PATCH (issue 28 item 4, end to end).
+
+The SRE's reproduction on the real API server: an agent under a ServiceAccount's token tells a
+healthy story, a ValidatingAdmissionPolicy of the test's own starts refusing that identity's status
+PATCH, an Xid 79 arrives. The Node keeps one story (the healthy one: no label, taint or condition
+runs ahead of the others), the log line carries the server's message, the metric counts the
+refusal by code, one `NodeWriteRefused` Event says it, and once the refusal is lifted the agent's
+retries write the failure. And harness2 R4 with the shipped fence: a remediation type the agent's
+config names and the fence's ConfigMap does not.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agent.core.contract import CONDITIONS, Reason, RemediationMark, RemediationReason
+from agent.core.severity import Status
+from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, free_port, wait_for
+from tests.test_remediation_kube import (
+    AHR,
+    CM,
+    NS,
+    ROOT,
+    cond,
+    fenced,  # noqa: F401  (fixture)
+    installed,  # noqa: F401  (fixture)
+    set_config,
+    status_patch,
+    until_status,
+    with_entries,
+)
+from tests.test_write_refused import (
+    COND,
+    Identity,
+    K,
+    Refuser,
+    conds,
+    identity,  # noqa: F401  (fixture)
+    node_of,
+    our_taint,
+    reasons_of,
+    refused_events,
+    refusers,  # noqa: F401  (fixture)
+    status_probe,
+    story,
+)
+
+pytestmark = pytest.mark.kube
+
+REFUSED = 'gpu_healthcheck_node_write_refusals_total{code="403",kind="status"}'
+TAINTED = "gpu_healthcheck_node_tainted"
+
+
+def sample(port: int, series: str) -> float | None:
+    """One series' value from the agent's /metrics (None before it exists or while unreachable)."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_and_unmarked(
+    fenced: dict[str, Any],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """harness2 R4 with the shipped fence: the agent's config names AcceleratedHardwareReady, the
+    ConfigMap the fence reads does not. Before, the labels and taint went on while GPUHealthy kept
+    saying pass. Now GPUHealthy, the labels and the taint tell the failure, AHR is not written (an
+    engine never replaces a node the fence disputes), the fence's own words are in the log and a
+    NodeWriteRefused Event; once the ConfigMap names the type, the next run writes AHR."""
+    kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
+    text = with_entries(AHR).replace("  maxTaintedFraction: 0.2 ", "  maxTaintedFraction: 1.0 ")
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text(text)  # the agent's; the cluster's ConfigMap stays as shipped
+
+    def run_once() -> str:
+        argv = [sys.executable, "-m", "agent.cli", "agent", "--node", node, "--once", "--metrics-port", "0"]
+        argv += ["--from-snapshot", str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79")]
+        argv += ["--kubeconfig", str(kube.kubeconfig_for_token(token)), "--config-dir", str(cfg)]
+        argv += ["--state-dir", str(tmp_path / "state")]
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        return proc.stdout + proc.stderr
+
+    out = run_once()
+    assert "refused the status write" in out and "may change only its own conditions" in out, out[-3000:]
+    n = node_of(kube, node)
+    remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
+    assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None
+    assert conds(n)[COND]["status"] == CONDITIONS[Status.FAIL].status and AHR not in conds(n)
+    assert story(n, remediation) == []
+    (event,) = refused_events(kube, node)
+    assert "may change only its own conditions" in event["message"]
+
+    set_config(kube, NS, CM, text)  # the fence now allows AHR
+    until_status(lambda: status_patch(kube, node, [cond(AHR, "False")], token), 200, "the fence has it")
+    out = run_once()
+    assert "API server refused" not in out, out[-3000:]
+    n = node_of(kube, node)
+    assert (conds(n)[AHR]["status"], conds(n)[AHR]["reason"]) == ("False", RemediationReason.FAILED)
+    assert story(n, remediation) == []
+
+
+def test_the_agent_says_a_refused_status_write_keeps_one_story_and_retries(
+    identity: Identity,  # noqa: F811
+    refusers: list[Refuser],  # noqa: F811
+    gpu_node: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    kube = identity.kube
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text("intervals:\n  gpu: 30\nnode:\n  maxTaintedFraction: 1.0\n")
+    port = free_port()
+    as_agent = SimpleNamespace(kubeconfig=kube.kubeconfig_for_token(identity.token))  # its token, not admin
+    agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log", "--metrics-port", str(port))
+    try:
+        wait_for(
+            lambda: (
+                (n := node_of(kube, node))["metadata"]["labels"].get(K.status) == "pass" and COND in conds(n)
+            ),
+            what="the healthy story",
+        )
+        refuser = Refuser(identity, node, "nodes/status", "false", status_probe())
+        refusers.append(refuser)
+        refuser.on()
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+
+        wait_for(lambda: (sample(port, REFUSED) or 0) >= 2, timeout=60, what="two refusals counted")
+        log = agent.log.read_text()
+        assert refuser.message in log and "refused the status write" in log, log[-3000:]
+        n = node_of(kube, node)
+        assert n["metadata"]["labels"][K.status] == "pass" and our_taint(n) is None
+        assert conds(n)[COND]["status"] == CONDITIONS[Status.PASS].status and story(n) == []
+        assert sample(port, TAINTED) == 0
+        events = refused_events(kube, node)
+        assert len(events) == 1 and refuser.message in events[0]["message"], events
+        assert Reason.LATCHED_FINDING in reasons_of(kube, node)  # the finding is said meanwhile
+
+        refuser.off()
+        wait_for(
+            lambda: our_taint(node_of(kube, node)) is not None, timeout=60, what="the retry goes through"
+        )
+        n = node_of(kube, node)
+        wait_for(
+            lambda: conds(node_of(kube, node))[COND]["status"] == CONDITIONS[Status.FAIL].status,
+            what="GPUHealthy=False",
+        )
+        n = node_of(kube, node)
+        assert n["metadata"]["labels"][K.status] == "fail" and story(n) == []
+        wait_for(lambda: sample(port, TAINTED) == 1, what="node_tainted follows the Node")
+        assert len(refused_events(kube, node)) == 1  # one Event for the whole episode
+    finally:
+        agent.stop(signal.SIGKILL)
