@@ -1,7 +1,10 @@
 """Notice a changed ConfigMap directory within seconds and validate it before it takes effect.
 
 The kubelet updates a ConfigMap volume by swapping a `..data` symlink, so file mtimes are not
-reliable: compare the content of the files instead (they are small).
+reliable: compare the content of the files instead (they are small). A valid config is adopted only
+when the admission fence allows its condition types (*vet*, agent/reporters/config_proof.py); one it
+refuses is asked about again every REVET_S while it stays mounted, so a policy updated after the
+ConfigMap is picked up without another edit.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,9 +20,11 @@ from typing import Any
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
-from agent.config.last_good import save_last_good
+from agent.config.last_good import Vet, save_last_good
 from agent.config.schema import RESTART_ONLY, SCHEMA
 from agent.core.rules import RuleBook
+
+REVET_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -75,13 +81,19 @@ class ConfigWatcher:
         current: Config,
         rules: RuleBook | None = None,
         state_dir: Path | None = None,
+        *,
+        vet: Vet | None = None,
+        fence_refused: bool = False,
     ) -> None:
         """current: the config in force (at start maybe a fallback, when the mounted one is invalid);
-        state_dir: where each accepted config is kept (last_good)."""
+        state_dir: where each accepted config is kept (last_good); vet: why the admission fence
+        refuses a config (None: it allows it); fence_refused: it refused the mounted one at start."""
         self.directory = directory
         self.state_dir = state_dir
         self.current = current
         self.rules = rules
+        self.vet = vet
+        self._refused_at = time.monotonic() if fence_refused else None  # the mounted one, by the fence
         self._fingerprint = self._digest()
         self._last_stamp = self._stamp()
 
@@ -111,20 +123,31 @@ class ConfigWatcher:
                 out.append((0, 0, -1))
         return tuple(out)
 
+    def _revet_due(self) -> bool:
+        return self._refused_at is not None and time.monotonic() - self._refused_at >= REVET_S
+
     def poll(self) -> ReloadOutcome | None:
-        """None when nothing changed; else the accepted config or the rejection reason."""
+        """None when nothing changed (or the fence still refuses the same config); else the accepted
+        config or the rejection reason."""
+        revet = self._revet_due()
         stamp = self._stamp()
-        if stamp == self._last_stamp:
+        if stamp == self._last_stamp and not revet:
             return None
         self._last_stamp = stamp
         digest = self._digest()
-        if digest == self._fingerprint:
+        if digest == self._fingerprint and not revet:
             return None
+        same = digest == self._fingerprint
         self._fingerprint = digest
+        self._refused_at = None
         try:
             loaded = load_config_dir(self.directory, rules=self.rules)
         except ConfigError as exc:
             return ReloadOutcome(config=None, error=str(exc))
+        refusal = self.vet(loaded) if self.vet is not None else None
+        if refusal is not None:
+            self._refused_at = time.monotonic()
+            return None if same else ReloadOutcome(config=None, error=refusal)
         save_last_good(self.directory, self.state_dir)
         cfg, kept = keep_restart_only(self.current, loaded)
         changed = changed_keys(self.current, cfg)

@@ -61,9 +61,12 @@ class Agent:
         config_problem: str = "",
         state_dir: Path | None = None,
         workloads: Callable[[], Any] | None = None,
+        vet_config: Callable[[Config], str | None] | None = None,
+        config_fence_refused: bool = False,
     ) -> None:
         """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
-        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine."""
+        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine.
+        vet_config: why the admission fence refuses a reloaded config (ConfigWatcher)."""
         self.cfg = cfg
         self.on_config = on_config
         self.metrics: Telemetry = metrics or NoTelemetry()
@@ -78,7 +81,11 @@ class Agent:
         )
         self.writer = writer
         self.watcher = (
-            ConfigWatcher(config_dir, cfg, RULE_BOOK, state_dir) if config_dir is not None else None
+            ConfigWatcher(
+                config_dir, cfg, RULE_BOOK, state_dir, vet=vet_config, fence_refused=config_fence_refused
+            )
+            if config_dir is not None
+            else None
         )
         self.stop_event = threading.Event()
         self.poke = threading.Event()
