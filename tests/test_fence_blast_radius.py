@@ -39,6 +39,8 @@ pytestmark = pytest.mark.kube
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
 POLICY_FILE = MANIFESTS / "30-admission-policy.yaml"
+JOB_RBAC = MANIFESTS / "jobs" / "quarantine-rbac.yaml"
+JOB_SA = "gpu-healthcheck-quarantine"  # the quarantine Job's identity, fenced like the agent's
 NS, SA, CM = "gpu-healthcheck", "gpu-healthcheck-agent", "gpu-healthcheck-config"
 MERGE = "application/merge-patch+json"
 BOTH = ("gpu-healthcheck-own-node", "gpu-healthcheck-own-events")  # our policies, and their bindings
@@ -205,7 +207,8 @@ def wait_for_fence(env: KubeEnv, node: str, token: str) -> None:
 
 
 def agent_foreign_label(env: KubeEnv, node: str, token: str) -> tuple[int, Any]:
-    """The agent's token asks for a label outside its prefix on its own Node (a dry run)."""
+    """The agent's (or the Job's) token asks for a label outside its prefix on its own Node (a dry
+    run)."""
     return env.request(  # type: ignore[no-any-return]
         "PATCH",
         f"/api/v1/nodes/{node}",
@@ -228,15 +231,19 @@ def state(world: dict[str, Any], request: pytest.FixtureRequest) -> Iterator[dic
         assert time.monotonic() < deadline, "namespace still terminating"
         time.sleep(0.5)
     env.kubectl("apply", "-f", str(MANIFESTS))
+    env.kubectl("apply", "-f", str(JOB_RBAC))
     token = env.token_for(NS, SA, bound_node=node, expiration=3600, create=False)
+    job = env.token_for(NS, JOB_SA, bound_node=node, expiration=3600, create=False)
     wait_for_fence(env, node, token)
     breaks, expect = STATES[request.param]
     breaks(env)
     time.sleep(SETTLE_S)
-    if expect == FENCED:  # the ServiceAccount may be a new one (manifests deleted and re-applied)
+    if expect == FENCED:  # the ServiceAccounts may be new ones (manifests deleted and re-applied)
+        env.kubectl("apply", "-f", str(JOB_RBAC))
         token = env.token_for(NS, SA, bound_node=node, expiration=3600, create=False)
+        job = env.token_for(NS, JOB_SA, bound_node=node, expiration=3600, create=False)
         wait_for_fence(env, node, token)
-    yield {**world, "token": token, "expect": expect, "name": request.param}
+    yield {**world, "token": token, "job": job, "expect": expect, "name": request.param}
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -285,6 +292,20 @@ def test_no_one_else_is_refused_and_the_agent_fails_closed(state: dict[str, Any]
     else:
         assert expect == HELD and status == 200, body  # the API server would take it: the agent must not
         assert_agent_holds(env, node, state["token"])
+
+    # the quarantine Job's token (its own RBAC, left in place by every state but the namespace's)
+    status, body = agent_foreign_label(env, node, state["job"])
+    if expect in (FENCED, NO_RBAC):
+        assert status == 403 and "only labels under gpu-healthcheck/" in json.dumps(body), body
+    elif expect == NO_TOKEN:
+        assert status == 401 or (status == 403 and "only labels under" in json.dumps(body)), body
+    else:
+        assert status == 200, body  # and the Job's own proof holds its write (it cannot list Nodes)
+        from agent.cli.agent import kube_core
+        from agent.reporters.fence import prove_fence
+
+        proof = prove_fence(kube_core(str(env.kubeconfig_for_token(state["job"]))), node, "gpu-healthcheck")
+        assert proof.holds_writes, proof
 
 
 def assert_agent_holds(env: KubeEnv, node: str, token: str) -> None:
