@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from agent.probes.dcgm.tiers import DcgmTiers
     from agent.reporters.brake import Brake
     from agent.reporters.fence import FenceProof
-    from agent.reporters.fence_guard import FenceGuard
+    from agent.reporters.fence_guard import FenceGuard, GuardedWriter
     from agent.reporters.node_writer import NodeWriter
 
 BRAKE_WARM_JITTER_S = 30.0
