@@ -567,3 +567,45 @@ def test_the_agent_under_its_fenced_token_writes_its_conditions(
         "message"
     ]
     assert got["GPUHealthy"]["status"] == "False"
+
+
+def test_a_reload_the_fence_refuses_is_rejected_with_the_servers_words(
+    fenced: dict[str, Any], tmp_path: Path
+) -> None:
+    """The running agent under its fenced token: an edit that adds a type the policy does not list
+    is rejected (ConfigRejected with the API server's message; the last good config, and the Node's
+    conditions, stay as they were); with the policy updated, the next edit is adopted."""
+    kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
+    until_status(lambda: status_patch(kube, node, [cond(AHR)], token), 403, "the policy lists no AHR")
+    base = "intervals:\n  gpu: 2\nnode:\n  maxTaintedFraction: 1\n"
+    snap, cfg = tmp_path / "snap", tmp_path / "config"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text(base)
+    as_agent = type("K", (), {"kubeconfig": kube.kubeconfig_for_token(token)})()
+    agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log")
+    world = {"kube": kube, "node": node, "core": kube.api_client()}
+    try:
+        wait_for(lambda: (condition(world) or {}).get("reason") == "AllChecksPassed", what="pass")
+        (cfg / "config.yaml").write_text(base + f"  remediationConditions:\n    - type: {AHR}\n")
+        wait_for(lambda: "ConfigRejected" in events(world), timeout=30, what="ConfigRejected")
+        out = kube.kubectl(
+            "get", "events", "-A", "--field-selector", f"involvedObject.name={node}", "-o", "json"
+        )
+        why = next(e["message"] for e in json.loads(out.stdout)["items"] if e["reason"] == "ConfigRejected")
+        assert f"refuses the condition types this config writes (GPUHealthy, {AHR})" in why, why
+        assert "ValidatingAdmissionPolicy 'gpu-healthcheck-own-node'" in why, why
+        assert condition(world, AHR) is None and "config rejected" in condition(world)["message"]
+        assert "Node write failed" not in agent.log.read_text()  # nothing it writes is refused
+
+        set_policy_types(kube, ["GPUHealthy", AHR])  # the policy generated for the new config
+        until_status(lambda: status_patch(kube, node, [cond(AHR, "True", R.PASSED)], token), 200, "listed")
+        (cfg / "config.yaml").write_text(
+            base + f"  remediationConditions:\n    - type: {AHR}\n  recoverAfter: 2\n"
+        )
+        got = wait_for(lambda: condition(world, AHR), timeout=30, what="AHR written after the policy")
+        assert got["reason"] == R.PASSED
+        wait_for(lambda: "ConfigReloaded" in events(world), what="ConfigReloaded")
+        wait_for(lambda: "config rejected" not in condition(world)["message"], what="the note gone")
+    finally:
+        agent.stop(signal.SIGKILL)
