@@ -97,9 +97,12 @@ def fill(text: str, block: str, where: str, begin: str = BEGIN, end: str = END) 
 
 
 POLICY = "30-admission-policy.yaml"
-FENCE_BEGIN = "# BEGIN GENERATED condition types (scripts/gen-configmap.py, from config/config.yaml)"
-FENCE_END = "# END GENERATED condition types"
-# The chart's policy lists the types of the config.yaml it renders (templates/_helpers.tpl).
+FENCE_BEGIN = (
+    "# BEGIN GENERATED prefix and condition types (scripts/gen-configmap.py, from config/config.yaml)"
+)
+FENCE_END = "# END GENERATED prefix and condition types"
+# The chart's policy takes them from the config.yaml it renders (templates/_helpers.tpl).
+CHART_PREFIX = '{{ include "gpu-healthcheck.prefixCel" . }}'
 CHART_TYPES = '{{ include "gpu-healthcheck.conditionTypes" . }}'
 
 
@@ -112,24 +115,32 @@ def cel_list(items: list[str]) -> str:
     return "[" + ", ".join(cel_string(i) for i in items) + "]"
 
 
-def fence_variables(types: str) -> str:
-    """The admission policy's variables: the condition types the agent may write (*types*, a CEL list)
-    and every reason a condition of ours carries. No parameter object (the policy says why)."""
-    return "\n".join(
-        [
-            "- name: conditionTypes  # node.conditionType, then node.remediationConditions[].type",
-            "  expression: >-",
-            f"    {types}",
-            "- name: ourReasons  # every reason a condition of ours carries (agent/core/contract.py)",
-            "  expression: >-",
-            f"    {cel_list(list(OUR_CONDITION_REASONS))}",
-        ]
-    ) + "\n"
+def fence_variables(prefix: str, types: str) -> str:
+    """The admission policy's variables: the key prefix (*prefix*, a CEL string ending in /), the
+    condition types the agent may write (*types*, a CEL list) and every reason a condition of ours
+    carries. No parameter object (the policy says why)."""
+    return (
+        "\n".join(
+            [
+                "- name: prefix  # config.yaml `prefix`, and a slash",
+                "  expression: >-",
+                f"    {prefix}",
+                "- name: conditionTypes  # node.conditionType, then node.remediationConditions[].type",
+                "  expression: >-",
+                f"    {types}",
+                "- name: ourReasons  # every reason a condition of ours carries (agent/core/contract.py)",
+                "  expression: >-",
+                f"    {cel_list(list(OUR_CONDITION_REASONS))}",
+            ]
+        )
+        + "\n"
+    )
 
 
-def manifest_types(config_dir: Path = CONFIG) -> str:
-    """The CEL list of the condition types config/config.yaml lets the agent write."""
-    return cel_list(condition_types(load_config_dir(config_dir).node))
+def manifest_fence(config_dir: Path = CONFIG) -> str:
+    """The policy's generated variables for config/config.yaml."""
+    cfg = load_config_dir(config_dir)
+    return fence_variables(cel_string(cfg.prefix + "/"), cel_list(condition_types(cfg.node)))
 
 
 OPERATOR_CONFIG = ROOT / "overlays" / "gpu-operator-dcgm" / "config.yaml"
@@ -163,9 +174,13 @@ def outputs() -> dict[Path, str]:
             out[path] = fill(path.read_text(encoding="utf-8"), block, str(path.relative_to(ROOT)))
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
-    for path, types in ((ROOT / "manifests" / POLICY, manifest_types()), (CHART / "templates" / POLICY, CHART_TYPES)):
+    chart = fence_variables(CHART_PREFIX, CHART_TYPES)
+    for path, block in (
+        (ROOT / "manifests" / POLICY, manifest_fence()),
+        (CHART / "templates" / POLICY, chart),
+    ):
         text = path.read_text(encoding="utf-8")
-        out[path] = fill(text, fence_variables(types), str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        out[path] = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
     return out
 
 

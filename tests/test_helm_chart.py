@@ -92,14 +92,14 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
     )  # our engine, in the release's namespace
 
 
-def policy_types(docs: list[dict[str, Any]]) -> str:
-    """The CEL list of condition types in the rendered admission policy."""
+def policy_types(docs: list[dict[str, Any]], variable: str = "conditionTypes") -> str:
+    """The CEL list of condition types (or another variable) in the rendered admission policy."""
     policy = next(
         d
         for d in docs
         if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "gpu-healthcheck-own-node"
     )
-    return str(next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "conditionTypes"))
+    return str(next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == variable))
 
 
 def config_of(docs: list[dict[str, Any]]) -> str:
@@ -139,6 +139,7 @@ def test_remediation_conditions_from_the_values_are_what_the_fence_lists(helm: s
 
 CONFIG_VALUES = """\
 config:
+  prefix: gpu.example.com
   intervals: {gpu: 45}
   timeouts: {nvidiaSmi: 7}
   node:
@@ -175,13 +176,17 @@ def test_config_values_merge_into_config_yaml_and_the_fence(helm: str, tmp_path:
     assert cfg.intervals.topology == shipped.intervals.topology and cfg.profiles == shipped.profiles
     assert condition_types(cfg.node) == ["example.com/GPUOk", "AcceleratedHardwareReady"]
     assert policy_types(docs) == "['example.com/GPUOk', 'AcceleratedHardwareReady']"
+    assert cfg.prefix == "gpu.example.com" and policy_types(docs, "prefix") == "'gpu.example.com/'"
 
 
-def test_a_config_value_that_is_no_condition_type_fails_the_render(helm: str) -> None:
-    argv = [helm, "template", "x", str(CHART), "--kube-version", KUBE_VERSION]
-    argv += ["--set", "config.node.conditionType=it's"]
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("config.node.conditionType=it's", "is not a condition type"), ("config.prefix=a'b", "not a label key")],
+)
+def test_a_config_value_the_policy_cannot_hold_fails_the_render(helm: str, value: str, why: str) -> None:
+    argv = [helm, "template", "x", str(CHART), "--kube-version", KUBE_VERSION, "--set", value]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "is not a condition type" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and why in proc.stderr, proc.stderr
 
 
 def test_helm_lint(helm: str) -> None:

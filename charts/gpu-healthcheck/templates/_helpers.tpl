@@ -56,3 +56,13 @@ type (the agent would reject it too) fails the render.
 {{- end }}
 {{- printf "[%s]" (join ", " $names) }}
 {{- end }}
+
+{{- /* config.yaml's `prefix` and a slash, as a CEL string: the fence's key prefix follows the config. */}}
+{{- define "gpu-healthcheck.prefixCel" -}}
+{{- $doc := fromYaml (include "gpu-healthcheck.configYaml" .) }}
+{{- $prefix := toString ($doc.prefix | default "gpu-healthcheck") }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$" $prefix) }}
+{{- fail (printf "config.prefix: %q is not a label key prefix (a DNS subdomain)" $prefix) }}
+{{- end }}
+{{- printf "'%s/'" $prefix }}
+{{- end }}
