@@ -3,8 +3,9 @@
 `gpu-healthcheck-config` holding config/*.yaml), in each DaemonSet the block between the
 GENERATED markers that says where it runs (the GPU-node selection of core/gpu_nodes.py: the same
 list the brake and `gpu-healthcheck status` use) and that it tolerates every taint, and in the
-admission policy the variables that read the agent's condition types out of its ConfigMap
-(agent/config/fence_view.py) and list our conditions' reasons.
+admission policy the variables that list the condition types config/config.yaml lets the agent
+write (agent/config/fence_view.py; the Helm chart's copy computes them from the config it renders)
+and our conditions' reasons.
 
 Why a generator: `kubectl apply -f manifests/` must work without kustomize, so these are committed
 manifests; `--check` (make lint) exits 1 when one is not byte-for-byte what this script writes (run
@@ -20,8 +21,8 @@ import yaml
 
 from agent.config import CONFIG_FILES as FILES
 from agent.config import load_config_dir
-from agent.config.fence_view import CONDITION_TYPE_LINE, REMEDIATION_TYPE_LINE
-from agent.core.contract import DEFAULT_CONDITION_TYPE, OUR_CONDITION_REASONS
+from agent.config.fence_view import condition_types
+from agent.core.contract import OUR_CONDITION_REASONS
 from agent.core.gpu_nodes import node_selector_terms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,8 +97,13 @@ def fill(text: str, block: str, where: str, begin: str = BEGIN, end: str = END) 
 
 
 POLICY = "30-admission-policy.yaml"
-FENCE_BEGIN = "# BEGIN GENERATED condition types (scripts/gen-configmap.py, from agent/config/fence_view.py)"
-FENCE_END = "# END GENERATED condition types"
+FENCE_BEGIN = (
+    "# BEGIN GENERATED prefix and condition types (scripts/gen-configmap.py, from config/config.yaml)"
+)
+FENCE_END = "# END GENERATED prefix and condition types"
+# The chart's policy takes them from the config.yaml it renders (templates/_helpers.tpl).
+CHART_PREFIX = '{{ include "gpu-healthcheck.prefixCel" . }}'
+CHART_TYPES = '{{ include "gpu-healthcheck.conditionTypes" . }}'
 
 
 def cel_string(text: str) -> str:
@@ -105,28 +111,36 @@ def cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def fence_variables() -> str:
-    """The admission policy's variables that read the agent's condition types out of its ConfigMap
-    (the policy's parameter) the way agent/config/fence_view.py does, and our conditions' reasons."""
-    value = "m, m.substring(m.indexOf(':') + 1).trim().replace('\"', '').replace(\"'\", '')"
-    own = f"variables.configText.findAll({cel_string(CONDITION_TYPE_LINE)})"
-    listed = f"variables.configText.findAll({cel_string(REMEDIATION_TYPE_LINE)})"
-    reasons = ", ".join(cel_string(r) for r in OUR_CONDITION_REASONS)
-    return "\n".join(
-        [
-            "- name: configText",
-            "  expression: \"params.?data[?'config.yaml'].orValue('')\"",
-            "- name: conditionTypes  # node.conditionType (default GPUHealthy), node.remediationConditions",
-            "  expression: >-",
-            f"    ({own}.size() == 0",
-            f"      ? [{cel_string(DEFAULT_CONDITION_TYPE)}]",
-            f"      : {own}.map({value}))",
-            f"    + {listed}.map({value})",
-            "- name: ourReasons  # every reason a condition of ours carries (agent/core/contract.py)",
-            "  expression: >-",
-            f"    [{reasons}]",
-        ]
-    ) + "\n"
+def cel_list(items: list[str]) -> str:
+    return "[" + ", ".join(cel_string(i) for i in items) + "]"
+
+
+def fence_variables(prefix: str, types: str) -> str:
+    """The admission policy's variables: the key prefix (*prefix*, a CEL string ending in /), the
+    condition types the agent may write (*types*, a CEL list) and every reason a condition of ours
+    carries. No parameter object (the policy says why)."""
+    return (
+        "\n".join(
+            [
+                "- name: prefix  # config.yaml `prefix`, and a slash",
+                "  expression: >-",
+                f"    {prefix}",
+                "- name: conditionTypes  # node.conditionType, then node.remediationConditions[].type",
+                "  expression: >-",
+                f"    {types}",
+                "- name: ourReasons  # every reason a condition of ours carries (agent/core/contract.py)",
+                "  expression: >-",
+                f"    {cel_list(list(OUR_CONDITION_REASONS))}",
+            ]
+        )
+        + "\n"
+    )
+
+
+def manifest_fence(config_dir: Path = CONFIG) -> str:
+    """The policy's generated variables for config/config.yaml."""
+    cfg = load_config_dir(config_dir)
+    return fence_variables(cel_string(cfg.prefix + "/"), cel_list(condition_types(cfg.node)))
 
 
 OPERATOR_CONFIG = ROOT / "overlays" / "gpu-operator-dcgm" / "config.yaml"
@@ -160,10 +174,13 @@ def outputs() -> dict[Path, str]:
             out[path] = fill(path.read_text(encoding="utf-8"), block, str(path.relative_to(ROOT)))
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
-    fence = fence_variables()
-    for path in (ROOT / "manifests" / POLICY, CHART / "templates" / POLICY):
+    chart = fence_variables(CHART_PREFIX, CHART_TYPES)
+    for path, block in (
+        (ROOT / "manifests" / POLICY, manifest_fence()),
+        (CHART / "templates" / POLICY, chart),
+    ):
         text = path.read_text(encoding="utf-8")
-        out[path] = fill(text, fence, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        out[path] = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
     return out
 
 

@@ -92,11 +92,28 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
     )  # our engine, in the release's namespace
 
 
-def test_remediation_conditions_from_the_values_are_what_the_fence_reads(helm: str, tmp_path: Path) -> None:
-    """`remediationConditions` lands in config.yaml in block style (the admission fence reads the
-    types out of that text), and the fence's binding names the ConfigMap in the release's namespace."""
+def policy_types(docs: list[dict[str, Any]], variable: str = "conditionTypes") -> str:
+    """The CEL list of condition types (or another variable) in the rendered admission policy."""
+    policy = next(
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "gpu-healthcheck-own-node"
+    )
+    return str(next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == variable))
+
+
+def config_of(docs: list[dict[str, Any]]) -> str:
+    return str(
+        next(
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-healthcheck-config"
+        )["data"]["config.yaml"]
+    )
+
+
+def test_remediation_conditions_from_the_values_are_what_the_fence_lists(helm: str, tmp_path: Path) -> None:
+    """`remediationConditions` lands in config.yaml, and the admission policy lists exactly the types
+    of that config (no parameter object: nothing namespaced can make the policy refuse anyone)."""
     from agent.config import load_config_dir
-    from agent.config.fence_view import allowed_types
 
     values = tmp_path / "values.yaml"
     values.write_text(
@@ -108,25 +125,68 @@ def test_remediation_conditions_from_the_values_are_what_the_fence_reads(helm: s
     argv += ["--kube-version", KUBE_VERSION, "-f", str(values)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
-    text = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"]
-    (tmp_path / "config.yaml").write_text(text)
+    (tmp_path / "config.yaml").write_text(config_of(docs))
     entries = load_config_dir(tmp_path).node.remediation_conditions  # the agent's own load accepts it
     assert [(c.type, c.unhealthy_status, c.min_severity.label) for c in entries] == [
         ("AcceleratedHardwareReady", "False", "reset"),
         ("example.com/GPUReplace", "True", "isolate"),
     ]
-    assert allowed_types(text) == ["GPUHealthy", "AcceleratedHardwareReady", "example.com/GPUReplace"]
-    binding = next(
+    assert policy_types(docs) == "['GPUHealthy', 'AcceleratedHardwareReady', 'example.com/GPUReplace']"
+    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert "paramRef" not in binding["spec"]
+    assert not any("paramKind" in d["spec"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+
+
+CONFIG_VALUES = """\
+config:
+  prefix: gpu.example.com
+  intervals: {gpu: 45}
+  timeouts: {nvidiaSmi: 7}
+  node:
+    mode: label
+    conditionType: example.com/GPUOk
+    maxTaintedFraction: 0
+    remediationConditions:
+      - {type: AcceleratedHardwareReady, unhealthyStatus: "False", minSeverity: reset}
+mode: observe      # the shortcut; config.node.mode wins
+"""
+
+
+def test_config_values_merge_into_config_yaml_and_the_fence(helm: str, tmp_path: Path) -> None:
+    """Every key of config.yaml is settable through `config:` (merged key by key into the shipped
+    file, false and 0 included); the others keep the shipped value; the policy lists the merged types."""
+    from agent.config import load_config_dir
+    from agent.config.fence_view import condition_types
+
+    values = tmp_path / "values.yaml"
+    values.write_text(CONFIG_VALUES)
+    argv = [helm, "template", "gpu-healthcheck", str(CHART), "--namespace", "gpu-health"]
+    argv += ["--kube-version", KUBE_VERSION, "-f", str(values), "--set", "config.checks.efa=false"]
+    docs = [
         d
-        for d in docs
-        if d["kind"] == "ValidatingAdmissionPolicyBinding"
-        and d["metadata"]["name"] == "gpu-healthcheck-own-node"
-    )
-    assert binding["spec"]["paramRef"] == {
-        "name": "gpu-healthcheck-config",
-        "namespace": "gpu-health",
-        "parameterNotFoundAction": "Deny",
-    }
+        for d in yaml.safe_load_all(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+        if d
+    ]
+    (tmp_path / "config.yaml").write_text(config_of(docs))
+    cfg = load_config_dir(tmp_path)  # the agent accepts the merged file
+    shipped = load_config_dir(ROOT / "config")
+    assert cfg.intervals.gpu == 45 and cfg.timeouts.nvidia_smi == 7 and cfg.node.mode == "label"
+    assert cfg.node.max_tainted_fraction == 0 and not cfg.enabled("efa")
+    assert cfg.dcgm.address == "nvidia-dcgm.gpu-health.svc:5555"  # the release's engine, as without config
+    assert cfg.intervals.topology == shipped.intervals.topology and cfg.profiles == shipped.profiles
+    assert condition_types(cfg.node) == ["example.com/GPUOk", "AcceleratedHardwareReady"]
+    assert policy_types(docs) == "['example.com/GPUOk', 'AcceleratedHardwareReady']"
+    assert cfg.prefix == "gpu.example.com" and policy_types(docs, "prefix") == "'gpu.example.com/'"
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("config.node.conditionType=it's", "is not a condition type"), ("config.prefix=a'b", "not a label key")],
+)
+def test_a_config_value_the_policy_cannot_hold_fails_the_render(helm: str, value: str, why: str) -> None:
+    argv = [helm, "template", "x", str(CHART), "--kube-version", KUBE_VERSION, "--set", value]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and why in proc.stderr, proc.stderr
 
 
 def test_helm_lint(helm: str) -> None:
@@ -147,8 +207,10 @@ def test_helm_install_on_the_api_server(helm: str, kube: Any, tmp_path: Path) ->
     try:
         env = dict(os.environ, KUBECONFIG=str(own.kubeconfig), HELM_CACHE_HOME=str(tmp_path / "cache"))
         env.update(HELM_CONFIG_HOME=str(tmp_path / "config"), HELM_DATA_HOME=str(tmp_path / "data"))
+        values = tmp_path / "values.yaml"
+        values.write_text(CONFIG_VALUES)
         argv = [helm, "install", "ghc", str(CHART), "--namespace", "gpuhc", "--create-namespace"]
-        argv += ["--set", "createNamespace=false", "--set", "monitoring.enabled=false"]
+        argv += ["--set", "createNamespace=false", "--set", "monitoring.enabled=false", "-f", str(values)]
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         ds = own.kubectl("-n", "gpuhc", "get", "daemonset", "-o", "name").stdout.split()
@@ -159,6 +221,28 @@ def test_helm_install_on_the_api_server(helm: str, kube: Any, tmp_path: Path) ->
         ]
         vap = own.kubectl("get", "validatingadmissionpolicy", "-o", "name").stdout.split()
         assert "validatingadmissionpolicy.admissionregistration.k8s.io/gpu-healthcheck-own-node" in vap
+
+        def installed() -> tuple[dict[str, Any], str]:
+            cm = own.kubectl("-n", "gpuhc", "get", "configmap", "gpu-healthcheck-config", "-o", "yaml").stdout
+            policy = own.kubectl("get", "validatingadmissionpolicy", "gpu-healthcheck-own-node", "-o", "yaml")
+            doc = yaml.safe_load(policy.stdout)
+            types = next(v["expression"] for v in doc["spec"]["variables"] if v["name"] == "conditionTypes")
+            return yaml.safe_load(yaml.safe_load(cm)["data"]["config.yaml"]), str(types)
+
+        cfg, types = installed()
+        assert cfg["intervals"]["gpu"] == 45 and cfg["node"]["conditionType"] == "example.com/GPUOk"
+        assert types == "['example.com/GPUOk', 'AcceleratedHardwareReady']"
+        # An upgrade that changes one key keeps the others set through Helm, and the policy follows.
+        argv = [helm, "upgrade", "ghc", str(CHART), "--namespace", "gpuhc", "--reuse-values"]
+        argv += ["--set", "config.intervals.gpu=50"]
+        argv += ["--set", "config.node.remediationConditions[0].type=NodeGPUFailed"]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        cfg, types = installed()
+        assert cfg["intervals"]["gpu"] == 50 and cfg["timeouts"]["nvidiaSmi"] == 7
+        assert cfg["node"]["mode"] == "label" and cfg["node"]["conditionType"] == "example.com/GPUOk"
+        assert cfg["node"]["remediationConditions"] == [{"type": "NodeGPUFailed"}]
+        assert types == "['example.com/GPUOk', 'NodeGPUFailed']"
         proc = subprocess.run(
             [helm, "uninstall", "ghc", "--namespace", "gpuhc"],
             env=env,

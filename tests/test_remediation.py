@@ -1,6 +1,6 @@
 """node.remediationConditions (issue 22 item 1): the conditions remediation engines act on.
 
-Pure tests: the entries' validation, what the admission fence reads out of config.yaml, the engine's
+Pure tests: the entries' validation, the types the admission fence must list for a config, the engine's
 marks through fail / unknown / recovery / restart / modes, and what the writer plans once the taint
 is decided (the brake, the opt-out label, one PATCH, removal of ours only). The real API server tests
 are in tests/test_remediation_kube.py.
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agent.config import ConfigError, load_config_dir, parse_config
-from agent.config.fence_view import allowed_types, fence_types
+from agent.config.fence_view import condition_types
 from agent.core.contract import (
     OUR_CONDITION_REASONS,
     Marks,
@@ -87,36 +87,23 @@ def test_an_entry_below_the_taints_severity_is_rejected() -> None:
         parse_config({"node": {"taintMinSeverity": "reboot", "remediationConditions": [{"type": AHR}]}})
 
 
-def test_the_fence_reads_the_same_types_as_the_agent(tmp_path: Path) -> None:
+def test_the_types_the_fence_must_list_are_the_configs_in_any_yaml_style(tmp_path: Path) -> None:
+    """The policy takes no parameter: its list is generated from the parsed config, so any YAML style
+    of config.yaml is fine (the old fence read the text with regular expressions and forbade some)."""
     text = (
-        "node:\n  conditionType: GPUOk   # ours\n  remediationConditions:\n"
-        + ENTRY
-        + "    - minSeverity: isolate\n      type: 'example.com/GPUBroken'\n"
-        + "  # - type: Commented\n"
+        "node: {conditionType: GPUOk, remediationConditions: "
+        f"[{{type: {AHR}}}, {{type: example.com/GPUBroken, minSeverity: isolate}}]}}\n"
     )
-    assert fence_types(text) == (["GPUOk"], [AHR, "example.com/GPUBroken"])
-    assert allowed_types(text) == ["GPUOk", AHR, "example.com/GPUBroken"]
-    assert allowed_types("") == ["GPUHealthy"]  # no config.yaml: the defaults
     (tmp_path / "config.yaml").write_text(text)
     cfg = load_config_dir(tmp_path)
-    assert [c.type for c in cfg.node.remediation_conditions] == [AHR, "example.com/GPUBroken"]
+    assert condition_types(cfg.node) == ["GPUOk", AHR, "example.com/GPUBroken"]
     # The shipped file (commented example included) names no remediation type.
-    assert allowed_types((ROOT / "config" / "config.yaml").read_text()) == ["GPUHealthy"]
+    assert condition_types(load_config_dir(ROOT / "config").node) == ["GPUHealthy"]
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        f"node:\n  remediationConditions: [{{type: {AHR}}}]\n",  # flow style: the fence cannot read it
-        f"node:\n  remediationConditions:\n    - {{type: {AHR}}}\n",
-        "node: {conditionType: GPUOk}\n",
-        "instanceType: |\n  type: Sneaky\n",  # a type line the config does not mean
-    ],
-)
-def test_a_config_the_fence_would_read_otherwise_is_rejected(tmp_path: Path, text: str) -> None:
-    (tmp_path / "config.yaml").write_text(text)
-    with pytest.raises(ConfigError, match="admission fence reads"):
-        load_config_dir(tmp_path)
+def test_the_generated_policy_lists_the_shipped_configs_types() -> None:
+    policy = (ROOT / "manifests" / "30-admission-policy.yaml").read_text()
+    assert "['GPUHealthy']" in policy and "params" not in policy and "paramKind" not in policy
 
 
 # ------------------------------------------------------------------------------------------ engine

@@ -1,8 +1,9 @@
-"""node.remediationConditions on the real API server (issue 22 item 1).
+"""node.remediationConditions on the real API server (issue 22 item 1, issue 28 item 1).
 
-The admission fence allows exactly the condition types the agent's ConfigMap names (its parameter)
-and refuses any other, live, also after a kustomize rename; the agent process writes the conditions
-through fail, unknown, recovery, the brake and reloads, all of them in one status PATCH.
+The admission fence allows exactly the condition types written into it (generated from the config:
+no parameter object) and refuses any other, also after a kustomize rename; the agent adopts only a
+config whose types the fence allows (a dry run); the agent process writes the conditions through
+fail, unknown, recovery, the brake and reloads, all of them in one status PATCH.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
 CONFIG_YAML = (ROOT / "config" / "config.yaml").read_text()
 NS, SA, CM = "gpu-healthcheck", "gpu-healthcheck-agent", "gpu-healthcheck-config"
+POLICY = "gpu-healthcheck-own-node"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 AHR = "AcceleratedHardwareReady"
@@ -94,8 +96,17 @@ def set_config(kube: Any, namespace: str, name: str, text: str) -> None:
     assert status == 200, body
 
 
+def set_policy_types(kube: Any, types: list[str], name: str = POLICY) -> None:
+    """The policy with *types* as its condition types, as gen-configmap.py or a Helm upgrade writes
+    it for a config that names them."""
+    doc = json.loads(kube.kubectl("get", "validatingadmissionpolicy", name, "-o", "json").stdout)
+    var = next(v for v in doc["spec"]["variables"] if v["name"] == "conditionTypes")
+    var["expression"] = "[" + ", ".join(f"'{t}'" for t in types) + "]"
+    kube.kubectl("replace", "-f", "-", input=json.dumps(doc))
+
+
 def until_status(fn: Callable[[], tuple[int, Any]], want: int, what: str, timeout: float = 30) -> Any:
-    """The API server's policy informer sees a ConfigMap edit within moments: wait for it."""
+    """The API server's policy informer sees a policy edit within moments: wait for it."""
     deadline = time.monotonic() + timeout
     while True:
         status, body = fn()
@@ -113,10 +124,11 @@ def conditions_of(kube: Any, node: str) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def installed(kube: Any) -> Iterator[Any]:
-    """manifests/ applied (as test_manifests does); the shipped config.yaml put back afterwards."""
+    """manifests/ applied (as test_manifests does); the shipped config and policy put back afterwards."""
     kube.kubectl("apply", "--server-side", "-f", str(MANIFESTS))
     yield kube
     set_config(kube, NS, CM, CONFIG_YAML)
+    set_policy_types(kube, ["GPUHealthy"])
 
 
 @pytest.fixture
@@ -139,19 +151,19 @@ def fenced(installed: Any, gpu_node: Any) -> Iterator[dict[str, Any]]:
     )
     yield {"kube": kube, "node": node, "token": token}
     set_config(kube, NS, CM, CONFIG_YAML)
+    set_policy_types(kube, ["GPUHealthy"])
 
 
-def test_the_fence_allows_exactly_the_configured_types_live(fenced: dict[str, Any]) -> None:
+def test_the_fence_allows_exactly_the_types_it_lists(fenced: dict[str, Any]) -> None:
     kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
     vendor = cond("VendorGPUHealthy", "False", "VendorXidCheck", "another component's")
     assert status_patch(kube, node, [vendor])[0] == 200  # the admin writes another component's condition
-    set_config(kube, NS, CM, CONFIG_YAML)
 
-    # Not configured: refused, and the message names what is allowed and where it is said.
+    # Not listed: refused, and the message names what is allowed and where it is said.
     body = until_status(lambda: status_patch(kube, node, [cond(AHR)], token), 403, "AHR refused")
-    assert f"(GPUHealthy, as its ConfigMap {CM} says)" in json.dumps(body)
+    assert "(GPUHealthy, as this policy lists them from its config)" in json.dumps(body)
 
-    set_config(kube, NS, CM, with_entries(AHR))
+    set_policy_types(kube, ["GPUHealthy", AHR])  # what gen-configmap.py writes for a config with AHR
     until_status(lambda: status_patch(kube, node, [cond(AHR)], token), 200, "AHR allowed after the edit")
     # Ours together in one PATCH: allowed.
     assert status_patch(kube, node, [cond("GPUHealthy", "False", "ChecksFailed"), cond(AHR)], token)[0] == 200
@@ -167,14 +179,69 @@ def test_the_fence_allows_exactly_the_configured_types_live(fenced: dict[str, An
         assert status == 403 and "only its own conditions" in json.dumps(body), (conds, body)
     assert conditions_of(kube, node)["VendorGPUHealthy"]["reason"] == "VendorXidCheck"
 
-    # The entry removed: its type is refused again, but ours of that type may still be removed.
-    set_config(kube, NS, CM, CONFIG_YAML)
+    # The type no longer listed: refused again, but ours of that type may still be removed.
+    set_policy_types(kube, ["GPUHealthy"])
     until_status(
         lambda: status_patch(kube, node, [cond(AHR, "True", R.PASSED)], token), 403, "AHR refused again"
     )
     assert status_patch(kube, node, [{"type": AHR, "$patch": "delete"}], token)[0] == 200
     got = conditions_of(kube, node)
     assert AHR not in got and "VendorGPUHealthy" in got and "Ready" in got
+
+
+def test_the_config_proof_asks_the_real_fence(fenced: dict[str, Any], tmp_path: Path) -> None:
+    """The agent's vet (a dry-run status PATCH under its own token) refuses a config whose types the
+    policy does not list, with the API server's words, and allows it once the policy lists them;
+    nothing is written."""
+    from agent.cli.agent import kube_core
+    from agent.config import load_config_dir
+    from agent.reporters.config_proof import config_vetter
+
+    kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
+    (tmp_path / "config.yaml").write_text(with_entries(AHR))
+    cfg = load_config_dir(tmp_path)
+    vet = config_vetter(kube_core(str(kube.kubeconfig_for_token(token))), node)
+    before = conditions_of(kube, node)
+    why = vet(cfg)
+    assert (
+        why is not None
+        and "refuses the condition types this config writes (GPUHealthy, AcceleratedHardwareReady)" in why
+    )
+    assert "ValidatingAdmissionPolicy 'gpu-healthcheck-own-node'" in why and "only its own conditions" in why
+    assert vet(load_config_dir(ROOT / "config")) is None  # the shipped types: allowed
+    set_policy_types(kube, ["GPUHealthy", AHR])
+    deadline = time.monotonic() + 30
+    while vet(cfg) is not None:
+        assert time.monotonic() < deadline, "the policy listing AHR never allowed the config"
+        time.sleep(0.3)
+    assert conditions_of(kube, node) == before  # dry runs: nothing written
+
+
+def test_an_agent_under_a_config_the_fence_refuses_runs_on_the_shipped_one(
+    fenced: dict[str, Any], tmp_path: Path
+) -> None:
+    """At start, with no last good config: the agent rejects the mounted config (ConfigRejected, the
+    server's message), runs on the shipped defaults and writes only what the fence allows."""
+    kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
+    until_status(lambda: status_patch(kube, node, [cond(AHR)], token), 403, "the policy lists no AHR")
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text(
+        with_entries(AHR).replace("  maxTaintedFraction: 0.2 ", "  maxTaintedFraction: 1.0 ")
+    )
+    argv = [sys.executable, "-m", "agent.cli", "agent", "--node", node, "--once", "--metrics-port", "0"]
+    argv += ["--from-snapshot", str(ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79")]
+    argv += ["--kubeconfig", str(kube.kubeconfig_for_token(token)), "--config-dir", str(cfg)]
+    argv += ["--state-dir", str(tmp_path / "state")]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "refuses the condition types this config writes" in out and "shipped default" in out, out[-3000:]
+    assert "Node write failed" not in out, out[-3000:]
+    got = conditions_of(kube, node)
+    assert AHR not in got and got["GPUHealthy"]["status"] == "False"
+    assert "config rejected" in got["GPUHealthy"]["message"]
+    assert "ConfigRejected" in events({"kube": kube, "node": node})
 
 
 def test_a_condition_of_that_type_not_written_by_us_is_never_removed(fenced: dict[str, Any]) -> None:
@@ -252,7 +319,6 @@ def renamed(installed: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     ns, prefix = unique_name("gpuhc-rem", max_len=30), "blue-"
     built = _kustomize_install(kube, tmp_path, ns, prefix)
     yield {"kube": kube, "ns": ns, "prefix": prefix, "built": built}
-    # The cluster-wide objects first: a binding whose ConfigMap is gone denies every fenced write.
     for doc in built:
         if doc["kind"] in (
             "ValidatingAdmissionPolicyBinding",
@@ -266,36 +332,35 @@ def renamed(installed: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     kube.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
 
 
-def test_after_a_rename_each_install_is_held_to_its_own_configmap(
-    renamed: dict[str, Any], gpu_node: Any
-) -> None:
+def test_after_a_rename_the_fence_follows_the_install(renamed: dict[str, Any], gpu_node: Any) -> None:
+    """A renamed install (kustomize namespace and namePrefix) fences its own agent with its own
+    policy; every install's policy holds every fenced identity to its own list, so two installs must
+    list the same types (the agent's config proof tells when they do not)."""
     kube, ns, prefix = renamed["kube"], renamed["ns"], renamed["prefix"]
     binding = next(
         d
         for d in renamed["built"]
         if d["kind"] == "ValidatingAdmissionPolicyBinding" and "own-node" in d["metadata"]["name"]
     )
-    assert (
-        binding["spec"]["paramRef"]["name"] == f"{prefix}{CM}"
-        and binding["spec"]["paramRef"]["namespace"] == ns
-    )
+    assert binding["spec"] == {"policyName": f"{prefix}{POLICY}", "validationActions": ["Deny"]}
     node, other = gpu_node().metadata.name, gpu_node().metadata.name
     blue = kube.token_for(ns, f"{prefix}{SA}", bound_node=node, expiration=600, create=False)
     default = kube.token_for(NS, SA, bound_node=other, expiration=600, create=False)
-    set_config(kube, ns, f"{prefix}{CM}", with_entries("BlueReplace"))
-    set_config(kube, NS, CM, with_entries(AHR))
+    set_policy_types(kube, ["GPUHealthy", "BlueReplace"], f"{prefix}{POLICY}")
 
-    # Each install's agent only its own config's types, not the other's (the renamed policy in force
-    # once its informer has it and its ConfigMap).
-    body = until_status(lambda: status_patch(kube, node, [cond(AHR)], blue), 403, "blue refused AHR")
-    assert f"(GPUHealthy, BlueReplace, as its ConfigMap {prefix}{CM} says)" in json.dumps(body), body
-    until_status(lambda: status_patch(kube, node, [cond("BlueReplace")], blue), 200, "blue's own entry")
-    until_status(lambda: status_patch(kube, other, [cond(AHR)], default), 200, "the default install's entry")
-    status, body = status_patch(kube, other, [cond("BlueReplace")], default)
-    assert status == 403 and f"(GPUHealthy, {AHR}, as its ConfigMap {CM} says)" in json.dumps(body), body
-    # The other install's policy lets an agent not its own touch only conditions carrying our reasons.
-    status, body = status_patch(kube, node, [cond("BlueReplace", "False", "NotOurs")], blue)
-    assert status == 403 and "another install" in json.dumps(body), body
+    # The default install's policy does not list BlueReplace: it refuses it to blue's agent too
+    # (once blue's own policy, just edited, lets it through).
+    deadline = time.monotonic() + 30
+    while f"'{POLICY}'" not in json.dumps(body := status_patch(kube, node, [cond("BlueReplace")], blue)[1]):
+        assert time.monotonic() < deadline, body
+        time.sleep(0.3)
+    assert "(GPUHealthy, as this policy" in json.dumps(body), body
+    set_policy_types(kube, ["GPUHealthy", "BlueReplace"])
+    until_status(lambda: status_patch(kube, node, [cond("BlueReplace")], blue), 200, "both list it")
+    until_status(lambda: status_patch(kube, other, [cond("BlueReplace")], default), 200, "the default's")
+    # The renamed policy holds the renamed install's agent (and the default's) to its own list.
+    status, body = status_patch(kube, node, [cond(AHR)], blue)
+    assert status == 403 and "(GPUHealthy, BlueReplace, as this policy" in json.dumps(body), body
     # The rest of the fence holds after the rename too: another Node, a foreign label.
     status, body = status_patch(kube, other, [cond("BlueReplace")], blue)
     assert status == 403 and "only the Node its token is bound to" in json.dumps(body), body
@@ -307,6 +372,7 @@ def test_after_a_rename_each_install_is_held_to_its_own_configmap(
         content_type=MERGE,
     )
     assert status == 403 and "only labels under gpu-healthcheck/" in json.dumps(body), body
+    set_policy_types(kube, ["GPUHealthy"])
 
 
 # ------------------------------------------------------------------------------------------ the agent
@@ -490,6 +556,7 @@ def test_the_agent_under_its_fenced_token_writes_its_conditions(
     kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
     text = with_entries(AHR).replace("  maxTaintedFraction: 0.2 ", "  maxTaintedFraction: 1.0 ")
     set_config(kube, NS, CM, text)
+    set_policy_types(kube, ["GPUHealthy", AHR])  # the policy generated for this config
     cfg = tmp_path / "config"
     cfg.mkdir()
     (cfg / "config.yaml").write_text(text)
@@ -508,3 +575,45 @@ def test_the_agent_under_its_fenced_token_writes_its_conditions(
         "message"
     ]
     assert got["GPUHealthy"]["status"] == "False"
+
+
+def test_a_reload_the_fence_refuses_is_rejected_with_the_servers_words(
+    fenced: dict[str, Any], tmp_path: Path
+) -> None:
+    """The running agent under its fenced token: an edit that adds a type the policy does not list
+    is rejected (ConfigRejected with the API server's message; the last good config, and the Node's
+    conditions, stay as they were); with the policy updated, the next edit is adopted."""
+    kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
+    until_status(lambda: status_patch(kube, node, [cond(AHR)], token), 403, "the policy lists no AHR")
+    base = "intervals:\n  gpu: 2\nnode:\n  maxTaintedFraction: 1\n"
+    snap, cfg = tmp_path / "snap", tmp_path / "config"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text(base)
+    as_agent = type("K", (), {"kubeconfig": kube.kubeconfig_for_token(token)})()
+    agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log")
+    world = {"kube": kube, "node": node, "core": kube.api_client()}
+    try:
+        wait_for(lambda: (condition(world) or {}).get("reason") == "AllChecksPassed", what="pass")
+        (cfg / "config.yaml").write_text(base + f"  remediationConditions:\n    - type: {AHR}\n")
+        wait_for(lambda: "ConfigRejected" in events(world), timeout=30, what="ConfigRejected")
+        out = kube.kubectl(
+            "get", "events", "-A", "--field-selector", f"involvedObject.name={node}", "-o", "json"
+        )
+        why = next(e["message"] for e in json.loads(out.stdout)["items"] if e["reason"] == "ConfigRejected")
+        assert f"refuses the condition types this config writes (GPUHealthy, {AHR})" in why, why
+        assert "ValidatingAdmissionPolicy 'gpu-healthcheck-own-node'" in why, why
+        assert condition(world, AHR) is None and "config rejected" in condition(world)["message"]
+        assert "Node write failed" not in agent.log.read_text()  # nothing it writes is refused
+
+        set_policy_types(kube, ["GPUHealthy", AHR])  # the policy generated for the new config
+        until_status(lambda: status_patch(kube, node, [cond(AHR, "True", R.PASSED)], token), 200, "listed")
+        (cfg / "config.yaml").write_text(
+            base + f"  remediationConditions:\n    - type: {AHR}\n  recoverAfter: 2\n"
+        )
+        got = wait_for(lambda: condition(world, AHR), timeout=30, what="AHR written after the policy")
+        assert got["reason"] == R.PASSED
+        wait_for(lambda: "ConfigReloaded" in events(world), what="ConfigReloaded")
+        wait_for(lambda: "config rejected" not in condition(world)["message"], what="the note gone")
+    finally:
+        agent.stop(signal.SIGKILL)

@@ -31,23 +31,24 @@ from agent.reporters.metrics import Metrics
 if TYPE_CHECKING:
     from agent.probes.dcgm.tiers import DcgmTiers
     from agent.reporters.brake import Brake
+    from agent.reporters.fence import FenceProof
+    from agent.reporters.fence_guard import FenceGuard, GuardedWriter
     from agent.reporters.node_writer import NodeWriter
 
 BRAKE_WARM_JITTER_S = 30.0
 
 
-def start_fence_proof(core: Any, node_name: str, prefix: str, metrics: Metrics) -> threading.Thread:
-    """Prove the admission fence in the background (reporters/fence.py): log and metric."""
+def fence_guard(core: Any, node_name: str, prefix: str, metrics: Metrics) -> FenceGuard:
+    """The admission fence's proof (reporters/fence.py) and the guard that holds every Node write of
+    an identity marked to be fenced that the fence does not hold (reporters/fence_guard.py)."""
     from agent.reporters.fence import prove_fence, report_fence
+    from agent.reporters.fence_guard import FenceGuard
 
-    def run() -> None:
-        proof = prove_fence(core, node_name, prefix)
+    def reported(proof: FenceProof) -> None:
         report_fence(proof)
         metrics.record_fence(proof.result.value)
 
-    thread = threading.Thread(target=run, name="fence-proof", daemon=True)
-    thread.start()
-    return thread
+    return FenceGuard(lambda: prove_fence(core, node_name, prefix), reported)
 
 
 log = logging.getLogger("gpu-healthcheck.agent")
@@ -80,6 +81,20 @@ def kube_core(kubeconfig: str | None, service_account_dir: Path = SERVICE_ACCOUN
 
         load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
     return KubeRest(cfg)
+
+
+def reproving(
+    vet: Callable[[Config], str | None] | None, guard: FenceGuard
+) -> Callable[[Config], str | None] | None:
+    """The reload's vet, which also proves the fence again (a reload is not steady state)."""
+    if vet is None:
+        return None
+
+    def again(cfg: Config) -> str | None:
+        guard.prove_now()
+        return vet(cfg)
+
+    return again
 
 
 DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
@@ -152,14 +167,22 @@ def main(args: Any) -> int:
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
     canary_dir = getattr(args, "canary_config_dir", None) or (ETC_CANARY if ETC_CANARY.is_dir() else None)
     state_dir = args.state_dir
-    # An invalid (or newer) config never stops the agent: it runs on the last good one or the shipped
-    # defaults and says why (Event, metric, condition reason; agent.config.last_good).
-    start = load_at_start(config_dir, state_dir, RULE_BOOK)
-    cfg = start.config
     node_name = args.node or os.environ.get("NODE_NAME")
     if not node_name:
         log.error("no node name: pass --node or set NODE_NAME (downward API)")
         return 64
+    core = None
+    vet: Callable[[Config], str | None] | None = None
+    if not args.no_kube:
+        from agent.reporters.config_proof import config_vetter
+
+        core = kube_core(args.kubeconfig, getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR)
+        vet = config_vetter(core, node_name)  # the admission fence must allow the config's types
+    # An invalid (or newer) config, or one whose condition types the fence refuses, never stops the
+    # agent: it runs on the last good one or the shipped defaults and says why (Event, metric,
+    # condition reason; agent.config.last_good).
+    start = load_at_start(config_dir, state_dir, RULE_BOOK, vet)
+    cfg = start.config
     source: Source
     if args.from_snapshot:
         source = SnapshotSource(Path(args.from_snapshot))
@@ -172,14 +195,15 @@ def main(args: Any) -> int:
     brake: Brake | None = None
     node_getter = None
     fence: threading.Thread | None = None
+    guarded: GuardedWriter | None = None
     metrics = Metrics()
     if isinstance(source, LiveSource):
         source.telemetry = metrics  # tool latency (gpu_healthcheck_tool_seconds)
-    if not args.no_kube:
+    if core is not None:
         from agent.reporters.brake import Brake
+        from agent.reporters.fence_guard import GuardedWriter
         from agent.reporters.node_writer import NodeWriter
 
-        core = kube_core(args.kubeconfig, getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR)
         brake = Brake(
             core,
             selectors=cfg.gpu_node_selection,
@@ -193,7 +217,8 @@ def main(args: Any) -> int:
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
-        fence = start_fence_proof(core, node_name, cfg.prefix, metrics)
+        guard = fence_guard(core, node_name, cfg.prefix, metrics)
+        fence = guard.start()
         writer = NodeWriter(
             core,
             node_name,
@@ -205,6 +230,8 @@ def main(args: Any) -> int:
             on_refused=metrics.record_write_refused,
             on_state=metrics.record_node_state,
         )
+        guarded = GuardedWriter(writer, guard)
+        vet = reproving(vet, guard)
 
         parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)
 
@@ -229,7 +256,7 @@ def main(args: Any) -> int:
 
     pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
     engines = None
-    if writer is not None:
+    if core is not None:
         from agent.cli.dcgm_engines import dcgm_engines_on_node
 
         engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
@@ -239,7 +266,7 @@ def main(args: Any) -> int:
         source,
         cfg,
         config_dir=config_dir,
-        writer=writer,
+        writer=guarded,
         node_getter=node_getter,
         kernel_path=kernel_path if kernel_path.exists() else None,
         kernel_is_device=device,
@@ -250,6 +277,8 @@ def main(args: Any) -> int:
         state_dir=state_dir,
         workloads=None if args.from_snapshot else list_devices,  # who is hit: the kubelet says
         canary_dir=canary_dir,
+        vet_config=vet,
+        config_fence_refused=start.fence_refused,
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port

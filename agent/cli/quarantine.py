@@ -5,7 +5,8 @@ agent's own parser and dcgm-diag check, the outcome written to the Node annotati
 
 result: pass | warn | fail, or error when the diag could not run or its output cannot be read (engine
 unreachable, GPUs busy, dcgmi missing or past its timeout): never read an error as a pass.
-Exit status: 0 pass/warn, 1 fail, 2 error, 3 the annotation could not be written.
+Exit status: 0 pass/warn, 1 fail, 2 error, 3 the annotation could not be written (also when its
+identity is marked to be fenced but the admission fence does not hold it: fail closed).
 dcgmi may print a warning line before the JSON document; the parser skips it.
 """
 
@@ -28,6 +29,7 @@ from agent.core.probed import ParseError
 from agent.core.severity import Status
 from agent.probes.dcgm.dcgmi import run_dcgmi_diag
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
+from agent.reporters.fence import prove_fence
 from agent.reporters.kube_rest import KubeRest
 
 EXIT = {"pass": 0, "warn": 0, "fail": 1, "error": 2}
@@ -94,7 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = judge(a.level, rc, output, cfg, datetime.datetime.now(datetime.timezone.utc))
     key = f"{cfg.prefix}/quarantine-result"
     try:
-        write_annotation(kube_core(None), a.node, key, doc)  # in-cluster, else $KUBECONFIG
+        core = kube_core(None)  # in-cluster, else $KUBECONFIG
+        proof = prove_fence(core, a.node, cfg.prefix)
+        if proof.holds_writes:  # marked to be fenced, yet unfenced: half an install (fail closed)
+            why = f"unfenced although marked to be fenced: {proof.detail}"
+            print(f"quarantine: not writing {key}: {why}", file=sys.stderr)
+            return EXIT_NOT_WRITTEN
+        write_annotation(core, a.node, key, doc)
     except Exception as exc:  # the result is still in the log
         print(f"quarantine: could not write {key} on {a.node}: {exc}", file=sys.stderr)
         return EXIT_NOT_WRITTEN

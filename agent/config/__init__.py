@@ -20,7 +20,6 @@ import yaml
 
 from agent.config import settings
 from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
-from agent.config.fence_view import check_fence_view
 from agent.config.profiles import parse_profiles
 from agent.config.schema import SCHEMA, ConfigError, validate
 from agent.config.xid_catalog import XidCatalog, parse_catalog
@@ -230,22 +229,13 @@ def load_config_dir(
 
     where = str(directory) if directory is not None else "shipped config"
     try:
-        cfg = parse_config(
+        return parse_config(
             read(CONFIG_YAML) or {},
             read(PROFILES_YAML),
             read(XID_CATALOG_YAML),
             read(DCGM_INCIDENTS_YAML),
             rules=rules,
         )
-        own = directory / CONFIG_YAML if directory is not None else None
-        if own is not None and own.is_file():  # the ConfigMap's text is what the admission fence reads
-            node = cfg.node
-            check_fence_view(
-                own.read_text(encoding="utf-8"),
-                node.condition_type,
-                [c.type for c in node.remediation_conditions],
-            )
-        return cfg
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
 

@@ -4,7 +4,9 @@ fleet whose agents restart all the time, nor an image rolled back under a Config
 Every config the agent accepts is copied to a state directory (an emptyDir: it survives a container
 restart, not a new pod). An agent that starts under an invalid config runs on that last good copy,
 or, when it has none, on the shipped defaults, and says why (ConfigRejected Event, metric and
-condition reason). `gpu-healthcheck config validate DIR` runs the same load_config_dir.
+condition reason). `gpu-healthcheck config validate DIR` runs the same load_config_dir. A config the
+admission fence refuses (its condition types; the agent's *vet*, agent/reporters/config_proof.py)
+counts as invalid here too: the agent never starts on types the fence would refuse it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,6 +33,10 @@ LAST_GOOD = "last-good-config"
 class StartConfig:
     config: Config
     problem: str = ""  # why the mounted config is not the one in force ("" = it is)
+    fence_refused: bool = False  # the admission fence refused the mounted config's condition types
+
+
+Vet = Callable[[Config], "str | None"]  # why the admission fence refuses a config, or None
 
 
 def save_last_good(config_dir: Path | None, state_dir: Path | None) -> None:
@@ -54,24 +61,40 @@ def save_last_good(config_dir: Path | None, state_dir: Path | None) -> None:
         log.warning(f"could not keep a copy of the last good config in {state_dir}: {exc}")
 
 
-def load_at_start(config_dir: Path | None, state_dir: Path | None, rules: RuleBook | None) -> StartConfig:
-    """The mounted config; when it is invalid, the last good copy, else the shipped defaults."""
+def load_at_start(
+    config_dir: Path | None, state_dir: Path | None, rules: RuleBook | None, vet: Vet | None = None
+) -> StartConfig:
+    """The mounted config; when it is invalid or the fence refuses it (*vet*), the last good copy
+    the fence allows, else the shipped defaults (kept even when the fence refuses them: the
+    API server then refuses the agent's status writes, fail closed, and the problem says so)."""
+    refused = False
     try:
         cfg = load_config_dir(config_dir, rules=rules)
     except ConfigError as exc:
         error = str(exc)
     else:
-        save_last_good(config_dir, state_dir)
-        return StartConfig(replace(cfg, source=MAIN, digest=short(files_digest(config_dir))))
+        refusal = vet(cfg) if vet is not None else None
+        if refusal is None:
+            save_last_good(config_dir, state_dir)
+            return StartConfig(replace(cfg, source=MAIN, digest=short(files_digest(config_dir))))
+        error, refused = refusal, True
     kept = state_dir / LAST_GOOD if state_dir is not None else None
     if kept is not None and kept.is_dir():
         try:
-            cfg = load_config_dir(kept, rules=rules)
-            cfg = replace(cfg, source=FROM_LAST_GOOD, digest=short(files_digest(kept)))
-            return StartConfig(cfg, f"{error}; running on the last good configuration")
+            last = load_config_dir(kept, rules=rules)
+            last = replace(last, source=FROM_LAST_GOOD, digest=short(files_digest(kept)))
         except ConfigError as exc:  # an older copy this version cannot read either
             log.warning(f"the last good config in {kept} is not valid either: {exc}")
-    return StartConfig(load_shipped(rules), f"{error}; running on the shipped default configuration")
+        else:
+            refusal = vet(last) if vet is not None else None
+            if refusal is None:
+                return StartConfig(last, f"{error}; running on the last good configuration", refused)
+            log.warning(f"the last good config in {kept} is refused too: {refusal}")
+    shipped = load_shipped(rules)
+    problem = f"{error}; running on the shipped default configuration"
+    if vet is not None and (refusal := vet(shipped)) is not None:
+        problem += f", which the fence refuses too ({refusal})"
+    return StartConfig(shipped, problem, refused)
 
 
 def load_shipped(rules: RuleBook | None) -> Config:

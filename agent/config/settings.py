@@ -168,8 +168,8 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
 
 
 def condition_type(value: str, where: str = "node.conditionType") -> str:
-    """A NodeCondition type we may write: a qualified name (what the admission fence reads out of
-    config.yaml), never one of the kubelet's."""
+    """A NodeCondition type we may write: a qualified name (the admission fence lists it as a CEL
+    string), never one of the kubelet's."""
     if len(value) > CONDITION_TYPE_MAX or not re.match(CONDITION_TYPE_PATTERN, value):
         raise ConfigError(
             f"{where}: {value!r} is not a condition type (a name such as AcceleratedHardwareReady, "

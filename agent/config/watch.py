@@ -1,13 +1,17 @@
 """Notice a changed ConfigMap directory within seconds and validate it before it takes effect.
 
 The kubelet updates a ConfigMap volume by swapping a `..data` symlink, so file mtimes are not
-reliable: compare the content of the files instead (they are small).
+reliable: compare the content of the files instead (they are small). A valid config is adopted only
+when the admission fence allows its condition types (*vet*, agent/reporters/config_proof.py); one it
+refuses is asked about again every REVET_S while it stays mounted, so a policy updated after the
+ConfigMap is picked up without another edit.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,9 +20,11 @@ from typing import Any
 from agent.config import CONFIG_FILES as FILES
 from agent.config import Config, ConfigError, load_config_dir
 from agent.config.canary import MAIN, Choice, choose, files_digest, short
-from agent.config.last_good import save_last_good
+from agent.config.last_good import Vet, save_last_good
 from agent.config.schema import RESTART_ONLY, SCHEMA
 from agent.core.rules import RuleBook
+
+REVET_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,14 @@ class ConfigWatcher:
         *,
         canary_dir: Path | None = None,
         wants_canary: Callable[[], bool | None] | None = None,
+        vet: Vet | None = None,
+        fence_refused: bool = False,
     ) -> None:
         """current: the config in force (at start maybe a fallback, when the mounted one is invalid);
         state_dir: where each accepted config is kept (last_good); canary_dir and wants_canary (the
-        Node's `<prefix>/config=canary` label; None while the Node is not seen): config/canary.py."""
+        Node's `<prefix>/config=canary` label; None while the Node is not seen): config/canary.py;
+        vet: why the admission fence refuses a config (None: it allows it); fence_refused: it refused
+        the mounted one at start."""
         self.directory = directory
         self.canary_dir = canary_dir
         self.wants_canary = wants_canary
@@ -93,6 +103,8 @@ class ConfigWatcher:
         self.rules = rules
         self.watching = Choice(MAIN, directory)  # the directory polled (an invalid canary stays here)
         self.in_force = Choice(MAIN, directory)  # at start always the main one (or its fallback)
+        self.vet = vet
+        self._refused_at = time.monotonic() if fence_refused else None  # the mounted one, by the fence
         self._fingerprint = self._digest()
         self._last_stamp = self._stamp()
 
@@ -113,27 +125,40 @@ class ConfigWatcher:
                 out.append((0, 0, -1))
         return tuple(out)
 
+    def _revet_due(self) -> bool:
+        return self._refused_at is not None and time.monotonic() - self._refused_at >= REVET_S
+
     def poll(self) -> ReloadOutcome | None:
-        """None when nothing changed; else the accepted config or the rejection reason. A switch
-        between the main and the canary directory loads the other one whether or not it changed."""
+        """None when nothing changed (or the fence still refuses the same config); else the accepted
+        config or the rejection reason. A switch between the main and the canary directory loads the
+        other one whether or not it changed."""
         wants = self.wants_canary() if self.wants_canary is not None and self.canary_dir else False
         choice = choose(self.directory, self.canary_dir, wants, self.watching)
         switched = choice != self.watching
         if switched:
-            self.watching, self._fingerprint = choice, ""
+            self.watching, self._fingerprint, self._refused_at = choice, "", None
+        revet = self._revet_due()
         stamp = self._stamp()
-        if stamp == self._last_stamp and not switched:
+        if stamp == self._last_stamp and not switched and not revet:
             return None
         self._last_stamp = stamp
         digest = self._digest()
-        if digest == self._fingerprint:
+        if digest == self._fingerprint and not revet:
             return None
+        same = digest == self._fingerprint
         self._fingerprint = digest
         was = self.in_force
+        self._refused_at = None
         try:
             loaded = load_config_dir(self.watching.directory, rules=self.rules)
         except ConfigError as exc:
             return ReloadOutcome(config=None, error=str(exc), source=choice, previous=was, switched=switched)
+        refusal = self.vet(loaded) if self.vet is not None else None
+        if refusal is not None:
+            self._refused_at = time.monotonic()
+            if same:
+                return None
+            return ReloadOutcome(config=None, error=refusal, source=choice, previous=was, switched=switched)
         save_last_good(self.watching.directory, self.state_dir)
         loaded = replace(loaded, source=choice.source, digest=short(digest))
         cfg, kept = keep_restart_only(self.current, loaded)

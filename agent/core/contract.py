@@ -40,8 +40,8 @@ CLEAR_ALL = "all"  # <prefix>/clear-latched=all
 # Condition types others own: the kubelet's. node.conditionType and node.remediationConditions may not
 # name one (the agent would fight the kubelet over the Node's readiness).
 KUBELET_CONDITION_TYPES = ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
-# A condition type we may be configured to write: a qualified name, as metav1.Condition's type, so that
-# the admission fence can read it out of config.yaml's text (agent/config/fence_view.py).
+# A condition type we may be configured to write: a qualified name, as metav1.Condition's type (it is
+# written into the admission fence as a CEL string: no quote can be in it).
 CONDITION_TYPE_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"

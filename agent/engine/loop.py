@@ -65,10 +65,13 @@ class Agent:
         state_dir: Path | None = None,
         workloads: Callable[[], Any] | None = None,
         canary_dir: Path | None = None,
+        vet_config: Callable[[Config], str | None] | None = None,
+        config_fence_refused: bool = False,
     ) -> None:
         """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
         the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine.
-        canary_dir: the canary ConfigMap's directory, run while the Node asks (config/canary.py)."""
+        canary_dir: the canary ConfigMap's directory, run while the Node asks (config/canary.py);
+        vet_config: why the admission fence refuses a reloaded config (ConfigWatcher)."""
         self.cfg = cfg
         self.on_config = on_config
         self.metrics: Telemetry = metrics or NoTelemetry()
@@ -90,6 +93,8 @@ class Agent:
                 state_dir,
                 canary_dir=canary_dir if node_getter is not None else None,
                 wants_canary=self._wants_canary,
+                vet=vet_config,
+                fence_refused=config_fence_refused,
             )
             if config_dir is not None
             else None

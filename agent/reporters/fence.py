@@ -7,6 +7,9 @@ missing (Kubernetes before 1.30, a partial install), or not match the agent's id
 that dropped the RBAC mark it fences by), and then nothing says so. So at start the agent asks the
 API server, as dry runs that write nothing, to (1) put a label outside its prefix on its own Node
 and (2) put one of its own labels on another Node, and expects both to be refused with 403/422.
+When it is not fenced it asks whether it should be: RBAC marks the identities the policy fences
+(the permission `fenced`, agent/reporters/fence_guard.py holds every write of a marked identity the
+fence does not hold: half an install).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ log = logging.getLogger(__name__)
 PROBE_LABEL = "gpu-healthcheck.invalid/fence-probe"  # a key no one owns, never written (dry run)
 VAP_RESOURCE = "validatingadmissionpolicies"
 VAP_GROUP = "/apis/admissionregistration.k8s.io/v1"
+SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+MARK_GROUP = "fence.gpu-healthcheck.io"  # the made-up permissions of 10-rbac.yaml
 REFUSED = (403, 422)
 TIMEOUT = (5, 15)
 
@@ -37,6 +42,13 @@ class FenceResult(str, enum.Enum):
 class FenceProof:
     result: FenceResult
     detail: str
+    marked: bool | None = None  # RBAC marks this identity to be fenced (asked only when unfenced)
+
+    @property
+    def holds_writes(self) -> bool:
+        """Marked to be fenced, yet unfenced: half an install (the policy or its binding gone, a
+        cluster without ValidatingAdmissionPolicy). The agent writes nothing then (fail closed)."""
+        return self.result is FenceResult.UNFENCED and self.marked is True
 
 
 def _dry_patch(rest: KubeRest, name: str, labels: dict[str, str]) -> int:
@@ -69,6 +81,26 @@ def _has_vap(rest: KubeRest) -> bool | None:
     return any(r.get("name") == VAP_RESOURCE for r in doc.get("resources") or ())
 
 
+def _may(rest: KubeRest, verb: str) -> bool:
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"group": MARK_GROUP, "resource": "nodes", "verb": verb}},
+    }
+    doc = rest.json("POST", SSAR, body=body, timeout=TIMEOUT)
+    return bool((doc.get("status") or {}).get("allowed"))
+
+
+def _marked(rest: KubeRest) -> bool | None:
+    """Does RBAC mark this identity to be fenced (`fenced`, and not `exempt` as `*` holds)? Every
+    authenticated identity may ask this of itself. None: could not ask."""
+    try:
+        return _may(rest, "fenced") and not _may(rest, "exempt")
+    except Exception as exc:
+        log.warning("fence: could not ask whether this identity is marked fenced: %s", describe_error(exc))
+        return None
+
+
 def _another_node(rest: KubeRest, node_name: str) -> str | None:
     doc = rest.json("GET", "/api/v1/nodes", query={"limit": 2, "resourceVersion": "0"}, timeout=TIMEOUT)
     names = [str((i.get("metadata") or {}).get("name")) for i in doc.get("items") or ()]
@@ -80,10 +112,16 @@ def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
     rest = KubeRest.of(core)
     try:
         own = _dry_patch(rest, node_name, {PROBE_LABEL: "x"})
-        other = _another_node(rest, node_name)
-        theirs = _dry_patch(rest, other, {f"{prefix}/fence-probe": "x"}) if other else None
     except Exception as exc:
         return FenceProof(FenceResult.UNKNOWN, f"could not ask the API server: {describe_error(exc)}")
+    try:
+        other = _another_node(rest, node_name)
+        theirs = _dry_patch(rest, other, {f"{prefix}/fence-probe": "x"}) if other else None
+    except Exception as exc:  # (the quarantine Job may not list Nodes): the first answer still counts
+        if own == 200:
+            other = theirs = None
+        else:
+            return FenceProof(FenceResult.UNKNOWN, f"could not ask the API server: {describe_error(exc)}")
     accepted = []
     if own == 200:
         accepted.append(f"a label outside {prefix}/ on its own Node")
@@ -98,7 +136,8 @@ def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
             "match this agent's identity (its ClusterRole must grant the `fenced` mark)"
         )
         would = " and ".join(accepted)
-        return FenceProof(FenceResult.UNFENCED, f"the API server would accept {would}: {why}")
+        marked = _marked(rest)
+        return FenceProof(FenceResult.UNFENCED, f"the API server would accept {would}: {why}", marked)
     unexpected = [s for s in (own, theirs) if s is not None and s not in REFUSED]
     if unexpected:
         return FenceProof(FenceResult.UNKNOWN, f"unexpected answers to the dry runs: {unexpected}")
@@ -111,7 +150,13 @@ def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
 
 def report_fence(proof: FenceProof) -> None:
     """The log line: an unfenced agent is an error an operator must see."""
-    if proof.result is FenceResult.UNFENCED:
+    if proof.holds_writes:
+        log.error(
+            "fence: this agent runs UNFENCED although RBAC marks it to be fenced (half an install): "
+            "%s; it writes nothing to its Node until the fence is back (fail closed)",
+            proof.detail,
+        )
+    elif proof.result is FenceResult.UNFENCED:
         log.error("fence: this agent runs UNFENCED: %s", proof.detail)
     elif proof.result is FenceResult.UNKNOWN:
         log.warning("fence: could not prove the admission fence: %s", proof.detail)
