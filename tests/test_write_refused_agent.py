@@ -6,7 +6,7 @@ PATCH, an Xid 79 arrives. The Node keeps one story (the healthy one: no label, t
 runs ahead of the others), the log line carries the server's message, the metric counts the
 refusal by code, one `NodeWriteRefused` Event says it, and once the refusal is lifted the agent's
 retries write the failure. And harness2 R4 with the shipped fence: a remediation type the agent's
-config names and the fence's ConfigMap does not.
+config names and the policy does not list (now rejected before any write).
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ from agent.core.severity import Status
 from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, free_port, wait_for
 from tests.test_remediation_kube import (
     AHR,
-    CM,
-    NS,
     ROOT,
     cond,
     fenced,  # noqa: F401  (fixture)
     installed,  # noqa: F401  (fixture)
-    set_config,
+    set_policy_types,
     status_patch,
     until_status,
     with_entries,
@@ -78,15 +76,16 @@ def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_a
     tmp_path: Path,
 ) -> None:
     """harness2 R4 with the shipped fence: the agent's config names AcceleratedHardwareReady, the
-    ConfigMap the fence reads does not. Before, the labels and taint went on while GPUHealthy kept
-    saying pass. Now GPUHealthy, the labels and the taint tell the failure, AHR is not written (an
-    engine never replaces a node the fence disputes), the fence's own words are in the log and a
-    NodeWriteRefused Event; once the ConfigMap names the type, the next run writes AHR."""
+    policy does not list it. Before, the labels and taint went on while GPUHealthy kept saying pass.
+    Now the config proof asks the fence first and rejects that config (ConfigRejected with the
+    fence's own words), so no write of the agent is refused: GPUHealthy, the labels and the taint
+    tell the failure, AHR is not written (an engine never replaces a node the fence disputes); once
+    the policy lists the type (gen-configmap.py or a Helm upgrade), the next run writes AHR."""
     kube, node, token = fenced["kube"], fenced["node"], fenced["token"]
     text = with_entries(AHR).replace("  maxTaintedFraction: 0.2 ", "  maxTaintedFraction: 1.0 ")
     cfg = tmp_path / "config"
     cfg.mkdir()
-    (cfg / "config.yaml").write_text(text)  # the agent's; the cluster's ConfigMap stays as shipped
+    (cfg / "config.yaml").write_text(text)  # the agent's; the cluster's policy stays as shipped
 
     def run_once() -> str:
         argv = [sys.executable, "-m", "agent.cli", "agent", "--node", node, "--once", "--metrics-port", "0"]
@@ -98,20 +97,20 @@ def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_a
         return proc.stdout + proc.stderr
 
     out = run_once()
-    assert "refused the status write" in out and "may change only its own conditions" in out, out[-3000:]
+    assert "refuses the condition types this config writes" in out, out[-3000:]
+    assert "may change only its own conditions" in out and "refused the status write" not in out, out[-3000:]
     n = node_of(kube, node)
-    remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
     assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None
     assert conds(n)[COND]["status"] == CONDITIONS[Status.FAIL].status and AHR not in conds(n)
-    assert story(n, remediation) == []
-    (event,) = refused_events(kube, node)
-    assert "may change only its own conditions" in event["message"]
+    assert story(n, ()) == []
+    assert refused_events(kube, node) == []
 
-    set_config(kube, NS, CM, text)  # the fence now allows AHR
+    set_policy_types(kube, [COND, AHR])  # what gen-configmap.py writes for that config
     until_status(lambda: status_patch(kube, node, [cond(AHR, "False")], token), 200, "the fence has it")
     out = run_once()
-    assert "API server refused" not in out, out[-3000:]
+    assert "API server refused" not in out and "refuses the condition types" not in out, out[-3000:]
     n = node_of(kube, node)
+    remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
     assert (conds(n)[AHR]["status"], conds(n)[AHR]["reason"]) == ("False", RemediationReason.FAILED)
     assert story(n, remediation) == []
 
