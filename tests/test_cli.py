@@ -253,7 +253,7 @@ def test_config_validate_agrees_with_the_agent(
     assert (code == 0) == (agent_problem == "")
     assert code in (0, 1) and "Traceback" not in out.err
     if code:
-        assert agent_problem.startswith(out.err.strip().split(": invalid: ", 1)[1])
+        assert agent_problem.endswith(": " + out.err.strip().split(": invalid: ", 1)[1])
     assert (code == 0) == (case in ("valid", "only-tables", "empty-dir"))
 
 

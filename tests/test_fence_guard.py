@@ -138,7 +138,7 @@ def test_at_start_a_refused_config_falls_back_to_the_last_good_one_the_fence_all
     # no last good copy: the shipped defaults, whose only type the fence allows
     start = load_at_start(mounted, tmp_path / "empty", None, vet)
     assert start.fence_refused and condition_types(start.config.node) == ["GPUHealthy"]
-    assert start.problem.endswith("running on the shipped default configuration")
+    assert start.problem.startswith("running on the shipped default configuration: ")
 
     # a fence that refuses even those: the agent runs on them, and says so
     vet_all, _ = refusing(AHR, "GPUHealthy")

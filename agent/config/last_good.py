@@ -88,13 +88,15 @@ def load_at_start(
         else:
             refusal = vet(last) if vet is not None else None
             if refusal is None:
-                return StartConfig(last, f"{error}; running on the last good configuration", refused)
+                return StartConfig(last, f"running on the last good configuration: {error}", refused)
             log.warning(f"the last good config in {kept} is refused too: {refusal}")
     shipped = load_shipped(rules)
-    problem = f"{error}; running on the shipped default configuration"
+    # What is in force comes first: a condition's message is cut at its end, and the error (an
+    # unknown key lists every allowed one) may be long.
+    head = "running on the shipped default configuration"
     if vet is not None and (refusal := vet(shipped)) is not None:
-        problem += f", which the fence refuses too ({refusal})"
-    return StartConfig(shipped, problem, refused)
+        head += f", which the fence refuses too ({refusal})"
+    return StartConfig(shipped, f"{head}: {error}", refused)
 
 
 def load_shipped(rules: RuleBook | None) -> Config:
