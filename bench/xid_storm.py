@@ -1,6 +1,6 @@
 """An Xid storm on a snapshot-backed agent: agent CPU, fault-to-taint, RSS and Node writes.
 
-Usage: python -m bench.xid_storm [--shape batches|steady|both] [--repeat N] [--compare OLD_CHECKOUT]
+Usage: python -m bench.xid_storm [--shape batches|varied|steady|all] [--repeat N] [--compare OLD_CHECKOUT]
                                  [--gpu-interval 10] [--profile]
 
 A real etcd + kube-apiserver (tests/kubeenv), one GPU Node per agent, one agent process per checkout
@@ -10,6 +10,8 @@ starts on a "rebooted" node (new boot_id, healthy kmsg.log, the Node untainted a
 
 - batches (the shape of issue 30): 400,000 Xid 13 and Xid 31 lines across the 8 GPUs appended to
   kmsg.log in 20 batches of 20,000 lines (one write each), 0.5 s apart, then one Xid 79 line;
+- varied: the same, but each Xid 13 names one of the GPU's SMs (GPC, TPC, SM) and each Xid 31 its
+  own fault address, as a job's faults do: few lines repeat a text the agent has seen;
 - steady (the shape of issue 15): 400,000 Xid 13/31 lines on one GPU appended in whole-line batches
   every 10 ms for 10 s; the Xid 79 at the tail (trial `steady-tail`) and, in a second trial, halfway
   through while the storm goes on (`steady-middle`).
@@ -73,9 +75,9 @@ from bench.footprint import py_spy, spy_report, thread_names, thread_role, threa
 GPUS = ("53", "64", "75", "86", "97", "a8", "b9", "ca")  # the p5.48xlarge snapshot's GPU buses
 STORM = (
     "NVRM: Xid (PCI:0000:{bus}:00): 13, pid='48213', name=python3, Graphics SM Warp Exception on "
-    "(GPC 4, TPC 1, SM 0): Out Of Range Address",
+    "(GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address",
     "NVRM: Xid (PCI:0000:{bus}:00): 31, pid=48213, name=python3, Ch 00000010, intr 00000000. MMU Fault: "
-    "ENGINE GRAPHICS GPCCLIENT_T1_2 faulted @ 0x7f3a_2c000000. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
+    "ENGINE GRAPHICS GPCCLIENT_T1_2 faulted @ 0x7f3a_{addr:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
 )
 XID79 = "NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 WRITES = ("PATCH", "PUT", "POST", "UPDATE", "CREATE", "APPLY")
@@ -93,20 +95,25 @@ class Shape:
     gap_s: float
     gpus: int
     middle: bool = False
+    varied: bool = False  # each line's own text (SM, fault address), not the same two per GPU
 
     def describe(self) -> str:
         at = "halfway through" if self.middle else "after the storm"
+        texts = "each its own text (SM, address)" if self.varied else f"{2 * self.gpus} texts"
         return (
-            f"{self.name}: {self.lines:,} Xid 13/31 lines on {self.gpus} GPU(s), {self.batches} writes "
+            f"{self.name}: {self.lines:,} Xid 13/31 lines ({texts}) on {self.gpus} GPU(s), "
+            f"{self.batches} writes "
             f"of {self.lines // self.batches:,} lines {self.gap_s * 1000:g} ms apart, the Xid 79 {at}"
         )
 
 
 def shapes(which: str, lines: int) -> list[Shape]:
     out = []
-    if which in ("batches", "both"):
+    if which in ("batches", "all"):
         out.append(Shape("batches", lines, 20, 0.5, 8))
-    if which in ("steady", "both"):
+    if which in ("varied", "all"):
+        out.append(Shape("varied", lines, 20, 0.5, 8, varied=True))
+    if which in ("steady", "all"):
         out.append(Shape("steady-tail", lines, 1000, 0.01, 1))
         out.append(Shape("steady-middle", lines, 1000, 0.01, 1, middle=True))
     return out
@@ -121,10 +128,21 @@ def _line(level: str, msg: str, at: float | None = None) -> bytes:
     return f"kern  :{level:<5} : {_stamp(at)} {msg}\n".encode()
 
 
+def _text(shape: Shape, k: int) -> str:
+    """Line k's text: Xid 13 and 31 alternating, the GPUs taking turns; varied, each Xid 13 on one of
+    the GPU's 1,056 SMs and each Xid 31 at its own address, as a job's faults are."""
+    code, g = k % 2, k // 2 % shape.gpus
+    if not shape.varied:
+        return STORM[code].format(bus=GPUS[g], gpc=4, tpc=1, sm=0, addr=0x2C000000)
+    v = k // (2 * shape.gpus)
+    return STORM[code].format(
+        bus=GPUS[g], gpc=v % 8, tpc=v // 8 % 66, sm=v // 528 % 2, addr=0x2C000000 + (v << 12)
+    )
+
+
 def storm_batches(shape: Shape, begin: float) -> list[bytes]:
-    """The storm's writes, each stamped with the time it will be written (from `begin`): Xid 13 and
-    31 alternating, the GPUs taking turns line by line."""
-    texts = [t.format(bus=GPUS[g]) for g in range(shape.gpus) for t in STORM]
+    """The storm's writes, each stamped with the time it will be written (from `begin`)."""
+    fixed = [_text(shape, k) for k in range(2 * shape.gpus)] if not shape.varied else []
     per = shape.lines // shape.batches
     out: list[bytes] = []
     written = 0
@@ -133,12 +151,8 @@ def storm_batches(shape: Shape, begin: float) -> list[bytes]:
         at = begin + b * shape.gap_s
         step = min(shape.gap_s, 0.01) / n
         stamps = [_stamp(at + i * step) for i in range(0, n, 64)]  # strftime is the builder's cost
-        out.append(
-            b"".join(
-                f"kern  :warn  : {stamps[i // 64]} {texts[(written + i) % len(texts)]}\n".encode()
-                for i in range(n)
-            )
-        )
+        texts = (fixed[(written + i) % len(fixed)] if fixed else _text(shape, written + i) for i in range(n))
+        out.append(b"".join(f"kern  :warn  : {stamps[i // 64]} {t}\n".encode() for i, t in enumerate(texts)))
         written += n
     return out
 
@@ -321,7 +335,7 @@ def report(trials: list[Trial], shapes_run: list[Shape]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=("batches", "steady", "both"), default="batches")
+    ap.add_argument("--shape", choices=("batches", "varied", "steady", "all"), default="batches")
     ap.add_argument("--lines", type=int, default=400_000)
     ap.add_argument("--repeat", type=int, default=2, help="trials of each shape per agent, alternating")
     ap.add_argument("--gpu-interval", type=float, default=10.0, help="how soon a reboot untaints")
