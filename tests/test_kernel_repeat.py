@@ -258,3 +258,13 @@ def test_n_lines_at_once_are_n_lines_one_by_one(steps: list[tuple[int, float, in
         news = at_once.add_at(EVENTS[i], t, n)
         assert news == any([one_by_one.add_at(EVENTS[i], t) for _ in range(n)])
         assert _ledger_state(at_once) == _ledger_state(one_by_one)
+
+
+def test_a_new_boot_on_a_known_text_of_the_same_shape_drops_the_earlier_boot() -> None:
+    """kmsg records whose sequence number goes back (a reboot) while text and digit counts stay:
+    the fast path sees the boot, as line by line (it used to count the record twice and miss it)."""
+    xid = XID13.format(g="53", pid=1, n=1)
+    before = "".join(f"4,{5000 + i},{5_000_000 + i},-;{xid}\n" for i in range(50))
+    after = "".join(f"4,{1000 + i},{1_000_000 + i},-;{xid}\n" for i in range(3))
+    tail = _assert_same((before + after).encode(), [len(before)])
+    assert [t.count for t in tail.view().tallies] == [3] and tail.records == 3
