@@ -2,7 +2,7 @@
 
 Usage: python -m bench.footprint [--cycles 30] [--interval 2] [--runs 30] [--profile] [--no-process]
                                  [--auth in-cluster|kubeconfig|both] [--compare OLD_CHECKOUT] [--repeat N]
-                                 [--cpu-ratio 1.0] [--rss-ratio 1.0]
+                                 [--cpu-ratio 1.1] [--rss-ratio 1.05]
 
 Two measurements:
 1. In-process (like bench/check_cpu.py): an Engine on the healthy p5.48xlarge snapshot (8 GPUs,
@@ -28,8 +28,9 @@ Two measurements:
    and the spread, and the old/new ratio of the medians. The machine's load average is printed with
    each run: CPU time is less disturbed by other work than wall time, not immune to it.
 Targets are ratios against the old code in the same run (--compare; --cpu-ratio, --rss-ratio: new/old
-at most, default 1.0, no worse than the old code): absolute figures depend on the machine and are
-printed as information, with the machine (CPU model, cores, load average) named.
+at most; default 1.1 and 1.05, no worse than the old code beyond the spread of runs of one code on a
+shared machine, e.g. 12.0-13.7 ms): absolute figures depend on the machine and are printed as
+information, with the machine (CPU model, cores, load average) named.
 --profile prints the top functions (cProfile, cumulative) of the in-process cycles and, when py-spy
 is installed (the test extra), where the agent process spent its CPU over the measured cycles
 (py-spy record, samples of threads not waiting, inclusive and own).
@@ -356,10 +357,10 @@ def main() -> None:
     ap.add_argument("--compare", type=Path, metavar="DIR", help="also measure the agent of this checkout")
     ap.add_argument("--repeat", type=int, default=1, help="measure each agent this many times, alternating")
     ap.add_argument(
-        "--cpu-ratio", type=float, default=1.0, help="target: new/old CPU per cycle at most this (--compare)"
+        "--cpu-ratio", type=float, default=1.1, help="target: new/old CPU per cycle at most this (--compare)"
     )
     ap.add_argument(
-        "--rss-ratio", type=float, default=1.0, help="target: new/old RSS at most this (--compare)"
+        "--rss-ratio", type=float, default=1.05, help="target: new/old RSS at most this (--compare)"
     )
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-process", action="store_true", help="only the in-process measurement")
