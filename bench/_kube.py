@@ -45,12 +45,18 @@ if str(ROOT) not in sys.path:
 
 
 def machine() -> str:
-    """One line: CPU count, architecture, memory, Python."""
-    mem = ""
+    """One line: CPU model, CPU count, architecture, memory, Python (what an absolute figure was
+    measured on; the model as /proc/cpuinfo names it, which a VM may shorten)."""
+    mem = model = ""
     with contextlib.suppress(OSError, ValueError, IndexError):
         kb = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
         mem = f", {kb / 1024 / 1024:.0f} GiB"
-    return f"{os.cpu_count()}-core {platform.machine()}{mem}, Python {platform.python_version()}"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip() + ", "
+                break
+    return f"{model}{os.cpu_count()}-core {platform.machine()}{mem}, Python {platform.python_version()}"
 
 
 def pct(values: list[float], q: float) -> float:

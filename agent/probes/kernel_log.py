@@ -84,6 +84,11 @@ _REBOOT_DROP_US = 1_000_000
 _GARBLED = re.compile(r"[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f\ufffd]")
 
 
+def garbled(text: str) -> bool:
+    """A character the kernel would have escaped: the text was damaged after it was written."""
+    return _GARBLED.search(text) is not None
+
+
 def _is_boot_separator(line: str) -> bool:
     return line.startswith("-- Boot ") or line.startswith("-- Reboot --")
 
@@ -251,6 +256,13 @@ class LineReader:
             self.formats[fmt] += 1
             return None
         return self.accept(rec, fmt)
+
+    def count(self, fmt: str, n: int) -> None:
+        """n records of a format without a sequence number or a monotonic time read elsewhere (no
+        boot can start at one): what accept() does for each."""
+        self.in_kmsg = fmt == "kmsg"
+        self.formats[fmt] += n
+        self.last_format = fmt
 
     def accept(self, rec: KernelRecord, fmt: str) -> KernelRecord:
         """Count a record parsed elsewhere (or here) in: its format, and whether a boot starts."""

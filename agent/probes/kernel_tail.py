@@ -11,6 +11,9 @@ Two kinds of path:
   A regular file or a FIFO standing in for it behaves the same (EOF or EAGAIN ends a read);
 - a file (a snapshot's kmsg.log): read from the last offset; a smaller size, another inode or other
   first bytes mean truncated or replaced, and it is read again from the top.
+
+A storm's lines are not parsed one by one: agent.probes.kernel_repeat reads a line of the shape of
+the last Xid line parsed by slicing it, and counts a second's worth of known texts at once.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import enum
 import errno
 import logging
 import os
-import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from agent.core.model import KernelRecord, KernelXids, XidEvent
-from agent.probes.kernel_log import NEW_BOOT, LineReader, is_binary, looks_quoted
+from agent.probes.kernel_log import NEW_BOOT, LineReader, garbled, is_binary, looks_quoted
+from agent.probes.kernel_repeat import Bulk, Repeat
 from agent.probes.xid_events import XidReader, whole
 from agent.probes.xid_ledger import MAX_KEYS, XidLedger
 
@@ -41,51 +45,6 @@ class Change(enum.IntEnum):
     NONE = 0
     COUNTS = 1  # only counts (and rates) of known findings moved
     NEW = 2  # a new (kind, code, device), an Xid 154 action changed, or the log was read again
-
-
-class Repeat:
-    """The shape of the last Xid line parsed the slow way, so that a line of the same shape (its
-    prefix equal but for digits) whose text the XidReader already knows is counted without parsing
-    it again: the record's stamps are cut from the places the slow parse found them."""
-
-    __slots__ = ("fmt", "plen", "seq", "shape", "ts", "wall")
-
-    def __init__(self, plen: int, shape: re.Pattern[str], fmt: str) -> None:
-        self.plen, self.shape, self.fmt = plen, shape, fmt
-        self.seq: tuple[int, int] | None = None
-        self.ts: tuple[int, int] | None = None
-        self.wall: tuple[int, int] | None = None
-
-    @staticmethod
-    def learn(line: str, rec: KernelRecord, fmt: str) -> Repeat | None:
-        plen = len(line) - len(rec.message)
-        if plen <= 0 or line[plen:] != rec.message:
-            return None
-        prefix = line[:plen]
-        pattern = "".join(r"\d" if c.isdigit() else re.escape(c) for c in prefix)
-        shape = Repeat(plen, re.compile(pattern), fmt)  # re's own cache: a storm has one shape
-        if rec.seq is not None:  # kmsg "prio,seq,ts,flags;": the fields between the commas
-            a = prefix.index(",") + 1
-            b = prefix.index(",", a)
-            c = prefix.index(",", b + 1)
-            shape.seq, shape.ts = (a, b), (b + 1, c)
-        elif rec.ts_us is not None:
-            return None  # "[ 123.456]" stamps: rare in storms, parsed the slow way
-        if rec.wallclock is not None:
-            at = prefix.find(rec.wallclock)
-            if at < 0:
-                return None
-            shape.wall = (at, at + len(rec.wallclock))
-        return shape
-
-    def record(self, line: str) -> KernelRecord | None:
-        """The record of a line of this shape (None when the prefix is not of this shape)."""
-        if self.shape.fullmatch(line, 0, self.plen) is None:
-            return None
-        seq = int(line[self.seq[0] : self.seq[1]]) if self.seq else None
-        ts = int(line[self.ts[0] : self.ts[1]]) if self.ts else None
-        wall = line[self.wall[0] : self.wall[1]] if self.wall else None
-        return KernelRecord(line[self.plen :], ts_us=ts, wallclock=wall, seq=seq)
 
 
 def whole_line(text: str) -> bool:
@@ -136,6 +95,7 @@ class KernelTail:
         self.partial = b""
         self.change = Change.NEW
         self.repeat: Repeat | None = None
+        self.bulk: Bulk | None = None
 
     # ------------------------------------------------------------------ feeding
 
@@ -144,25 +104,33 @@ class KernelTail:
         self.xids.reset()
         self.records = 0
         self.change = Change.NEW
-        self.repeat = None
+        self.repeat = self.bulk = None
+
+    def _learn(self, line: str, rec: KernelRecord) -> None:
+        self.repeat = Repeat.learn(line, rec, self.lines.last_format)
+        self.bulk = Bulk.of(self.repeat, self.xids.memo, self._fold)
 
     def _record(self, rec: KernelRecord, line: str | None = None) -> None:
+        """A record parsed: its event, if any, counted; `line` given, a line whose shape is learnt."""
         self.records += 1
-        if rec.seq is not None:
-            if self.last_seq is not None and rec.seq > self.last_seq + 1:
-                self.lost += rec.seq - self.last_seq - 1
-            self.last_seq = rec.seq
+        self._seq(rec)
         ev = self.xids.feed(rec)
         if ev is None:
             if rec.ts_us is not None and rec.ts_us > self.ledger.now * 1e6:
                 self.ledger.now = rec.ts_us / 1e6  # log time goes on: a storm that stopped decays
             return
         if line is not None and self.xids.memo and rec.message in self.xids.memo:
-            self.repeat = Repeat.learn(line, rec, self.lines.last_format)
+            self._learn(line, rec)
         self._count(ev, rec)
 
     def _count(self, ev: XidEvent, rec: KernelRecord) -> None:
-        if self.ledger.add(ev, rec):
+        self._changed(self.ledger.add(ev, rec))
+
+    def _count_at(self, ev: XidEvent, t: float, n: int) -> None:
+        self._changed(self.ledger.add_at(ev, t, n))
+
+    def _changed(self, news: bool) -> None:
+        if news:
             self.change = Change.NEW
             self.urgent = True
         elif self.change is Change.NONE:
@@ -171,24 +139,71 @@ class KernelTail:
     def _line(self, line: str) -> None:
         self.lines_read += 1
         repeat = self.repeat
-        if repeat is not None:  # a storm: the same texts over and over, only the stamps differ
-            ev = self.xids.memo.get(line[repeat.plen :]) if self.xids.memo is not None else None
-            if ev is not None:
-                rec = repeat.record(line)
-                if rec is not None and self.lines.accept(rec, repeat.fmt) is rec:
+        rec = repeat.record(line) if repeat is not None else None
+        if repeat is not None and rec is not None:  # the shape of the last Xid line parsed: sliced
+            memo = self.xids.memo
+            ev = memo.get(rec.message) if memo is not None else None
+            if ev is not None or (repeat.verbatim and not garbled(rec.message)):
+                if self.lines.accept(rec, repeat.fmt) is NEW_BOOT:
+                    self._boot()
+                    self._record(rec, line)
+                elif ev is not None:  # a text seen before: its event, without a parse
+                    self._seq(rec)
                     self.records += 1
-                    if rec.seq is not None:
-                        if self.last_seq is not None and rec.seq > self.last_seq + 1:
-                            self.lost += rec.seq - self.last_seq - 1
-                        self.last_seq = rec.seq
+                    self.xids.since_header += 1
                     self._count(ev, rec)
-                    return
+                else:  # a new text of the same shape: the text is parsed, the shape kept
+                    self._record(rec)
+                return
+        fits = rec is not None
         rec = self.lines.feed(line)
         if rec is NEW_BOOT:
             self._boot()
             rec = self.lines.pending
         if rec is not None:
-            self._record(rec, line)
+            self._record(rec, None if fits else line)
+
+    def _seq(self, rec: KernelRecord) -> None:
+        if rec.seq is not None:
+            if self.last_seq is not None and rec.seq > self.last_seq + 1:
+                self.lost += rec.seq - self.last_seq - 1
+            self.last_seq = rec.seq
+
+    def _lines(self, lines: list[str]) -> None:
+        for line in lines:
+            bulk = self.bulk
+            if bulk is None or not bulk.take(line):
+                if bulk is not None:
+                    bulk.flush()  # what it listed comes before this line
+                self._line(line)
+        if self.bulk is not None:
+            self.bulk.flush()
+
+    def _fold(self, texts: list[str], wallclock: str, fmt: str) -> None:
+        """Lines Bulk listed: known texts of one second, in the order they came. The same as
+        reading them line by line (tests/test_kernel_repeat.py): all have the same log time, so
+        each text's lines are counted at once, in the order of each text's first line (which tally
+        is new, which numbered line comes first after a companion); then each tally's latest line
+        is the text of its last one."""
+        n = len(texts)
+        self.lines_read += n
+        self.records += n
+        self.lines.count(fmt, n)
+        self.xids.since_header += n
+        memo = self.xids.memo
+        assert memo is not None  # Bulk takes only texts the memo knows
+        t = self.ledger.wall_time(wallclock)
+        if t is None:  # a stamp that does not parse: each line's time is when it is read
+            rec = KernelRecord("", wallclock=wallclock)
+            for text in texts:
+                self._count(memo[text], rec)
+            return
+        counts = Counter(texts)  # in the order of each text's first line
+        for text, k in counts.items():
+            self._count_at(memo[text], t, k)
+        if len(counts) > 1:
+            for text in reversed(dict.fromkeys(reversed(texts))):  # in the order of each one's last line
+                self.ledger.latest(memo[text])
 
     def _data(self, data: bytes, *, first: bool = False) -> None:
         if first:
@@ -200,8 +215,7 @@ class KernelTail:
         end = buf.rfind(b"\n") + 1  # UTF-8 never has a newline byte inside a character
         self.partial = buf[end:]
         if end:
-            for line in buf[:end].decode("utf-8", errors="replace").split("\n")[:-1]:
-                self._line(line)
+            self._lines(buf[:end].decode("utf-8", errors="replace").split("\n")[:-1])
         if len(self.partial) > MAX_LINE:
             self._flush(MAX_LINE)
 

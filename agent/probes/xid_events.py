@@ -57,6 +57,7 @@ _NVLINK5_REGS = re.compile(
     r"\((0x[0-9a-fA-F]+)\s+(0x[0-9a-fA-F]+)"
 )  # "(0x025525c6 0x00000000": IntrInfo, status
 _CAUSE = re.compile(r"\bcaused by previous Xid\s+(\d+)\s*$")  # the driver's root cause of an Xid 45
+_CAUSED_BY = "caused by previous Xid"  # what _CAUSE needs in a line, looked for first
 _ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+ \(([^()]*)\)")
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 _NVLINK5_CLOSED = re.compile(r"\(0x[0-9a-fA-F]+(?:\s+0x[0-9a-fA-F]+)*\s*\)")  # the whole register list
@@ -212,7 +213,7 @@ class XidReader:
                     regs = _NVLINK5_REGS.search(text, m.end(3))
                     if regs is not None:
                         ev = ev._replace(subcode=(int(regs.group(1), 16), int(regs.group(2), 16)))
-                cause = _CAUSE.search(text, m.end(3))
+                cause = _CAUSE.search(text, m.end(3)) if _CAUSED_BY in text else None  # the regex is slow
                 if cause is not None:  # a consequence: the driver names the Xid that caused it
                     ev = ev._replace(cause=int(cause.group(1)))
                 if code == 154 and action is None:

@@ -62,7 +62,7 @@ def _wall_seconds(stamp: str) -> float | None:
     return None
 
 
-def _second(wallclock: str) -> str:
+def second_of(wallclock: str) -> str:
     """The stamp up to its whole second: "2025-01-21T02:21:33,4985+00:00" → "2025-01-21T02:21:33"."""
     if wallclock[:4].isdigit():
         return wallclock[:19]
@@ -103,12 +103,17 @@ class XidLedger:
         if ts_us is not None:
             return ts_us / 1e6
         if wallclock is not None:
-            second = _second(wallclock)
-            if second != self._last_second:
-                self._last_second, self._last_seconds = second, _wall_seconds(second)
-            if self._last_seconds is not None:
-                return self._last_seconds
+            t = self.wall_time(wallclock)
+            if t is not None:
+                return t
         return self.clock()
+
+    def wall_time(self, wallclock: str) -> float | None:
+        """The log time of a wall-clock stamp (its second); None when it does not parse."""
+        second = second_of(wallclock)
+        if second != self._last_second:
+            self._last_second, self._last_seconds = second, _wall_seconds(second)
+        return self._last_seconds
 
     def add(self, ev: XidEvent, rec: KernelRecord | None = None) -> bool:
         """Fold one event in (its time from `rec`, the line it came from, when given); True when the
@@ -119,18 +124,26 @@ class XidLedger:
             if rec is None
             else self._log_time(rec.ts_us, rec.wallclock)
         )
+        return self.add_at(ev, t)
+
+    def add_at(self, ev: XidEvent, t: float, n: int = 1) -> bool:
+        """Fold n lines of one event at log time t in: what n add() calls with that time do (a
+        storm's lines of one second, counted together)."""
         if t > self.now:
             self.now = t
-        self.version += 1
+        self.version += n
         key = _key(ev)
         tally = self.tallies.get(key)
         numbered = _numbered(ev)
         if tally is None:
             if len(self.tallies) >= MAX_KEYS:
-                self.untallied += 1
+                self.untallied += n
                 return False
             burst = self._burst(ev.pci, t)
-            self.tallies[key] = _Tally(ev, ev, int(numbered), int(not numbered), t, 1, 0, not numbered, burst)
+            m = 1 if ev.wrapped else n  # the lines after a wrapped one's first only repeat its action
+            self.tallies[key] = _Tally(
+                ev, ev, m if numbered else 0, 0 if numbered else m, t, m, 0, not numbered, burst
+            )
             return True
         tally.burst = self._burst(ev.pci, t)
         if ev.wrapped:  # the rest of the line counted already: only its recovery action is news
@@ -138,21 +151,28 @@ class XidLedger:
             tally.latest = ev
             return changed
         if numbered:
-            tally.numbered += 1
+            tally.numbered += n
             if tally.first_companion:
                 tally.first, tally.first_companion = ev, False
         else:
-            tally.companions += 1
+            tally.companions += n
         if t - tally.win_start >= WINDOW_S:
             gap = t - tally.win_start
             tally.prev_count = tally.win_count if gap < 2 * WINDOW_S else 0
             tally.win_start, tally.win_count = t, 0
         if numbered or not tally.numbered:
-            tally.win_count += 1
+            tally.win_count += n
         changed = ev.recovery_action != tally.latest.recovery_action
         if numbered or not tally.numbered:
             tally.latest = ev
         return changed
+
+    def latest(self, ev: XidEvent) -> None:
+        """`ev` is its tally's latest line (after add_at() took lines of several events of one
+        tally together, not in the order they came)."""
+        tally = self.tallies.get(_key(ev))
+        if tally is not None and (_numbered(ev) or not tally.numbered):
+            tally.latest = ev
 
     def _burst(self, device: str | None, t: float) -> int:
         """The burst number of a line on `device` at time t (O(1); one entry per tallied device)."""

@@ -1,0 +1,270 @@
+"""A storm read by its shape (agent.probes.kernel_repeat) is read exactly as line by line.
+
+The tail slices lines of the shape of the last Xid line it parsed, and folds a second's worth of
+wall-clock-stamped lines whose texts it knows into the ledger at once (issue 30: a 400,000-line
+storm's CPU). The reference here is the same KernelTail that never learns a shape, so it reads
+every line the slow way (LineReader, XidReader, one ledger add a line): the two must agree on every
+view, counter and change, for the real recordings and for generated logs that mix formats, seconds,
+reboots, damaged lines and the texts of one tally in any order."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.core.model import KernelRecord, XidEvent
+from agent.probes.kernel_tail import Change, KernelTail
+from agent.probes.xid_ledger import XidLedger
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GPUS = ("53", "64", "75", "86")
+
+
+class LineByLine(KernelTail):
+    """The reference: no shape is ever learnt, so no line is sliced or folded in bulk."""
+
+    def _learn(self, line: str, rec: KernelRecord) -> None:
+        pass
+
+
+def _state(tail: KernelTail) -> tuple[object, ...]:
+    led = tail.ledger
+    return (
+        tail.view(),
+        tail.lines_read,
+        tail.records,
+        tail.lost,
+        dict(tail.lines.formats),
+        led.version,
+        led.now,
+        led.untallied,
+        {k: (t.first, t.latest, t.numbered, t.companions, t.win_start, t.win_count, t.prev_count, t.burst)
+         for k, t in led.tallies.items()},
+        dict(led.bursts),
+        tail.xids.since_header,
+    )  # fmt: skip
+
+
+def _read_both(data: bytes, cuts: list[int]) -> tuple[KernelTail, KernelTail, list[tuple[Change, Change]]]:
+    """Both tails fed the same chunks (cut at `cuts`), as polls are; each chunk's change compared."""
+    fast, slow = (
+        KernelTail("<fast>", device=False, clock=lambda: 7.0),
+        LineByLine("<slow>", device=False, clock=lambda: 7.0),
+    )
+    changes = []
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(data)), len(data)]
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        got = []
+        for tail in (fast, slow):
+            tail.change, tail.urgent = Change.NONE, False
+            tail._data(data[a:b], first=i == 0)
+            tail._flush(at_end=b == len(data))
+            got.append((tail.change, tail.urgent))
+        changes.append((got[0], got[1]))
+    return fast, slow, changes
+
+
+def _assert_same(data: bytes, cuts: list[int]) -> KernelTail:
+    fast, slow, changes = _read_both(data, cuts)
+    assert all(f == s for f, s in changes)
+    assert _state(fast) == _state(slow)
+    return fast
+
+
+RECORDINGS = sorted(
+    p
+    for d in ("xid-kernel-log", "kernel-log")
+    for p in (FIXTURES / d).iterdir()
+    if p.suffix in (".log", ".txt") and not p.name.endswith(".source.txt")
+)
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
+def test_every_real_recording_reads_the_same(path: Path) -> None:
+    data = path.read_bytes()
+    _assert_same(data, [])
+    _assert_same(data, list(range(0, len(data), 4096)))  # polls that cut lines
+
+
+# ------------------------------------------------------------------------------ generated logs
+
+XID13 = (
+    "NVRM: Xid (PCI:0000:{g}:00): 13, pid='{pid}', name=python3, Graphics SM Warp Exception (GPC {n}, SM 0)"
+)
+XID31 = "NVRM: Xid (PCI:0000:{g}:00): 31, pid={pid}, name=python3, Ch 00000010, MMU Fault @ 0x7f3a_{n:08x}"
+TEXTS = (
+    XID13,
+    XID31,
+    "NVRM: Xid (PCI:0000:{g}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    "NVRM: Xid (PCI:0000:{g}:00): 154, GPU recovery action changed from 0x0 (None) to 0x{n} (GPU Reset)",
+    "NVRM: Xid (PCI:0000:{g}:00): 154, GPU recovery action changed",
+    "   from 0x0 (None) to 0x2 (Node Reboot Required)",
+    "NVRM: Xid (PCI:0000:{g}:00): 45, pid={pid}, name=python3, Ch 00000001 caused by previous Xid 79",
+    "NVRM: GPU 0000:{g}:00.0: GPU has fallen off the bus.",
+    "NVRM: The NVIDIA GPU 0000:{g}:00.0",
+    "NVRM: fallen off the bus and is not responding to commands.",
+    "nvidia 0000:{g}:00.0: enabling device (0000 -> 0003)",
+    "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+    "pcieport 0000:{g}:00.0: AER: Uncorrected (Fatal) error received: 0000:{g}:00.0",
+    "eth0: link up",
+    "[ 12.345678] a stamp in the text",
+    "NVRM: Xid (PCI:0000:{g}:00): 13, pid=1, bad\x01byte",
+)
+
+
+def _text(r: random.Random) -> str:
+    t = r.choice(TEXTS[:3]) if r.random() < 0.7 else r.choice(TEXTS)  # mostly a storm's texts
+    return t.format(g=r.choice(GPUS), pid=r.choice((4821, 4822, 99999)), n=r.choice((1, 2, 4, 8)))
+
+
+def _line(r: random.Random, fmt: str, sec: int, seq: int, text: str) -> str:
+    usec = r.randrange(1_000_000)
+    stamp = f"2026-11-26T07:{sec // 60 % 60:02d}:{sec % 60:02d},{usec:06d}+00:00"
+    if fmt == "decode":
+        return f"kern  :{r.choice(('warn ', 'warn ', 'err  '))} : {stamp} {text}"
+    if fmt == "iso":
+        return f"{stamp} {text}"
+    if fmt == "bad-stamp":  # the shape of a stamp, not a time: read when it is read
+        return f"kern  :warn  : 2026-19-{sec % 60:02d}T07:99:{sec % 60:02d},{usec:06d}+00:00 {text}"
+    if fmt == "kmsg":
+        return f"4,{seq},{sec * 1_000_000 + usec},-;{text}"
+    if fmt == "journal":
+        return f"2026-11-26T07:{sec // 60 % 60:02d}:{sec % 60:02d}+0000 gpu-node-7 kernel: {text}"
+    if fmt == "syslog":
+        return f"Nov 26 07:{sec // 60 % 60:02d}:{sec % 60:02d} gpu-node-7 kernel: {text}"
+    return text
+
+
+FORMATS = ("decode", "decode", "iso", "bad-stamp", "kmsg", "journal", "syslog", "plain")
+
+
+def _log(seed: int, n: int) -> bytes:
+    r = random.Random(seed)
+    lines, sec, seq = [], 100, 1000
+    fmt = r.choice(FORMATS)
+    for _ in range(n):
+        if r.random() < 0.05:
+            fmt = r.choice(FORMATS)
+        if r.random() < 0.1:
+            sec += r.choice((1, 1, 2, 61, 200))  # most lines share their second with the one before
+        if r.random() < 0.01:  # a reboot: the kmsg sequence and time start again
+            seq, sec = 0, 1
+        seq += 1 if r.random() < 0.95 else 3  # a few records lost
+        pick = r.random()
+        if pick < 0.01:
+            lines.append("-- Boot 0123456789abcdef --")
+        elif pick < 0.02:
+            lines.append("")
+        else:
+            line = _line(r, fmt, sec, seq, _text(r))
+            lines.append(line + "\r" if r.random() < 0.01 else line)
+    return ("\n".join(lines) + "\n").encode()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 3000), st.lists(st.integers(0, 400_000), max_size=8))
+def test_generated_logs_read_the_same(seed: int, n: int, cuts: list[int]) -> None:
+    _assert_same(_log(seed, n), cuts)
+
+
+# ------------------------------------------------------------------------------ the storm itself
+
+
+def _storm(texts: list[str], per_second: int, seconds: int) -> bytes:
+    out = []
+    for s in range(seconds):
+        for i in range(per_second):
+            stamp = f"2026-11-26T07:50:{s:02d},{i:06d}+00:00"
+            out.append(f"kern  :warn  : {stamp} {texts[i % len(texts)]}\n")
+    return "".join(out).encode()
+
+
+def test_a_storm_of_known_texts_is_folded_a_second_at_a_time() -> None:
+    texts = [t.format(g=g, pid=4821, n=4) for g in GPUS for t in (XID13, XID31)]
+    data = _storm(texts, 5000, 3)
+    folded: list[int] = []
+
+    class Counting(KernelTail):
+        def _fold(self, texts: list[str], wallclock: str, fmt: str) -> None:
+            folded.append(len(texts))
+            super()._fold(texts, wallclock, fmt)
+
+    tail = Counting("<x>", device=False)
+    tail._data(data, first=True)
+    assert sum(folded) > 14_900 and len(folded) <= 3  # all but the first line of each text
+    view = tail.view()
+    assert {(t.first.code, t.first.pci): t.count for t in view.tallies} == {
+        (c, f"00000000:{g}:00.0"): 1875 for g in GPUS for c in (13, 31)
+    }
+    _assert_same(data, [len(data) // 3])
+
+
+def test_the_latest_line_of_a_tally_is_the_last_one_read_whatever_its_text() -> None:
+    """Two texts of one tally (one GPU's Xid 13 on two SMs) in one second: the tally's latest is
+    the text of the last line, as line by line."""
+    a, b = XID13.format(g="53", pid=1, n=1), XID13.format(g="53", pid=1, n=2)
+    for order in ([a, b, a, b, a], [a, b, b], [b, a, a, b], [a, a, a, b]):
+        data = "".join(
+            f"kern  :warn  : 2026-11-26T07:50:01,{i:06d}+00:00 {t}\n" for i, t in enumerate([a, b, *order])
+        )
+        tail = _assert_same(data.encode(), [])
+        (tally,) = tail.view().tallies
+        assert (
+            tally.latest.message.endswith(order[-1].split("NVRM: ", 1)[1]) and tally.count == len(order) + 2
+        )
+
+
+# ------------------------------------------------------------------------------ the ledger's n lines at once
+
+GPU53, GPU64 = "00000000:53:00.0", "00000000:64:00.0"
+EVENTS = (
+    XidEvent(13, GPU53, "Xid (PCI:0000:53:00): 13, pid=1, SM 0"),
+    XidEvent(13, GPU53, "Xid (PCI:0000:53:00): 13, pid=1, SM 1"),
+    XidEvent(79, GPU53, "GPU 0000:53:00.0: GPU has fallen off the bus."),  # a companion line
+    XidEvent(79, GPU53, "Xid (PCI:0000:53:00): 79, GPU has fallen off the bus."),
+    XidEvent(154, GPU64, "Xid (PCI:0000:64:00): 154, ... to 0x1 (GPU Reset)", recovery_action="GPU Reset"),
+    XidEvent(154, GPU64, "Xid 154 ... to 0x2 (Node Reboot)", recovery_action="Node Reboot", wrapped=True),
+    XidEvent(20034, "00000000:05:00.0", "SXid (PCI:0000:05:00.0): 20034, Fatal", sxid=True),
+)  # fmt: skip
+
+
+def _ledger_state(led: XidLedger) -> tuple[object, ...]:
+    return (
+        led.version, led.now, led.untallied, dict(led.bursts),
+        {k: (t.first, t.latest, t.numbered, t.companions, t.win_start, t.win_count, t.prev_count, t.burst,
+             t.first_companion) for k, t in led.tallies.items()},
+    )  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, len(EVENTS) - 1),
+            st.sampled_from((0.0, 30.0, 61.0, 100.0, 250.0, 500.0)),
+            st.integers(1, 5),
+        ),
+        max_size=20,
+    )
+)  # fmt: skip
+def test_n_lines_at_once_are_n_lines_one_by_one(steps: list[tuple[int, float, int]]) -> None:
+    at_once, one_by_one = XidLedger(lambda: 0.0), XidLedger(lambda: 0.0)
+    for i, t, n in steps:
+        news = at_once.add_at(EVENTS[i], t, n)
+        assert news == any([one_by_one.add_at(EVENTS[i], t) for _ in range(n)])
+        assert _ledger_state(at_once) == _ledger_state(one_by_one)
+
+
+def test_a_new_boot_on_a_known_text_of_the_same_shape_drops_the_earlier_boot() -> None:
+    """kmsg records whose sequence number goes back (a reboot) while text and digit counts stay:
+    the fast path sees the boot, as line by line (it used to count the record twice and miss it)."""
+    xid = XID13.format(g="53", pid=1, n=1)
+    before = "".join(f"4,{5000 + i},{5_000_000 + i},-;{xid}\n" for i in range(50))
+    after = "".join(f"4,{1000 + i},{1_000_000 + i},-;{xid}\n" for i in range(3))
+    tail = _assert_same((before + after).encode(), [len(before)])
+    assert [t.count for t in tail.view().tallies] == [3] and tail.records == 3
