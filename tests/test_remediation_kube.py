@@ -466,10 +466,18 @@ def test_unknown_first_then_fail_unknown_and_recovery_in_one_patch_each(
         assert node_dict(world)["metadata"]["labels"]["gpu-healthcheck/status"] == "unknown"
 
         shutil.copy(HEALTHY / "nvidia-smi-q.txt", world["snap"] / "nvidia-smi-q.txt")
+        # the conditions lead (node_story), the taint goes in the Node PATCH right after: wait for both
         back = wait_for(
-            lambda: (c := condition(world, AHR)) and c["status"] == "True" and c, timeout=30, what="AHR=True"
+            lambda: (
+                (c := condition(world, AHR))
+                and c["status"] == "True"
+                and our_taint(node_dict(world)) is None
+                and c
+            ),
+            timeout=30,
+            what="AHR=True and the taint gone",
         )
-        assert back["reason"] == R.PASSED and our_taint(node_dict(world)) is None
+        assert back["reason"] == R.PASSED
     finally:
         world["agent"].stop(signal.SIGKILL)
 
