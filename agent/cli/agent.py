@@ -82,6 +82,19 @@ def kube_core(kubeconfig: str | None, service_account_dir: Path = SERVICE_ACCOUN
 
 
 DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
+DEFAULT_NAMESPACE = "gpu-healthcheck"  # manifests/: where the repair budget's records live
+
+
+def agent_namespace(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> str:
+    """The agent's own namespace (the repair budget's records): $POD_NAMESPACE, else the service
+    account's (in a pod), else the namespace manifests/ installs into."""
+    env = os.environ.get("POD_NAMESPACE", "").strip()
+    if env:
+        return env
+    try:
+        return (service_account_dir / "namespace").read_text().strip() or DEFAULT_NAMESPACE
+    except OSError:
+        return DEFAULT_NAMESPACE
 
 
 class LiveParts:
@@ -126,6 +139,8 @@ class LiveParts:
     def reconfigure(self, engine: Engine, old: Config, new: Config) -> None:
         if self.writer is not None:
             self.writer.set_condition_type(new.node.condition_type)
+        if self.writer is not None and self.writer.repair is not None:
+            self.writer.repair.reconfigure(new.node.repair_budget, new.node.wave_hold)
         if self.brake is not None:
             n = new.node
             self.brake.reconfigure(
@@ -172,6 +187,7 @@ def main(args: Any) -> int:
     if not args.no_kube:
         from agent.reporters.brake import Brake
         from agent.reporters.node_writer import NodeWriter
+        from agent.reporters.repair_budget import RepairBudget
 
         core = kube_core(args.kubeconfig, getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR)
         brake = Brake(
@@ -188,6 +204,16 @@ def main(args: Any) -> int:
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
         fence = start_fence_proof(core, node_name, cfg.prefix, metrics)
+        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
+        repair = RepairBudget(
+            core,
+            node_name,
+            namespace=agent_namespace(sa_dir),
+            brake=brake,
+            budget=cfg.node.repair_budget,
+            wave=cfg.node.wave_hold,
+            prefix=cfg.prefix,
+        )
         writer = NodeWriter(
             core,
             node_name,
@@ -196,6 +222,7 @@ def main(args: Any) -> int:
             brake=brake,
             dry_run=args.dry_run,
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
+            repair=repair,
         )
 
         parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)

@@ -164,6 +164,18 @@ class Metrics:
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)
 
+    def record_remediation_held(self, why: str, key: str) -> None:
+        """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
+        remediation mark back, labelled with the finding key; no series otherwise."""
+        if not hasattr(self, "remediation_held"):
+            self.remediation_held = Gauge(
+                f"{NS}_remediation_held",
+                "1 while a new remediation mark of this node is held (reason: budget or wave; key: finding)",
+                ["reason", "key"],
+                registry=self.registry,
+            )
+        _only(self.remediation_held, {(why, key): 1} if why else {}, self._shown)
+
 
 def _only(gauge: Gauge, values: dict[tuple[str, ...], int], shown: dict[int, set[tuple[str, ...]]]) -> None:
     """Set *values* on a labelled gauge and remove every other label set it exported before, so that

@@ -46,6 +46,7 @@ from agent.core.contract import (
     decode_results,
     now_iso,
 )
+from agent.core.repair_budget import Hold
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
 from agent.reporters.kube_rest import (
@@ -66,6 +67,7 @@ from agent.reporters.node_patch import (
     taint_disabled,
 )
 from agent.reporters.node_watch import NodeWatch
+from agent.reporters.repair_budget import RepairBudget
 from agent.reporters.taint_gate import TaintDecision, TaintGate
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,8 @@ class ApplyResult:
     brake_open: bool = False  # marks.taint, but the brake refused the taint
     taint_disabled: bool = False  # marks.taint, but `<prefix>/taint=disabled` is set
     events: tuple[str, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
+    remediation_held: str = ""  # a new remediation mark held back: "budget" or "wave" (repair_budget)
+    held_key: str = ""  # the finding key of that hold
     error: str | None = None
     dry_run: bool = False
 
@@ -122,6 +126,7 @@ class NodeWriter:
         event_namespace: str = EVENT_NAMESPACE,
         component: str = COMPONENT,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+        repair: RepairBudget | None = None,
     ) -> None:
         self.rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.node_name = node_name
@@ -133,6 +138,7 @@ class NodeWriter:
         self.event_namespace = event_namespace
         self.component = component
         self.watch_timeout_seconds = watch_timeout_seconds
+        self.repair = repair  # the repair budget and wave hold, asked before a new remediation mark
 
         self._apply_lock = threading.RLock()
         self._retired_conditions: set[str] = set()  # our old condition types, removed at the next apply
@@ -320,9 +326,13 @@ class NodeWriter:
                         if adding:
                             self.gate.taint_landed(rv_text(written))
         node = self.watch.current(fresh=False)
-        status_writes = self._write_conditions(node, marks, decided)
+        # The repair budget and the wave hold: asked only before a new remediation mark.
+        repair = self.repair if not self.dry_run else None
+        hold = repair.ask(node, marks, decided.taint_on) if repair is not None else None
+        status_writes = self._write_conditions(node, marks, decided, hold)
 
         events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
+        events += repair.events(hold) if repair is not None else []
         self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
         self.gate.settle(decided, dry_run=self.dry_run)
         to_post = [*self._pending_events, *events]
@@ -337,10 +347,14 @@ class NodeWriter:
             brake_open=decided.brake_open,
             taint_disabled=decided.disabled,
             events=posted,
+            remediation_held=hold.why if hold is not None else "",
+            held_key=hold.key if hold is not None else "",
             dry_run=self.dry_run,
         )
 
-    def _write_conditions(self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision) -> int:
+    def _write_conditions(
+        self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision, hold: Hold | None = None
+    ) -> int:
         """Our condition, the remediation conditions and the removal of ours no longer configured, in
         one status PATCH when any differs; the number of writes (0 or 1)."""
         retired = sorted(self._retired_conditions)
@@ -354,6 +368,7 @@ class NodeWriter:
             disabled=decided.disabled,
             prefix=self.prefix,
             now=now_iso(),
+            hold=hold,
         )
         self._retired_conditions -= {t for t in retired if find_condition(node, t) is None}
         if not conds:
