@@ -150,9 +150,11 @@ def wave_threshold(policy: WavePolicy, total: int) -> int:
 
 
 def released_at(records: Iterable[Record], key: str) -> float:
-    """When the last release that covers *key* was asked (0: never). A release without a key covers
+    """When the last release that covers *key* was asked (-inf: never). A release without a key covers
     every key and the budget."""
-    return max((r.at for r in records if r.kind == RELEASE and r.key in (RELEASE_ALL, key)), default=0.0)
+    return max(
+        (r.at for r in records if r.kind == RELEASE and r.key in (RELEASE_ALL, key)), default=-math.inf
+    )
 
 
 def wave_nodes(records: Iterable[Record], key: str, failing: set[str], since: float) -> list[Record]:
