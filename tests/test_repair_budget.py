@@ -178,6 +178,12 @@ def test_only_a_new_mark_asks_the_budget() -> None:
     # marked already: stays marked, whatever the budget says now
     assert newly_marking(_node("False", R.FAILED), _marks("xid/79"), taint_on=True) is None
     assert newly_marking(_node("False", R.RECOVERING), _marks("xid/79"), taint_on=True) is None
+    # a renamed entry on a marked node is no new mark: the old type still shows ours unhealthy
+    renamed = {
+        "metadata": {"name": "n"},
+        "status": {"conditions": [{"type": "Old", "status": "False", "reason": R.FAILED}]},
+    }
+    assert newly_marking(renamed, _marks("xid/79"), taint_on=True) is None
     # another component's False is not our mark
     assert newly_marking(_node("False", "KubeletNotReady"), _marks("xid/79"), taint_on=True) == "xid/79"
     # no wish, or no taint (the brake decides first): nothing to ask

@@ -318,15 +318,15 @@ class RepairBudget:
 def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str | None:
     """Pure: the finding key when this apply would turn a remediation condition unhealthy on a Node
     that shows none of ours unhealthy yet (a new mark), else None (no wish, no taint, or marked
-    already: a node already marked stays marked, the budget limits new marks only)."""
+    already: a node already marked stays marked, the budget limits new marks only). Ours unhealthy:
+    any condition with the reason we write only with the unhealthy status, so that a renamed or an
+    added entry on a marked node is no new mark."""
     wished = [m for m in marks.remediation if m.unhealthy]
     if not wished or not taint_on:
         return None
-    conds = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or ()}
-    for m in marks.remediation:
-        cur = conds.get(m.type) or {}
-        if cur.get("status") == m.unhealthy_status and cur.get("reason") in RemediationReason.ALL:
-            return None
+    marked = (RemediationReason.FAILED, RemediationReason.RECOVERING)
+    if any(c.get("reason") in marked for c in (node.get("status") or {}).get("conditions") or ()):
+        return None
     return wished[0].key or "unknown"
 
 
