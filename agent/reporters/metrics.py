@@ -103,6 +103,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.remediation_held = Gauge(
+            f"{NS}_remediation_held",
+            "1 while a new remediation mark of this node is held (reason: budget or wave; key: finding)",
+            ["reason", "key"],
+            registry=r,
+        )
 
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
@@ -167,13 +173,6 @@ class Metrics:
     def record_remediation_held(self, why: str, key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
         remediation mark back, labelled with the finding key; no series otherwise."""
-        if not hasattr(self, "remediation_held"):
-            self.remediation_held = Gauge(
-                f"{NS}_remediation_held",
-                "1 while a new remediation mark of this node is held (reason: budget or wave; key: finding)",
-                ["reason", "key"],
-                registry=self.registry,
-            )
         _only(self.remediation_held, {(why, key): 1} if why else {}, self._shown)
 
 
