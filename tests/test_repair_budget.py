@@ -38,7 +38,7 @@ AHR = "AcceleratedHardwareReady"
 
 
 def fail(node: str, key: str, at: float, rv: int = 0) -> Record:
-    return Record(name=f"f-{node}", kind=FAIL, node=node, key=key, at=at, rv=rv or int(at))
+    return Record(name=f"f-{node}", kind=FAIL, node=node, key=key, at=at, rv=rv or int(at) + 1)
 
 
 def mark(node: str, at: float, rv: int, pool: str = "") -> Record:
@@ -103,6 +103,9 @@ def test_a_release_without_a_key_restarts_the_budget_window() -> None:
     records = [mark("a", 10, 1), mark("b", 11, 2), Record("r", RELEASE, at=20, rv=3, by="sre", reason="x")]
     own = mark("c", 30, 4)
     assert budget_count([*records, own], own, 3600, None) == 1
+    # after the release by the API server's write order, not by the second it was written in
+    same_second = mark("d", 20, 5)
+    assert budget_count([*records, own, same_second], same_second, 3600, None) == 2
     keyed = [*records[:2], Record("r", RELEASE, key="xid/79", at=20, rv=3)]
     assert budget_count([*keyed, own], own, 3600, None) == 3  # a keyed release is about the wave only
 
@@ -136,12 +139,12 @@ def test_the_wave_lasts_while_its_nodes_still_fail_and_ends_when_they_recover_or
     # two recovered (or their Nodes are gone): the wave has ended
     assert wave_decision(records, "xid/79", {"a", "b"}, 100, policy) is None
     # an operator released it: the records before the release no longer count, later ones do
-    released = [*records, Record("r", RELEASE, key="xid/79", at=10, rv=99)]
+    released = [*records, Record("r", RELEASE, key="xid/79", at=10, rv=15)]  # after them (rv 1-4)
     assert wave_decision(released, "xid/79", {"a", "b", "c", "d"}, 100, policy) is None
     again = [*released, *(fail(n, "xid/79", 20 + i) for i, n in enumerate("efg"))]
     assert wave_decision(again, "xid/79", set("abcdefg"), 100, policy) is not None
     # a release of another key does not lift it
-    other = [*records, Record("r", RELEASE, key="xid/48", at=10, rv=99)]
+    other = [*records, Record("r", RELEASE, key="xid/48", at=10, rv=15)]
     assert wave_decision(other, "xid/79", {"a", "b", "c", "d"}, 100, policy) is not None
 
 

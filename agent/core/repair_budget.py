@@ -30,6 +30,8 @@ from agent.core.findings import Finding
 FAIL, MARK, RELEASE = "fail", "mark", "release"  # the kinds of record
 RELEASE_ALL = ""  # a release without --key: every wave hold, and the budget's window
 BUDGET_HELD, WAVE_HELD = "budget", "wave"  # why a node is held (metrics label values)
+# creationTimestamp has whole seconds: a mark counts one second longer than its window (safe side).
+RESOLUTION_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -149,20 +151,19 @@ def wave_threshold(policy: WavePolicy, total: int) -> int:
     return max(policy.min_nodes, math.ceil(Fraction(str(policy.min_fraction)) * max(total, 1)))
 
 
-def released_at(records: Iterable[Record], key: str) -> float:
-    """When the last release that covers *key* was asked (-inf: never). A release without a key covers
-    every key and the budget."""
-    return max(
-        (r.at for r in records if r.kind == RELEASE and r.key in (RELEASE_ALL, key)), default=-math.inf
-    )
+def released_rv(records: Iterable[Record], key: str) -> int:
+    """The resourceVersion of the last release that covers *key* (0: never): records written after
+    it (a higher resourceVersion: the API server's write order, exact where creationTimestamp has
+    whole seconds) count. A release without a key covers every key and the budget."""
+    return max((r.rv for r in records if r.kind == RELEASE and r.key in (RELEASE_ALL, key)), default=0)
 
 
-def wave_nodes(records: Iterable[Record], key: str, failing: set[str], since: float) -> list[Record]:
-    """The fail records of *key* that count: of nodes failing now, written after *since* (a
+def wave_nodes(records: Iterable[Record], key: str, failing: set[str], after_rv: int) -> list[Record]:
+    """The fail records of *key* that count: of nodes failing now, written after *after_rv* (a
     release), one per node (the earliest)."""
     first: dict[str, Record] = {}
     for r in sorted(records, key=lambda r: (r.at, r.rv)):
-        if r.kind == FAIL and r.key == key and r.node in failing and r.at > since:
+        if r.kind == FAIL and r.key == key and r.node in failing and r.rv > after_rv:
             first.setdefault(r.node, r)
     return sorted(first.values(), key=lambda r: (r.at, r.rv))
 
@@ -175,7 +176,7 @@ def wave_decision(
     if not policy.on:
         return None
     need = wave_threshold(policy, total)
-    nodes = wave_nodes(records, key, failing, released_at(records, key))
+    nodes = wave_nodes(records, key, failing, released_rv(records, key))
     times = [r.at for r in nodes]
     for i in range(len(times) - need + 1):
         if times[i + need - 1] - times[i] <= policy.window_s:
@@ -194,19 +195,23 @@ def budget_count(records: Iterable[Record], own: Record, window_s: float, pool: 
     resourceVersion), within the window before it, after the last release of the budget, and in its
     pool when the budget is counted per label (*pool* not None)."""
     records = list(records)
-    since = max(own.at - window_s, released_at(records, RELEASE_ALL))
+    since, after = own.at - window_s - RESOLUTION_S, released_rv(records, RELEASE_ALL)
     return sum(
         1
         for r in records
-        if r.kind == MARK and r.rv <= own.rv and r.at > since and (pool is None or r.pool == pool)
+        if r.kind == MARK and after < r.rv <= own.rv and r.at > since and (pool is None or r.pool == pool)
     )
 
 
 def budget_spent(records: Iterable[Record], now: float, window_s: float, pool: str | None) -> int:
     """Mark records in the window before *now* (the cheap look before this node writes its own)."""
     records = list(records)
-    since = max(now - window_s, released_at(records, RELEASE_ALL))
-    return sum(1 for r in records if r.kind == MARK and r.at > since and (pool is None or r.pool == pool))
+    since, after = now - window_s - RESOLUTION_S, released_rv(records, RELEASE_ALL)
+    return sum(
+        1
+        for r in records
+        if r.kind == MARK and r.rv > after and r.at > since and (pool is None or r.pool == pool)
+    )
 
 
 def budget_hold(count: int, limit: int, policy: BudgetPolicy, key: str, pool: str | None) -> Hold | None:
@@ -246,7 +251,7 @@ __all__ = [
     "expired",
     "finding_key",
     "key_slug",
-    "released_at",
+    "released_rv",
     "wave_decision",
     "wave_nodes",
     "wave_threshold",
