@@ -1,25 +1,31 @@
 """The repair budget and the wave hold against a repair engine: a persistent false positive on a fleet.
 
-Usage: python -m bench.repair_budget [--nodes 2000] [--processes 4] [--hours 4] [--speed 120]
+Usage: python -m bench.repair_budget [--nodes 2000] [--processes 4] [--hours 4] [--speed 60]
 
-What runs: one real API server; N GPU Nodes; for every node that has the fault, the agent's real
-Node-side code (NodeWriter with its own Brake and RepairBudget, default config plus one remediation
-condition, AcceleratedHardwareReady, and the Marks a real Engine computes from the Xid 79 snapshot),
-spread over --processes simulator processes, each with its own API client; a simulated repair
-engine (Karpenter's shape): a node whose AcceleratedHardwareReady has been False for the toleration
-is deleted and a new node joins with the same fault (a bad driver in the node image: persistent).
+What runs: one real API server; N GPU Nodes; for every node that has (or will have) the fault, the
+agent's real Node-side code (NodeWriter with its own Brake and RepairBudget; the shipped config plus
+one remediation condition, AcceleratedHardwareReady; the Marks a real Engine computes from the Xid 79
+snapshot, finding key xid/79), started before the fault (watch, the fleet's GPU-node total), spread
+over --processes simulator processes with an API client each; a simulated repair engine (Karpenter's
+shape): a node whose AcceleratedHardwareReady has been False for the toleration is deleted and a new
+node joins with the same fault (a bad driver in the node image: persistent). Healthy nodes run no
+agent (a healthy agent makes no request).
 
-The fault: a bad node image rolls out over the first --fault-fraction of the fleet at --rollout-per-min
-nodes per (simulated) minute. At --release-at hours an operator runs `gpu-healthcheck brake release`
-(all keys): the wave hold ends and the budget alone paces the repairs.
+The fault: a bad node image reaches the first --fault-fraction of the fleet at --rollout-per-min nodes
+per simulated minute. At --release-at hours an operator runs `gpu-healthcheck brake release` (all
+keys): the wave hold ends and the budget alone paces the marks (until replacements, which carry the
+same fault, make a wave again).
 
-Time is compressed by --speed (120: one simulated hour is 30 s): the budget's window (60 min), the
-wave's (15 min) and the toleration (10 min) are divided by it. The agents' re-ask and hold cache are
-2 s real (4 simulated minutes at 120). What is printed per simulated hour: nodes newly failing,
-marked (AcceleratedHardwareReady turned False), replaced, and held at the end of the hour (by the wave,
-by the budget); when the wave hold engaged after the first failure; the most marks in any window of
-the budget. Exits 1 when the marks in a window exceed the budget's limit, a clock hour's replacements
-exceed it, or the hold engaged later than the wave's window after the first failure.
+Time is compressed by --speed (60: one simulated hour is 60 s): the budget's window (60 min), the
+wave's (15 min) and the toleration (10 min) are divided by it. The agents ask again every 2 s real
+(their own re-ask is 30 s), their hold cache the same. Printed per simulated hour: nodes newly
+failing, marked (the engine first saw AcceleratedHardwareReady=False), replaced, held at the end of
+the hour (by the wave, by the budget); the most marks the agents decided (the budget's own mark
+records, server time, those that stayed: a loser takes its record back at once) in any window of the
+budget, before and after the release; when the wave engaged (the threshold-th node's fail record
+after the first) and when the engine first saw a WaveHeld condition. Exits 1 when a window's marks
+exceed the budget's limit, or the wave engaged later than its window after the first failure, or
+never showed.
 """
 
 from __future__ import annotations
@@ -199,7 +205,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--hours", type=float, default=4.0, help="simulated hours")
-    ap.add_argument("--speed", type=float, default=120.0, help="simulated seconds per real second")
+    ap.add_argument("--speed", type=float, default=60.0, help="simulated seconds per real second")
     ap.add_argument(
         "--fault-fraction", type=float, default=0.2, help="share of the fleet the bad image reaches"
     )

@@ -4,6 +4,7 @@ question (newly_marking), the config keys and the condition a held node shows.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -244,3 +245,21 @@ def test_a_listed_lease_is_read_as_a_record() -> None:
     assert rec is not None and (rec.kind, rec.node, rec.pool, rec.rv) == (MARK, "n1", "zone-a", 42)
     assert rec.at == 1795680000.0
     assert record_of({"metadata": {"labels": {"gpu-healthcheck/record": "other"}}}, "gpu-healthcheck") is None
+
+
+def test_brake_release_wants_a_reason_and_says_so_when_the_cluster_is_unreachable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.cli.main import main
+
+    assert main(["brake", "release", "--key", "xid/79", "--reason", "  "]) == 64
+    assert "--reason" in capsys.readouterr().err
+    kubeconfig = f"{tmp_path}/none.yaml"
+    with open(kubeconfig, "w") as fh:  # a cluster nobody listens on
+        fh.write(
+            "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+            "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+            "current-context: x\n"
+        )
+    assert main(["brake", "release", "--reason", "test", "--kubeconfig", kubeconfig]) == 69
+    assert "cannot release" in capsys.readouterr().err
