@@ -343,8 +343,8 @@ def main() -> None:
     )
     lease = {k: v for k, v in reqs.items() if k[0] == "leases"}
     by_verb: dict[str, float] = {}
-    for (_, verb, _), v in lease.items():
-        by_verb[verb] = by_verb.get(verb, 0) + v
+    for (_, verb, code), v in lease.items():
+        by_verb[f"{verb} {code}"] = by_verb.get(f"{verb} {code}", 0) + v
     print("lease requests: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_verb.items())))
     ok = most <= limit and engaged is not None and engaged <= wave_s * speed / 60 and seen is not None
     print("PASS" if ok else "FAIL")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import time
 from collections.abc import Mapping
 from datetime import datetime
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 REQUEST_TIMEOUT = (5, 30)
 RELEASE_KEEP_S = 7 * 86400  # a release is kept this long (the records it voids may outlive it)
 FAIL_GRACE_S = 120.0  # a fail record of a node not (yet) seen failing is left alone this long
-GC_PER_LIST = 20  # deletes at most this many expired records per list (spread over the listers)
+GC_PER_LIST = 20  # deletes at most this many expired records per list ...
+GC_SHARE = 0.05  # ... each with this chance: hundreds of held agents list the same expired records
 
 
 def leases_path(namespace: str, name: str = "") -> str:
@@ -296,13 +298,17 @@ class RepairBudget:
 
     def _collect(self, records: list[Record], failing: set[str], now: float) -> None:
         """Delete a few records that no longer count: marks past the window, releases past a week,
-        fail records of Nodes no longer failing (when the failing Nodes were listed)."""
+        fail records of Nodes no longer failing (when the failing Nodes were listed). Each lister
+        takes a random share: a record that no longer counts may linger, never count again."""
         gone = [
             r
             for r in records
-            if (r.kind == MARK and now - r.at > self.budget.window_s + 60)
-            or (r.kind == RELEASE and now - r.at > RELEASE_KEEP_S)
-            or (r.kind == FAIL and failing and r.node not in failing and now - r.at > FAIL_GRACE_S)
+            if (
+                (r.kind == MARK and now - r.at > self.budget.window_s + 60)
+                or (r.kind == RELEASE and now - r.at > RELEASE_KEEP_S)
+                or (r.kind == FAIL and failing and r.node not in failing and now - r.at > FAIL_GRACE_S)
+            )
+            and random.random() < GC_SHARE
         ]
         for r in gone[:GC_PER_LIST]:
             self._delete(r.name)
