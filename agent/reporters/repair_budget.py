@@ -220,7 +220,9 @@ class RepairBudget:
         if hold is None and self.budget.on:
             hold = self._spend(node, key, records, now)
         if hold is not None:
-            self._held = (now, hold)
+            # kept a random share of hold_cache_s longer: the held nodes of a fleet do not all ask
+            # again in the same instant when the budget's window moves or a release comes
+            self._held = (now + random.uniform(0, self.hold_cache_s), hold)
             log.info("node %s: remediation held: %s", self.node_name, hold.message)
         else:
             self._held = None
