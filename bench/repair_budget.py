@@ -20,9 +20,9 @@ Time is compressed by --speed (60: one simulated hour is 60 s): the budget's win
 wave's (15 min) and the toleration (10 min) are divided by it. The agents ask again every 2 s real
 (their own re-ask is 30 s), their hold cache the same. Printed per simulated hour: nodes newly
 failing, marked (the engine first saw AcceleratedHardwareReady=False), replaced, held at the end of
-the hour (by the wave, by the budget); the most marks the agents decided (the budget's own mark
-records, server time, those that stayed: a loser takes its record back at once) in any window of the
-budget, before and after the release; when the wave engaged (the threshold-th node's fail record
+the hour (by the wave, by the budget); the most marks the agents decided (for each node the engine
+saw marked, its last mark record: server time) in any window of the budget, before and after the
+release; when the wave engaged (the threshold-th node's fail record
 after the first) and when the engine first saw a WaveHeld condition. Exits 1 when a window's marks
 exceed the budget's limit, or the wave engaged later than its window after the first failure, or
 never showed.
@@ -161,14 +161,12 @@ class Engineer:
         self.held: dict[str, str] = {}  # node -> reason, as last seen
         self.wave_seen: float | None = None
         self.records: dict[str, Any] = {}  # name -> Record, every record seen (server times)
-        self.polls: dict[str, int] = {}  # mark record -> polls that saw it (a loser's lives < 1)
         self.stop = threading.Event()
 
     def poll(self) -> None:
         rest = KubeRest.of(self.core)
         for rec in list_records(rest, NS, "gpu-healthcheck"):
             self.records.setdefault(rec.name, rec)
-            self.polls[rec.name] = self.polls.get(rec.name, 0) + 1
         doc = rest.json("GET", "/api/v1/nodes", query={"labelSelector": "gpu-healthcheck/status=fail"})
         now = time.monotonic()
         held = {}
@@ -317,7 +315,12 @@ def main() -> None:
     window, wave_s = cfg.node.repair_budget.window_s, cfg.node.wave_hold.window_s
     recs = list(engine.records.values())
     rel = min((r.rv for r in recs if r.kind == RELEASE), default=10**18)
-    decided = [r for r in recs if r.kind == MARK and engine.polls.get(r.name, 0) >= 2]  # kept marks
+    # The mark the agents decided for each node the engine saw marked: its last mark record (a marked
+    # node asks no more; a loser's records, taken back, may live seconds on a loaded server).
+    last: dict[str, Any] = {}
+    for r in sorted((r for r in recs if r.kind == MARK), key=lambda r: r.rv):
+        last[r.node] = r
+    decided = [r for node, r in last.items() if node in engine.seen]
     most = 0
     for segment in ([r for r in decided if r.rv < rel], [r for r in decided if r.rv > rel]):
         times = sorted(r.at for r in segment)
