@@ -66,6 +66,7 @@ def one_run(env: Any, work: Path, gpu: float, entries: int, steady_s: float) -> 
     node = f"bench-remediation-{entries}"
     env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
     core = core_api(env)
+    env.ensure_namespace("gpu-healthcheck")  # the repair budget's records, as manifests/ has it
     snap = snapshot_copy(work / f"snap-{entries}")
     cfg = write_config(work / f"config-{entries}", config(gpu, entries))
     agent = AgentProcess(env, node, snap, cfg, work / f"agent-{entries}.log")

@@ -78,6 +78,7 @@ class AgentProcess:
     def __init__(self, kube: Any, node: str, snap: Path, config_dir: Path, log: Path, *extra: str) -> None:
         self.log = log
         state = log.parent / "state"  # the last good config: this test's own, never /tmp's
+        kube.ensure_namespace("gpu-healthcheck")  # the repair budget's records, as manifests/ creates it
         self.proc = subprocess.Popen(
             agent_argv(
                 kube.kubeconfig, node, snap, "--config-dir", str(config_dir), "--state-dir", str(state)

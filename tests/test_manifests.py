@@ -229,6 +229,11 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     events = find("Role", "gpu-healthcheck-agent-events")
     assert events["metadata"]["namespace"] == "default"
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    records = find("Role", "gpu-healthcheck-agent-records")  # the repair budget's, in its own namespace
+    assert records["metadata"]["namespace"] == NS
+    assert records["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list", "delete"]}
+    ]
 
 
 def test_prometheus_rules_name_metrics_the_agent_exports() -> None:

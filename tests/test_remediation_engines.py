@@ -221,6 +221,7 @@ def test_the_real_agent_drives_karpenter_repair_and_an_unknown_verdict_does_not(
     def condition(node: str, ctype: str = ctype) -> str | None:
         return (conditions(node).get(ctype) or {}).get("status")
 
+    karpenter.kube.ensure_namespace("gpu-healthcheck")  # the repair budget's records, as manifests/ has it
     agents = {
         node: scenario.Agent(
             node,

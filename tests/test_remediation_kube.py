@@ -60,7 +60,9 @@ def with_entries(*types: str, text: str = CONFIG_YAML) -> str:
         f"  remediationConditions:\n{entries}" if types else "  remediationConditions: []\n",
     )
     assert out != text or not types
-    return out
+    # A repair budget per node (its hostname label): the marks of the other tests on this shared API
+    # server must not spend this test's budget (tests/test_repair_budget_kube.py tests the budget).
+    return out.replace('    perLabel: ""', "    perLabel: kubernetes.io/hostname")
 
 
 def cond(kind: str, status: str = "False", reason: str = R.FAILED, message: str = "") -> dict[str, str]:
@@ -404,8 +406,9 @@ def garble(snap: Path) -> None:
     (snap / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 garbage, not nvidia-smi output")
 
 
-ONE_ENTRY = (
+ONE_ENTRY = (  # the brake off, and a repair budget per node (with_entries says why)
     f"intervals:\n  gpu: 1\nnode:\n  maxTaintedFraction: 1\n  remediationConditions:\n    - type: {AHR}\n"
+    "  repairBudget:\n    perLabel: kubernetes.io/hostname\n"
 )
 
 
@@ -509,6 +512,7 @@ def test_a_reload_adds_renames_and_removes_entries_and_leaves_others_alone(
     kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
 ) -> None:
     base = "intervals:\n  gpu: 30\nnode:\n  maxTaintedFraction: 1\n"
+    base += "  repairBudget:\n    perLabel: kubernetes.io/hostname\n"  # with_entries says why
     world = start_agent(kube, gpu_node, tmp_path, base)
     try:
         wait_for(

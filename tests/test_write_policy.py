@@ -13,6 +13,8 @@ class Outcome:
     ok: bool
     brake_open: bool = False
     error: str | None = None
+    remediation_held: str = ""
+    held_key: str = ""
 
 
 def test_failed_writes_back_off_1_2_4_up_to_30_s_and_a_success_resets_it() -> None:
@@ -28,3 +30,10 @@ def test_a_braked_write_is_asked_again_after_min_30_s_and_the_gpu_interval() -> 
     assert WritePolicy(lambda: brake_reask_s(cfg)).next_try(Outcome(ok=True, brake_open=True)) == 10.0
     slow = parse_config({"intervals": {"gpu": 600}})
     assert WritePolicy(lambda: brake_reask_s(slow)).next_try(Outcome(ok=True, brake_open=True)) == 30.0
+
+
+def test_a_held_remediation_mark_is_asked_again_like_a_braked_taint() -> None:
+    cfg = parse_config({"intervals": {"gpu": 10}})
+    policy = WritePolicy(lambda: brake_reask_s(cfg))
+    assert policy.next_try(Outcome(ok=True, remediation_held="wave", held_key="xid/79")) == 10.0
+    assert policy.next_try(Outcome(ok=True)) is None  # marked (or no wish): nothing to ask again

@@ -98,6 +98,19 @@ def reproving(
 
 
 DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
+DEFAULT_NAMESPACE = "gpu-healthcheck"  # manifests/: where the repair budget's records live
+
+
+def agent_namespace(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> str:
+    """The agent's own namespace (the repair budget's records): $POD_NAMESPACE, else the service
+    account's (in a pod), else the namespace manifests/ installs into."""
+    env = os.environ.get("POD_NAMESPACE", "").strip()
+    if env:
+        return env
+    try:
+        return (service_account_dir / "namespace").read_text().strip() or DEFAULT_NAMESPACE
+    except OSError:
+        return DEFAULT_NAMESPACE
 
 
 class LiveParts:
@@ -142,6 +155,8 @@ class LiveParts:
     def reconfigure(self, engine: Engine, old: Config, new: Config) -> None:
         if self.writer is not None:
             self.writer.set_condition_type(new.node.condition_type)
+        if self.writer is not None and self.writer.repair is not None:
+            self.writer.repair.reconfigure(new.node.repair_budget, new.node.wave_hold)
         if self.brake is not None:
             n = new.node
             self.brake.reconfigure(
@@ -203,6 +218,7 @@ def main(args: Any) -> int:
         from agent.reporters.brake import Brake
         from agent.reporters.fence_guard import GuardedWriter
         from agent.reporters.node_writer import NodeWriter
+        from agent.reporters.repair_budget import RepairBudget
 
         brake = Brake(
             core,
@@ -219,6 +235,16 @@ def main(args: Any) -> int:
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
         guard = fence_guard(core, node_name, cfg.prefix, metrics)
         fence = guard.start()
+        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
+        repair = RepairBudget(
+            core,
+            node_name,
+            namespace=agent_namespace(sa_dir),
+            brake=brake,
+            budget=cfg.node.repair_budget,
+            wave=cfg.node.wave_hold,
+            prefix=cfg.prefix,
+        )
         writer = NodeWriter(
             core,
             node_name,
@@ -229,6 +255,7 @@ def main(args: Any) -> int:
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
             on_refused=metrics.record_write_refused,
             on_state=metrics.record_node_state,
+            repair=repair,
         )
         guarded = GuardedWriter(writer, guard)
         vet = reproving(vet, guard)

@@ -144,6 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     cl.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
 
+    br = sub.add_parser("brake", help="the repair budget and wave hold (README: Repair budget and wave hold)")
+    br_sub = br.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    rel = br_sub.add_parser(
+        "release",
+        help="lift a wave hold (--key) or every hold and the budget's window, audited (who and why)",
+    )
+    rel.add_argument("--key", default="", metavar="KEY", help="a finding key, e.g. xid/79 (default: all)")
+    rel.add_argument("--reason", required=True, help="why: kept with who asked, in the release record")
+    rel.add_argument("--namespace", default="gpu-healthcheck", help="the agents' namespace")
+    rel.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    rel.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
     km = inj_sub.add_parser("kmsg", help="write a realistic NVRM Xid line into the kernel log")
@@ -281,6 +293,31 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return outcome.code
 
 
+def cmd_brake(args: argparse.Namespace) -> int:
+    from agent.cli.agent import kube_core
+    from agent.cli.brake import release
+    from agent.cli.clear import kubeconfig_user, whoami
+
+    if not args.reason.strip():
+        raise UsageError("--reason: say why (it is kept with who asked)")
+    try:
+        rest = kube_core(args.kubeconfig)
+        who = whoami(rest, lambda: kubeconfig_user(args.kubeconfig))
+        said = release(
+            rest,
+            namespace=args.namespace,
+            prefix=args.prefix,
+            key=args.key.strip(),
+            reason=args.reason.strip(),
+            who=who,
+        )
+    except Exception as exc:  # no cluster, no permission: one clear line
+        print(f"gpu-healthcheck: cannot release: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    print(said)
+    return 0
+
+
 def cmd_inject(args: argparse.Namespace) -> int:
     from agent.probes.kmsg_inject import InjectRefused, write_xid_line
 
@@ -326,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agent": cmd_agent,
         "status": cmd_status,
         "clear": cmd_clear,
+        "brake": cmd_brake,
         "inject": cmd_inject,
         "rules": cmd_rules,
         "config": cmd_config,

@@ -449,6 +449,7 @@ def render_status(
     agent_selector: str = AGENT_SELECTOR,
     fmt: str = "table",
     now: datetime | None = None,
+    namespace: str = "gpu-healthcheck",
 ) -> tuple[str, int]:
     """The output and exit code for every node matching any of *selectors*. API errors propagate to the CLI
     (except a forbidden pod list: the AGENT column then says `?`)."""
@@ -456,4 +457,9 @@ def render_status(
     nodes = list_nodes(core, selectors)
     pods = list_agent_pods(core, agent_selector)
     statuses = status_list(nodes, pods, prefix=prefix, now=now)
-    return render(statuses, fmt, now), exit_code(statuses)
+    out = render(statuses, fmt, now)
+    if fmt in ("table", "wide"):  # held nodes and releases (cli/brake.py)
+        from agent.cli.brake import brake_footer
+
+        out += brake_footer(core, nodes, namespace, prefix, now)
+    return out, exit_code(statuses)

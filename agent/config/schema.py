@@ -99,6 +99,18 @@ SCHEMA: dict[str, Any] = {
         "remediationConditions": Spec(list, []),
         "maxTaintedFraction": _num(0.2, 0, 1),
         "maxTaintedNodes": _num(0, 0, 10**6),
+        # New remediation marks per window (agent/core/repair_budget.py): apart from the brake.
+        "repairBudget": {
+            "maxNodes": Spec(int, 10, 0, 10**6),
+            "maxFraction": _num(0.05, 0, 1),
+            "windowMinutes": _num(60, 0.01, 7 * 1440),
+            "perLabel": Spec(str, ""),
+        },
+        "waveHold": {
+            "minNodes": Spec(int, 5, 0, 10**6),
+            "minFraction": _num(0.02, 0, 1),
+            "windowMinutes": _num(15, 0.01, 1440),
+        },
         "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
     },
     "metrics": {"port": _num(9402, 0, 65535)},

@@ -17,6 +17,7 @@ from agent.core.contract import (
     RemediationCondition,
 )
 from agent.core.gpu_nodes import parse_selector
+from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.core.severity import Severity
 
 
@@ -78,6 +79,8 @@ class NodeSettings:
     remediation_conditions: tuple[RemediationCondition, ...]  # conditions remediation engines watch
     max_tainted_fraction: float
     max_tainted_nodes: int
+    repair_budget: BudgetPolicy  # node.repairBudget: new remediation marks per window
+    wave_hold: WavePolicy  # node.waveHold: new marks held while one finding key fails in a wave
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
 
     def effect_for(self, severity: Severity) -> str:
@@ -163,7 +166,27 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         ),
         max_tainted_fraction=float(s["maxTaintedFraction"]),
         max_tainted_nodes=int(s["maxTaintedNodes"]),
+        repair_budget=repair_budget(s["repairBudget"]),
+        wave_hold=WavePolicy(
+            int(s["waveHold"]["minNodes"]),
+            float(s["waveHold"]["minFraction"]),
+            float(s["waveHold"]["windowMinutes"]) * 60,
+        ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
+    )
+
+
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+def repair_budget(s: Mapping[str, Any]) -> BudgetPolicy:
+    """node.repairBudget; perLabel must be a label key (it names the Nodes' label the budget is
+    counted per value of)."""
+    per_label = str(s["perLabel"]).strip()
+    if per_label and not re.match(LABEL_KEY, per_label):
+        raise ConfigError(f"node.repairBudget.perLabel: {per_label!r} is not a label key")
+    return BudgetPolicy(
+        int(s["maxNodes"]), float(s["maxFraction"]), float(s["windowMinutes"]) * 60, per_label
     )
 
 

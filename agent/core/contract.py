@@ -160,6 +160,7 @@ class Reason:
     CONFIG_REJECTED = "ConfigRejected"
     CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
     NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
+    REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
@@ -198,6 +199,8 @@ class RemediationReason:
     BRAKE_HELD = "GPUHealthcheckBrakeHeld"  # healthy: the brake holds this node back
     TAINT_DISABLED = "GPUHealthcheckTaintDisabled"  # healthy: <prefix>/taint=disabled on the Node
     NOT_ENFORCED = "GPUHealthcheckNotEnforced"  # healthy: node.mode observe or label, or no taint
+    BUDGET_HELD = "GPUHealthcheckBudgetHeld"  # healthy: node.repairBudget is spent for this window
+    WAVE_HELD = "GPUHealthcheckWaveHeld"  # healthy: a correlated wave on this finding key (node.waveHold)
 
     ALL = (
         FAILED,
@@ -208,6 +211,8 @@ class RemediationReason:
         BRAKE_HELD,
         TAINT_DISABLED,
         NOT_ENFORCED,
+        BUDGET_HELD,
+        WAVE_HELD,
     )
 
 
@@ -231,6 +236,7 @@ class RemediationMark:
     unhealthy: bool
     reason: str  # while the wish stands (FAILED/RECOVERING), or why the node is not unhealthy
     message: str
+    key: str = ""  # the finding key a new mark is counted under (core/repair_budget.finding_key)
 
     @property
     def healthy_status(self) -> str:

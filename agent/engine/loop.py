@@ -262,6 +262,7 @@ class Agent:
         if result.ok:
             self.last_fingerprint = fp
             self.metrics.record_brake_open(result.brake_open)
+            self.metrics.record_remediation_held(result.remediation_held, result.held_key)
         else:
             log.warning(
                 f"Node write failed, retrying in {wait:.0f} s: {result.error or ''}",

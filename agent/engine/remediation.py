@@ -9,6 +9,8 @@ The rules, so that no engine replaces or reboots a node it should not:
 - The writer turns the wish into the unhealthy status only where our taint is on after the brake
   (reporters/node_writer.py): a node the brake holds back, or labelled `<prefix>/taint=disabled`,
   is not marked for the engines either, and the condition says why.
+- Each mark names the finding key a new mark is counted under by the repair budget and the wave
+  hold (core/repair_budget.py); the writer asks them before a condition newly turns unhealthy.
 - Reason and message change only when the verdict (or the recovery count) does, as the node's own
   condition's, and ride in the same status PATCH: steady state costs no write.
 """
@@ -25,6 +27,7 @@ from agent.core.contract import (
     RemediationReason,
 )
 from agent.core.findings import Verdict
+from agent.core.repair_budget import finding_key
 from agent.core.severity import Severity, Status
 from agent.engine.state import Recovery
 
@@ -51,6 +54,7 @@ def remediation_marks(
 ) -> tuple[RemediationMark, ...]:
     """One mark per configured entry, from its hysteresis (settled for this verdict)."""
     now = describe(verdict)
+    key = finding_key(verdict.worst) if verdict.status is Status.FAIL else "unknown"
     out = []
     for entry in entries:
         rec = recoveries.get(entry.type) or Recovery()
@@ -81,6 +85,7 @@ def remediation_marks(
                 unhealthy=rec.wanted and mode == MODE_TAINT,
                 reason=reason,
                 message=message[:CONDITION_MESSAGE_MAX],
+                key=key,
             )
         )
     return tuple(out)

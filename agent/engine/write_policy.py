@@ -1,7 +1,8 @@
 """What the agent does after writing its Marks: back off after a failed write (1, 2, 4 … 30 s), and
-ask again while the brake holds its taint back (every min(30 s, intervals.gpu): the brake closes by
-itself, and only braked nodes pay that list). The agent loop and bench/fleet.py use this one object,
-so the fleet benchmark measures the agent's own policy, not a copy of it."""
+ask again while the brake holds its taint back, or the repair budget or a wave hold a new remediation
+mark (every min(30 s, intervals.gpu): they open by themselves, and only held nodes pay that list).
+The agent loop and bench/fleet.py use this one object, so the fleet benchmark measures the agent's
+own policy, not a copy of it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ class WriteOutcome(Protocol):
     def brake_open(self) -> bool: ...
     @property
     def error(self) -> str | None: ...
+    @property
+    def remediation_held(self) -> str: ...
+    @property
+    def held_key(self) -> str: ...
 
 
 def brake_reask_s(cfg: Config) -> float:
@@ -41,4 +46,4 @@ class WritePolicy:
             wait, self.delay = self.delay, min(self.delay * 2, MAX_RETRY_S)
             return wait
         self.delay = FIRST_RETRY_S
-        return self.reask_s() if outcome.brake_open else None
+        return self.reask_s() if outcome.brake_open or outcome.remediation_held else None

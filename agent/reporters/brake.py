@@ -270,6 +270,10 @@ class Brake:
             self._refresh_total_later(random.uniform(0, self.refresh_jitter_s))
         return cached[1]
 
+    def gpu_node_names(self) -> set[str]:
+        """The GPU nodes as last counted (read now when never read): the repair budget's total."""
+        return self._gpu_nodes()
+
     def warm(self, delay_s: float = 0.0) -> threading.Thread | None:
         """Read the GPU-node total in the background after *delay_s* (the agent starts with a random
         delay, so that a DaemonSet rollout spreads these lists). Returns the thread (None if a read

@@ -134,6 +134,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.remediation_held = Gauge(
+            f"{NS}_remediation_held",
+            "1 while a new remediation mark of this node is held (reason: budget or wave; key: finding)",
+            ["reason", "key"],
+            registry=r,
+        )
 
         # ---- issue 28 (one slow read is not a broken GPU): node tool latency
         self.tool_seconds = Histogram(
@@ -218,6 +224,11 @@ class Metrics:
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
         """Issue 28: a read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
         self.tool_seconds.labels(tool, outcome).observe(seconds)
+
+    def record_remediation_held(self, why: str, key: str) -> None:
+        """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
+        remediation mark back, labelled with the finding key; no series otherwise."""
+        _only(self.remediation_held, {(why, key): 1} if why else {}, self._shown)
 
 
 def _only(gauge: Gauge, values: dict[tuple[str, ...], int], shown: dict[int, set[tuple[str, ...]]]) -> None:

@@ -23,6 +23,7 @@ from agent.core.contract import (
     RemediationMark,
     RemediationReason,
 )
+from agent.core.repair_budget import WAVE_HELD, Hold
 
 
 def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
@@ -155,13 +156,24 @@ def plan_entry(
 
 
 def remediation_condition(
-    mark: RemediationMark, *, taint_on: bool, brake_open: bool, disabled: bool, prefix: str
+    mark: RemediationMark,
+    *,
+    taint_on: bool,
+    brake_open: bool,
+    disabled: bool,
+    prefix: str,
+    hold: Hold | None = None,
 ) -> tuple[str, str, str]:
     """(status, reason, message) of one remediation condition, once the taint is decided: the
     engine's wish for the unhealthy status holds only where our taint is on; a node the brake holds
-    back (or that refuses our taint) is not marked for the engines either, and says why."""
+    back (or that refuses our taint) is not marked for the engines either, and says why. A *hold*
+    (the repair budget or a wave, for a node not marked yet) keeps it healthy too, taint or not."""
     if not mark.unhealthy:
         return mark.healthy_status, mark.reason, mark.message
+    if taint_on and hold is not None:
+        reason = RemediationReason.WAVE_HELD if hold.why == WAVE_HELD else RemediationReason.BUDGET_HELD
+        text = f"not marked for remediation: {hold.message}; {mark.message}"
+        return mark.healthy_status, reason, text[:CONDITION_MESSAGE_MAX]
     if taint_on:
         return mark.unhealthy_status, mark.reason, mark.message
     if brake_open:
@@ -191,6 +203,7 @@ def plan_conditions(
     disabled: bool = False,
     prefix: str,
     now: str,
+    hold: Hold | None = None,
 ) -> list[dict[str, Any]]:
     """Every condition entry of the one status PATCH that makes our conditions match, or [].
 
@@ -207,7 +220,7 @@ def plan_conditions(
     for mark in marks.remediation:
         wanted.add(mark.type)
         status, reason, message = remediation_condition(
-            mark, taint_on=taint_on, brake_open=brake_open, disabled=disabled, prefix=prefix
+            mark, taint_on=taint_on, brake_open=brake_open, disabled=disabled, prefix=prefix, hold=hold
         )
         entry = plan_entry(node, mark.type, status, reason, message, now=now)
         if entry is not None:

@@ -51,6 +51,7 @@ from agent.core.contract import (
     decode_results,
     now_iso,
 )
+from agent.core.repair_budget import Hold
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
 from agent.reporters.kube_rest import KubeRest, describe_error
@@ -65,6 +66,7 @@ from agent.reporters.node_requests import REQUEST_TIMEOUT, Conflict, Counts, Nod
 from agent.reporters.node_story import NodeState, lead_conditions, node_state
 from agent.reporters.node_watch import NodeWatch
 from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
+from agent.reporters.repair_budget import RepairBudget
 from agent.reporters.taint_gate import TaintDecision, TaintGate
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,8 @@ class ApplyResult:
     brake_open: bool = False  # marks.taint, but the brake refused the taint
     taint_disabled: bool = False  # marks.taint, but `<prefix>/taint=disabled` is set
     events: tuple[str, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
+    remediation_held: str = ""  # a new remediation mark held back: "budget" or "wave" (repair_budget)
+    held_key: str = ""  # the finding key of that hold
     error: str | None = None
     dry_run: bool = False
     refused: Refusal | None = None  # the API server refused a write (ok=False; an Event said so)
@@ -117,6 +121,7 @@ class NodeWriter:
         event_namespace: str = EVENT_NAMESPACE,
         component: str = COMPONENT,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+        repair: RepairBudget | None = None,
     ) -> None:
         self.rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.node_name = node_name
@@ -131,6 +136,7 @@ class NodeWriter:
         self.event_namespace = event_namespace
         self.component = component
         self.watch_timeout_seconds = watch_timeout_seconds
+        self.repair = repair  # the repair budget and wave hold, asked before a new remediation mark
 
         self._apply_lock = threading.RLock()
         self._retired_conditions: set[str] = set()  # our old condition types, removed at the next apply
@@ -304,9 +310,10 @@ class NodeWriter:
                 log.exception("on_state hook failed")
 
     def _plan_conditions(
-        self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision
+        self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision, hold: Hold | None = None
     ) -> list[dict[str, Any]]:
-        """Our condition, the remediation conditions and the removal of ours no longer configured."""
+        """Our condition, the remediation conditions and the removal of ours no longer configured;
+        *hold*: the repair budget's or a wave's answer for a new remediation mark."""
         self._retired_conditions -= {t for t in self._retired_conditions if find_condition(node, t) is None}
         return plan_conditions(
             node,
@@ -318,6 +325,7 @@ class NodeWriter:
             disabled=decided.disabled,
             prefix=self.prefix,
             now=now_iso(),
+            hold=hold,
         )
 
     def _write_status(self, node: Mapping[str, Any], marks: Marks, conds: list[dict[str, Any]]) -> int:
@@ -353,13 +361,18 @@ class NodeWriter:
                 exc.kept = kept
             raise
         node = self.watch.current(fresh=False)
+        # The repair budget and the wave hold: asked only before a new remediation mark.
+        repair = self.repair if not self.dry_run else None
+        hold = repair.ask(node, marks, decided.taint_on) if repair is not None else None
         refused: Refusal | None = None
         try:
-            n.status_writes += self._write_status(node, marks, self._plan_conditions(node, marks, decided))
+            conds = self._plan_conditions(node, marks, decided, hold)
+            n.status_writes += self._write_status(node, marks, conds)
         except WriteRefused as exc:  # the Node writes landed; what waited for the taint keeps its value
             refused = exc.refusal
 
         events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
+        events += repair.events(hold) if repair is not None else []
         self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
         self.gate.settle(decided, dry_run=self.dry_run)
         result = ApplyResult(
@@ -370,6 +383,8 @@ class NodeWriter:
             tainted=decided.taint_on and not self.dry_run,
             brake_open=decided.brake_open,
             taint_disabled=decided.disabled,
+            remediation_held=hold.why if hold is not None else "",
+            held_key=hold.key if hold is not None else "",
             dry_run=self.dry_run,
         )
         if refused is not None:

@@ -1,0 +1,109 @@
+"""`gpu-healthcheck brake release [--key K] --reason TEXT`: lift a wave hold (or, without --key,
+every wave hold and the repair budget's window), audited as `clear` is.
+
+It writes a release record beside the agents' own (a Lease labelled `<prefix>/record=release` in
+the agents' namespace: agent/reporters/repair_budget.py) naming who asked (the Kubernetes identity
+the API server sees, by SelfSubjectReview; else the kubeconfig's user), why and when (the server's
+creationTimestamp). The agents honour it at their next ask: records written before it no longer
+count for that key (for every key and for the budget, without --key). A Normal Event on the record
+says the same; `gpu-healthcheck status` lists the releases of the last 24 h and the held nodes.
+
+It does not mark any node by itself: each held node asks again within its re-ask period, and the
+repair budget still paces the marks that follow a released wave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from agent.core.contract import COMPONENT, RemediationReason, now_iso
+from agent.core.repair_budget import RELEASE, RELEASE_ALL, Record, RecordKeys
+from agent.reporters.kube_rest import KubeRest, api_status
+from agent.reporters.repair_budget import create_record, list_records
+
+RELEASES_SHOWN_S = 24 * 3600
+HELD_REASONS = (RemediationReason.WAVE_HELD, RemediationReason.BUDGET_HELD)
+
+
+def release(rest: KubeRest, *, namespace: str, prefix: str, key: str, reason: str, who: str) -> str:
+    """Write the release record and its Event; the sentence to print. API errors propagate."""
+    keys = RecordKeys(prefix)
+    ann = {keys.key: key, keys.by: who, keys.reason: reason}
+    rec = create_record(rest, namespace, prefix, RELEASE, ann, holder=COMPONENT)
+    what = (
+        f"the wave hold on {key}" if key != RELEASE_ALL else "every wave hold and the repair budget's window"
+    )
+    said = f"released {what} as {who}: {reason} (record {namespace}/{rec.name})"
+    event = {
+        "metadata": {"generateName": f"{rec.name}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "name": rec.name,
+            "namespace": namespace,
+        },
+        "reason": "RemediationHoldReleased",
+        "message": said,
+        "type": "Normal",
+        "source": {"component": f"{COMPONENT}-brake"},
+        "firstTimestamp": now_iso(),
+        "lastTimestamp": now_iso(),
+        "count": 1,
+    }
+    try:
+        rest.json("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+    except Exception as exc:  # the record is the audit; the Event is a courtesy
+        if api_status(exc) is None:
+            raise
+        said += f" (no Event: {api_status(exc)})"
+    return said + "; held nodes mark at their next ask, within the repair budget"
+
+
+def release_lines(records: Sequence[Record], now: datetime) -> list[str]:
+    """The releases of the last 24 h, newest first: when, who, which key, why."""
+    out = []
+    for r in sorted(records, key=lambda r: -r.at):
+        if r.kind == RELEASE and now.timestamp() - r.at <= RELEASES_SHOWN_S:
+            when = datetime.fromtimestamp(r.at, now.tzinfo).strftime("%Y-%m-%d %H:%M:%S")
+            out.append(f"{when} by {r.by or 'unknown'}: {r.key or 'all keys and the budget'}: {r.reason}")
+    return out
+
+
+def held_lines(nodes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Nodes whose remediation condition says a new mark is held, grouped by reason."""
+    held: dict[str, list[str]] = {}
+    for node in nodes:
+        for c in (node.get("status") or {}).get("conditions") or ():
+            if c.get("reason") in HELD_REASONS:
+                held.setdefault(str(c["reason"]), []).append(str((node.get("metadata") or {}).get("name")))
+                break
+    return [
+        f"{reason}: {len(names)} node(s): {', '.join(sorted(names)[:10])}{' …' if len(names) > 10 else ''}"
+        for reason, names in sorted(held.items())
+    ]
+
+
+def brake_footer(
+    core: Any, nodes: Sequence[Mapping[str, Any]], namespace: str, prefix: str, now: datetime
+) -> str:
+    """`status`'s lines on held nodes and recent releases ("" when there are none). A namespace the
+    reader may not list leases in shows only the held nodes."""
+    out = ""
+    held = held_lines(nodes)
+    if held:
+        out += "\nREMEDIATION HELD (repair budget / wave hold)\n" + "".join(f"  {line}\n" for line in held)
+    try:
+        records = list_records(KubeRest.of(core), namespace, prefix)
+    except Exception as exc:
+        if api_status(exc) in (401, 403, 404):
+            return out
+        raise
+    released = release_lines(records, now)
+    if released:
+        out += "\nHOLDS RELEASED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in released)
+    return out
+
+
+__all__ = ["brake_footer", "held_lines", "release", "release_lines"]
