@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -602,7 +603,9 @@ def test_a_reload_the_fence_refuses_is_rejected_with_the_servers_words(
     shutil.copytree(HEALTHY, snap, symlinks=True)
     cfg.mkdir()
     (cfg / "config.yaml").write_text(base)
-    as_agent = type("K", (), {"kubeconfig": kube.kubeconfig_for_token(token)})()
+    as_agent = SimpleNamespace(  # its token, not admin's; the records' namespace made by admin
+        kubeconfig=kube.kubeconfig_for_token(token), ensure_namespace=kube.ensure_namespace
+    )
     agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log")
     world = {"kube": kube, "node": node, "core": kube.api_client()}
     try:

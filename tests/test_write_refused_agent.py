@@ -129,7 +129,9 @@ def test_the_agent_says_a_refused_status_write_keeps_one_story_and_retries(
     cfg.mkdir()
     (cfg / "config.yaml").write_text("intervals:\n  gpu: 30\nnode:\n  maxTaintedFraction: 1.0\n")
     port = free_port()
-    as_agent = SimpleNamespace(kubeconfig=kube.kubeconfig_for_token(identity.token))  # its token, not admin
+    as_agent = SimpleNamespace(  # its token, not admin's; the records' namespace made by admin
+        kubeconfig=kube.kubeconfig_for_token(identity.token), ensure_namespace=kube.ensure_namespace
+    )
     agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log", "--metrics-port", str(port))
     try:
         wait_for(
