@@ -282,3 +282,36 @@ def test_the_daemonset_mounts_the_canary_as_an_optional_volume() -> None:
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     assert mounts["config-canary"]["mountPath"] == str(ETC_CANARY) and mounts["config-canary"]["readOnly"]
     assert mounts["config"]["mountPath"] == str(ETC_CONFIG) and "subPath" not in mounts["config-canary"]
+
+
+def test_a_canary_whose_condition_types_the_fence_refuses_is_rejected(tmp_path: Path) -> None:
+    """The canary goes through the same vet as the main config (the admission fence's dry run,
+    reporters/config_proof.py): a canary naming a remediation type the policy does not list is
+    rejected with the fence's words, the main config stays, and it is adopted once the fence allows it."""
+    main, canary = tmp_path / "main", tmp_path / "canary"
+    main.mkdir()
+    canary.mkdir()
+    (main / "config.yaml").write_text("node:\n  mode: taint\n")
+    allowed = {"GPUHealthy"}
+
+    def vet(cfg: Any) -> str | None:
+        types = [cfg.node.condition_type, *(r.type for r in cfg.node.remediation_conditions)]
+        bad = [t for t in types if t not in allowed]
+        return f"the admission fence refuses {bad}" if bad else None
+
+    start = load_at_start(main, tmp_path / "state", None, vet)
+    watcher = ConfigWatcher(main, start.config, canary_dir=canary, wants_canary=lambda: True, vet=vet)
+    (canary / "config.yaml").write_text(
+        f"node:\n  mode: taint\n  remediationConditions:\n    - type: {AHR}\n"
+        "      unhealthyStatus: 'False'\n      minSeverity: reboot\n"
+    )
+    refused = watcher.poll()
+    assert refused is not None and refused.config is None and refused.source.source == CANARY
+    assert f"the admission fence refuses ['{AHR}']" in (refused.error or "")
+    assert watcher.current.source == MAIN and watcher.poll() is None  # asked again only after REVET_S
+
+    allowed.add(AHR)  # the policy now lists it (gen-configmap.py / helm upgrade); an edit re-vets at once
+    (canary / "config.yaml").write_text((canary / "config.yaml").read_text() + "  recoverAfter: 4\n")
+    adopted = watcher.poll()
+    assert adopted is not None and adopted.config is not None and adopted.config.source == CANARY
+    assert [r.type for r in adopted.config.node.remediation_conditions] == [AHR]
