@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -221,7 +222,7 @@ def test_an_api_outage_mid_run_converges_after_it_ends(
     shutil.copytree(HEALTHY, snap, symlinks=True)
     cfg = tmp_path / "config"
     cfg.mkdir()
-    proxy_kube = type("K", (), {"kubeconfig": proxied})()
+    proxy_kube = SimpleNamespace(kubeconfig=proxied, ensure_namespace=kube.ensure_namespace)
     agent = AgentProcess(proxy_kube, node, snap, cfg, tmp_path / "agent.log")
     world = {"node": node, "core": kube.api_client(), "kube": kube}
     try:
