@@ -257,3 +257,30 @@ def test_the_wave_ends_when_its_nodes_recover(
         fleet.writers[n].apply(marks(fail=False))
     assert not fleet.writers[c].apply(marks()).remediation_held
     assert fleet.condition(c)[:2] == ("False", R.FAILED)
+
+
+def test_a_reloaded_budget_counts_from_the_next_ask(
+    core: k8s.CoreV1Api, gpu_node: Any, kube_namespace: str
+) -> None:
+    """node.repairBudget is live: the agent's reload hands the new policy to RepairBudget.reconfigure
+    (cli/agent.py LiveParts), and the next apply of a held node is judged by it. Budget 1: the second
+    node is held; raised to 2, the same node is marked at its next apply; the third stays held."""
+    fleet = Fleet(core, gpu_node, kube_namespace, 3, BudgetPolicy(1, 1.0, 3600), NO_WAVE)
+    a, b, c = fleet.names
+    for n in fleet.names:
+        fleet.writers[n].apply(marks())
+    assert fleet.condition(a)[:2] == ("False", R.FAILED)
+    assert fleet.condition(b)[:2] == ("True", R.BUDGET_HELD) and fleet.condition(c)[:2] == (
+        "True",
+        R.BUDGET_HELD,
+    )
+
+    for n in fleet.names:
+        repair = fleet.writers[n].repair
+        assert repair is not None
+        repair.reconfigure(BudgetPolicy(2, 1.0, 3600), NO_WAVE)
+    for n in (b, c):
+        fleet.writers[n].apply(marks())
+    assert fleet.condition(b)[:2] == ("False", R.FAILED)  # room for one more under the new budget
+    status, reason, message = fleet.condition(c)
+    assert (status, reason) == ("True", R.BUDGET_HELD) and "the limit is 2" in message, message
