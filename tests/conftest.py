@@ -17,22 +17,26 @@ FAKE_LIBDCGM_C = FAKE_DCGM / "libdcgm" / "fake_libdcgm.c"
 CACHE = Path(__file__).parent.parent / ".cache" / "fake-libdcgm"
 
 
-def build_fake_libdcgm() -> Path:
-    """Compile tests/fakes/dcgm/libdcgm/fake_libdcgm.c into <dir>/libdcgm.so.4 (soname libdcgm.so.4),
-    cached by the source's hash; returns <dir>. Skips the test when no C compiler is installed."""
-    source = FAKE_LIBDCGM_C.read_bytes()
-    out = CACHE / hashlib.sha256(source).hexdigest()[:16]
-    if (out / "libdcgm.so.4").is_file():
+def build_fake_library(source_c: Path, soname: str, cache: Path) -> Path:
+    """Compile a fake library's C source into <dir>/<soname> (with that soname), cached by the
+    source's hash; returns <dir>. Skips the test when no C compiler is installed."""
+    out = cache / hashlib.sha256(source_c.read_bytes()).hexdigest()[:16]
+    if (out / soname).is_file():
         return out
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
-        pytest.skip("no C compiler to build the fake libdcgm.so.4")
+        pytest.skip(f"no C compiler to build the fake {soname}")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"libdcgm.so.4.{os.getpid()}"
-    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libdcgm.so.4"]
-    subprocess.run([*cmd, "-o", str(tmp), str(FAKE_LIBDCGM_C), "-lpthread"], check=True)
-    tmp.replace(out / "libdcgm.so.4")
+    tmp = out / f"{soname}.{os.getpid()}"
+    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", f"-Wl,-soname,{soname}"]
+    subprocess.run([*cmd, "-o", str(tmp), str(source_c), "-lpthread"], check=True)
+    tmp.replace(out / soname)
     return out
+
+
+def build_fake_libdcgm() -> Path:
+    """tests/fakes/dcgm/libdcgm/fake_libdcgm.c as libdcgm.so.4; returns its directory."""
+    return build_fake_library(FAKE_LIBDCGM_C, "libdcgm.so.4", CACHE)
 
 
 FAKE_LIBNVML_C = Path(__file__).parent / "fakes" / "nvml" / "fake_libnvidia_ml.c"
@@ -40,21 +44,8 @@ NVML_CACHE = Path(__file__).parent.parent / ".cache" / "fake-libnvidia-ml"
 
 
 def build_fake_libnvml() -> Path:
-    """Compile tests/fakes/nvml/fake_libnvidia_ml.c into <dir>/libnvidia-ml.so.1 (soname
-    libnvidia-ml.so.1), cached by the source's hash; returns <dir>. Skips without a C compiler."""
-    source = FAKE_LIBNVML_C.read_bytes()
-    out = NVML_CACHE / hashlib.sha256(source).hexdigest()[:16]
-    if (out / "libnvidia-ml.so.1").is_file():
-        return out
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler to build the fake libnvidia-ml.so.1")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f"libnvidia-ml.so.1.{os.getpid()}"
-    cmd = [cc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"]
-    subprocess.run([*cmd, "-o", str(tmp), str(FAKE_LIBNVML_C), "-lpthread"], check=True)
-    tmp.replace(out / "libnvidia-ml.so.1")
-    return out
+    """tests/fakes/nvml/fake_libnvidia_ml.c as libnvidia-ml.so.1; returns its directory."""
+    return build_fake_library(FAKE_LIBNVML_C, "libnvidia-ml.so.1", NVML_CACHE)
 
 
 @pytest.fixture(scope="session")
