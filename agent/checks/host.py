@@ -16,28 +16,13 @@ from agent.core.findings import CheckResult
 from agent.core.model import Gpu, HostInfo
 from agent.core.rules import Rule
 from agent.core.severity import Severity
+from agent.core.text import id_ranges
 
 CPUS, NUMA, POWER = "host.cpus", "host.numa", "host.power-cap"
 
 CPUS_OFFLINE = Rule("host.cpus.offline", Severity.MONITOR, "a present CPU is offline")
 NUMA_COUNT = Rule("host.numa.count", Severity.ISOLATE, "NUMA nodes with CPUs differ from the profile")
 POWER_CAPPED = Rule("host.power-cap.capped", Severity.MONITOR, "a GPU's power limit set below its default")
-
-
-def _ranges(ids: tuple[int, ...]) -> str:
-    """(0, 1, 2, 5) → "0-2,5" (the kernel's own cpulist form)."""
-    out: list[str] = []
-    start = prev = None
-    for i in ids:
-        if prev is not None and i == prev + 1:
-            prev = i
-            continue
-        if start is not None:
-            out.append(f"{start}-{prev}" if prev != start else f"{start}")
-        start = prev = i
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ",".join(out)
 
 
 def _host(name: str, facts: NodeFacts) -> tuple[HostInfo | None, CheckResult | None]:
@@ -62,7 +47,7 @@ def check_cpus(facts: NodeFacts, cfg: Config) -> CheckResult:
         notes.append(f"{len(absent)} possible CPU slot(s) not present (not judged)")
     if not offline:
         return CheckResult(CPUS, note="; ".join(notes))
-    msg = f"{len(offline)} present CPU(s) offline: {_ranges(offline)}"
+    msg = f"{len(offline)} present CPU(s) offline: {id_ranges(offline)}"
     return CheckResult(CPUS, findings=(rule_finding(cfg, CPUS, CPUS_OFFLINE, msg),), note="; ".join(notes))
 
 
@@ -75,7 +60,7 @@ def check_numa(facts: NodeFacts, cfg: Config) -> CheckResult:
     if nodes is None:
         return CheckResult(NUMA, skipped="no NUMA information (kernel without CONFIG_NUMA)")
     prof = facts.profile
-    note = f"{len(nodes)} NUMA node(s) with CPUs ({_ranges(nodes)})"
+    note = f"{len(nodes)} NUMA node(s) with CPUs ({id_ranges(nodes)})"
     if prof is None or prof.numa_nodes is None:
         what = prof.instance_type if prof is not None else "an unknown instance type"
         return CheckResult(NUMA, note=f"{note}; no NUMA node count in the profile of {what}")

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.core.text import id_ranges
+
 _ROOT = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -92,15 +94,4 @@ def rdma_nics(sys_root: Path) -> list[tuple[str, str]]:
 
 def cpu_ranges(ids: list[int]) -> str:
     """[0, 1, 2, 5] → "0-2,5", as nvidia-smi prints CPU and NUMA affinity."""
-    spans: list[str] = []
-    start = prev = None
-    for n in sorted(ids):
-        if prev is not None and n == prev + 1:
-            prev = n
-            continue
-        if start is not None:
-            spans.append(f"{start}-{prev}" if prev != start else f"{start}")
-        start = prev = n
-    if start is not None:
-        spans.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ",".join(spans)
+    return id_ranges(sorted(ids))
