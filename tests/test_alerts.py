@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.kubeenv.binaries import built_go_tool
 from tests.test_helm_chart import helm, render  # noqa: F401  (helm: fixture)
 
 ROOT = Path(__file__).parent.parent
@@ -43,12 +44,7 @@ def anchors() -> set[str]:
 
 @pytest.fixture(scope="session")
 def promtool() -> str:
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-promtool.sh")], capture_output=True, text=True, timeout=1200
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"building promtool failed: {proc.stderr[-2000:]}", pytrace=False)
-    return proc.stdout.strip().splitlines()[-1]
+    return built_go_tool("build-promtool.sh")
 
 
 def test_every_alert_links_a_runbook_section_of_the_readme() -> None:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.kubeenv.binaries import built_go_tool
+
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "charts" / "gpu-healthcheck"
 MANIFESTS = ROOT / "manifests"
@@ -21,12 +23,7 @@ KUBE_VERSION = "1.34.4"
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-helm.sh")], capture_output=True, text=True, timeout=1200
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"building helm failed: {proc.stderr[-2000:]}", pytrace=False)
-    return proc.stdout.strip().splitlines()[-1]
+    return built_go_tool("build-helm.sh")
 
 
 def render(helm: str, *sets: str, namespace: str = "gpu-healthcheck") -> list[dict[str, Any]]:

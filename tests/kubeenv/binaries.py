@@ -143,3 +143,17 @@ def ensure_binaries(*, build: bool | None = None, out: TextIO | None = None) -> 
     if found is None:
         raise KubeUnavailable(unavailable_message(f"build left no binaries in {default_bin_dir()}"))
     return found
+
+
+def built_go_tool(script: str) -> str:
+    """Run scripts/<script> (build-helm.sh, build-promtool.sh: built once from the Go module proxy,
+    cached under .cache/) and return the binary's path, the script's last line; fails the test with
+    the build's own words when it cannot build."""
+    import pytest
+
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / script)], capture_output=True, text=True, timeout=1200
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"{script} failed: {proc.stderr[-2000:]}", pytrace=False)
+    return proc.stdout.strip().splitlines()[-1]
