@@ -222,7 +222,9 @@ class KarpenterCluster:
     ) -> None:
         """A static NodePool of *replicas* nodes (with *labels*), every disruption budget open
         (repair is paced by budgets), nothing consolidated or expired: node repair is the only
-        thing that replaces."""
+        thing that replaces. A repair in a static pool can race its replica count (two replacements,
+        then any node of the pool scaled away), so a test keeps the nodes it expects to stay in a
+        pool apart from the node it expects repaired."""
         pool = {
             "apiVersion": "karpenter.sh/v1",
             "kind": "NodePool",
