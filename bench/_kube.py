@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent.checks.registry import CHECKS, run_checks
 from agent.config import load_config_dir
-from agent.core.contract import results_document
+from agent.core.results_doc import results_document
 from agent.engine.verdict import decide
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.source import gather_facts

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from bench._kube import (
     HEALTHY,
     ROOT,

@@ -53,7 +53,7 @@ from typing import Any
 
 from agent.cli.agent import BRAKE_WARM_JITTER_S
 from agent.config import Config, load_config_dir
-from agent.core.contract import Marks
+from agent.core.marks import Marks
 from agent.engine.engine import Engine
 from agent.engine.write_policy import WritePolicy, brake_reask_s
 from agent.probes.snapshot import SnapshotSource

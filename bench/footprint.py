@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import load_config_dir
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.snapshot import SnapshotSource
 from bench._kube import (

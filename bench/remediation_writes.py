@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from bench._kube import (
     XID_LINE,
     AgentProcess,

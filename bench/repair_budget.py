@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import load_config_dir
-from agent.core.contract import Marks, RemediationReason
+from agent.core.marks import Marks
+from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import FAIL, MARK, RELEASE, budget_limit, wave_threshold
 from agent.engine.engine import Engine
 from agent.engine.write_policy import WritePolicy

@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.core.contract import CANARY, CONFIG_FIELD, Keys
+from agent.core.node_keys import CANARY, Keys
+from agent.core.results_doc import CONFIG_FIELD
 from bench._kube import (
     AgentProcess,
     apiserver_requests,

@@ -6,7 +6,7 @@ Usage: python -m bench.trend_annotation [--cycles 300]
    (tests/trend_scenario.py: the p5.48xlarge snapshot read by read, one read kept per spacing):
    healthy with `keepReads` reads kept, and with every warning on every GPU (7 rules x 8 GPUs; the
    retired-pages rule is for GPUs before Ampere, which never sit beside H100s). Also the size before
-   contract.fit (what would be written with no limit): equal means nothing was cut.
+   results_doc.fit (what would be written with no limit): equal means nothing was cut.
 2. CPU (process_time) of one gpu-tier run + evaluate + fingerprint, median over --cycles cycles, on
    the healthy snapshot with one read kept and with `keepReads` kept, and on the every-warning node.
    Compare with bench/footprint's run_tier(gpu) + evaluate+fingerprint, run on the same machine.
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import agent.core.contract as contract
+import agent.core.results_doc as results_doc
 from agent.engine.engine import Engine, fingerprint
 from bench._kube import machine
 from tests.trend_scenario import Node
@@ -31,12 +31,12 @@ from tests.trend_scenario import Node
 def sizes(node: Node) -> tuple[int, int, dict[str, Any]]:
     """The annotation as written, and as it would be with no size limit."""
     _, marks = node.engine.evaluate()
-    fit, unlimited = contract.fit, contract.MAX_RESULTS_BYTES
-    contract.fit = lambda doc, limit=unlimited: fit(doc, 10**9)  # type: ignore[assignment]
+    fit, unlimited = results_doc.fit, results_doc.MAX_RESULTS_BYTES
+    results_doc.fit = lambda doc, limit=unlimited: fit(doc, 10**9)  # type: ignore[assignment]
     try:
         _, whole = node.engine.evaluate()
     finally:
-        contract.fit = fit  # type: ignore[assignment]
+        results_doc.fit = fit  # type: ignore[assignment]
     return len(marks.results_json.encode()), len(whole.results_json.encode()), json.loads(marks.results_json)
 
 
@@ -67,7 +67,7 @@ def main() -> None:
             written, whole, doc = sizes(node)
             warned = sum(len(s) for g in doc["gpus"] for s in (g.get("warnings") or {}).values())
             rows.append((label, written, whole, len(doc["trends"]["t"]), warned, node))
-        print(f"\n1. results annotation, 8 GPUs, {keep} reads kept (limit {contract.MAX_RESULTS_BYTES} B)")
+        print(f"\n1. results annotation, 8 GPUs, {keep} reads kept (limit {results_doc.MAX_RESULTS_BYTES} B)")
         print(f"{'node':<26} {'written B':>10} {'no limit B':>11} {'reads':>6} {'warnings':>9}")
         for label, written, whole, reads, warned, _ in rows:
             print(f"{label:<26} {written:>10} {whole:>11} {reads:>6} {warned:>9}")

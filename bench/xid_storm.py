@@ -52,7 +52,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from bench._kube import (
     HEALTHY,
     ROOT,

@@ -22,8 +22,8 @@ import yaml
 from agent.config import CONFIG_FILES as FILES
 from agent.config import load_config_dir
 from agent.config.fence_view import condition_types
-from agent.core.contract import OUR_CONDITION_REASONS
 from agent.core.gpu_nodes import node_selector_terms
+from agent.core.remediation_types import OUR_CONDITION_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
@@ -128,7 +128,7 @@ def fence_variables(prefix: str, types: str) -> str:
                 "- name: conditionTypes  # node.conditionType, then node.remediationConditions[].type",
                 "  expression: >-",
                 f"    {types}",
-                "- name: ourReasons  # every reason a condition of ours carries (agent/core/contract.py)",
+                "- name: ourReasons  # every reason a condition of ours carries (core/remediation_types.py)",
                 "  expression: >-",
                 f"    {cel_list(list(OUR_CONDITION_REASONS))}",
             ]

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from tests.kubeenv.env import unique_name
 from tests.kubeenv.eviction import EvictionCluster, daemonset_tolerations
 from tests.kubeenv.waiting import wait_for

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.contract import CLEAR_ALL, CONDITIONS, DEFAULT_CONDITION_TYPE, Keys
+from agent.core.node_keys import CLEAR_ALL, CONDITIONS, DEFAULT_CONDITION_TYPE, Keys
 from agent.core.severity import Status
 
 pytestmark = pytest.mark.kube

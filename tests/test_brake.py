@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from agent.core.contract import TRUE, Keys, Marks, Reason
+from agent.core.marks import Marks
+from agent.core.node_keys import TRUE, Keys, Reason
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import (
     Brake,

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from agent.config import CONFIG_FILES
-from agent.core.contract import CANARY, CONFIG_FIELD, Keys
+from agent.core.node_keys import CANARY, Keys
+from agent.core.results_doc import CONFIG_FIELD
 from tests.test_agent_kube import HEALTHY, AgentProcess, node_dict, wait_for
 
 pytestmark = pytest.mark.kube

@@ -11,8 +11,8 @@ from agent.checks.efa import check_efa
 from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
-from agent.core.model import RdmaSample
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.rdma import RdmaSample
 from agent.core.severity import Severity, Status
 from agent.probes.rdma import read_rdma
 from tests.efa_sysfs_tree import build_efa_tree

@@ -10,7 +10,8 @@ from agent.checks import gpu
 from agent.config import Config, load_config_dir, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
-from agent.core.model import ClockEvents, EccErrors, Fabric, GpuInventory, NodeObject
+from agent.core.gpu import ClockEvents, EccErrors, Fabric, GpuInventory
+from agent.core.node import NodeObject
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.nvsmi_text import parse_nvsmi_text
@@ -347,7 +348,7 @@ def test_each_remaining_rule_fires_for_its_cause(
     gpu_fields: dict[str, object], check: object, rule: str, severity: Severity
 ) -> None:
     """Rules no real recording shows: one GPU with just that fault (checks are pure functions)."""
-    from agent.core.model import Gpu
+    from agent.core.gpu import Gpu
 
     inv = GpuInventory(
         source="nvml", attached_gpus=1, gpus=(Gpu(index=0, pci_bus_id="00000000:53:00.0", **gpu_fields),)

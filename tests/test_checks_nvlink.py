@@ -11,7 +11,7 @@ from agent.checks.nvlink import check_nvlink
 from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
-from agent.core.model import NvlinkReport
+from agent.core.nvlink import NvlinkReport
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.nvlink import parse_nvlink

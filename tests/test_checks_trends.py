@@ -25,7 +25,9 @@ from agent.core import trends
 from agent.core.actions import Action
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, NvlinkErrorCounts, NvlinkErrorSample, NvlinkReport, PciSample
+from agent.core.gpu import GpuInventory
+from agent.core.nvlink import NvlinkErrorCounts, NvlinkErrorSample, NvlinkReport
+from agent.core.pci import PciSample
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.nvlink import parse_nvlink

@@ -22,8 +22,8 @@ import yaml
 
 from agent.cli.clear import ClearUsageError, judge, kubeconfig_user, whoami
 from agent.cli.status import node_status, render
-from agent.core.contract import Keys
-from agent.core.model import NodeObject
+from agent.core.node import NodeObject
+from agent.core.node_keys import Keys
 from agent.core.severity import Severity
 from agent.core.telemetry import NoTelemetry
 from agent.engine.state import EngineState, Latch

@@ -30,7 +30,7 @@ from agent.cli.main import main
 from agent.config import load_config_dir
 from agent.config.watch import ConfigWatcher
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory
+from agent.core.gpu import GpuInventory
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry

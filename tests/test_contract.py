@@ -1,4 +1,4 @@
-"""The Node contract as users read it: the README's table is the contract module, word for word.
+"""The Node contract as users read it: the README's table is core/node_keys, word for word.
 
 This is the one test that spells the keys and reasons: a change to any of them is a change every
 user's alerts, scripts and admission policy see, so it must be a deliberate edit here too.
@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from agent.config import load_config_dir
-from agent.core.contract import CANARY, CONDITIONS, DISABLED, TRUE, Keys, Marks, Reason
+from agent.core.marks import Marks
+from agent.core.node_keys import CANARY, CONDITIONS, DISABLED, TRUE, Keys, Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.probes.snapshot import SnapshotSource

@@ -32,7 +32,7 @@ from agent.checks.registry import RULE_BOOK, run_checks, select
 from agent.cli.main import EXIT_CODES, main
 from agent.cli.render import table
 from agent.config import load_config_dir
-from agent.core.contract import results_document
+from agent.core.results_doc import results_document
 from agent.core.severity import Severity
 from agent.engine.verdict import decide
 from agent.probes.snapshot import SnapshotSource

@@ -13,8 +13,8 @@ import pytest
 
 from agent.config import load_config_dir, parse_config
 from agent.config.watch import ConfigWatcher
-from agent.core.contract import CONDITIONS, Reason
 from agent.core.facts import Input
+from agent.core.node_keys import CONDITIONS, Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine, fingerprint
 from agent.probes.kernel_follow import KernelFollower

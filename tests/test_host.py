@@ -12,7 +12,7 @@ import yaml
 from agent.checks.host import check_cpus, check_numa, check_power
 from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
-from agent.core.model import GpuInventory, GpuPower
+from agent.core.gpu import GpuInventory, GpuPower
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.host import parse_cpulist

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.model import KernelXids
+from agent.core.kernel import KernelXids
 from agent.probes.inotify import FileChanges
 from agent.probes.kernel_follow import KernelFollower
 from agent.probes.kernel_tail import KernelTail

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import KernelLog
+from agent.core.kernel import KernelLog
 from agent.core.probed import ParseError
 from agent.probes.kernel_log import parse_kernel_log, read_kmsg_live
 

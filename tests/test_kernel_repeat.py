@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import KernelRecord, XidEvent
+from agent.core.kernel import KernelRecord, XidEvent
 from agent.probes.kernel_tail import Change, KernelTail
 from agent.probes.xid_ledger import XidLedger
 

@@ -13,7 +13,8 @@ import pytest
 from agent.checks.xid import check_xid, recovery_severity
 from agent.config import Config, load_config_dir
 from agent.core.facts import NodeFacts
-from agent.core.model import Gpu, GpuInventory, RdmaDevice, RdmaSample
+from agent.core.gpu import Gpu, GpuInventory
+from agent.core.rdma import RdmaDevice, RdmaSample
 from agent.core.severity import Severity, Status
 from agent.probes.kernel_tail import fold_kernel_text
 

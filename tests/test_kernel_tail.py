@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from agent.checks.xid import check_xid
 from agent.config import Config, load_config_dir
 from agent.core.facts import NodeFacts
-from agent.core.model import KernelXids
+from agent.core.kernel import KernelXids
 from agent.core.probed import ProbeError
 from agent.core.severity import Severity, Status
 from agent.probes.kernel_follow import KernelFollower

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from agent.reporters.kube_rest import MERGE_PATCH, USER_AGENT, KubeRest, node_path, query_params
 
 ROOT = Path(__file__).resolve().parent.parent

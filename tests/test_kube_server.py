@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.core.contract import Keys
+from agent.core.node_keys import Keys
 from tests.kubeenv import KubeEnv, unique_name
 
 pytestmark = pytest.mark.kube

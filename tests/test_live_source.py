@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.model import GpuInventory
+from agent.core.gpu import GpuInventory
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.probes.live import LiveSource
 

@@ -22,8 +22,8 @@ import yaml
 
 import agent
 from agent.config import load_config_dir
-from agent.core.contract import DEFAULT_CONDITION_TYPE, TRUE, Keys, Reason
 from agent.core.gpu_nodes import node_selector_terms
+from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRUE, Keys, Reason
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import NodeObject
+from agent.core.node import NodeObject
 from agent.core.probed import ParseError
 from agent.probes.node_object import node_from_dict, parse_node_json
 

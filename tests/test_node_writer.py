@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from agent.core.contract import (
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node_keys import (
     CONDITIONS,
     DEFAULT_CONDITION_TYPE,
     DEFAULT_PREFIX,
@@ -21,8 +22,6 @@ from agent.core.contract import (
     TRUE,
     WARNING,
     Keys,
-    Marks,
-    NodeEvent,
     Reason,
 )
 from agent.core.severity import Severity, Status

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import NvlinkReport
+from agent.core.nvlink import NvlinkReport
 from agent.core.probed import ParseError
 from agent.probes.nvlink import parse_nvlink
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.model import (
+from agent.core.gpu import (
     ClockEvents,
     EccErrors,
     Fabric,

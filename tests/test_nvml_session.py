@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.model import GpuInventory
+from agent.core.gpu import GpuInventory
 from agent.probes import nvml, nvml_session
 from agent.probes.live import LiveSource
 from agent.probes.nvlink_errors import read_nvlink_errors

@@ -27,8 +27,9 @@ from agent.checks.registry import RULE_BOOK
 from agent.checks.topology import check_topology
 from agent.config import parse_config
 from agent.core.facts import NodeFacts
-from agent.core.model import NvlinkReport, TopoMatrix
+from agent.core.nvlink import NvlinkReport
 from agent.core.probed import ProbeError, ProbeErrorKind
+from agent.core.topo import TopoMatrix
 from agent.probes.live import LiveSource
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.topo import parse_topo
@@ -131,7 +132,7 @@ def hgx_machine() -> Machine:
 
 
 def _all_links(index: int) -> Any:
-    from agent.core.model import NvlinkGpu
+    from agent.core.nvlink import NvlinkGpu
 
     return NvlinkGpu(index, "NVIDIA H100 80GB HBM3", None, {n: 26.562 for n in range(18)})
 

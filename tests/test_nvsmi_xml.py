@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import (
+from agent.core.gpu import (
     ClockEvents,
     EccErrors,
     Fabric,

@@ -15,8 +15,10 @@ from agent.checks.pci import check_aer, check_inventory, check_link
 from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
-from agent.core.model import GpuInventory, PciSample, RdmaSample
+from agent.core.gpu import GpuInventory
+from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
+from agent.core.rdma import RdmaSample
 from agent.core.severity import Severity, Status
 from agent.probes.live import LiveSource
 from agent.probes.nvsmi_xml import parse_nvsmi_xml

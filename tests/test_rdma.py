@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.model import RdmaSample
+from agent.core.rdma import RdmaSample
 from agent.probes.rdma import read_rdma
 from tests.efa_sysfs_tree import build_efa_tree, p5_devices
 

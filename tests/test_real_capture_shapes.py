@@ -21,7 +21,7 @@ from agent.checks.xid import check_xid
 from agent.config import Config, load_config_dir
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
-from agent.core.model import Gpu, GpuInventory
+from agent.core.gpu import Gpu, GpuInventory
 from agent.core.probed import ParseError
 from agent.core.severity import Severity, Status
 from agent.probes.kernel_tail import fold_kernel_text

@@ -17,9 +17,9 @@ import pytest
 
 from agent.config import ConfigError, load_config_dir, parse_config
 from agent.config.fence_view import condition_types
-from agent.core.contract import (
+from agent.core.marks import Marks
+from agent.core.remediation_types import (
     OUR_CONDITION_REASONS,
-    Marks,
     RemediationCondition,
     RemediationMark,
     RemediationReason,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.core.contract import RemediationReason
+from agent.core.remediation_types import RemediationReason
 from tests.kubeenv.env import unique_name
 from tests.test_agent_kube import (
     HEALTHY,

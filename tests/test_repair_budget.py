@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConfigError, parse_config
-from agent.core.contract import OUR_CONDITION_REASONS, Marks, RemediationMark, RemediationReason
 from agent.core.findings import Finding
+from agent.core.marks import Marks
+from agent.core.remediation_types import OUR_CONDITION_REASONS, RemediationMark, RemediationReason
 from agent.core.repair_budget import (
     BUDGET_HELD,
     FAIL,

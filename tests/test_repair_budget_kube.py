@@ -14,7 +14,9 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.cli.brake import brake_footer, release
-from agent.core.contract import Marks, Reason, RemediationMark, RemediationReason
+from agent.core.marks import Marks
+from agent.core.node_keys import Reason
+from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.repair_budget import FAIL, MARK, RELEASE, BudgetPolicy, WavePolicy
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import Brake

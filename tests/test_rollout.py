@@ -15,7 +15,8 @@ from agent.config import CONFIG_FILES, load_config_dir, parse_config
 from agent.config.canary import CANARY, MAIN, Choice, choose, files_digest, has_config, short
 from agent.config.last_good import load_at_start
 from agent.config.watch import ConfigWatcher
-from agent.core.contract import CONFIG_FIELD, WOULD_FIELD, Keys
+from agent.core.node_keys import Keys
+from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.core.severity import Severity
 from agent.engine.engine import Engine
 from agent.engine.rollout import MARK_MAX, would_document

@@ -22,7 +22,8 @@ from agent.cli.status import (
     status_rows,
     worst_finding,
 )
-from agent.core.contract import DEFAULT_PREFIX, Keys, Marks
+from agent.core.marks import Marks
+from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.severity import Severity, Status
 from agent.reporters.node_writer import NodeWriter
 from tests.kubeenv import unique_name

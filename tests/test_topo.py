@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.model import TopoMatrix
 from agent.core.probed import ParseError
+from agent.core.topo import TopoMatrix
 from agent.probes.topo import parse_topo
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-topo"

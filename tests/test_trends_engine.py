@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from agent.checks.registry import CHECKS, run_checks
-from agent.core.contract import MAX_RESULTS_BYTES, Keys
+from agent.core.node_keys import Keys
+from agent.core.results_doc import MAX_RESULTS_BYTES
 from agent.core.severity import Status
 from agent.core.text import ELLIPSIS
 from agent.engine.engine import fingerprint

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.core import trends
-from agent.core.contract import fit
+from agent.core.results_doc import fit
 from agent.core.trends import Point, Read, TrendHistory
 
 ROW = (10, 1, None, 5, 0, 40, None, 0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from agent.core.contract import encode, results_document
 from agent.core.findings import CheckResult, Finding
+from agent.core.results_doc import encode, results_document
 from agent.core.severity import Severity, Status
 from agent.engine.verdict import decide
 

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from agent.config import ConfigError, load_config_dir, parse_config
-from agent.core.contract import Keys
 from agent.core.gpu_nodes import parse_selector
+from agent.core.node_keys import Keys
 from agent.reporters.brake import Brake
 from agent.reporters.fence import FenceResult, prove_fence
 from tests.kubeenv.env import unique_name

@@ -14,9 +14,9 @@ import pytest
 
 from agent.config import load_config_dir
 from agent.core.actions import Action, escalation, from_nvidia_bucket, recommend
-from agent.core.contract import Reason
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import Gpu, GpuInventory
+from agent.core.gpu import Gpu, GpuInventory
+from agent.core.node_keys import Reason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.engine.gpu_verdicts import MAX_PODS, gpu_verdicts
@@ -227,7 +227,7 @@ def test_a_fault_back_after_two_reboots_isolates_and_the_history_survives_a_rest
 
 
 def test_history_is_bounded_cleared_with_its_latch_and_can_be_switched_off(tmp_path: Path) -> None:
-    from agent.core.model import NodeObject
+    from agent.core.node import NodeObject
     from agent.engine import history
 
     snap = tmp_path / "snap"

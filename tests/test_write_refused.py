@@ -22,17 +22,9 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import generate_latest
 
-from agent.core.contract import (
-    CONDITIONS,
-    DEFAULT_CONDITION_TYPE,
-    DEFAULT_PREFIX,
-    TRUE,
-    Keys,
-    NodeEvent,
-    Reason,
-    RemediationMark,
-    RemediationReason,
-)
+from agent.core.marks import NodeEvent
+from agent.core.node_keys import CONDITIONS, DEFAULT_CONDITION_TYPE, DEFAULT_PREFIX, TRUE, Keys, Reason
+from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.severity import Severity, Status
 from agent.reporters.kube_rest import API_MESSAGE_MAX, describe_error
 from agent.reporters.metrics import Metrics

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from agent.core.contract import CONDITIONS, Reason, RemediationMark, RemediationReason
+from agent.core.node_keys import CONDITIONS, Reason
+from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.severity import Status
 from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, free_port, wait_for
 from tests.test_remediation_kube import (

@@ -13,7 +13,8 @@ from agent.checks.xid import check_xid, recovery_severity
 from agent.config import Config, load_config_dir, parse_config
 from agent.config.xid_catalog import parse_catalog
 from agent.core.facts import NodeFacts
-from agent.core.model import Gpu, GpuInventory, KernelLog, KernelRecord
+from agent.core.gpu import Gpu, GpuInventory
+from agent.core.kernel import KernelLog, KernelRecord
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.kernel_log import parse_kernel_log

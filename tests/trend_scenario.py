@@ -25,7 +25,7 @@ from typing import Any
 
 from agent.config import Config, parse_config
 from agent.core.facts import Input
-from agent.core.model import PciSample
+from agent.core.pci import PciSample
 from agent.engine.engine import Engine
 from agent.probes.pci import read_pci
 from agent.probes.snapshot import SnapshotSource

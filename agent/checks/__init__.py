@@ -9,7 +9,7 @@ from typing import TypeVar
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
-from agent.core.model import Gpu, GpuInventory
+from agent.core.gpu import Gpu, GpuInventory
 from agent.core.probed import NotCaptured, ProbeError
 from agent.core.rules import Rule
 

@@ -20,7 +20,8 @@ from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import MELLANOX_VENDOR, RdmaDevice, RdmaPort, RdmaSample
+from agent.core.pci import MELLANOX_VENDOR
+from agent.core.rdma import RdmaDevice, RdmaPort, RdmaSample
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 

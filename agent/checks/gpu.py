@@ -9,7 +9,9 @@ from agent.config import Config
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
-from agent.core.model import Gpu, GpuInventory, NodeObject, short_pci
+from agent.core.gpu import Gpu, GpuInventory
+from agent.core.node import NodeObject
+from agent.core.pci import short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.rules import Rule
 from agent.core.severity import Severity

@@ -13,7 +13,8 @@ from agent.checks import CheckSpec, input_gap, per_gpu, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
-from agent.core.model import Gpu, HostInfo
+from agent.core.gpu import Gpu
+from agent.core.host import HostInfo
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 from agent.core.text import id_ranges

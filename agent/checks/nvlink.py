@@ -12,7 +12,8 @@ from agent.checks import CheckSpec, input_gap, readable, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
-from agent.core.model import GpuInventory, NvlinkGpu, NvlinkReport
+from agent.core.gpu import GpuInventory
+from agent.core.nvlink import NvlinkGpu, NvlinkReport
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 

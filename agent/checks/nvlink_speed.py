@@ -13,7 +13,7 @@ from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import NvlinkReport
+from agent.core.nvlink import NvlinkReport
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 

@@ -19,7 +19,9 @@ from agent.checks import CheckSpec, input_gap, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, PciDevice, PciSample, RdmaSample, normalize_pci, short_pci
+from agent.core.gpu import GpuInventory
+from agent.core.pci import PciDevice, PciSample, normalize_pci, short_pci
+from agent.core.rdma import RdmaSample
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 

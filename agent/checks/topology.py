@@ -14,10 +14,10 @@ from agent.checks import CheckSpec, input_gap, readable, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
-from agent.core.model import TopoMatrix
 from agent.core.profile import TOPO_LEVELS
 from agent.core.rules import Rule
 from agent.core.severity import Severity
+from agent.core.topo import TopoMatrix
 
 GPU_COUNT = Rule("topology.gpu-count", Severity.ISOLATE, "topo -m GPU rows differ from the profile")
 X_OFF_DIAGONAL = Rule("topology.x-off-diagonal", Severity.ISOLATE, "an X off the diagonal of topo -m")

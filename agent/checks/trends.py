@@ -31,7 +31,9 @@ from agent.core import trends as tr
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
-from agent.core.model import Gpu, GpuInventory, NvlinkErrorSample, PciSample, short_pci
+from agent.core.gpu import Gpu, GpuInventory
+from agent.core.nvlink import NvlinkErrorSample
+from agent.core.pci import PciSample, short_pci
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 

@@ -35,7 +35,10 @@ from agent.config.xid_catalog import Nvlink5Row
 from agent.core.actions import from_nvidia_bucket
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, KernelXids, RdmaSample, XidTally, normalize_pci, short_pci
+from agent.core.gpu import GpuInventory
+from agent.core.kernel import KernelXids, XidTally
+from agent.core.pci import normalize_pci, short_pci
+from agent.core.rdma import RdmaSample
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 from agent.core.text import shorten

@@ -16,7 +16,7 @@ from agent.checks.registry import RULE_BOOK
 from agent.config import Config, default_config_dir
 from agent.config.last_good import load_at_start
 from agent.core.facts import Input
-from agent.core.model import NodeObject
+from agent.core.node import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
 from agent.engine.engine import Engine
 from agent.engine.loop import Agent

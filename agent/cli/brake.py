@@ -18,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from agent.core.contract import COMPONENT, RemediationReason, now_iso
+from agent.core.node_keys import COMPONENT
+from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import RELEASE, RELEASE_ALL, Record, RecordKeys
+from agent.core.results_doc import now_iso
 from agent.reporters.kube_rest import KubeRest, api_status
 from agent.reporters.repair_budget import create_record, list_records
 

@@ -24,7 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.contract import CLEAR_ALL, LAST_CLEAR_FIELD, ClearRequest, Keys, decode_results, now_iso
+from agent.core.marks import ClearRequest
+from agent.core.node_keys import CLEAR_ALL, Keys
+from agent.core.results_doc import LAST_CLEAR_FIELD, decode_results, now_iso
 from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, api_status, node_path
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 64, 69

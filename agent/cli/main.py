@@ -16,8 +16,9 @@ from agent.cli.status import AGENT_SELECTOR, EXIT_UNAVAILABLE
 from agent.cli.status import FORMATS as STATUS_FORMATS
 from agent.config import ConfigError, load_config_dir
 from agent.core import trends
-from agent.core.contract import DEFAULT_PREFIX, now_iso, results_document
 from agent.core.facts import Input
+from agent.core.node_keys import DEFAULT_PREFIX
+from agent.core.results_doc import now_iso, results_document
 from agent.core.severity import Status
 from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.verdict import decide

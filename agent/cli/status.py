@@ -24,15 +24,10 @@ from typing import Any
 import yaml
 
 from agent.cli import status_rollout as rollout_view
-from agent.core.contract import (
-    DEFAULT_PREFIX,
-    LAST_CLEAR_FIELD,
-    STALE_AFTER_FIELD,
-    ClearRequest,
-    Keys,
-    decode_results,
-)
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
+from agent.core.marks import ClearRequest
+from agent.core.node_keys import DEFAULT_PREFIX, Keys
+from agent.core.results_doc import LAST_CLEAR_FIELD, STALE_AFTER_FIELD, decode_results
 from agent.core.severity import Severity
 from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest, api_status

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.core.contract import CONFIG_FIELD, MODE_LABEL, MODE_OBSERVE, MODES, WOULD_FIELD
+from agent.core.node_keys import MODE_LABEL, MODE_OBSERVE, MODES
+from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 
 WOULD_HEADER = ("WOULD TAINT", "WOULD MARK")
 CONFIG_HEADER = ("MODE", "CONFIG")

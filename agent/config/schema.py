@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.contract import (
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
+from agent.core.node_keys import (
     DEFAULT_CONDITION_TYPE,
     DEFAULT_MODE,
     DEFAULT_PREFIX,
@@ -17,7 +18,6 @@ from agent.core.contract import (
     TAINT_EFFECTS,
     TAINT_SEVERITIES,
 )
-from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.severity import Severity
 
 

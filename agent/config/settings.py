@@ -10,13 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config.schema import REMEDIATION_ENTRY, ConfigError, validate
-from agent.core.contract import (
-    CONDITION_TYPE_MAX,
-    CONDITION_TYPE_PATTERN,
-    KUBELET_CONDITION_TYPES,
-    RemediationCondition,
-)
 from agent.core.gpu_nodes import parse_selector
+from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUBELET_CONDITION_TYPES
+from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.core.severity import Severity
 

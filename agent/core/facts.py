@@ -7,19 +7,16 @@ import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
-from agent.core.model import (
-    GpuInventory,
-    HostInfo,
-    KernelXids,
-    NodeObject,
-    NvlinkErrorSample,
-    NvlinkReport,
-    PciSample,
-    RdmaSample,
-    TopoMatrix,
-)
+from agent.core.gpu import GpuInventory
+from agent.core.host import HostInfo
+from agent.core.kernel import KernelXids
+from agent.core.node import NodeObject
+from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
+from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
+from agent.core.rdma import RdmaSample
+from agent.core.topo import TopoMatrix
 from agent.core.trends import TrendHistory
 
 

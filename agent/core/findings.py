@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from agent.core.actions import Action, Recommendation, recommend
-from agent.core.model import SourceLine
+from agent.core.probed import SourceLine
 from agent.core.severity import Severity, Status
 
 

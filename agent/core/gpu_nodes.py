@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from agent.core.contract import INSTANCE_TYPE_LABEL
+from agent.core.node_keys import INSTANCE_TYPE_LABEL
 
 # Any of these makes a GPU node. The instance types of the profiles are added to them
 # (`selection`), so EKS nodes without the GPU Operator or Karpenter are found by their type.

@@ -1,4 +1,5 @@
-"""The typed "could not read" that every probe returns instead of raising."""
+"""The typed "could not read" that every probe returns instead of raising, and the line of a tool's
+output a value was read from (its evidence)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,11 @@ class ParseError(ValueError):
     def __init__(self, message: str, partial: object | None = None) -> None:
         super().__init__(message)
         self.partial = partial
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    """A line of a tool's output that a value was read from (1-based), kept as evidence."""
+
+    line: int
+    text: str

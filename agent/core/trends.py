@@ -22,7 +22,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from agent.core.model import Gpu, GpuInventory, NvlinkErrorSample, PciSample
+from agent.core.gpu import Gpu, GpuInventory
+from agent.core.nvlink import NvlinkErrorSample
+from agent.core.pci import PciSample
 
 if TYPE_CHECKING:
     from agent.core.facts import NodeFacts
@@ -263,7 +265,7 @@ def describe(pts: Sequence[Point], unit: str = "") -> str:
 def to_doc(history: TrendHistory) -> dict[str, Any] | None:
     """The history as the results annotation holds it: read times, boots, and per GPU one row per
     read (null where the GPU was not in that read; trailing nulls of a row left out). A new dict
-    each call (contract.fit may drop reads from it); its lists are shared, never changed."""
+    each call (results_doc.fit may drop reads from it); its lists are shared, never changed."""
     doc = history.doc
     return dict(doc) if doc is not None else None
 

@@ -19,25 +19,18 @@ from typing import Any
 from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
 from agent.core import trends
-from agent.core.contract import (
-    CONDITION_MESSAGE_MAX,
-    MODE_LABEL,
-    MODE_TAINT,
-    NORMAL,
-    WARNING,
-    Keys,
-    Marks,
-    NodeEvent,
-    Reason,
-    encode,
-    now_iso,
-    results_document,
-    stale_after_s,
-)
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
-from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkErrorSample, PciSample, RdmaSample
+from agent.core.gpu import GpuInventory
+from agent.core.kernel import KernelXids
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node import NodeObject
+from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Keys, Reason
+from agent.core.nvlink import NvlinkErrorSample
+from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
+from agent.core.rdma import RdmaSample
+from agent.core.results_doc import encode, now_iso, results_document, stale_after_s
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, normalize_pci, short_pci
+from agent.core.gpu import GpuInventory
+from agent.core.pci import normalize_pci, short_pci
 from agent.core.severity import Severity, Status
 from agent.core.trends import CHECK_PREFIX
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.core.actions import Action
-from agent.core.contract import HISTORY_FIELD
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import GpuInventory, normalize_pci
+from agent.core.gpu import GpuInventory
+from agent.core.pci import normalize_pci
+from agent.core.results_doc import HISTORY_FIELD
 from agent.core.severity import Severity
 from agent.engine.gpu_verdicts import finding_pcis
 

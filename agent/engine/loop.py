@@ -16,19 +16,12 @@ from agent.config import Config
 from agent.config.canary import CANARY as FROM_CANARY
 from agent.config.canary import MAIN
 from agent.config.watch import ConfigWatcher
-from agent.core.contract import (
-    CANARY,
-    CONDITION_MESSAGE_MAX,
-    WARNING,
-    Keys,
-    Marks,
-    NodeEvent,
-    Reason,
-    stale_after_s,
-)
 from agent.core.facts import Input
-from agent.core.model import NodeObject
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node import NodeObject
+from agent.core.node_keys import CANARY, CONDITION_MESSAGE_MAX, WARNING, Keys, Reason
 from agent.core.probed import Probed
+from agent.core.results_doc import stale_after_s
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.text import shorten
 from agent.engine.engine import Engine, fingerprint

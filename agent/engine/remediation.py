@@ -19,14 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.core.contract import (
-    CONDITION_MESSAGE_MAX,
-    MODE_TAINT,
-    RemediationCondition,
-    RemediationMark,
-    RemediationReason,
-)
 from agent.core.findings import Verdict
+from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_TAINT
+from agent.core.remediation_types import RemediationCondition, RemediationMark, RemediationReason
 from agent.core.repair_budget import finding_key
 from agent.core.severity import Severity, Status
 from agent.engine.state import Recovery

@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.config.canary import MAIN
-from agent.core.contract import CONFIG_FIELD, WOULD_FIELD
+from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.engine.state import Recovery
 
 MARK_MAX = 8  # condition types listed under would.mark; more are counted ("+3 more")

@@ -13,19 +13,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.core.actions import Recommendation
-from agent.core.contract import (
-    CLEAR_ALL,
-    LAST_CLEAR_FIELD,
-    REMEDIATION_FIELD,
-    TAINT_FIELD,
-    ClearRequest,
-    NodeEvent,
-    Reason,
-    RemediationCondition,
-)
 from agent.core.findings import CheckResult, Finding
-from agent.core.model import NodeObject
+from agent.core.marks import ClearRequest, NodeEvent
+from agent.core.node import NodeObject
+from agent.core.node_keys import CLEAR_ALL, Reason
 from agent.core.probed import Probed
+from agent.core.remediation_types import RemediationCondition
+from agent.core.results_doc import LAST_CLEAR_FIELD, REMEDIATION_FIELD, TAINT_FIELD
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
 from agent.core.text import shorten

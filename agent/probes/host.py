@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.core.model import HostInfo
+from agent.core.host import HostInfo
 from agent.core.probed import ParseError
 
 CPU_FILES = ("online", "present", "possible", "offline")

@@ -36,7 +36,7 @@ import re
 import time
 from collections import Counter
 
-from agent.core.model import KernelLog, KernelRecord
+from agent.core.kernel import KernelLog, KernelRecord
 from agent.core.probed import ParseError
 
 _KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")

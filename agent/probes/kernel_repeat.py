@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from agent.core.model import KernelRecord, XidEvent
+from agent.core.kernel import KernelRecord, XidEvent
 from agent.probes.xid_ledger import second_of
 
 

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from agent.core.model import KernelRecord, KernelXids, XidEvent
+from agent.core.kernel import KernelRecord, KernelXids, XidEvent
 from agent.probes.kernel_log import NEW_BOOT, LineReader, garbled, is_binary, looks_quoted
 from agent.probes.kernel_repeat import Bulk, Repeat
 from agent.probes.xid_events import XidReader, whole

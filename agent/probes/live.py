@@ -18,19 +18,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import (
-    GpuInventory,
-    HostInfo,
-    KernelXids,
-    NodeObject,
-    NvlinkErrorSample,
-    NvlinkReport,
-    PciSample,
-    RdmaSample,
-    TopoMatrix,
-)
+from agent.core.gpu import GpuInventory
+from agent.core.host import HostInfo
+from agent.core.kernel import KernelXids
+from agent.core.node import NodeObject
+from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
+from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
+from agent.core.rdma import RdmaSample
 from agent.core.telemetry import NoTelemetry, Telemetry
+from agent.core.topo import TopoMatrix
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.nvlink import parse_nvlink

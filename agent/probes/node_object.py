@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agent.core.model import NodeObject
+from agent.core.node import NodeObject
 from agent.core.probed import ParseError
 
 GPU_RESOURCE = "nvidia.com/gpu"

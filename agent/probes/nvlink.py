@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import NvlinkGpu, NvlinkReport, SourceLine
-from agent.core.probed import ParseError
+from agent.core.nvlink import NvlinkGpu, NvlinkReport
+from agent.core.probed import ParseError, SourceLine
 
 _GPU = re.compile(r"^GPU\s+(\d+)\s*:\s*(.*?)\s*(?:\(UUID:\s*([^)]*?)\s*\))?\s*$")
 _LINK = re.compile(r"^Link\s+(\d+)\s*:\s*(.*?)\s*$")

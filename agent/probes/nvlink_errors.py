@@ -16,7 +16,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-from agent.core.model import NvlinkErrorCounts, NvlinkErrorSample, normalize_pci
+from agent.core.nvlink import NvlinkErrorCounts, NvlinkErrorSample
+from agent.core.pci import normalize_pci
 from agent.core.probed import ParseError
 from agent.probes.bounded import Bounded
 from agent.probes.nvml_links import MAX_LINKS, Links, NotAnswered, read_links

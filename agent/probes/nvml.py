@@ -14,7 +14,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from agent.core.model import (
+from agent.core.gpu import (
     ClockEvents,
     EccErrors,
     Fabric,
@@ -26,8 +26,8 @@ from agent.core.model import (
     PcieLink,
     RemappedRows,
     RetiredPages,
-    normalize_pci,
 )
+from agent.core.pci import normalize_pci
 from agent.probes.bounded import Bounded
 from agent.probes.nvml_session import (
     GPU_IS_LOST,

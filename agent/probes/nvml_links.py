@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from agent.core.model import NvlinkGpu, NvlinkReport
+from agent.core.nvlink import NvlinkGpu, NvlinkReport
 from agent.probes.bounded import Bounded
 from agent.probes.nvml_session import NOT_SUPPORTED, Opened, bounded_read, check_session, describe, text
 from agent.probes.nvsmi_errors import NvmlUnavailable

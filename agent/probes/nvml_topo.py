@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agent.core.model import TopoMatrix, normalize_pci
+from agent.core.pci import normalize_pci
+from agent.core.topo import TopoMatrix
 from agent.probes.bounded import Bounded
 from agent.probes.nvml_links import NotAnswered, read_links
 from agent.probes.nvml_session import Opened, bounded_read, check_session, describe, text

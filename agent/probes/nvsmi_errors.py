@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import LostGpu, SourceLine, normalize_pci
+from agent.core.gpu import LostGpu
+from agent.core.pci import normalize_pci
+from agent.core.probed import SourceLine
 
 
 class ToolReportedFailure(Exception):

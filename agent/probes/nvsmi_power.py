@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from agent.core.model import GpuPower
+from agent.core.gpu import GpuPower
 
 _WATTS = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*W\s*$")
 _LIMIT_TAGS = ("current_power_limit", "enforced_power_limit")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from agent.core.model import (
+from agent.core.gpu import (
     ClockEvents,
     EccErrors,
     Gpu,
@@ -19,10 +19,9 @@ from agent.core.model import (
     PcieLink,
     RemappedRows,
     RetiredPages,
-    SourceLine,
-    normalize_pci,
 )
-from agent.core.probed import ParseError
+from agent.core.pci import normalize_pci
+from agent.core.probed import ParseError, SourceLine
 from agent.probes.nvsmi_errors import (
     ToolReportedFailure,
     detect_lost_gpus,

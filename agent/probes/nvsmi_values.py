@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from agent.core.model import Fabric, Gpu, LostGpu, RemapHistogram, RemappedRows, RetiredPages
+from agent.core.gpu import Fabric, Gpu, LostGpu, RemapHistogram, RemappedRows, RetiredPages
 
 # Where each judged value is printed, by Gpu.where key (a model field path): the -q section path and
 # the -q -x element path of each line or element that can hold it.

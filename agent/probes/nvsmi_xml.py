@@ -9,7 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 
-from agent.core.model import (
+from agent.core.gpu import (
     ClockEvents,
     EccErrors,
     Gpu,
@@ -20,10 +20,9 @@ from agent.core.model import (
     PcieLink,
     RemappedRows,
     RetiredPages,
-    SourceLine,
-    normalize_pci,
 )
-from agent.core.probed import ParseError
+from agent.core.pci import normalize_pci
+from agent.core.probed import ParseError, SourceLine
 from agent.probes.nvsmi_errors import (
     ToolReportedFailure,
     detect_lost_gpus,

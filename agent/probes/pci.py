@@ -14,7 +14,7 @@ import re
 import time
 from pathlib import Path
 
-from agent.core.model import PciDevice, PciSample, normalize_pci
+from agent.core.pci import PciDevice, PciSample, normalize_pci
 
 _BDF = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _SPEED = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s")

@@ -13,7 +13,8 @@ import re
 import time
 from pathlib import Path
 
-from agent.core.model import RdmaDevice, RdmaPort, RdmaSample, normalize_pci, short_pci
+from agent.core.pci import normalize_pci, short_pci
+from agent.core.rdma import RdmaDevice, RdmaPort, RdmaSample
 
 _PCI = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _EFA_NAME = re.compile(r"^(rdmap\d+s\d+|efa_\d+)")

@@ -24,18 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport
-from agent.core.model import (
-    GpuInventory,
-    HostInfo,
-    KernelXids,
-    NodeObject,
-    NvlinkErrorSample,
-    NvlinkReport,
-    PciSample,
-    RdmaSample,
-    TopoMatrix,
-)
+from agent.core.gpu import GpuInventory
+from agent.core.host import HostInfo
+from agent.core.kernel import KernelXids
+from agent.core.node import NodeObject
+from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
+from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
+from agent.core.rdma import RdmaSample
+from agent.core.topo import TopoMatrix
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.node_object import parse_node_json

@@ -16,21 +16,19 @@ from typing import Any, Protocol, TypeVar
 
 from agent.config import Config
 from agent.core import trends
-from agent.core.contract import INSTANCE_TYPE_LABEL, Keys, decode_results
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import Input, NodeFacts
-from agent.core.model import (
-    GpuInventory,
-    HostInfo,
-    KernelXids,
-    NodeObject,
-    NvlinkErrorSample,
-    NvlinkReport,
-    PciSample,
-    RdmaSample,
-    TopoMatrix,
-)
+from agent.core.gpu import GpuInventory
+from agent.core.host import HostInfo
+from agent.core.kernel import KernelXids
+from agent.core.node import NodeObject
+from agent.core.node_keys import INSTANCE_TYPE_LABEL, Keys
+from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
+from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
+from agent.core.rdma import RdmaSample
+from agent.core.results_doc import decode_results
+from agent.core.topo import TopoMatrix
 from agent.probes.host import read_host
 from agent.probes.kernel_tail import BinaryLog, KernelTail
 from agent.probes.nvsmi_errors import ToolReportedFailure

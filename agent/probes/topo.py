@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from agent.core.model import SourceLine, TopoMatrix
-from agent.core.probed import ParseError
+from agent.core.probed import ParseError, SourceLine
+from agent.core.topo import TopoMatrix
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # The trailing, non-device header columns, in the order nvidia-smi prints them.

@@ -28,7 +28,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from agent.core.model import KernelLog, KernelRecord, XidEvent, normalize_pci
+from agent.core.kernel import KernelLog, KernelRecord, XidEvent
+from agent.core.pci import normalize_pci
 
 _XID = re.compile(r"NVRM:\s*(Xid \(([^)]*)\):\s*(\d+)\b.*)$")
 _SXID = re.compile(r"(?:^|\s|:)(SXid \(([^)]*)\):\s*(\d+)\b.*)$")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from agent.core.model import KernelRecord, KernelXids, XidEvent, XidTally
+from agent.core.kernel import KernelRecord, KernelXids, XidEvent, XidTally
 
 WINDOW_S = 60.0
 BURST_QUIET_S = 180.0  # a device's burst of Xids ends after 3 min of silence (NVIDIA Fleet Intelligence)

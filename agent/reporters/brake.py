@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from agent.core.contract import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
+from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
 from agent.reporters.kube_rest import KubeRest, api_status
 
 log = logging.getLogger(__name__)

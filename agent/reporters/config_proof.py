@@ -20,7 +20,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.config.fence_view import condition_types
-from agent.core.contract import RemediationReason
+from agent.core.remediation_types import RemediationReason
 from agent.reporters.kube_rest import STRATEGIC_MERGE_PATCH, KubeRest, api_status, describe_error, node_path
 
 log = logging.getLogger(__name__)

@@ -12,16 +12,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.core.contract import (
-    DISABLED,
-    EVENT_MESSAGE_MAX,
-    WARNING,
-    Keys,
-    Marks,
-    NodeEvent,
-    Reason,
-    now_iso,
-)
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node_keys import DISABLED, EVENT_MESSAGE_MAX, WARNING, Keys, Reason
+from agent.core.results_doc import now_iso
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.taint_gate import TaintDecision, TaintState
 

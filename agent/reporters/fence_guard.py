@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.contract import Marks
+from agent.core.marks import Marks
 from agent.reporters.fence import FenceProof, FenceResult
 
 WAIT_S = 30.0  # the first write waits this long for the start-up proof (its requests time out)

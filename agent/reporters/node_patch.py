@@ -14,15 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agent.core.contract import (
-    CONDITION_MESSAGE_MAX,
-    DISABLED,
-    TRUE,
-    Keys,
-    Marks,
-    RemediationMark,
-    RemediationReason,
-)
+from agent.core.marks import Marks
+from agent.core.node_keys import CONDITION_MESSAGE_MAX, DISABLED, TRUE, Keys
+from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.repair_budget import WAVE_HELD, Hold
 
 

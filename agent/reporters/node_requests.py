@@ -17,7 +17,7 @@ from typing import Any
 
 import tenacity
 
-from agent.core.contract import Marks
+from agent.core.marks import Marks
 from agent.reporters.kube_rest import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,

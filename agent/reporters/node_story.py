@@ -20,7 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.core.contract import CONDITIONS, TRUE, Keys, Marks, RemediationMark
+from agent.core.marks import Marks
+from agent.core.node_keys import CONDITIONS, TRUE, Keys
+from agent.core.remediation_types import RemediationMark
 from agent.reporters.node_patch import find_condition, find_our_taint, labels_of
 
 CONDITION_FIELDS = ("type", "status", "reason", "message", "lastHeartbeatTime", "lastTransitionTime")

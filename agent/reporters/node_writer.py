@@ -39,19 +39,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agent.core.contract import (
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node_keys import (
     COMPONENT,
     DEFAULT_CONDITION_TYPE,
     DEFAULT_PREFIX,
     EVENT_NAMESPACE,
     Keys,
-    Marks,
-    NodeEvent,
     Reason,
-    decode_results,
-    now_iso,
 )
 from agent.core.repair_budget import Hold
+from agent.core.results_doc import decode_results, now_iso
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
 from agent.reporters.kube_rest import KubeRest, describe_error

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.core.contract import WARNING, NodeEvent, Reason
+from agent.core.marks import NodeEvent
+from agent.core.node_keys import WARNING, Reason
 from agent.reporters.kube_rest import api_message, api_status
 
 NOT_REFUSALS = frozenset({404, 408, 409, 429})

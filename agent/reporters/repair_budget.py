@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from agent.core.contract import WARNING, Keys, Marks, NodeEvent, Reason, RemediationReason
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node_keys import WARNING, Keys, Reason
+from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import (
     BUDGET_HELD,
     FAIL,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.contract import Marks
+from agent.core.marks import Marks
 from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import describe_error
 from agent.reporters.node_patch import find_our_taint, rv_text, taint_disabled

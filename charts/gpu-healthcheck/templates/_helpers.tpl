@@ -37,7 +37,7 @@ mergeOverwrite keeps the old value where the new one is false, 0 or "".) */}}
 
 {{- /*
 The admission fence's list of the condition types the agent may write, as a CEL list: node.conditionType
-(GPUHealthy when unset, agent/core/contract.py) and node.remediationConditions[].type of the rendered
+(GPUHealthy when unset, agent/core/node_keys.py) and node.remediationConditions[].type of the rendered
 config.yaml, so the policy always allows what the ConfigMap says. A name that cannot be a condition
 type (the agent would reject it too) fails the render.
 */}}

@@ -14,7 +14,9 @@ import ctypes
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.core.model import Gpu, NvlinkReport, TopoMatrix
+from agent.core.gpu import Gpu
+from agent.core.nvlink import NvlinkReport
+from agent.core.topo import TopoMatrix
 from agent.probes.nvsmi_text import parse_nvsmi_text
 
 _ARCH = {"Kepler": 2, "Maxwell": 3, "Pascal": 4, "Volta": 5, "Turing": 6, "Ampere": 7, "Ada Lovelace": 8}

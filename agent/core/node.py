@@ -1,0 +1,17 @@
+"""What the checks need from this agent's own Kubernetes Node object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeObject:
+    """What the checks need from the Node object."""
+
+    name: str
+    labels: dict[str, str]
+    allocatable_gpus: int | None  # status.allocatable["nvidia.com/gpu"]; None if absent
+    capacity_gpus: int | None
+    boot_id: str | None = None  # status.nodeInfo.bootID
+    annotations: dict[str, str] = field(default_factory=dict)

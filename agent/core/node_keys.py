@@ -1,0 +1,160 @@
+"""The Node contract's names (DESIGN.md §4): every key, value, taint, condition and Event reason this agent
+writes on its own Node, and the keys of others it reads. Nobody else spells a key or a reason: writer,
+brake, status table, engine and tests import them from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.core.severity import Status
+
+DEFAULT_PREFIX = "gpu-healthcheck"
+DEFAULT_CONDITION_TYPE = "GPUHealthy"
+DEFAULT_TAINT_EFFECT = "NoSchedule"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
+# node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
+# the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
+MODE_OBSERVE, MODE_LABEL, MODE_TAINT = "observe", "label", "taint"
+MODES = (MODE_OBSERVE, MODE_LABEL, MODE_TAINT)
+DEFAULT_MODE = MODE_TAINT
+COMPONENT = "gpu-healthcheck"  # Events' source and the field manager of our writes
+EVENT_NAMESPACE = "default"  # where the API server keeps Events about Nodes
+
+# Keys of others that the agent reads (never writes).
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+TRUE = "true"  # <prefix>/tainted while our taint is on
+DISABLED = "disabled"  # <prefix>/taint=disabled: an operator's "do not taint this node"
+CANARY = "canary"  # <prefix>/config=canary: an operator's "run the canary ConfigMap on this node"
+CLEAR_ALL = "all"  # <prefix>/clear-latched=all
+# Condition types others own: the kubelet's. node.conditionType and node.remediationConditions may not
+# name one (the agent would fight the kubelet over the Node's readiness).
+KUBELET_CONDITION_TYPES = ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
+# A condition type we may be configured to write: a qualified name, as metav1.Condition's type (it is
+# written into the admission fence as a CEL string: no quote can be in it).
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+CONDITION_TYPE_MAX = 316
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Our keys under one configurable prefix (config `prefix`)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def status(self) -> str:
+        """Label: pass | warn | fail | unknown."""
+        return f"{self.prefix}/status"
+
+    @property
+    def severity(self) -> str:
+        """Label: none | monitor | reset | reboot | isolate."""
+        return f"{self.prefix}/severity"
+
+    @property
+    def tainted(self) -> str:
+        """Label `true` exactly while our taint is on (lets the brake count tainted nodes)."""
+        return f"{self.prefix}/tainted"
+
+    @property
+    def taint(self) -> str:
+        """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
+        return f"{self.prefix}/unhealthy"
+
+    @property
+    def unhealthy(self) -> str:
+        """Label (mode `label`): the taint's key and value, where the taint would be."""
+        return self.taint
+
+    @property
+    def taint_opt_out(self) -> str:
+        return f"{self.prefix}/taint"
+
+    @property
+    def config_channel(self) -> str:
+        """Label an operator sets (`=canary`) for the agent to run the canary ConfigMap; the agent
+        only reads it (config/canary.py)."""
+        return f"{self.prefix}/config"
+
+    @property
+    def results(self) -> str:
+        """Annotation: the results JSON (results_document)."""
+        return f"{self.prefix}/results"
+
+    @property
+    def clear_latched(self) -> str:
+        """Annotation an operator sets ("all" or comma-separated latch keys); the agent removes it."""
+        return f"{self.prefix}/clear-latched"
+
+    @property
+    def clear_latched_by(self) -> str:
+        """Annotation `gpu-healthcheck clear` sets beside clear-latched: who asked and why (JSON
+        ClearRequest); the agent names them in its LatchesCleared Event, keeps them in the results
+        annotation's `lastClear` and removes this one with clear-latched."""
+        return f"{self.prefix}/clear-latched-by"
+
+    def ours(self, key: str) -> bool:
+        return key.startswith(f"{self.prefix}/")
+
+    @staticmethod
+    def selector(base: str, own: str) -> str:
+        """Both label selectors (AND); either may be empty."""
+        return ",".join(s for s in (base, own) if s)
+
+    def tainted_selector(self, base: str) -> str:
+        """GPU nodes (base selector) that carry our taint."""
+        return self.selector(base, f"{self.tainted}={TRUE}")
+
+    def contenders_selector(self, base: str, min_severity: str = TAINT_SEVERITIES[0]) -> str:
+        """Failing GPU nodes that want our taint (at node.taintMinSeverity or above) and do not have
+        it (nor refuse it). A node failing below that severity is no contender: it never taints."""
+        worthy = ",".join(TAINT_SEVERITIES[TAINT_SEVERITIES.index(min_severity) :])
+        own = (
+            f"{self.status}={Status.FAIL.value},{self.severity} in ({worthy}),"
+            f"{self.tainted}!={TRUE},{self.taint_opt_out}!={DISABLED}"
+        )
+        return self.selector(base, own)
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str  # "True" | "False" | "Unknown"
+    reason: str  # CamelCase, as `kubectl describe node` shows it
+
+
+CONDITIONS: dict[Status, Condition] = {
+    Status.PASS: Condition("True", "AllChecksPassed"),
+    Status.WARN: Condition("True", "ChecksWarn"),
+    Status.FAIL: Condition("False", "ChecksFailed"),
+    Status.UNKNOWN: Condition("Unknown", "CouldNotCheck"),
+}
+
+
+class Reason:
+    """The Events the agent posts on its Node."""
+
+    GPU_HEALTH_CHANGED = "GPUHealthChanged"
+    LATCHED_FINDING = "LatchedFinding"
+    LATCHES_CLEARED = "LatchesCleared"
+    TAINT_ADDED = "TaintAdded"
+    TAINT_REMOVED = "TaintRemoved"
+    TAINT_RESTORED = "TaintRestored"
+    TAINT_DISABLED = "TaintDisabled"
+    BRAKE_OPEN = "BrakeOpen"
+    BRAKE_CLOSED = "BrakeClosed"
+    CONFIG_RELOADED = "ConfigReloaded"
+    CONFIG_REJECTED = "ConfigRejected"
+    CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
+    NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
+    REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
+
+
+CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
+NORMAL, WARNING = "Normal", "Warning"
+EVENT_MESSAGE_MAX = 1024
+CONDITION_MESSAGE_MAX = 1024

@@ -1,0 +1,83 @@
+"""The conditions remediation engines act on (`node.remediationConditions`): an entry, the reasons ours
+carry, and what the engine wants each to say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.core.node_keys import CONDITIONS, CONFIG_REJECTED_REASON
+from agent.core.severity import Severity
+
+TRUE_FALSE = ("True", "False")
+
+
+@dataclass(frozen=True)
+class RemediationCondition:
+    """One entry of `node.remediationConditions`: a NodeCondition type a remediation engine watches
+    (Karpenter/EKS node repair, a Cluster API MachineHealthCheck, a medik8s NodeHealthCheck), written
+    at `unhealthy_status` while the node carries our taint for a failure at `min_severity` or above
+    (after hysteresis), and at the other of True/False otherwise."""
+
+    type: str
+    unhealthy_status: str = "False"  # "True" | "False"
+    min_severity: Severity = Severity.RESET
+
+    @property
+    def healthy_status(self) -> str:
+        return TRUE_FALSE[1] if self.unhealthy_status == TRUE_FALSE[0] else TRUE_FALSE[0]
+
+
+class RemediationReason:
+    """The reasons of the remediation conditions: distinct from every other component's, so that the
+    agent (and the admission fence) can tell a condition it wrote from one it must never touch."""
+
+    FAILED = "GPUHealthcheckFailed"  # unhealthy: fail at minSeverity or above, the node tainted
+    RECOVERING = "GPUHealthcheckRecovering"  # unhealthy still: recovering, or paused by an unknown cycle
+    PASSED = "GPUHealthcheckPassed"  # healthy: pass or warn
+    BELOW_MIN_SEVERITY = "GPUHealthcheckBelowMinSeverity"  # healthy: a failure below this minSeverity
+    COULD_NOT_CHECK = "GPUHealthcheckCouldNotCheck"  # healthy: unknown never marks a node unhealthy
+    BRAKE_HELD = "GPUHealthcheckBrakeHeld"  # healthy: the brake holds this node back
+    TAINT_DISABLED = "GPUHealthcheckTaintDisabled"  # healthy: <prefix>/taint=disabled on the Node
+    NOT_ENFORCED = "GPUHealthcheckNotEnforced"  # healthy: node.mode observe or label, or no taint
+    BUDGET_HELD = "GPUHealthcheckBudgetHeld"  # healthy: node.repairBudget is spent for this window
+    WAVE_HELD = "GPUHealthcheckWaveHeld"  # healthy: a correlated wave on this finding key (node.waveHold)
+
+    ALL = (
+        FAILED,
+        RECOVERING,
+        PASSED,
+        BELOW_MIN_SEVERITY,
+        COULD_NOT_CHECK,
+        BRAKE_HELD,
+        TAINT_DISABLED,
+        NOT_ENFORCED,
+        BUDGET_HELD,
+        WAVE_HELD,
+    )
+
+
+# Every reason a condition of ours can carry: the admission fence lets the agent delete a condition of
+# a type no longer configured only when it carries one of these (it was ours).
+OUR_CONDITION_REASONS: tuple[str, ...] = (
+    *dict.fromkeys(c.reason for c in CONDITIONS.values()),
+    CONFIG_REJECTED_REASON,
+    *RemediationReason.ALL,
+)
+
+
+@dataclass(frozen=True)
+class RemediationMark:
+    """What the engine wants one remediation condition to say. `unhealthy` is the engine's wish (mode
+    `taint`, a failure at minSeverity or above, hysteresis); the writer writes the unhealthy status
+    only where our taint is on after the brake, and says why not otherwise."""
+
+    type: str
+    unhealthy_status: str
+    unhealthy: bool
+    reason: str  # while the wish stands (FAILED/RECOVERING), or why the node is not unhealthy
+    message: str
+    key: str = ""  # the finding key a new mark is counted under (core/repair_budget.finding_key)
+
+    @property
+    def healthy_status(self) -> str:
+        return RemediationCondition(self.type, self.unhealthy_status).healthy_status
