@@ -15,7 +15,7 @@ from agent import __version__
 from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten
-from agent.core.trends import TRENDS_FIELD, drop_oldest_read
+from agent.core.trend_history import TRENDS_FIELD, drop_oldest_read
 
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
@@ -279,7 +279,7 @@ class Marks:
     taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
     unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
     config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
-    # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
+    # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
 
@@ -340,7 +340,7 @@ MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
 HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
-# TRENDS_FIELD ("trends", core/trends.py): the kept reads the trend warnings judge
+# TRENDS_FIELD ("trends", core/trend_history.py): the kept reads the trend warnings judge
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)

@@ -20,7 +20,7 @@ from agent.core.model import (
 )
 from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
-from agent.core.trends import TrendHistory
+from agent.core.trend_history import TrendHistory
 
 
 class Input(str, enum.Enum):
@@ -64,4 +64,6 @@ class NodeFacts:
     host: Probed[HostInfo] = NotCaptured("sysfs cpu/node")
     nvlink_errors: Probed[NvlinkErrorSample] = NotCaptured("NVLink error counters")
     nvlink_errors_previous: NvlinkErrorSample | None = None  # the previous read, for rates
-    trends: TrendHistory = TrendHistory()  # the kept reads (core/trends.py), this cycle's included when due
+    trends: TrendHistory = (
+        TrendHistory()
+    )  # the kept reads (core/trend_history.py), this cycle's included when due

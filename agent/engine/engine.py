@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
-from agent.core import trends
+from agent.core import trend_history
 from agent.core.contract import (
     CONDITION_MESSAGE_MAX,
     MODE_LABEL,
@@ -213,8 +213,10 @@ class Engine:
             self.state.observe_boot(self.source.boot_id())
             # One read per gpu cycle, kept when due: the trend checks below judge the kept reads.
             t = self.cfg.trends
-            read = trends.take_read(replace(facts, boot_id=self.boot_id), self.wall(), t.clock_busy_percent)
-            self.state.trends = trends.advance(self.state.trends, read, t.read_spacing_s, t.keep_reads)
+            read = trend_history.take_read(
+                facts.gpus, facts.nvlink_errors, facts.pci, self.boot_id, self.wall(), t.clock_busy_percent
+            )
+            self.state.trends = trend_history.advance(self.state.trends, read, t.read_spacing_s, t.keep_reads)
             facts = replace(facts, trends=self.state.trends, boot_id=self.boot_id)
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
         results = run_checks(specs, facts, self.cfg)  # below: confirmAfter (engine/confirm.py)
@@ -318,7 +320,7 @@ class Engine:
             stale_after=stale_after_s(self.cfg.intervals.gpu),
             gpus=gpus,
             history=[seen.as_dict() for seen in self.state.history.values()],
-            trends=trends.to_doc(self.state.trends),
+            trends=trend_history.to_doc(self.state.trends),
             remediation=self.state.remediation_document(),
             last_clear=self.state.last_clear,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
@@ -347,7 +349,7 @@ class Engine:
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
-            trends_digest=trends.counters_digest(self.state.trends),
+            trends_digest=trend_history.counters_digest(self.state.trends),
             remediation=remediation_marks(
                 policy.remediation_conditions,
                 self.state.remediation,
@@ -399,10 +401,10 @@ class Engine:
 
 def fingerprint(marks: Marks) -> str:
     """What makes a write necessary: everything but timestamps, durations and the trend reads whose
-    counters did not move (core/trends.counters_digest: they ride along with the next write)."""
+    counters did not move (core/trend_history.counters_digest: they ride along with the next write)."""
     doc = json.loads(marks.results_json)
     doc.pop("checkedAt", None)
-    doc.pop(trends.TRENDS_FIELD, None)  # stands as marks.trends_digest
+    doc.pop(trend_history.TRENDS_FIELD, None)  # stands as marks.trends_digest
     for c in doc.get("checks", []):
         c.pop("at", None)
         c.pop("durationMs", None)

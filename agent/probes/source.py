@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from agent.config import Config
-from agent.core import trends
+from agent.core import trend_history
 from agent.core.contract import INSTANCE_TYPE_LABEL, Keys, decode_results
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import Input, NodeFacts
@@ -205,12 +205,12 @@ def assemble_facts(
     )
 
 
-def kept_trends(node: Probed[NodeObject], prefix: str) -> trends.TrendHistory:
+def kept_trends(node: Probed[NodeObject], prefix: str) -> trend_history.TrendHistory:
     """The trend reads the agent kept in the Node's results annotation (none: an empty history)."""
     if not isinstance(node, NodeObject):
-        return trends.TrendHistory()
+        return trend_history.TrendHistory()
     doc = decode_results(node.annotations.get(Keys(prefix).results))
-    return trends.parse(doc.get(trends.TRENDS_FIELD)) if doc else trends.TrendHistory()
+    return trend_history.parse(doc.get(trend_history.TRENDS_FIELD)) if doc else trend_history.TrendHistory()
 
 
 def gather_facts(
@@ -238,4 +238,19 @@ def gather_facts(
     t = cfg.trends
     kept = kept_trends(facts.node, cfg.prefix)
     stamp = time.time() if now is None else now
-    return trends.with_read(facts, kept, stamp, t.read_spacing_s, t.keep_reads, t.clock_busy_percent)
+    return with_read(facts, kept, stamp, t.read_spacing_s, t.keep_reads, t.clock_busy_percent)
+
+
+def with_read(
+    facts: NodeFacts,
+    history: trend_history.TrendHistory,
+    now: float,
+    spacing_s: float,
+    keep: int,
+    busy_percent: float,
+) -> NodeFacts:
+    """NodeFacts carrying the history with this cycle's read in it (when due)."""
+    read = trend_history.take_read(
+        facts.gpus, facts.nvlink_errors, facts.pci, facts.boot_id, now, busy_percent
+    )
+    return replace(facts, trends=trend_history.advance(history, read, spacing_s, keep))
