@@ -11,7 +11,7 @@ from agent.checks.registry import CHECKS, run_checks
 from agent.core.contract import MAX_RESULTS_BYTES, Keys
 from agent.core.severity import Status
 from agent.core.text import ELLIPSIS
-from agent.engine.engine import fingerprint
+from agent.engine.write_policy import fingerprint
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.source import gather_facts
 from agent.reporters.metrics import Metrics

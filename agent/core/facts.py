@@ -1,5 +1,7 @@
 """NodeFacts: everything the probes read about one node, the single input of every check; Input:
-the names of the inputs it holds (what a check reads, what a tier refreshes, what `--only` probes)."""
+the names of the inputs it holds (what a check reads, what a tier refreshes, what `--only` probes).
+Each input is defined once, in agent/probes/inputs.py (its type, readers, tier, previous read): the
+other layers read that spec, and tests/test_inputs.py holds these fields to it."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from agent.core.model import NodeObject
 from agent.core.probed import Probed
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.text import shorten
-from agent.engine.engine import Engine, fingerprint
-from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s
+from agent.engine.engine import Engine
+from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s, fingerprint
 from agent.probes.kernel_follow import KernelFollower
 from agent.probes.source import Source
 
