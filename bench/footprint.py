@@ -57,7 +57,8 @@ from typing import Any
 
 from agent.config import load_config_dir
 from agent.core.node_keys import Keys
-from agent.engine.engine import Engine, fingerprint
+from agent.engine.engine import Engine
+from agent.engine.write_policy import fingerprint
 from agent.probes.snapshot import SnapshotSource
 from bench._kube import (
     HEALTHY,

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import agent.core.results_doc as results_doc
-from agent.engine.engine import Engine, fingerprint
+from agent.engine.engine import Engine
+from agent.engine.write_policy import fingerprint
 from bench._kube import machine
 from tests.trend_scenario import Node
 

@@ -264,7 +264,7 @@ def test_responsive_attached_gpus_not_described_are_unknown_unless_nvidia_smi_sa
     nvidia-smi's own "GPU is lost" line makes it a fault (the live probe and the snapshot keep it)."""
     from agent.probes.nvsmi_errors import with_lost_lines
     from agent.probes.nvsmi_xml import parse_nvsmi_xml
-    from agent.probes.source import parse_with
+    from agent.probes.reading import parse_with
 
     xml_dir = FIX.parent / "nvidia-smi-xml"
     healthy = parse_nvsmi_xml((xml_dir / "telegraf-dual-rtx-a5000-590.44.01-v13.xml").read_text())

@@ -49,7 +49,7 @@ def test_healthy_8xh100_passes(itype: str) -> None:
 
 def test_partial_tabs_file_is_unknown_and_its_rows_are_judged() -> None:
     """The poster left out the NIC6-8 rows: unknown, while the rows shown are judged (no fault)."""
-    from agent.probes.source import parse_with
+    from agent.probes.reading import parse_with
 
     text = (FIX / "issue-nccl-1453-h100x8-9nic-topo-m-tabs-PARTIAL.txt").read_text(encoding="utf-8")
     topo = parse_with("nvidia-smi topo -m", text, parse_topo)
@@ -60,7 +60,7 @@ def test_partial_tabs_file_is_unknown_and_its_rows_are_judged() -> None:
 
 
 def test_damaged_matrix_still_reports_an_x_off_diagonal_in_an_intact_row() -> None:
-    from agent.probes.source import parse_with
+    from agent.probes.reading import parse_with
 
     text = (FIX / "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-x-off-diagonal.txt").read_text()
     cut = "".join(text.splitlines(keepends=True)[:6])  # header and rows GPU0-GPU4
@@ -164,7 +164,7 @@ def test_input_gaps() -> None:
 
 def test_a_pair_keeps_its_key_whichever_row_was_read() -> None:
     """GPU3's row garbled: the GPU3-GPU6 pair is read from GPU6's row and keeps its key."""
-    from agent.probes.source import parse_with
+    from agent.probes.reading import parse_with
 
     text = (FIX / "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-gpu3-gpu6-phb.txt").read_text()
     whole = run("issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full-DERIVED-gpu3-gpu6-phb.txt", "p5.48xlarge")

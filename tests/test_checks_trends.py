@@ -2,7 +2,7 @@
 
 Each test feeds real recordings (and the variants tests/fixtures/derived/make_trend_variants.py
 derives from them, said in their .source.txt) through the kept-read history the engine keeps
-(core/trends: take_read, advance), one read per `trends.readSpacingSeconds`, then judges. Every rule
+(core/trend_history: take_read, advance), one read per `trends.readSpacingSeconds`, then judges. Every rule
 passes on the healthy real recordings and warns on its derived variant; resets, reboots, missing
 values and too few reads never warn.
 """
@@ -21,7 +21,7 @@ import pytest
 from agent.checks import trends as checks
 from agent.checks.registry import RULE_BOOK
 from agent.config import Config, ConfigError, load_config_dir, parse_config
-from agent.core import trends
+from agent.core import trend_history
 from agent.core.actions import Action
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -34,6 +34,7 @@ from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.pci import read_pci
+from agent.probes.source import with_read
 from tests.pci_sysfs_tree import build_from_lspci
 
 ROOT = Path(__file__).parent.parent
@@ -93,12 +94,10 @@ def kept(reads: Sequence[NodeFacts], cfg: Config = CFG, step: int = STEP) -> Nod
     """The last read's facts, carrying the history of all of them, one read every `step` seconds
     (what the engine does on its gpu tier)."""
     t = cfg.trends
-    history = trends.TrendHistory()
+    history = trend_history.TrendHistory()
     facts = reads[0]
     for i, f in enumerate(reads):
-        facts = trends.with_read(
-            f, history, T0 + i * step, t.read_spacing_s, t.keep_reads, t.clock_busy_percent
-        )
+        facts = with_read(f, history, T0 + i * step, t.read_spacing_s, t.keep_reads, t.clock_busy_percent)
         history = facts.trends
     return facts
 

@@ -53,7 +53,7 @@ def test_results_json_follows_the_node_contract(capsys: pytest.CaptureFixture[st
         "checks",
         "latched",
         "gpus",
-        "trends",  # this check's read of the trend warnings' counters (core/trends.py)
+        "trends",  # this check's read of the trend warnings' counters (core/trend_history.py)
     }
     assert doc["version"] == 1 and doc["instanceType"] == "p5.48xlarge"
     assert len(doc["trends"]["t"]) == 1 and len(doc["trends"]["g"]) == 7  # the lost GPU has no read

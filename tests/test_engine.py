@@ -16,7 +16,8 @@ from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input
 from agent.core.node_keys import CONDITIONS, Reason
 from agent.core.severity import Severity, Status
-from agent.engine.engine import Engine, fingerprint
+from agent.engine.engine import Engine
+from agent.engine.write_policy import fingerprint
 from agent.probes.kernel_follow import KernelFollower
 from agent.probes.snapshot import SnapshotSource
 

@@ -24,12 +24,32 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_each_contract_breaks_on_a_planted_violation(tmp_path: Path) -> None:
+CORE_ACYCLIC = "core has no import cycle: its modules import each other one way"
+# A back edge under TYPE_CHECKING only (the shape of the facts <-> trends cycle that was): it counts.
+CORE_BACK_EDGE = (
+    "\nfrom typing import TYPE_CHECKING  # noqa\n"
+    "if TYPE_CHECKING:\n    from agent.core import findings  # noqa\n"
+)
+
+
+def copy_tree(tmp_path: Path) -> None:
     for name in ("agent", "hostengine"):
         shutil.copytree(
             ROOT / name, tmp_path / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
         )
     shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
+
+
+def verdicts_of(run: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {
+        line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+        for line in run.stdout.splitlines()
+        if line.endswith((" KEPT", " BROKEN"))
+    }
+
+
+def test_each_contract_breaks_on_a_planted_violation(tmp_path: Path) -> None:
+    copy_tree(tmp_path)
     clean = lint_imports(tmp_path)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     with (tmp_path / "agent" / "checks" / "gpu.py").open("a") as fh:
@@ -38,11 +58,24 @@ def test_each_contract_breaks_on_a_planted_violation(tmp_path: Path) -> None:
         fh.write("\nfrom agent.reporters import kube_rest  # noqa\n")
     with (tmp_path / "hostengine" / "__init__.py").open("a") as fh:
         fh.write("\nimport agent.engine.engine  # noqa\n")
+    with (tmp_path / "agent" / "core" / "severity.py").open("a") as fh:
+        fh.write(CORE_BACK_EDGE)
     broken = lint_imports(tmp_path)
     assert broken.returncode != 0
-    verdicts = {
-        line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
-        for line in broken.stdout.splitlines()
-        if line.endswith((" KEPT", " BROKEN"))
-    }
-    assert len(verdicts) == 5 and all(v == "BROKEN" for v in verdicts.values()), broken.stdout
+    verdicts = verdicts_of(broken)
+    assert len(verdicts) == 6 and all(v == "BROKEN" for v in verdicts.values()), broken.stdout
+
+
+def test_core_is_acyclic_and_a_type_checking_back_edge_breaks_it(tmp_path: Path) -> None:
+    """The contract inside agent.core is there and KEPT; a cycle made only of a TYPE_CHECKING import
+    (findings imports severity, severity imports findings for its annotations) breaks it alone."""
+    copy_tree(tmp_path)
+    clean = lint_imports(tmp_path)
+    assert verdicts_of(clean).get(CORE_ACYCLIC) == "KEPT", clean.stdout
+    with (tmp_path / "agent" / "core" / "severity.py").open("a") as fh:
+        fh.write(CORE_BACK_EDGE)
+    broken = lint_imports(tmp_path)
+    verdicts = verdicts_of(broken)
+    assert verdicts[CORE_ACYCLIC] == "BROKEN", broken.stdout
+    assert [name for name, v in verdicts.items() if v == "BROKEN"] == [CORE_ACYCLIC], broken.stdout
+    assert "- .severity -> .findings (1 import)" in broken.stdout, broken.stdout

@@ -550,16 +550,17 @@ def test_nvml_reads_feed_the_trend_warnings(install: Any) -> None:
     from agent.checks.registry import RULE_BOOK
     from agent.checks.trends import check_memory
     from agent.config import parse_config
-    from agent.core import trends
+    from agent.core import trend_history
     from agent.core.facts import NodeFacts
+    from agent.probes.source import with_read
 
     spec = healthy_h100()
     spec["nvmlDeviceGetRowRemapperHistogram"] = types.SimpleNamespace(
         max=2558, high=0, partial=0, low=1, none=1
     )
     install(FakeNvml([spec]))
-    facts = trends.with_read(
-        NodeFacts(gpus=read_nvml(timeout_s=10), boot_id="b"), trends.TrendHistory(), 1e9, 900, 12, 80
+    facts = with_read(
+        NodeFacts(gpus=read_nvml(timeout_s=10), boot_id="b"), trend_history.TrendHistory(), 1e9, 900, 12, 80
     )
     (f,) = check_memory(facts, parse_config({}, rules=RULE_BOOK)).findings
     assert f.rule == "trend.memory.remap-headroom" and "1 DRAM bank(s) at Low and 1 at None" in f.message

@@ -12,7 +12,7 @@ from agent.core.node_keys import Keys
 from agent.core.results_doc import MAX_RESULTS_BYTES
 from agent.core.severity import Status
 from agent.core.text import ELLIPSIS
-from agent.engine.engine import fingerprint
+from agent.engine.write_policy import fingerprint
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.source import gather_facts
 from agent.reporters.metrics import Metrics

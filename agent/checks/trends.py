@@ -3,7 +3,7 @@ with its evidence, its rate and a next step of `plan-service` (it still works, p
 `watch`. Each is a rule with its own severity knob (`none` or `monitor`) and its own threshold under
 `trends:` in config.yaml, both live.
 
-They read the kept reads (agent.core.trends: one row per GPU every `trends.readSpacingSeconds`,
+They read the kept reads (agent.core.trend_history: one row per GPU every `trends.readSpacingSeconds`,
 kept across agent restarts in the results annotation) and, for the two that are levels, the GPU
 list as read now. A trend is judged only on a run of reads that are one continuous count: a read
 missing or unreadable, a gap, a reboot or driver reload (for counters that start again) or a
@@ -21,13 +21,13 @@ Thresholds and their sources (README "Warnings before a fault"):
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from agent.checks import CheckSpec, gpu_finding, input_gap
+from agent.checks import trend_series as ts
 from agent.config import Config
-from agent.core import trends as tr
+from agent.core import trend_history
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
@@ -36,9 +36,9 @@ from agent.core.nvlink import NvlinkErrorSample
 from agent.core.pci import PciSample, short_pci
 from agent.core.rules import Rule
 from agent.core.severity import Severity
+from agent.core.trend_history import Point
 
 MEMORY, NVLINK, THERMAL, PCIE = "trend.memory", "trend.nvlink", "trend.thermal", "trend.pcie"
-KEPT = "kept reads"  # the evidence's source: the reads kept in the results annotation
 NVIDIA_PAGE_LIMIT = 64  # pages a GPU can retire (NVIDIA's memory error management guide)
 
 
@@ -95,56 +95,6 @@ class Warn:
 Judge = Callable[[Gpu], Iterable[Warn]]
 
 
-def _max_gap(cfg: Config) -> float:
-    """Two kept reads further apart than this are not one series (an agent down, a read missed)."""
-    return 2.5 * max(cfg.trends.read_spacing_s, cfg.intervals.gpu)
-
-
-def _series(facts: NodeFacts, cfg: Config, g: Gpu, column: int, *, counter: bool) -> tuple[tr.Point, ...]:
-    return facts.trends.run_of(g.lasting_name, column, counter=counter, max_gap_s=_max_gap(cfg))
-
-
-def _kept(what: str, pts: Sequence[tr.Point], unit: str = "") -> Evidence:
-    return Evidence(KEPT, None, f"{what}: {tr.describe(pts, unit)}")
-
-
-def _lines(source: str, g: Gpu, where: str) -> tuple[Evidence, ...]:
-    """The input's lines that state the values (nvidia-smi), else the values as read (NVML has no
-    lines to point at)."""
-    lines = g.where.get(where, ())
-    if lines:
-        return Evidence.of(source, lines)
-    return (Evidence(source, None, _stated(g, where)),)
-
-
-def _stated(g: Gpu, where: str) -> str:
-    rows, pages, e, th, c = g.remapped_rows, g.retired_pages, g.ecc, g.thermal, g.clocks
-    if where == "remapped_rows.histogram" and rows is not None and rows.histogram is not None:
-        h = rows.histogram
-        buckets = {"max": h.max, "high": h.high, "partial": h.partial, "low": h.low, "none": h.none}
-        return "bank remap histogram: " + ", ".join(f"{k} {v}" for k, v in buckets.items())
-    if where == "remapped_rows.correctable" and rows is not None:
-        return f"rows remapped for correctable errors: {rows.correctable}"
-    if where == "ecc.volatile_correctable":
-        sram, dram = e.volatile_sram_correctable, e.volatile_dram_correctable
-        return f"volatile correctable ECC: SRAM {sram}, DRAM {dram}, single-bit {e.volatile_single_bit_total}"
-    if where.startswith("retired_pages") and pages is not None:
-        return f"retired pages: single-bit {pages.single_bit}, double-bit {pages.double_bit}"
-    if where == "thermal":
-        gpu, mem = f"GPU {th.gpu_c} C, slowdown {th.gpu_slowdown_c} C", f"memory {th.memory_c} C"
-        return f"{gpu}; {mem}, max {th.memory_max_c} C"
-    if where == "clocks":
-        state, reasons = g.power.performance_state, g.clock_events.active()
-        busy = f"{state}, utilization {c.utilization_percent} %"
-        clock = f"SM {c.sm_mhz} MHz, application {c.applications_mhz} MHz"
-        return f"{busy}, {clock}, clock event reasons: {', '.join(reasons) if reasons else 'none'}"
-    return where
-
-
-def _span(pts: Sequence[tr.Point]) -> str:
-    return tr.hours(pts[-1].at - pts[0].at)
-
-
 def _judge(
     name: str,
     facts: NodeFacts,
@@ -179,7 +129,7 @@ def _judge(
 # --------------------------------------------------------------------------- memory
 
 
-def _growth(pts: Sequence[tr.Point]) -> int:
+def _growth(pts: Sequence[Point]) -> int:
     assert pts[0].value is not None and pts[-1].value is not None
     return pts[-1].value - pts[0].value
 
@@ -195,39 +145,41 @@ def _remap_headroom(facts: NodeFacts, cfg: Config, g: Gpu, source: str) -> Itera
         f"{hist.low} DRAM bank(s) at Low and {hist.none} at None spare-row availability (of "
         f"{hist.banks}): a new uncorrectable error there may not be remappable"
     )
-    rate, evidence = f"{short} bank(s) low", _lines(source, g, "remapped_rows.histogram")
-    rows = _series(facts, cfg, g, tr.REMAP, counter=True)
+    rate, evidence = f"{short} bank(s) low", ts.lines(source, g, "remapped_rows.histogram")
+    rows = ts.series(facts, cfg, g, trend_history.REMAP, counter=True)
     if len(rows) >= 2:
         grew = _growth(rows)
-        rate = f"+{grew} remapped rows in {_span(rows)}" if grew else f"no new remapped row in {_span(rows)}"
+        rate = (
+            f"+{grew} remapped rows in {ts.span(rows)}" if grew else f"no new remapped row in {ts.span(rows)}"
+        )
         msg += f"; {rate}"
-        evidence = (*evidence, _kept("rows remapped for correctable errors", rows))
+        evidence = (*evidence, ts.kept("rows remapped for correctable errors", rows))
     yield Warn(REMAP_HEADROOM, msg, rate, evidence)
 
 
 def _remap_growth(facts: NodeFacts, cfg: Config, g: Gpu, source: str) -> Iterable[Warn]:
-    rows = _series(facts, cfg, g, tr.REMAP, counter=True)
+    rows = ts.series(facts, cfg, g, trend_history.REMAP, counter=True)
     if len(rows) < 2 or _growth(rows) < cfg.trends.remap_rows_growth:
         return
-    msg = f"rows remapped for correctable errors grew {rows[0].value} → {rows[-1].value} in {_span(rows)}"
-    evidence = (*_lines(source, g, "remapped_rows.correctable"), _kept("remapped rows", rows))
-    yield Warn(REMAP_GROWTH, msg, f"+{_growth(rows)} in {_span(rows)}", evidence)
+    msg = f"rows remapped for correctable errors grew {rows[0].value} → {rows[-1].value} in {ts.span(rows)}"
+    evidence = (*ts.lines(source, g, "remapped_rows.correctable"), ts.kept("remapped rows", rows))
+    yield Warn(REMAP_GROWTH, msg, f"+{_growth(rows)} in {ts.span(rows)}", evidence)
 
 
 def _ecc_rate(facts: NodeFacts, cfg: Config, g: Gpu, source: str) -> Iterable[Warn]:
     """The rate between the last two kept reads of one driver load."""
-    ce = _series(facts, cfg, g, tr.CE, counter=True)
+    ce = ts.series(facts, cfg, g, trend_history.CE, counter=True)
     if len(ce) < 2:
         return
     before, last = ce[-2], ce[-1]
-    per_hour, limit = tr.per_hour(before, last), cfg.trends.ecc_correctable_per_hour
+    per_hour, limit = ts.per_hour(before, last), cfg.trends.ecc_correctable_per_hour
     if per_hour <= limit:
         return
     msg = (
-        f"volatile correctable ECC errors {before.value} → {last.value} in {tr.hours(last.at - before.at)} "
+        f"volatile correctable ECC errors {before.value} → {last.value} in {ts.hours(last.at - before.at)} "
         f"({per_hour:.0f}/h, above {limit:g}/h)"
     )
-    evidence = (*_lines(source, g, "ecc.volatile_correctable"), _kept("correctable ECC errors", ce))
+    evidence = (*ts.lines(source, g, "ecc.volatile_correctable"), ts.kept("correctable ECC errors", ce))
     yield Warn(ECC_RATE, msg, f"{per_hour:.0f}/h", evidence)
 
 
@@ -244,12 +196,12 @@ def _retired_pages(facts: NodeFacts, cfg: Config, g: Gpu, source: str) -> Iterab
         f"double-bit {pages.double_bit or 0}; warns at {warn_at})"
     )
     rate = f"{total} of {NVIDIA_PAGE_LIMIT}"
-    evidence = _lines(source, g, "retired_pages.single_bit")
-    kept = _series(facts, cfg, g, tr.PAGES, counter=True)
+    evidence = ts.lines(source, g, "retired_pages.single_bit")
+    kept = ts.series(facts, cfg, g, trend_history.PAGES, counter=True)
     if len(kept) >= 2:
-        rate = f"+{_growth(kept)} single-bit in {_span(kept)}"
+        rate = f"+{_growth(kept)} single-bit in {ts.span(kept)}"
         msg += f"; {rate}"
-        evidence = (*evidence, _kept("single-bit retired pages", kept))
+        evidence = (*evidence, ts.kept("single-bit retired pages", kept))
     yield Warn(RETIRED_PAGES, msg, rate, evidence)
 
 
@@ -281,17 +233,6 @@ def check_memory(facts: NodeFacts, cfg: Config) -> CheckResult:
 # --------------------------------------------------------------------------- growing link errors
 
 
-def _steady(pts: Sequence[tr.Point], intervals: int) -> list[tr.Point] | None:
-    """The last intervals + 1 points when the count grew in each interval, else None."""
-    if len(pts) < intervals + 1:
-        return None
-    last = list(pts[-(intervals + 1) :])
-    grew = all(
-        b.value is not None and a.value is not None and b.value > a.value for a, b in itertools.pairwise(last)
-    )
-    return last if grew else None
-
-
 def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     gap = input_gap(NVLINK, facts.nvlink_errors)
     if gap is not None:
@@ -302,19 +243,19 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     n = cfg.trends.nvlink_growing_reads
 
     def judge(g: Gpu) -> Iterable[Warn]:
-        steady = _steady(_series(facts, cfg, g, tr.NVLINK, counter=True), n)
+        steady = ts.steady(ts.series(facts, cfg, g, trend_history.NVLINK, counter=True), n)
         if steady is None:
             return
-        rate = tr.per_hour(steady[0], steady[-1])
+        rate = ts.per_hour(steady[0], steady[-1])
         counts = with_links[g.pci_bus_id]
-        now = {k: sum(c.get(k, 0) for c in counts.links.values()) for k in tr.NVLINK_COUNTERS}
+        now = {k: sum(c.get(k, 0) for c in counts.links.values()) for k in trend_history.NVLINK_COUNTERS}
         msg = (
-            f"NVLink CRC and replay errors grew in each of the last {n} reads ({_span(steady)}): "
+            f"NVLink CRC and replay errors grew in each of the last {n} reads ({ts.span(steady)}): "
             f"{steady[0].value} → {steady[-1].value} ({rate:.1f}/h) over {len(counts.links)} link(s)"
         )
         evidence = (
             Evidence("nvml nvlink error counters", None, ", ".join(f"{k} {v}" for k, v in now.items())),
-            _kept("CRC + replay errors", steady),
+            ts.kept("CRC + replay errors", steady),
         )
         yield Warn(NVLINK_GROWING, msg, f"{rate:.1f}/h", evidence)
 
@@ -339,18 +280,22 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
     n = cfg.trends.pcie_growing_reads
 
     def judge(g: Gpu) -> Iterable[Warn]:
-        steady = _steady(_series(facts, cfg, g, tr.AER, counter=True), n)
+        steady = ts.steady(ts.series(facts, cfg, g, trend_history.AER, counter=True), n)
         if steady is None:
             return
-        rate = tr.per_hour(steady[0], steady[-1])
+        rate = ts.per_hour(steady[0], steady[-1])
         dev = by_addr[g.pci_bus_id]
         up = f" and its port {short_pci(dev.upstream)}" if dev.upstream else ""
         msg = (
             f"correctable PCIe errors (AER) on its link grew in each of the last {n} reads "
-            f"({_span(steady)}): {steady[0].value} → {steady[-1].value} ({rate:.1f}/h)"
+            f"({ts.span(steady)}): {steady[0].value} → {steady[-1].value} ({rate:.1f}/h)"
         )
-        now = f"{short_pci(dev.address)}{up}: TOTAL_ERR_COR {tr.aer_correctable(sample, g.pci_bus_id)}"
-        evidence = (Evidence("sysfs aer_dev_correctable", None, now), _kept("correctable AER errors", steady))
+        aer = trend_history.aer_correctable(sample, g.pci_bus_id)
+        now = f"{short_pci(dev.address)}{up}: TOTAL_ERR_COR {aer}"
+        evidence = (
+            Evidence("sysfs aer_dev_correctable", None, now),
+            ts.kept("correctable AER errors", steady),
+        )
         yield Warn(AER_GROWING, msg, f"{rate:.1f}/h", evidence)
 
     def applies(g: Gpu) -> bool:
@@ -371,26 +316,18 @@ def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
 # --------------------------------------------------------------------------- thermal and clock
 
 
-def _last(pts: Sequence[tr.Point], n: int, ok: Callable[[int], bool]) -> list[tr.Point] | None:
-    """The last n points when each one's value passes ok, else None."""
-    if len(pts) < n:
-        return None
-    last = list(pts[-n:])
-    return last if all(p.value is not None and ok(p.value) for p in last) else None
-
-
 def check_thermal(facts: NodeFacts, cfg: Config) -> CheckResult:
     t = cfg.trends
     source = facts.gpus.source if isinstance(facts.gpus, GpuInventory) else ""
 
-    def within(n: int, pts: Sequence[tr.Point]) -> str:
-        return f"in each of the last {n} reads ({_span(pts)})" if n > 1 else "in the last read"
+    def within(n: int, pts: Sequence[Point]) -> str:
+        return f"in each of the last {n} reads ({ts.span(pts)})" if n > 1 else "in the last read"
 
     def judge(g: Gpu) -> Iterable[Warn]:
         near = []
-        for column, what in ((tr.GPU_MARGIN, "GPU"), (tr.MEM_MARGIN, "memory")):
-            pts = _last(
-                _series(facts, cfg, g, column, counter=False),
+        for column, what in ((trend_history.GPU_MARGIN, "GPU"), (trend_history.MEM_MARGIN, "memory")):
+            pts = ts.last(
+                ts.series(facts, cfg, g, column, counter=False),
                 t.thermal_reads,
                 lambda v: v <= t.thermal_margin_c,
             )
@@ -400,12 +337,12 @@ def check_thermal(facts: NodeFacts, cfg: Config) -> CheckResult:
             parts = [f"{what} {', '.join(str(p.value) for p in pts)} °C" for what, pts in near]
             when = within(t.thermal_reads, near[0][1])
             msg = f"within {t.thermal_margin_c:g} °C of slowdown {when}: {'; '.join(parts)} left"
-            evidence = _lines(source, g, "thermal") + tuple(
-                _kept(f"{what} °C left before slowdown", pts) for what, pts in near
+            evidence = ts.lines(source, g, "thermal") + tuple(
+                ts.kept(f"{what} °C left before slowdown", pts) for what, pts in near
             )
             yield Warn(NEAR_SLOWDOWN, msg, f"{near[0][1][-1].value} °C left", evidence)
-        stuck = _last(
-            _series(facts, cfg, g, tr.CLOCK, counter=False),
+        stuck = ts.last(
+            ts.series(facts, cfg, g, trend_history.CLOCK, counter=False),
             t.clock_reads,
             lambda v: v >= t.clock_shortfall_percent,
         )
@@ -415,7 +352,7 @@ def check_thermal(facts: NodeFacts, cfg: Config) -> CheckResult:
                 f"(P0, ≥ {t.clock_busy_percent:g} % utilization) with no clock event reason, "
                 f"{within(t.clock_reads, stuck)}"
             )
-            evidence = (*_lines(source, g, "clocks"), _kept("% below the application clock", stuck))
+            evidence = (*ts.lines(source, g, "clocks"), ts.kept("% below the application clock", stuck))
             yield Warn(CLOCK_STUCK, msg, f"{stuck[-1].value} % below", evidence)
 
     def applies(g: Gpu) -> bool:

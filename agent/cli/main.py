@@ -15,7 +15,7 @@ from agent.cli.render import explain, table
 from agent.cli.status import AGENT_SELECTOR, EXIT_UNAVAILABLE
 from agent.cli.status import FORMATS as STATUS_FORMATS
 from agent.config import ConfigError, load_config_dir
-from agent.core import trends
+from agent.core import trend_history
 from agent.core.facts import Input
 from agent.core.node_keys import DEFAULT_PREFIX
 from agent.core.results_doc import now_iso, results_document
@@ -206,7 +206,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             boot_id=facts.boot_id,
             instance_type=facts.instance_type,
             gpus=gpu_verdicts(verdict.results, facts.gpus, verdict.status),
-            trends=trends.to_doc(facts.trends),
+            trends=trend_history.to_doc(facts.trends),
         )
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:

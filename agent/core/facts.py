@@ -1,5 +1,7 @@
 """NodeFacts: everything the probes read about one node, the single input of every check; Input:
-the names of the inputs it holds (what a check reads, what a tier refreshes, what `--only` probes)."""
+the names of the inputs it holds (what a check reads, what a tier refreshes, what `--only` probes).
+Each input is defined once, in agent/probes/inputs.py (its type, readers, tier, previous read): the
+other layers read that spec, and tests/test_inputs.py holds these fields to it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
 from agent.core.rdma import RdmaSample
 from agent.core.topo import TopoMatrix
-from agent.core.trends import TrendHistory
+from agent.core.trend_history import TrendHistory
 
 
 class Input(str, enum.Enum):
@@ -61,4 +63,6 @@ class NodeFacts:
     host: Probed[HostInfo] = NotCaptured("sysfs cpu/node")
     nvlink_errors: Probed[NvlinkErrorSample] = NotCaptured("NVLink error counters")
     nvlink_errors_previous: NvlinkErrorSample | None = None  # the previous read, for rates
-    trends: TrendHistory = TrendHistory()  # the kept reads (core/trends.py), this cycle's included when due
+    trends: TrendHistory = (
+        TrendHistory()
+    )  # the kept reads (core/trend_history.py), this cycle's included when due

@@ -48,7 +48,7 @@ class Marks:
     taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
     unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
     config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
-    # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
+    # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
 

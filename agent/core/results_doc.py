@@ -12,14 +12,14 @@ from agent import __version__
 from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity
 from agent.core.text import shorten
-from agent.core.trends import TRENDS_FIELD, drop_oldest_read
+from agent.core.trend_history import TRENDS_FIELD, drop_oldest_read
 
 RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
 HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
-# TRENDS_FIELD ("trends", core/trends.py): the kept reads the trend warnings judge
+# TRENDS_FIELD ("trends", core/trend_history.py): the kept reads the trend warnings judge
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)

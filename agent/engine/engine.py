@@ -8,7 +8,6 @@ Each tier refreshes only its own inputs; a check reads the freshest value of eve
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -18,18 +17,14 @@ from typing import Any
 
 from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
-from agent.core import trends
+from agent.core import trend_history
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
 from agent.core.gpu import GpuInventory
-from agent.core.kernel import KernelXids
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Keys, Reason
-from agent.core.nvlink import NvlinkErrorSample
-from agent.core.pci import PciSample
-from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
-from agent.core.rdma import RdmaSample
+from agent.core.probed import Probed, ProbeError, ProbeErrorKind
 from agent.core.results_doc import encode, now_iso, results_document, stale_after_s
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -42,7 +37,8 @@ from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
 from agent.engine.verdict import decide
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
-from agent.probes.source import Source, assemble_facts, resolve_instance_type, source_readers
+from agent.probes.inputs import keep_previous_reads, record_reads, source_readers, unread_readers
+from agent.probes.source import Source, assemble_facts, resolve_instance_type, with_read
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -79,9 +75,7 @@ class Engine:
         self.inputs: dict[Input, Any] = {}
         self.results: dict[str, CheckResult] = {}
         self.result_at: dict[str, str] = {}
-        self.rdma_previous: RdmaSample | None = None
-        self.pci_previous: PciSample | None = None
-        self.nvlink_errors_previous: NvlinkErrorSample | None = None
+        self.previous: dict[Input, Any] = {}  # the last read that worked of each input whose spec keeps one
         self.heartbeat = clock()
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
@@ -93,11 +87,7 @@ class Engine:
     ) -> None:
         """How inputs are read beyond the source; a reload that rebuilt the DCGM client calls it again."""
         self.extra_inputs, self.progress = extra_inputs, progress
-        self._readers = {
-            **source_readers(self.source),
-            Input.DCGM_HEALTH: lambda: NotCaptured("dcgm health (no host engine configured)"),
-            **extra_inputs,
-        }
+        self._readers = {**unread_readers(), **source_readers(self.source), **extra_inputs}
 
     @property
     def cfg(self) -> Config:
@@ -186,29 +176,21 @@ class Engine:
 
     def run_tier(self, tier: str) -> list[CheckResult]:
         started = self.clock()
-        if tier == "efa":
-            prev = self.inputs.get(Input.RDMA)
-            self.rdma_previous = prev if isinstance(prev, RdmaSample) else self.rdma_previous
-        if Input.PCI in TIER_INPUTS[tier]:
-            prev_pci = self.inputs.get(Input.PCI)
-            self.pci_previous = prev_pci if isinstance(prev_pci, PciSample) else self.pci_previous
-        if Input.NVLINK_ERRORS in TIER_INPUTS[tier]:
-            prev_nv = self.inputs.get(Input.NVLINK_ERRORS)
-            if isinstance(prev_nv, NvlinkErrorSample):
-                self.nvlink_errors_previous = prev_nv
-        for name in TIER_INPUTS[tier]:
+        names = TIER_INPUTS[tier]
+        keep_previous_reads(self.previous, self.inputs, names)
+        for name in names:
             self.inputs[name] = self._read(name)
-        kernel = self.inputs.get(Input.KERNEL)
-        if tier == "xid" and isinstance(kernel, KernelXids):
-            self.metrics.record_kernel_log(kernel.records, kernel.lost, kernel.untallied)
+        record_reads(self.metrics, self.inputs, names)
         facts = self.facts()
         if tier == "gpu":
             self.state.observe_boot(self.source.boot_id())
             # One read per gpu cycle, kept when due: the trend checks below judge the kept reads.
             t = self.cfg.trends
-            read = trends.take_read(replace(facts, boot_id=self.boot_id), self.wall(), t.clock_busy_percent)
-            self.state.trends = trends.advance(self.state.trends, read, t.read_spacing_s, t.keep_reads)
-            facts = replace(facts, trends=self.state.trends, boot_id=self.boot_id)
+            facts = replace(facts, boot_id=self.boot_id)
+            facts = with_read(
+                facts, self.state.trends, self.wall(), t.read_spacing_s, t.keep_reads, t.clock_busy_percent
+            )
+            self.state.trends = facts.trends
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
         results = run_checks(specs, facts, self.cfg)  # below: confirmAfter (engine/confirm.py)
         results = self.state.confirm.judge(results, self.cfg.node.confirm_after, RULES)
@@ -249,9 +231,7 @@ class Engine:
             self.cfg,
             {**self.inputs, Input.NODE: self._node()},
             boot_id=self.boot_id,
-            rdma_previous=self.rdma_previous,
-            pci_previous=self.pci_previous,
-            nvlink_errors_previous=self.nvlink_errors_previous,
+            previous=self.previous,
         )
         return replace(facts, trends=self.state.trends)
 
@@ -311,7 +291,7 @@ class Engine:
             stale_after=stale_after_s(self.cfg.intervals.gpu),
             gpus=gpus,
             history=[seen.as_dict() for seen in self.state.history.values()],
-            trends=trends.to_doc(self.state.trends),
+            trends=trend_history.to_doc(self.state.trends),
             remediation=self.state.remediation_document(),
             last_clear=self.state.last_clear,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
@@ -340,7 +320,7 @@ class Engine:
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
-            trends_digest=trends.counters_digest(self.state.trends),
+            trends_digest=trend_history.counters_digest(self.state.trends),
             remediation=remediation_marks(
                 policy.remediation_conditions,
                 self.state.remediation,
@@ -388,30 +368,3 @@ class Engine:
                 )
             )
         return tuple(events)
-
-
-def fingerprint(marks: Marks) -> str:
-    """What makes a write necessary: everything but timestamps, durations and the trend reads whose
-    counters did not move (core/trends.counters_digest: they ride along with the next write)."""
-    doc = json.loads(marks.results_json)
-    doc.pop("checkedAt", None)
-    doc.pop(trends.TRENDS_FIELD, None)  # stands as marks.trends_digest
-    for c in doc.get("checks", []):
-        c.pop("at", None)
-        c.pop("durationMs", None)
-    return "|".join(
-        (
-            marks.status.value,
-            marks.severity.label,
-            str(marks.taint),
-            marks.taint_value,
-            marks.taint_effect,
-            str(marks.unhealthy_label),
-            marks.condition_status,
-            marks.condition_reason,
-            marks.condition_message,
-            marks.trends_digest,
-            *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
-            encode(doc),
-        )
-    )

@@ -17,7 +17,7 @@ from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import GpuInventory
 from agent.core.pci import normalize_pci, short_pci
 from agent.core.severity import Severity, Status
-from agent.core.trends import CHECK_PREFIX
+from agent.core.trend_history import CHECK_PREFIX
 
 PCI = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\b")
 MAX_PODS = 8  # per GPU in the annotation; the rest counted

@@ -24,8 +24,8 @@ from agent.core.probed import Probed
 from agent.core.results_doc import stale_after_s
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.text import shorten
-from agent.engine.engine import Engine, fingerprint
-from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s
+from agent.engine.engine import Engine
+from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s, fingerprint
 from agent.probes.kernel_follow import KernelFollower
 from agent.probes.source import Source
 

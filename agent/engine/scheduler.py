@@ -1,5 +1,5 @@
-"""When each tier runs: the tiers, the inputs each refreshes, their intervals from config, and the
-jitter that keeps a fleet's nodes from probing in step."""
+"""When each tier runs: the tiers, the inputs each refreshes (their specs name the tier), their
+intervals from config, and the jitter that keeps a fleet's nodes from probing in step."""
 
 from __future__ import annotations
 
@@ -9,15 +9,8 @@ from collections.abc import Callable
 from agent.config import Config
 from agent.config.settings import Intervals
 from agent.core.facts import Input
+from agent.probes.inputs import SPECS
 
-TIER_INPUTS: dict[str, tuple[Input, ...]] = {
-    "gpu": (Input.GPUS,),
-    "xid": (Input.KERNEL,),
-    "efa": (Input.RDMA,),
-    "topology": (Input.TOPO, Input.NVLINK, Input.PCI, Input.HOST, Input.NVLINK_ERRORS),
-    "dcgm-health": (Input.DCGM_HEALTH,),
-    "dcgm-diag": (Input.DCGM_DIAG,),
-}
 TIER_INTERVAL: dict[str, Callable[[Intervals], float]] = {
     "gpu": lambda i: i.gpu,
     "xid": lambda i: i.gpu,  # a periodic re-read besides the kernel log's wake-ups
@@ -25,6 +18,10 @@ TIER_INTERVAL: dict[str, Callable[[Intervals], float]] = {
     "topology": lambda i: i.topology,
     "dcgm-health": lambda i: i.dcgm_health,
     "dcgm-diag": lambda i: i.dcgm_diag,
+}
+# What each tier refreshes: the inputs whose spec (probes/inputs.py) names it, in the specs' order.
+TIER_INPUTS: dict[str, tuple[Input, ...]] = {
+    tier: tuple(s.input for s in SPECS if s.tier == tier) for tier in TIER_INTERVAL
 }
 
 

@@ -23,8 +23,8 @@ from agent.core.results_doc import LAST_CLEAR_FIELD, REMEDIATION_FIELD, TAINT_FI
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
 from agent.core.text import shorten
-from agent.core.trends import TRENDS_FIELD, TrendHistory
-from agent.core.trends import parse as parse_trends
+from agent.core.trend_history import TRENDS_FIELD, TrendHistory
+from agent.core.trend_history import parse as parse_trends
 from agent.engine import history
 from agent.engine.confirm import Confirmations
 
@@ -141,7 +141,7 @@ class EngineState:
         self.remediation: dict[str, Recovery] = {}
         self.last_status: Status | None = None
         self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
-        self.trends = TrendHistory()  # the kept reads the trend warnings judge (core/trends.py)
+        self.trends = TrendHistory()  # the kept reads the trend warnings judge (core/trend_history.py)
         self.confirm = Confirmations()  # findings a transient can trip, until node.confirmAfter runs
         self._last_gpu_run_seen = -1.0
 

@@ -1,4 +1,5 @@
-"""What the agent does after writing its Marks: back off after a failed write (1, 2, 4 … 30 s), and
+"""Whether the agent writes its Marks at all (fingerprint: what makes a write necessary), and what it
+does after writing them: back off after a failed write (1, 2, 4 … 30 s), and
 ask again while the brake holds its taint back, or the repair budget or a wave hold a new remediation
 mark (every min(30 s, intervals.gpu): they open by themselves, and only held nodes pay that list).
 The agent loop and bench/fleet.py use this one object, so the fleet benchmark measures the agent's
@@ -6,10 +7,14 @@ own policy, not a copy of it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Protocol
 
 from agent.config import Config
+from agent.core import trend_history
+from agent.core.marks import Marks
+from agent.core.results_doc import encode
 
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 30.0
@@ -47,3 +52,30 @@ class WritePolicy:
             return wait
         self.delay = FIRST_RETRY_S
         return self.reask_s() if outcome.brake_open or outcome.remediation_held else None
+
+
+def fingerprint(marks: Marks) -> str:
+    """What makes a write necessary: everything but timestamps, durations and the trend reads whose
+    counters did not move (core/trend_history.counters_digest: they ride along with the next write)."""
+    doc = json.loads(marks.results_json)
+    doc.pop("checkedAt", None)
+    doc.pop(trend_history.TRENDS_FIELD, None)  # stands as marks.trends_digest
+    for c in doc.get("checks", []):
+        c.pop("at", None)
+        c.pop("durationMs", None)
+    return "|".join(
+        (
+            marks.status.value,
+            marks.severity.label,
+            str(marks.taint),
+            marks.taint_value,
+            marks.taint_effect,
+            str(marks.unhealthy_label),
+            marks.condition_status,
+            marks.condition_reason,
+            marks.condition_message,
+            marks.trends_digest,
+            *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
+            encode(doc),
+        )
+    )

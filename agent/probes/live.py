@@ -33,8 +33,8 @@ from agent.probes.kernel_tail import KernelTail
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure, with_lost_lines
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
+from agent.probes.reading import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
-from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 log = logging.getLogger("gpu-healthcheck.probes")

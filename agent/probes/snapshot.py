@@ -41,7 +41,7 @@ from agent.probes.nvlink_errors import parse_nvlink_errors_json
 from agent.probes.nvsmi_errors import with_lost_lines
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.source import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
+from agent.probes.reading import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.topo import parse_topo
 
 XML, TEXT, TOPO, NVLINK = (

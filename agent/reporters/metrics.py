@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from agent.core.findings import CheckResult
 from agent.core.severity import Severity, Status
-from agent.core.trends import CHECK_PREFIX
+from agent.core.trend_history import CHECK_PREFIX
 from agent.reporters.node_story import NodeState
 
 NS = "gpu_healthcheck"

@@ -9,25 +9,23 @@ load, NVLink errors, AER), persistent ones live in the GPU's InfoROM (remapped r
 pages). A trend is judged on a run: the trailing reads of one continuous count (RUN below), so a
 reset never looks like growth, nor like negative growth, and a read that is missing never counts.
 
-Pure: the engine calls take_read and advance on each gpu-tier run, `check` on its one read; both
-hand the checks the history with this read in it (when it was due).
+Pure: the engine calls take_read and advance on each gpu-tier run, `check` on its one read
+(probes/source.with_read); both hand the checks the history with this read in it (when it was due).
+The checks judge it in runs (checks/trend_series.py).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from agent.core.gpu import Gpu, GpuInventory
 from agent.core.nvlink import NvlinkErrorSample
 from agent.core.pci import PciSample
-
-if TYPE_CHECKING:
-    from agent.core.facts import NodeFacts
+from agent.core.probed import Probed
 
 TRENDS_FIELD = "trends"  # the results annotation's key
 CHECK_PREFIX = "trend."  # every trend check's name starts so (metrics count their GPUs per rule)
@@ -81,19 +79,10 @@ class TrendHistory:
         return out
 
     @functools.cached_property
-    def _runs(self) -> dict[tuple[str, int, bool, float], tuple[Point, ...]]:
+    def memo(self) -> dict[Hashable, Any]:
+        """What the checks derive from this history, kept with it (checks/trend_series.run_of): a
+        history is judged every cycle and changes once a spacing."""
         return {}
-
-    def run_of(self, gpu: str, column: int, *, counter: bool, max_gap_s: float) -> tuple[Point, ...]:
-        """run() of the GPU's points in a column (remembered: a history is judged every cycle and
-        changes once a spacing)."""
-        key = (gpu, column, counter, max_gap_s)
-        found = self._runs.get(key)
-        if found is None:
-            pts = points(self, gpu, column)
-            found = tuple(run(pts, counter=counter, volatile=column in VOLATILE, max_gap_s=max_gap_s))
-            self._runs[key] = found
-        return found
 
     @functools.cached_property
     def doc(self) -> dict[str, Any] | None:
@@ -179,15 +168,21 @@ def gpu_row(g: Gpu, nvlink: Mapping[str, int], pci: Any, busy_percent: float) ->
     )
 
 
-def take_read(facts: NodeFacts, now: float, busy_percent: float) -> Read | None:
+def take_read(
+    gpus: Probed[GpuInventory],
+    nvlink_errors: Probed[NvlinkErrorSample],
+    pci: Probed[PciSample],
+    boot_id: str | None,
+    now: float,
+    busy_percent: float,
+) -> Read | None:
     """This cycle's read, from the inputs as their tiers last read them; None when the GPU list
     could not be read whole (a trend is never built on a read that is not one)."""
-    inv = facts.gpus
-    if not isinstance(inv, GpuInventory) or not inv.gpus:
+    if not isinstance(gpus, GpuInventory) or not gpus.gpus:
         return None
-    nvlink = _nvlink_totals(facts.nvlink_errors)
-    rows = {g.lasting_name: gpu_row(g, nvlink, facts.pci, busy_percent) for g in inv.gpus}
-    return Read(int(now), boot_tag(facts.boot_id), rows)
+    nvlink = _nvlink_totals(nvlink_errors)
+    rows = {g.lasting_name: gpu_row(g, nvlink, pci, busy_percent) for g in gpus.gpus}
+    return Read(int(now), boot_tag(boot_id), rows)
 
 
 def advance(history: TrendHistory, read: Read | None, spacing_s: float, keep: int) -> TrendHistory:
@@ -200,63 +195,6 @@ def advance(history: TrendHistory, read: Read | None, spacing_s: float, keep: in
             reads = (*reads, read)
     reads = reads[-max(keep, 1) :]
     return history if reads == history.reads else TrendHistory(reads)
-
-
-def with_read(
-    facts: NodeFacts, history: TrendHistory, now: float, spacing_s: float, keep: int, busy_percent: float
-) -> NodeFacts:
-    """NodeFacts carrying the history with this cycle's read in it (when due)."""
-    return replace(facts, trends=advance(history, take_read(facts, now, busy_percent), spacing_s, keep))
-
-
-# --------------------------------------------------------------------------- judging
-
-
-def points(history: TrendHistory, gpu: str, column: int) -> tuple[Point, ...]:
-    """The GPU's value in each kept read that has it, oldest first; none unless the latest read has
-    the GPU (a GPU that did not answer now has no trend now)."""
-    columns = history.series.get(gpu)
-    return columns[column] if columns is not None else ()
-
-
-def run(pts: Sequence[Point], *, counter: bool, volatile: bool = False, max_gap_s: float) -> list[Point]:
-    """The trailing points that are one continuous series: values read (None ends it), no gap longer
-    than max_gap_s between two reads, and for a counter no decrease (a reset by a driver reload, a
-    reboot or a new board) and, for a volatile counter, one boot."""
-    out: list[Point] = []
-    for p in reversed(pts):
-        if p.value is None:
-            break
-        if out:
-            after = out[-1]
-            assert after.value is not None
-            if after.at - p.at > max_gap_s:
-                break
-            if counter and p.value > after.value:
-                break
-            if volatile and (p.boot != after.boot or not p.boot):
-                break
-        out.append(p)
-    out.reverse()
-    return out
-
-
-def hours(seconds: float) -> str:
-    """ "45 min", "2.5 h"."""
-    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
-
-
-def per_hour(first: Point, last: Point) -> float:
-    assert first.value is not None and last.value is not None
-    span = last.at - first.at
-    return (last.value - first.value) * 3600 / span if span > 0 else 0.0
-
-
-def describe(pts: Sequence[Point], unit: str = "") -> str:
-    """The reads as evidence: "10:00Z 12 · 10:15Z 15 · 10:30Z 19"."""
-    return " · ".join(
-        f"{datetime.fromtimestamp(p.at, timezone.utc).strftime('%H:%MZ')} {p.value}{unit}" for p in pts
-    )
 
 
 # --------------------------------------------------------------------------- the annotation

@@ -1,0 +1,114 @@
+"""One definition per input of the checks (InputSpec): its name and type, how the live node and a
+snapshot read it, the tier that refreshes it and whether the agent keeps its previous read. The
+sources (probes/source.py), the scheduler (engine/scheduler.py) and the engine read this table and
+name no input themselves; NodeFacts (core/facts.py, which may not import probes) holds one field
+per spec, and tests/test_inputs.py holds the two to each other.
+
+A new input is one spec here, its type and NodeFacts field in core/, its reader in each source, its
+probe and its check."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.core.dcgm_report import DiagReport, HealthReport
+from agent.core.facts import Input
+from agent.core.gpu import GpuInventory
+from agent.core.host import HostInfo
+from agent.core.kernel import KernelXids
+from agent.core.node import NodeObject
+from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
+from agent.core.pci import PciSample
+from agent.core.probed import NotCaptured, Probed
+from agent.core.rdma import RdmaSample
+from agent.core.telemetry import Telemetry
+from agent.core.topo import TopoMatrix
+from agent.probes.live import LiveSource
+from agent.probes.snapshot import SnapshotSource
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    input: Input  # its name: the NodeFacts field that holds it
+    type: type[Any]  # what a read that worked gives (the field is Probed[type])
+    live: Callable[[LiveSource], Probed[Any]] | None  # None: no source reads it (`unread`)
+    snapshot: Callable[[SnapshotSource], Probed[Any]] | None
+    tier: str | None  # the tier that refreshes it; None: read as it is now, at every evaluation
+    keep_previous: bool = False  # the agent keeps its previous read (NodeFacts.<name>_previous): rates
+    unread: str = ""  # what an engine run says for it when no source reads it and no reader was given
+    on_read: Callable[[Telemetry, Any], None] | None = None  # what a read that worked tells the metrics
+
+    @property
+    def previous_field(self) -> str:
+        return f"{self.input.value}_previous"
+
+
+def _kernel_metrics(metrics: Telemetry, kernel: KernelXids) -> None:
+    metrics.record_kernel_log(kernel.records, kernel.lost, kernel.untallied)
+
+
+# In the order a whole read runs (gather_facts) and each tier reads its inputs.
+SPECS: tuple[InputSpec, ...] = (
+    InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None),  # the writer's copy live
+    InputSpec(Input.GPUS, GpuInventory, LiveSource.gpus, SnapshotSource.gpus, "gpu"),
+    InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, SnapshotSource.topo, "topology"),
+    InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, SnapshotSource.nvlink, "topology"),
+    InputSpec(
+        Input.KERNEL, KernelXids, LiveSource.kernel, SnapshotSource.kernel, "xid", on_read=_kernel_metrics
+    ),
+    InputSpec(Input.RDMA, RdmaSample, LiveSource.rdma, SnapshotSource.rdma, "efa", keep_previous=True),
+    InputSpec(Input.DCGM_DIAG, DiagReport, LiveSource.dcgm_diag, SnapshotSource.dcgm_diag, "dcgm-diag"),
+    # No file or tool of its own: the live agent polls the DCGM host engine (an extra input).
+    InputSpec(
+        Input.DCGM_HEALTH,
+        HealthReport,
+        None,
+        None,
+        "dcgm-health",
+        unread="dcgm health (no host engine configured)",
+    ),
+    InputSpec(Input.PCI, PciSample, LiveSource.pci, SnapshotSource.pci, "topology", keep_previous=True),
+    InputSpec(Input.HOST, HostInfo, LiveSource.host, SnapshotSource.host, "topology"),
+    InputSpec(
+        Input.NVLINK_ERRORS,
+        NvlinkErrorSample,
+        LiveSource.nvlink_errors,
+        SnapshotSource.nvlink_errors,
+        "topology",
+        keep_previous=True,
+    ),
+)
+SPEC: dict[Input, InputSpec] = {s.input: s for s in SPECS}
+
+
+def source_readers(source: LiveSource | SnapshotSource) -> dict[Input, Callable[[], Probed[Any]]]:
+    """How this source reads each input it reads (an input no source reads is left out)."""
+    if isinstance(source, LiveSource):
+        return {s.input: functools.partial(s.live, source) for s in SPECS if s.live is not None}
+    return {s.input: functools.partial(s.snapshot, source) for s in SPECS if s.snapshot is not None}
+
+
+def unread_readers() -> dict[Input, Callable[[], Probed[Any]]]:
+    """For each input no source reads, a reader saying so (the agent gives its own: extra inputs)."""
+    return {s.input: functools.partial(NotCaptured, s.unread) for s in SPECS if s.unread}
+
+
+def keep_previous_reads(
+    previous: dict[Input, Any], inputs: dict[Input, Any], names: tuple[Input, ...]
+) -> None:
+    """Before `names` are read again: keep each one's last read that worked, where its spec asks."""
+    for name in names:
+        spec, last = SPEC[name], inputs.get(name)
+        if spec.keep_previous and isinstance(last, spec.type):
+            previous[name] = last
+
+
+def record_reads(metrics: Telemetry, inputs: dict[Input, Any], names: tuple[Input, ...]) -> None:
+    """After `names` were read: what each read that worked tells the metrics, where its spec says."""
+    for name in names:
+        spec, value = SPEC[name], inputs.get(name)
+        if spec.on_read is not None and isinstance(value, spec.type):
+            spec.on_read(metrics, value)
