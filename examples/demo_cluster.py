@@ -21,7 +21,7 @@ from typing import Any, TextIO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests/kubeenv and bench/_kube, when run as a script
 
-from agent.core.contract import Keys  # noqa: E402
+from agent.core.node_keys import Keys  # noqa: E402
 from bench._kube import AgentProcess, snapshot_copy, wait_for  # noqa: E402
 from tests.kubeenv.binaries import KubeUnavailable, ensure_binaries  # noqa: E402
 
