@@ -83,6 +83,36 @@ def init_failure(exc: BaseException) -> ToolReportedFailure | NvmlUnavailable:
     return ToolReportedFailure(f"NVML: initialisation failed ({why})")
 
 
+def status_text(nv: ModuleType, value: int) -> str:
+    """NVML's words for a return code that came as a number (a struct's status field)."""
+    try:
+        return describe(nv.NVMLError(value))
+    except Exception:
+        return f"NVML error {value}"
+
+
+class GpuLost(Exception):
+    """The GPU stopped answering in the middle of being read."""
+
+
+def optional(nv: ModuleType, fn: Callable[..., Any] | None, *args: Any, basic: bool = False) -> Any:
+    """Call an NVML getter: its value, or None when not supported / not readable.
+
+    GPU_IS_LOST and RESET_REQUIRED always mean the GPU is gone (raise GpuLost); UNKNOWN does too
+    on the basic identity queries, where nvidia-smi reports the same GPU as lost.
+    """
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except nv.NVMLError as exc:
+        check_session(exc)
+        c = code(exc)
+        if c in (GPU_IS_LOST, RESET_REQUIRED) or (basic and c == UNKNOWN):
+            raise GpuLost(f"{getattr(fn, '__name__', 'NVML call')}: {describe(exc)}") from None
+        return None
+
+
 class SessionGone(Exception):
     """NVML answered UNINITIALIZED: the session behind this read is no longer there."""
 
