@@ -31,7 +31,7 @@ def first(values: list[Any]) -> Any:
 
 def single_else_sum(values: list[Any]) -> Any:
     """R550+ split one SRAM count into parity + SEC-DED: the one count, else the parts' sum."""
-    return values[0] if values[0] is not None else add_optional(*values[1:])
+    return values[0] if values and values[0] is not None else add_optional(*values[1:])
 
 
 def any_of(values: list[Any]) -> Any:
@@ -244,7 +244,7 @@ FIELDS: tuple[Field, ...] = (
 )  # fmt: skip
 BY_NAME = {f.name: f for f in FIELDS}
 # NVML's identity queries (with the PCI info): asked first; UNKNOWN on them means the GPU is lost.
-_IDENTITY = (BY_NAME["name"], BY_NAME["uuid"])
+_IDENTITY = ("name", "uuid")
 
 # The fields no row reads by value, and where each reader finds them.
 IDENTITY = {
@@ -276,10 +276,10 @@ def read_view(lookup: Callable[[Any], str | None], view: str) -> dict[str, Any]:
 def read_nvml(device: nv.Device, after_identity: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Every row's value through NVML (a row NVML is not asked for stays out: the model's default).
     The identity queries come first, then `after_identity()` (the reader's say on going on)."""
-    values = {f.name: f.nvml(device) for f in _IDENTITY if f.nvml is not None}
+    values = {f.name: f.nvml(device) for f in FIELDS if f.name in _IDENTITY and f.nvml is not None}
     after_identity()
     for f in FIELDS:
-        if f.nvml is not None and f not in _IDENTITY:
+        if f.nvml is not None and f.name not in _IDENTITY:
             values[f.name] = f.nvml(device)
     return values
 
