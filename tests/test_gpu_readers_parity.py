@@ -146,7 +146,7 @@ def test_text_xml_and_nvml_give_the_same_model(name: str, fake_nvml: Any) -> Non
 def test_every_field_of_the_model_has_its_row_and_every_gap_is_stated(fake_nvml: Any) -> None:
     def leaves(cls: type, prefix: str = "") -> set[str]:
         out: set[str] = set()
-        for name, (part, _) in gpu_fields._parts(cls).items():
+        for name, (part, _) in gpu_fields.parts_of(cls).items():
             out |= leaves(part, f"{prefix}{name}.") if part is not None else {prefix + name}
         return out
 

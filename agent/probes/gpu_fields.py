@@ -244,7 +244,7 @@ FIELDS: tuple[Field, ...] = (
 )  # fmt: skip
 BY_NAME = {f.name: f for f in FIELDS}
 # NVML's identity queries (with the PCI info): asked first; UNKNOWN on them means the GPU is lost.
-_IDENTITY = ("name", "uuid")
+_ASKED_FIRST = ("name", "uuid")
 
 # The fields no row reads by value, and where each reader finds them.
 IDENTITY = {
@@ -276,10 +276,10 @@ def read_view(lookup: Callable[[Any], str | None], view: str) -> dict[str, Any]:
 def read_nvml(device: nv.Device, after_identity: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Every row's value through NVML (a row NVML is not asked for stays out: the model's default).
     The identity queries come first, then `after_identity()` (the reader's say on going on)."""
-    values = {f.name: f.nvml(device) for f in FIELDS if f.name in _IDENTITY and f.nvml is not None}
+    values = {f.name: f.nvml(device) for f in FIELDS if f.name in _ASKED_FIRST and f.nvml is not None}
     after_identity()
     for f in FIELDS:
-        if f.nvml is not None and f.name not in _IDENTITY:
+        if f.nvml is not None and f.name not in _ASKED_FIRST:
             values[f.name] = f.nvml(device)
     return values
 
@@ -289,7 +289,7 @@ def model_parts(values: Mapping[str, Any], cls: type = Gpu, prefix: str = "") ->
     its rows, and a part the model allows to be None (retired_pages, fabric, ...) is None when none of
     its values was read (the view printed N/A or nothing)."""
     kwargs: dict[str, Any] = {}
-    for name, (part, optional) in _parts(cls).items():
+    for name, (part, optional) in parts_of(cls).items():
         path = prefix + name
         if part is None:
             if path in values:
@@ -300,17 +300,17 @@ def model_parts(values: Mapping[str, Any], cls: type = Gpu, prefix: str = "") ->
     return kwargs
 
 
-_PARTS: dict[type, dict[str, tuple[Any, bool]]] = {}
+_PARTS_OF: dict[type, dict[str, tuple[Any, bool]]] = {}
 
 
-def _parts(cls: type) -> dict[str, tuple[Any, bool]]:
+def parts_of(cls: type) -> dict[str, tuple[Any, bool]]:
     """Each field of a model class: its part's class (None: a value) and whether it may be None."""
-    if cls not in _PARTS:
+    if cls not in _PARTS_OF:
         hints = typing.get_type_hints(cls)
         out: dict[str, tuple[Any, bool]] = {}
         for f in fields(cls):
             args = typing.get_args(hints[f.name]) or (hints[f.name],)
             part = next((a for a in args if isinstance(a, type) and is_dataclass(a)), None)
             out[f.name] = (part, type(None) in args)
-        _PARTS[cls] = out
-    return _PARTS[cls]
+        _PARTS_OF[cls] = out
+    return _PARTS_OF[cls]

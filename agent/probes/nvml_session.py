@@ -1,4 +1,6 @@
-"""One NVML initialisation kept across reads, shared by every NVML reader of the agent.
+"""One NVML initialisation kept across reads, shared by every NVML reader of the agent; and the one
+place NVML's return codes are named and its errors mapped (`code`, `describe`, `status_text`,
+`init_failure`; `optional`: a getter's failure is "not answered", or the GPU is lost).
 
 nvmlInit plus attaching a GPU (its first nvmlDeviceGetHandleByIndex) cost most of an NVML read
 (31 ms of CPU per read on an H100, 4.7 ms with the session kept open). So NVML is initialised once

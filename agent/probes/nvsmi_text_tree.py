@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from agent.probes.nvsmi_errors import is_lost_gpu_line
 
@@ -28,6 +29,15 @@ class Node:
     children: list[Node] = field(default_factory=list)
     garbled: bool = False  # the line holds bytes nvidia-smi never prints (NUL, not UTF-8)
     after_blank: bool = False  # a blank line came just before it
+    _first: dict[str, Node] | None = field(default=None, repr=False, compare=False)
+
+    def _child(self, key: str) -> Node | None:
+        """The first child with this normalised key (indexed on first use: the tree is complete)."""
+        if self._first is None:
+            self._first = {}
+            for c in self.children:
+                self._first.setdefault(c.key, c)
+        return self._first.get(key)
 
     def child(self, *path: str) -> Node | None:
         """First node along a path of keys (case-insensitive; ANY_DEPTH: at any depth), or None."""
@@ -39,8 +49,7 @@ class Node:
             if key == ANY_DEPTH:
                 node = node.find(next(keys))
                 continue
-            want = norm(key)
-            node = next((c for c in node.children if c.key == want), None)
+            node = node._child(norm(key))
         return node
 
     def get(self, *path: str) -> str | None:
@@ -59,6 +68,7 @@ class Node:
         return None
 
 
+@lru_cache(maxsize=4096)
 def norm(key: str) -> str:
     return " ".join(key.split()).lower()
 
