@@ -1,8 +1,8 @@
 """Parse plain `nvidia-smi -q` (and `-q -d SECTION` views) into the GPU model.
 
-The output is an indentation tree. Every value is looked up by its full section path, never by a
-bare key: "Pending" is a pending MIG mode under "MIG Mode", a pending ECC mode under "ECC Mode",
-and a fault (row remap pending, needs a reset) under "Remapped Rows"."""
+The output is read as an indentation tree (nvsmi_text_tree), checked for damage (nvsmi_text_damage),
+and each GPU block's values are read by their full section paths in the field table (gpu_fields):
+this module decides which blocks are GPUs and whether the output is whole."""
 
 from __future__ import annotations
 

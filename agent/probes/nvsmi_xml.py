@@ -1,4 +1,5 @@
-"""Parse `nvidia-smi -q -x` (DTD v11, v12, v13) into the GPU model.
+"""Parse `nvidia-smi -q -x` (DTD v11, v12, v13) into the GPU model; each <gpu> element's values are
+read by their element paths in the field table (gpu_fields).
 
 The stdlib parser never fetches the DOCTYPE's external DTD; documents that declare their own
 entities are refused outright (no entity-expansion games from a file we did not write)."""
