@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.checks import gpu
+from agent.checks import gpu, gpu_memory
 from agent.config import Config, load_config_dir, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
@@ -96,8 +96,8 @@ def test_responsive_tells_a_hung_tool_from_a_garbled_file(
 def test_every_gpu_check_is_skipped_when_nothing_was_captured() -> None:
     for fn in (
         gpu.check_count,
-        gpu.check_ecc,
-        gpu.check_row_remap,
+        gpu_memory.check_ecc,
+        gpu_memory.check_row_remap,
         gpu.check_throttle,
         gpu.check_allocatable,
     ):
@@ -108,42 +108,48 @@ def test_every_gpu_check_is_skipped_when_nothing_was_captured() -> None:
 
 
 def test_ecc_passes_on_a_real_node() -> None:
-    assert gpu.check_ecc(facts(H100), CFG).status is Status.PASS
+    assert gpu_memory.check_ecc(facts(H100), CFG).status is Status.PASS
 
 
 def test_ecc_volatile_dram_uncorrectable_needs_a_reset() -> None:
-    r = gpu.check_ecc(facts("DERIVED-h100x8-ecc-dram-uncorrectable.txt"), CFG)
+    r = gpu_memory.check_ecc(facts("DERIVED-h100x8-ecc-dram-uncorrectable.txt"), CFG)
     only_finding(r, "gpu.ecc.dram-uncorrectable", Severity.RESET, "0000:75:00.0")
     assert r.status is Status.FAIL and len(r.findings) == 1
 
 
 def test_ecc_sram_uncorrectable_isolates() -> None:
-    r = gpu.check_ecc(facts("DERIVED-h100x8-ecc-sram-uncorrectable.txt"), CFG)
+    r = gpu_memory.check_ecc(facts("DERIVED-h100x8-ecc-sram-uncorrectable.txt"), CFG)
     only_finding(r, "gpu.ecc.sram-uncorrectable", Severity.ISOLATE, "0000:75:00.0")
 
 
 def test_row_remap_passes_on_a_real_node() -> None:
-    assert gpu.check_row_remap(facts(H100), CFG).status is Status.PASS
+    assert gpu_memory.check_row_remap(facts(H100), CFG).status is Status.PASS
 
 
 def test_row_remap_pending_on_a_real_a100_needs_a_reset() -> None:
-    r = gpu.check_row_remap(facts("thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending.txt"), CFG)
+    r = gpu_memory.check_row_remap(
+        facts("thamada-a100-sxm4-80gb-x4-555.42.02-dram-ce-353-remap-pending.txt"), CFG
+    )
     only_finding(r, "gpu.row-remap.pending", Severity.RESET)
     assert len(r.findings) == 1 and r.status is Status.FAIL
 
 
 def test_row_remap_failure_isolates() -> None:
-    r = gpu.check_row_remap(facts("DERIVED-h100x8-row-remap-failure.txt"), CFG)
+    r = gpu_memory.check_row_remap(facts("DERIVED-h100x8-row-remap-failure.txt"), CFG)
     only_finding(r, "gpu.row-remap.failure", Severity.ISOLATE, "0000:75:00.0")
 
 
 def test_retired_pages_clean_on_a_real_azure_node() -> None:
-    r = gpu.check_retired_pages(facts("aznhc-azure-8gpu-535.86.10-page-retirement-clean.txt", None), CFG)
+    r = gpu_memory.check_retired_pages(
+        facts("aznhc-azure-8gpu-535.86.10-page-retirement-clean.txt", None), CFG
+    )
     assert r.status is Status.PASS
 
 
 def test_retired_pages_real_bad_recording() -> None:
-    r = gpu.check_retired_pages(facts("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt", None), CFG)
+    r = gpu_memory.check_retired_pages(
+        facts("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt", None), CFG
+    )
     assert r.status is Status.FAIL and r.severity is Severity.ISOLATE
     rules = {f.rule for f in r.findings}
     assert {"gpu.retired-pages.double-bit", "gpu.retired-pages.pending"} <= rules
@@ -153,12 +159,14 @@ def test_retired_pages_real_bad_recording() -> None:
 
 def test_retired_pages_single_bit_threshold_is_configurable() -> None:
     cfg = parse_config({"thresholds": {"retiredPagesSingleBitMax": 10}}, None, None)
-    r = gpu.check_retired_pages(facts("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt", None), cfg)
+    r = gpu_memory.check_retired_pages(
+        facts("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt", None), cfg
+    )
     assert any(f.rule == "gpu.retired-pages.single-bit" and "60 single-bit" in f.message for f in r.findings)
 
 
 def test_retired_pages_do_not_apply_to_ampere_and_later() -> None:
-    assert gpu.check_retired_pages(facts(H100), CFG).status is Status.SKIPPED
+    assert gpu_memory.check_retired_pages(facts(H100), CFG).status is Status.SKIPPED
 
 
 # --------------------------------------------------------------------------- recovery, clocks, link
@@ -243,7 +251,7 @@ def test_a_rule_severity_can_be_overridden_and_silenced() -> None:
 
 
 def test_an_empty_inventory_is_skipped_not_passed() -> None:
-    r = gpu.check_ecc(NodeFacts(gpus=GpuInventory(source="nvml")), CFG)
+    r = gpu_memory.check_ecc(NodeFacts(gpus=GpuInventory(source="nvml")), CFG)
     assert r.status is Status.SKIPPED
 
 
@@ -320,13 +328,13 @@ def test_a_snapshot_merges_lost_gpus_from_the_text_view_into_the_xml_view(tmp_pa
         ),
         (
             {"ecc": EccErrors(sram_threshold_exceeded=True)},
-            gpu.check_ecc,
+            gpu_memory.check_ecc,
             "gpu.ecc.sram-threshold",
             Severity.ISOLATE,
         ),
         (
             {"ecc": EccErrors(volatile_double_bit_total=1)},
-            gpu.check_ecc,
+            gpu_memory.check_ecc,
             "gpu.ecc.dram-uncorrectable",
             Severity.RESET,
         ),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.checks import gpu
+from agent.checks import gpu, gpu_memory
 from agent.checks.registry import CHECKS, RULE_BOOK, RULES
 from agent.config import ConfigError, load_config_dir, parse_config
 from agent.core.severity import Severity
@@ -24,7 +24,7 @@ def test_shipped_directory_loads_with_profiles_and_catalog() -> None:
     cfg = load_config_dir(CONFIG)
     assert "p5.48xlarge" in cfg.profiles and cfg.profiles["p5.48xlarge"].gpu_count == 8
     assert cfg.xid_severity(79) is Severity.REBOOT
-    assert cfg.severity(gpu.ECC_DRAM_UNCORRECTABLE) is Severity.RESET
+    assert cfg.severity(gpu_memory.ECC_DRAM_UNCORRECTABLE) is Severity.RESET
 
 
 @pytest.mark.parametrize(
@@ -94,4 +94,4 @@ def test_severity_overrides_name_rules_the_checks_own() -> None:
     cfg = parse_config({"severities": {"gpu.pcie.width": "reset", "xid.sxid": "none"}}, rules=RULE_BOOK)
     assert cfg.severity(gpu.PCIE_WIDTH) is Severity.RESET
     assert cfg.severity(RULES["xid.sxid"]) is Severity.NONE
-    assert cfg.severity(gpu.ECC_DRAM_UNCORRECTABLE) is Severity.RESET  # not overridden: the default
+    assert cfg.severity(gpu_memory.ECC_DRAM_UNCORRECTABLE) is Severity.RESET  # not overridden: the default

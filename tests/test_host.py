@@ -15,9 +15,10 @@ from agent.core.facts import NodeFacts
 from agent.core.gpu import GpuInventory, GpuPower
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
+from agent.probes.gpu_fields import model_parts, read_nvml
+from agent.probes.gpu_fields_nvml import Device
 from agent.probes.host import parse_cpulist
 from agent.probes.live import LiveSource
-from agent.probes.nvsmi_power import nvml_power
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import SnapshotSource
@@ -138,7 +139,8 @@ def test_power_limits_parsed_from_every_view() -> None:
     assert xml.gpus[0].power == text.gpus[0].power == GpuPower("P0", 700.0, 700.0)
     assert old.gpus[0].power == GpuPower("P0", 70.0, 70.0)  # pre-v12 <power_readings>/<enforced_power_limit>
     values = {"nvmlDeviceGetPerformanceState": 8, "nvmlDeviceGetEnforcedPowerLimit": 500000}
-    assert nvml_power(values.get) == GpuPower("P8", 500.0, None)
+    nvml = Device(lambda fn, *args, basic=False: values.get(fn))  # NVML's getters answering `values`
+    assert model_parts(read_nvml(nvml))["power"] == GpuPower("P8", 500.0, None)
 
 
 def test_power_passes_on_the_real_h100_and_h100x8() -> None:

@@ -1,10 +1,12 @@
-"""GPU checks on the NVML / nvidia-smi inventory. Each is a pure function of NodeFacts and Config."""
+"""GPU checks on the NVML / nvidia-smi inventory. Each is a pure function of NodeFacts and Config.
+The memory-health family (ECC, row remapping, retired pages) is in gpu_memory; CHECKS lists both,
+in report order."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.checks import CheckSpec, gpu_finding, input_gap, per_gpu, readable
+from agent.checks import CheckSpec, gpu_finding, gpu_memory, input_gap, per_gpu, readable
 from agent.config import Config
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
@@ -32,34 +34,6 @@ RESPONSIVE_DRIVER = Rule(
     "nvidia-smi/NVML cannot talk to the driver (not loaded, version mismatch)",
     confirm=True,
 )  # also a tool that exited non-zero without output, and a driver caught mid-reload
-ECC_DRAM_UNCORRECTABLE = Rule(
-    "gpu.ecc.dram-uncorrectable",
-    Severity.RESET,
-    "volatile uncorrectable DRAM ECC errors",
-)
-ECC_SRAM_UNCORRECTABLE = Rule(
-    "gpu.ecc.sram-uncorrectable",
-    Severity.ISOLATE,
-    "uncorrectable SRAM ECC errors (volatile or aggregate)",
-)
-ECC_SRAM_THRESHOLD = Rule(
-    "gpu.ecc.sram-threshold",
-    Severity.ISOLATE,
-    "aggregate SRAM error threshold exceeded",
-)
-ROW_REMAP_FAILURE = Rule("gpu.row-remap.failure", Severity.ISOLATE, "row remapping failed (no spare rows)")
-ROW_REMAP_PENDING = Rule("gpu.row-remap.pending", Severity.RESET, "a row remap waits for a GPU reset")
-RETIRED_PAGES_DOUBLE_BIT = Rule(
-    "gpu.retired-pages.double-bit",
-    Severity.ISOLATE,
-    "pages retired for double-bit ECC errors",
-)
-RETIRED_PAGES_PENDING = Rule("gpu.retired-pages.pending", Severity.REBOOT, "page retirement pending")
-RETIRED_PAGES_SINGLE_BIT = Rule(
-    "gpu.retired-pages.single-bit",
-    Severity.MONITOR,
-    "more single-bit retired pages than the threshold",
-)
 RECOVERY_ACTION_RESET = Rule("gpu.recovery-action.reset", Severity.RESET, "the driver asks for a GPU reset")
 RECOVERY_ACTION_REBOOT = Rule(
     "gpu.recovery-action.reboot",
@@ -103,14 +77,6 @@ ALLOCATABLE_BELOW_VISIBLE = Rule(
 # The Gpu.where key of the lines each rule's finding rests on (`check --explain`).
 WHERE = {
     COUNT_MODEL.name: "name",
-    ECC_DRAM_UNCORRECTABLE.name: "ecc.volatile_dram_uncorrectable",
-    ECC_SRAM_UNCORRECTABLE.name: "ecc.sram_uncorrectable",
-    ECC_SRAM_THRESHOLD.name: "ecc.sram_threshold_exceeded",
-    ROW_REMAP_FAILURE.name: "remapped_rows.failure",
-    ROW_REMAP_PENDING.name: "remapped_rows.pending",
-    RETIRED_PAGES_DOUBLE_BIT.name: "retired_pages.double_bit",
-    RETIRED_PAGES_PENDING.name: "retired_pages.pending",
-    RETIRED_PAGES_SINGLE_BIT.name: "retired_pages.single_bit",
     RECOVERY_ACTION_RESET.name: "recovery_action",
     RECOVERY_ACTION_REBOOT.name: "recovery_action",
     RECOVERY_ACTION_DRAIN.name: "recovery_action",
@@ -213,102 +179,6 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
     if unreadable is not None:
         return CheckResult(name, findings=tuple(findings), unknown=unreadable)
     return CheckResult(name, findings=tuple(findings), note=f"{len(inv.gpus)} GPU(s) answer ({inv.source})")
-
-
-# --------------------------------------------------------------------------- memory health
-
-
-def _ecc(g: Gpu) -> Iterable[tuple[Rule, str]]:
-    e = g.ecc
-    dram = e.volatile_dram_uncorrectable
-    if dram is None and e.volatile_double_bit_total is not None:
-        dram = e.volatile_double_bit_total  # pre-Ampere: double-bit = uncorrectable
-    if dram:
-        yield ECC_DRAM_UNCORRECTABLE, f"{dram} volatile uncorrectable DRAM ECC error(s)"
-    sram = max(e.volatile_sram_uncorrectable or 0, e.aggregate_sram_uncorrectable or 0)
-    if sram:
-        yield ECC_SRAM_UNCORRECTABLE, f"{sram} uncorrectable SRAM ECC error(s)"
-    if e.sram_threshold_exceeded:
-        yield ECC_SRAM_THRESHOLD, "aggregate SRAM ECC error threshold exceeded"
-
-
-def check_ecc(facts: NodeFacts, cfg: Config) -> CheckResult:
-    def has_counters(g: Gpu) -> bool:
-        e = g.ecc
-        return e.mode_enabled is not False and any(
-            v is not None
-            for v in (
-                e.volatile_dram_uncorrectable,
-                e.volatile_sram_uncorrectable,
-                e.aggregate_sram_uncorrectable,
-                e.volatile_double_bit_total,
-                e.sram_threshold_exceeded,
-            )
-        )
-
-    return per_gpu(
-        "gpu.ecc",
-        facts,
-        cfg,
-        _ecc,
-        has_counters,
-        not_applicable="no GPU reports ECC counters (ECC off or not supported)",
-        ok="no uncorrectable ECC errors",
-        where=WHERE,
-    )
-
-
-def _remap(g: Gpu) -> Iterable[tuple[Rule, str]]:
-    r = g.remapped_rows
-    assert r is not None
-    if r.failure:
-        yield ROW_REMAP_FAILURE, "row remapping failed: no spare rows left"
-    if r.pending:
-        yield (
-            ROW_REMAP_PENDING,
-            (
-                f"row remap pending (correctable {r.correctable or 0}, "
-                f"uncorrectable {r.uncorrectable or 0}); needs a GPU reset"
-            ),
-        )
-
-
-def check_row_remap(facts: NodeFacts, cfg: Config) -> CheckResult:
-    return per_gpu(
-        "gpu.row-remap",
-        facts,
-        cfg,
-        _remap,
-        lambda g: g.remapped_rows is not None,
-        not_applicable="no GPU reports row remapping (before Ampere, or MIG)",
-        ok="no remap pending or failed",
-        where=WHERE,
-    )
-
-
-def check_retired_pages(facts: NodeFacts, cfg: Config) -> CheckResult:
-    limit = cfg.thresholds.retired_pages_single_bit_max
-
-    def judge(g: Gpu) -> Iterable[tuple[Rule, str]]:
-        p = g.retired_pages
-        assert p is not None
-        if p.double_bit:
-            yield RETIRED_PAGES_DOUBLE_BIT, f"{p.double_bit} page(s) retired for double-bit ECC errors"
-        if p.pending:
-            yield RETIRED_PAGES_PENDING, "page retirement pending: takes effect after a reboot"
-        if p.single_bit is not None and p.single_bit > limit:
-            yield RETIRED_PAGES_SINGLE_BIT, f"{p.single_bit} single-bit retired pages (> {limit:g})"
-
-    return per_gpu(
-        "gpu.retired-pages",
-        facts,
-        cfg,
-        judge,
-        lambda g: g.retired_pages is not None and g.remapped_rows is None,
-        not_applicable="no GPU uses page retirement (Ampere and later remap rows instead)",
-        ok="no retired-page problem",
-        where=WHERE,
-    )
 
 
 # --------------------------------------------------------------------------- driver recovery action
@@ -479,21 +349,7 @@ CHECKS = (
         (RESPONSIVE_LOST, RESPONSIVE_TIMEOUT, RESPONSIVE_DRIVER),
     ),
     CheckSpec("gpu.count", check_count, (Input.GPUS,), "gpu", (COUNT_MISMATCH, COUNT_MODEL)),
-    CheckSpec(
-        "gpu.ecc",
-        check_ecc,
-        (Input.GPUS,),
-        "gpu",
-        (ECC_DRAM_UNCORRECTABLE, ECC_SRAM_UNCORRECTABLE, ECC_SRAM_THRESHOLD),
-    ),
-    CheckSpec("gpu.row-remap", check_row_remap, (Input.GPUS,), "gpu", (ROW_REMAP_FAILURE, ROW_REMAP_PENDING)),
-    CheckSpec(
-        "gpu.retired-pages",
-        check_retired_pages,
-        (Input.GPUS,),
-        "gpu",
-        (RETIRED_PAGES_DOUBLE_BIT, RETIRED_PAGES_PENDING, RETIRED_PAGES_SINGLE_BIT),
-    ),
+    *gpu_memory.CHECKS,  # ECC, row remapping, retired pages: checks/gpu_memory.py
     CheckSpec(
         "gpu.recovery-action",
         check_recovery_action,

@@ -1,4 +1,6 @@
-"""One NVML initialisation kept across reads, shared by every NVML reader of the agent.
+"""One NVML initialisation kept across reads, shared by every NVML reader of the agent; and the one
+place NVML's return codes are named and its errors mapped (`code`, `describe`, `status_text`,
+`init_failure`; `optional`: a getter's failure is "not answered", or the GPU is lost).
 
 nvmlInit plus attaching a GPU (its first nvmlDeviceGetHandleByIndex) cost most of an NVML read
 (31 ms of CPU per read on an H100, 4.7 ms with the session kept open). So NVML is initialised once
@@ -81,6 +83,36 @@ def init_failure(exc: BaseException) -> ToolReportedFailure | NvmlUnavailable:
     if c == UNINITIALIZED:
         return ToolReportedFailure(f"NVML: library not initialised ({why})")
     return ToolReportedFailure(f"NVML: initialisation failed ({why})")
+
+
+def status_text(nv: ModuleType, value: int) -> str:
+    """NVML's words for a return code that came as a number (a struct's status field)."""
+    try:
+        return describe(nv.NVMLError(value))
+    except Exception:
+        return f"NVML error {value}"
+
+
+class GpuLost(Exception):
+    """The GPU stopped answering in the middle of being read."""
+
+
+def optional(nv: ModuleType, fn: Callable[..., Any] | None, *args: Any, basic: bool = False) -> Any:
+    """Call an NVML getter: its value, or None when not supported / not readable.
+
+    GPU_IS_LOST and RESET_REQUIRED always mean the GPU is gone (raise GpuLost); UNKNOWN does too
+    on the basic identity queries, where nvidia-smi reports the same GPU as lost.
+    """
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except nv.NVMLError as exc:
+        check_session(exc)
+        c = code(exc)
+        if c in (GPU_IS_LOST, RESET_REQUIRED) or (basic and c == UNKNOWN):
+            raise GpuLost(f"{getattr(fn, '__name__', 'NVML call')}: {describe(exc)}") from None
+        return None
 
 
 class SessionGone(Exception):
