@@ -8,8 +8,8 @@ Why it is built this way:
   `metadata.resourceVersion` as precondition: if anyone wrote the Node meanwhile the API server
   answers 409, and we re-read and retry (tenacity, bounded).
 - The conditions go through `nodes/status` as a strategic-merge patch of just ours (the
-  conditions list merges by `type`): our condition, the remediation conditions (node_patch says what
-  each shows once the taint is decided: a node the brake holds back is not marked for the engines)
+  conditions list merges by `type`): our condition, the remediation conditions (engine/remediation
+  decides what each shows once the taint is decided: a node the brake holds back is not marked)
   and the removal of ours no longer configured. Kubelet's and others' conditions are untouched.
 - One story on the Node (node_story): the status PATCH goes first, the Node PATCH only once it
   landed; a remediation condition turns unhealthy in a second status PATCH once our taint is on;
