@@ -584,10 +584,8 @@ def test_the_agent_under_its_fenced_token_writes_its_conditions(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Forbidden" not in out, out[-3000:]
     got = conditions_of(kube, node)
-    assert (got[AHR]["status"], got[AHR]["reason"]) == (
-        "False",
-        "GPUHealthcheckXidReboot",
-    ) and "→ reboot" in got[AHR]["message"]
+    want = ("False", "GPUHealthcheckGPULostReboot")  # the xid79 snapshot's worst finding: the GPU is lost
+    assert (got[AHR]["status"], got[AHR]["reason"]) == want and "→ reboot" in got[AHR]["message"]
     assert got["GPUHealthy"]["status"] == "False"
 
 
