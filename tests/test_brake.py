@@ -13,14 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from agent.core.marks import Marks
 from agent.core.node_keys import TRUE, Keys, Reason
 from agent.core.severity import Severity, Status
-from agent.reporters.brake import (
-    Brake,
-    brake_cap,
-    brake_decision,
-    must_back_off,
-    names_in_list,
-    rank_decision,
-)
+from agent.reporters.brake import Brake, names_in_list
+from agent.reporters.brake_rule import brake_cap, brake_decision, must_back_off, rank_decision
 from agent.reporters.node_writer import NodeWriter
 from tests.kubeenv import unique_name
 

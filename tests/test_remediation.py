@@ -166,7 +166,7 @@ def test_fail_sets_unknown_never_does_and_unknown_after_fail_keeps_it(snap: Path
     verdict, marks = eng.evaluate()
     got = by_type(marks)
     assert verdict.status is Status.FAIL and verdict.severity is Severity.REBOOT
-    assert got[AHR].unhealthy and got[AHR].reason == R.FAILED
+    assert got[AHR].unhealthy and got[AHR].reason == "GPUHealthcheckGPULostReboot"  # fault, action
     assert "gpu.responsive" in got[AHR].message and "→ reboot" in got[AHR].message  # finding + next step
     assert not got["GPUIsolate"].unhealthy and got["GPUIsolate"].reason == R.BELOW_MIN_SEVERITY
 

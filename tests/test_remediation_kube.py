@@ -450,7 +450,7 @@ def test_unknown_first_then_fail_unknown_and_recovery_in_one_patch_each(
             timeout=20,
             what="AHR=False",
         )
-        assert failed["reason"] == R.FAILED
+        assert failed["reason"] == "GPUHealthcheckGPULostReboot"  # the fault class and the action
         assert "gpu.responsive" in failed["message"] and "→ reboot" in failed["message"]
         assert our_taint(node_dict(world)) is not None and condition(world)["status"] == "False"
         time.sleep(3)
@@ -504,7 +504,7 @@ def test_a_brake_held_node_is_not_marked_and_says_so(
 
         reload_config(world, ONE_ENTRY.replace("gpu: 1", "gpu: 2"))  # the brake lets it through
         got = wait_for(lambda: (c := condition(world, AHR)) and c["status"] == "False" and c, what="marked")
-        assert got["reason"] == R.FAILED and our_taint(node_dict(world)) is not None
+        assert got["reason"] == "GPUHealthcheckXidReboot" and our_taint(node_dict(world)) is not None
     finally:
         world["agent"].stop(signal.SIGKILL)
 
@@ -584,9 +584,8 @@ def test_the_agent_under_its_fenced_token_writes_its_conditions(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Forbidden" not in out, out[-3000:]
     got = conditions_of(kube, node)
-    assert (got[AHR]["status"], got[AHR]["reason"]) == ("False", R.FAILED) and "→ reboot" in got[AHR][
-        "message"
-    ]
+    want = ("False", "GPUHealthcheckGPULostReboot")  # the xid79 snapshot's worst finding: the GPU is lost
+    assert (got[AHR]["status"], got[AHR]["reason"]) == want and "→ reboot" in got[AHR]["message"]
     assert got["GPUHealthy"]["status"] == "False"
 
 

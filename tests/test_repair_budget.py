@@ -32,7 +32,7 @@ from agent.core.repair_budget import (
     wave_threshold,
 )
 from agent.core.severity import Severity, Status
-from agent.reporters.node_patch import remediation_condition
+from agent.engine.remediation import remediation_condition
 from agent.reporters.repair_budget import newly_marking, record_of
 
 R = RemediationReason

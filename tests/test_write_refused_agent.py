@@ -112,7 +112,10 @@ def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_a
     assert "API server refused" not in out and "refuses the condition types" not in out, out[-3000:]
     n = node_of(kube, node)
     remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
-    assert (conds(n)[AHR]["status"], conds(n)[AHR]["reason"]) == ("False", RemediationReason.FAILED)
+    assert (conds(n)[AHR]["status"], conds(n)[AHR]["reason"]) == (
+        "False",
+        "GPUHealthcheckGPULostReboot",
+    )  # Xid 79: the GPU is lost
     assert story(n, remediation) == []
 
 

@@ -18,6 +18,7 @@ from agent.core.node_keys import (
     TAINT_EFFECTS,
     TAINT_SEVERITIES,
 )
+from agent.core.remediation_reasons import REASON_STYLES, STYLE_OURS
 from agent.core.severity import Severity
 
 
@@ -94,8 +95,8 @@ SCHEMA: dict[str, Any] = {
         # severity → effect over taintEffect; only severities that taint may be named
         "taintEffectBySeverity": {s: Spec(str, None, choices=TAINT_EFFECTS) for s in TAINT_SEVERITIES},
         "conditionType": Spec(str, DEFAULT_CONDITION_TYPE),
-        # [{type, unhealthyStatus, minSeverity}]: conditions remediation engines watch (settings.py
-        # validates the entries: REMEDIATION_ENTRY)
+        # [{type, unhealthyStatus, minSeverity, reasonStyle}]: conditions remediation engines watch
+        # (settings.py validates the entries: REMEDIATION_ENTRY)
         "remediationConditions": Spec(list, []),
         "maxTaintedFraction": _num(0.2, 0, 1),
         "maxTaintedNodes": _num(0, 0, 10**6),
@@ -136,6 +137,8 @@ REMEDIATION_ENTRY: dict[str, Any] = {
     "type": Spec(str, None),
     "unhealthyStatus": Spec(str, "False", choices=("True", "False")),
     "minSeverity": Spec(str, TAINT_SEVERITIES[0], choices=TAINT_SEVERITIES),
+    # The unhealthy reason's names (core/remediation_reasons.py): ours, or the EKS agent's
+    "reasonStyle": Spec(str, STYLE_OURS, choices=REASON_STYLES),
 }
 
 

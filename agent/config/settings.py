@@ -202,16 +202,16 @@ def condition_type(value: str, where: str = "node.conditionType") -> str:
 def remediation_conditions(
     value: list[object], own_type: str, taint_min: Severity
 ) -> tuple[RemediationCondition, ...]:
-    """`node.remediationConditions`: each entry {type, unhealthyStatus, minSeverity} (unknown keys are
-    errors). An engine acts only on a node we taint (the brake caps those), so an entry's minSeverity
-    may not lie below node.taintMinSeverity: it would promise a remediation that never comes."""
+    """`node.remediationConditions`: each entry {type, unhealthyStatus, minSeverity, reasonStyle}
+    (unknown keys are errors). An engine acts only on a node we taint (the brake caps those), so an
+    entry's minSeverity may not lie below node.taintMinSeverity: it would promise a remediation that
+    never comes."""
     out: list[RemediationCondition] = []
     for i, entry in enumerate(value):
         where = f"node.remediationConditions[{i}]"
         if not isinstance(entry, Mapping):
-            raise ConfigError(
-                f"{where}: expected a mapping {{type, unhealthyStatus, minSeverity}}, got {entry!r}"
-            )
+            keys = "{type, unhealthyStatus, minSeverity, reasonStyle}"
+            raise ConfigError(f"{where}: expected a mapping {keys}, got {entry!r}")
         if entry.get("minSeverity") == "monitor":
             raise ConfigError(
                 f"{where}.minSeverity: monitor never fails a node; an engine acts only on a node we taint "
@@ -235,7 +235,7 @@ def remediation_conditions(
                 f"{where}.minSeverity: {severity.label} is below node.taintMinSeverity "
                 f"({taint_min.label}): an engine acts only on a node we taint"
             )
-        out.append(RemediationCondition(kind, doc["unhealthyStatus"], severity))
+        out.append(RemediationCondition(kind, doc["unhealthyStatus"], severity, doc["reasonStyle"]))
     return tuple(out)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.core.node_keys import CONDITIONS, CONFIG_REJECTED_REASON
+from agent.core.remediation_reasons import STYLE_OURS, our_reasons
 from agent.core.severity import Severity
 
 TRUE_FALSE = ("True", "False")
@@ -21,6 +22,7 @@ class RemediationCondition:
     type: str
     unhealthy_status: str = "False"  # "True" | "False"
     min_severity: Severity = Severity.RESET
+    reason_style: str = STYLE_OURS  # the unhealthy reason's names: ours, or "eks" (remediation_reasons)
 
     @property
     def healthy_status(self) -> str:
@@ -29,9 +31,11 @@ class RemediationCondition:
 
 class RemediationReason:
     """The reasons of the remediation conditions: distinct from every other component's, so that the
-    agent (and the admission fence) can tell a condition it wrote from one it must never touch."""
+    agent (and the admission fence) can tell a condition it wrote from one it must never touch.
+    The unhealthy status's reason while it fails names the fault and the action (UNHEALTHY, from
+    core/remediation_reasons.py); those of `reasonStyle: eks` are the EKS agent's, never in ALL."""
 
-    FAILED = "GPUHealthcheckFailed"  # unhealthy: fail at minSeverity or above, the node tainted
+    FAILED = "GPUHealthcheckFailed"  # unhealthy, written before the vocabulary: still ours to remove
     RECOVERING = "GPUHealthcheckRecovering"  # unhealthy still: recovering, or paused by an unknown cycle
     PASSED = "GPUHealthcheckPassed"  # healthy: pass or warn
     BELOW_MIN_SEVERITY = "GPUHealthcheckBelowMinSeverity"  # healthy: a failure below this minSeverity
@@ -53,7 +57,10 @@ class RemediationReason:
         NOT_ENFORCED,
         BUDGET_HELD,
         WAVE_HELD,
+        *our_reasons(),
     )
+    # Ours with the unhealthy status: the vocabulary, RECOVERING, and FAILED of older versions.
+    UNHEALTHY = (FAILED, RECOVERING, *our_reasons())
 
 
 # Every reason a condition of ours can carry: the admission fence lets the agent delete a condition of

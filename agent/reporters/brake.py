@@ -14,22 +14,22 @@ every write that landed before ours is counted. Free slots go to the contenders 
 GPU nodes that want our taint) in name order, so racing agents agree without a lock; the writer's
 post-taint re-count (taint_gate) catches what a racer could not see. A refusal is cached for
 `cache_seconds`, an "allowed" never. What each rule fixed, measured: bench/README.md ("The brake").
+The rule itself, pure, is brake_rule.py; this module counts and asks it.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
+from agent.reporters.brake_rule import brake_cap, brake_decision, must_back_off, rank_decision
 from agent.reporters.kube_rest import KubeRest, api_status
 
 log = logging.getLogger(__name__)
@@ -37,62 +37,6 @@ log = logging.getLogger(__name__)
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
 REQUEST_TIMEOUT = (5, 30)
-
-
-def brake_decision(tainted_now: int, total: int, max_fraction: float, max_nodes: int = 0) -> tuple[bool, str]:
-    """Pure: may one more node be tainted? (see the module docstring for the inequality)."""
-    total = max(total, 1)
-    if max_nodes > 0 and tainted_now >= max_nodes:
-        return False, f"{tainted_now} GPU nodes already tainted, at the limit maxTaintedNodes={max_nodes}"
-    frac = Fraction(str(max_fraction))
-    if frac < 1 and tainted_now >= frac * total:
-        return False, (
-            f"{tainted_now}/{total} GPU nodes already tainted, at or above maxTaintedFraction={max_fraction}"
-        )
-    return True, f"{tainted_now}/{total} GPU nodes tainted, below the limit"
-
-
-def brake_cap(total: int, max_fraction: float, max_nodes: int = 0) -> int:
-    """Pure: the most nodes brake_decision lets be tainted at once (its inequality, solved for the end
-    state): a taint is allowed while the others are < fraction × total, so at most ceil(fraction × total)."""
-    total = max(total, 1)
-    frac = Fraction(str(max_fraction))
-    cap = total if frac >= 1 else max(0, math.ceil(frac * total))  # exact: Fraction, no float error
-    if max_nodes > 0:
-        cap = min(cap, max_nodes)
-    return cap
-
-
-def rank_decision(
-    node_name: str,
-    tainted_now: int,
-    total: int,
-    contenders: list[str],
-    max_fraction: float,
-    max_nodes: int = 0,
-) -> tuple[bool, str]:
-    """Pure: brake_decision, then share the free slots among the failing, untainted nodes that want
-    one (*contenders*, this node among them) in name order. Agents that see the same contenders
-    agree on who goes first without a lock, so a fleet-wide fault fills the slots instead of every
-    agent seeing "0 tainted" at once and tainting past the limit."""
-    ok, reason = brake_decision(tainted_now, total, max_fraction, max_nodes)
-    if not ok:
-        return ok, reason
-    free = brake_cap(total, max_fraction, max_nodes) - tainted_now
-    rank = sorted(set(contenders) | {node_name}).index(node_name)
-    if rank >= free:
-        return False, (
-            f"{tainted_now}/{total} GPU nodes tainted; {rank} failing nodes ahead of this one (by name) "
-            f"want the {free} free slot(s) under maxTaintedFraction={max_fraction}"
-        )
-    return True, f"{tainted_now}/{total} GPU nodes tainted, below the limit ({free} free, this node's turn)"
-
-
-def must_back_off(node_name: str, tainted: list[str], cap: int) -> bool:
-    """Pure: after a race put more than `cap` taints on, which nodes yield? The names after the first
-    `cap` in sorted order: every agent computes the same answer from the same list, without a lock."""
-    ranked = sorted(set(tainted))
-    return len(ranked) > cap and node_name in ranked[cap:]
 
 
 def names_in_list(doc: Mapping[str, Any]) -> list[str]:

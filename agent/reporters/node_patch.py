@@ -6,7 +6,8 @@ one); `spec.taints` appears only when our taint must change, and then it is the 
 only the taints of our key changed. Any taint with our key is ours whatever its effect (an effect
 changed in config moves it; none is ever orphaned), and exactly one remains while the node is
 tainted. The conditions (ours and node.remediationConditions) are entries of `status.conditions`,
-planned together so that they go in one status PATCH.
+planned together so that they go in one status PATCH. What a remediation condition says is decided
+in engine/remediation.py (remediation_condition, given the taint decision): applied here, not made.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agent.core.marks import Marks
-from agent.core.node_keys import CONDITION_MESSAGE_MAX, DISABLED, TRUE, Keys
-from agent.core.remediation_types import RemediationMark, RemediationReason
-from agent.core.repair_budget import WAVE_HELD, Hold
+from agent.core.node_keys import DISABLED, TRUE, Keys
+from agent.core.remediation_types import RemediationReason
+from agent.core.repair_budget import Hold
+from agent.engine.remediation import remediation_condition
 
 
 def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
@@ -147,43 +149,6 @@ def plan_entry(
     if cur is not None and cur.get("status") == status and cur.get("lastTransitionTime"):
         transition = str(cur["lastTransitionTime"])
     return {"type": condition_type, **want, "lastHeartbeatTime": now, "lastTransitionTime": transition}
-
-
-def remediation_condition(
-    mark: RemediationMark,
-    *,
-    taint_on: bool,
-    brake_open: bool,
-    disabled: bool,
-    prefix: str,
-    hold: Hold | None = None,
-) -> tuple[str, str, str]:
-    """(status, reason, message) of one remediation condition, once the taint is decided: the
-    engine's wish for the unhealthy status holds only where our taint is on; a node the brake holds
-    back (or that refuses our taint) is not marked for the engines either, and says why. A *hold*
-    (the repair budget or a wave, for a node not marked yet) keeps it healthy too, taint or not."""
-    if not mark.unhealthy:
-        return mark.healthy_status, mark.reason, mark.message
-    if taint_on and hold is not None:
-        reason = RemediationReason.WAVE_HELD if hold.why == WAVE_HELD else RemediationReason.BUDGET_HELD
-        text = f"not marked for remediation: {hold.message}; {mark.message}"
-        return mark.healthy_status, reason, text[:CONDITION_MESSAGE_MAX]
-    if taint_on:
-        return mark.unhealthy_status, mark.reason, mark.message
-    if brake_open:
-        why = (
-            RemediationReason.BRAKE_HELD,
-            "not marked for remediation: the brake holds this node back "
-            "(node.maxTaintedFraction, node.maxTaintedNodes)",
-        )
-    elif disabled:
-        why = (
-            RemediationReason.TAINT_DISABLED,
-            f"not marked for remediation: label {Keys(prefix).taint_opt_out}={DISABLED} is set",
-        )
-    else:
-        why = (RemediationReason.NOT_ENFORCED, "not marked for remediation: the node is not tainted")
-    return mark.healthy_status, why[0], f"{why[1]}; {mark.message}"[:CONDITION_MESSAGE_MAX]
 
 
 def plan_conditions(

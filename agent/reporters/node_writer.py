@@ -8,8 +8,8 @@ Why it is built this way:
   `metadata.resourceVersion` as precondition: if anyone wrote the Node meanwhile the API server
   answers 409, and we re-read and retry (tenacity, bounded).
 - The conditions go through `nodes/status` as a strategic-merge patch of just ours (the
-  conditions list merges by `type`): our condition, the remediation conditions (node_patch says what
-  each shows once the taint is decided: a node the brake holds back is not marked for the engines)
+  conditions list merges by `type`): our condition, the remediation conditions (engine/remediation
+  decides what each shows once the taint is decided: a node the brake holds back is not marked)
   and the removal of ours no longer configured. Kubelet's and others' conditions are untouched.
 - One story on the Node (node_story): the status PATCH goes first, the Node PATCH only once it
   landed; a remediation condition turns unhealthy in a second status PATCH once our taint is on;
@@ -28,15 +28,17 @@ Why it is built this way:
 apply() orchestrates; the parts live beside it: node_patch (what differs, pure), node_story (the
 order of the two PATCHes, pure), node_requests (the PATCHes, 409 retries), refusals (a refused write
 and its Event), taint_gate (whether our taint goes on: the brake and its post-taint yield), events
-(the Events' words and their POST), node_watch (the watch of the own Node and the latest copy of it).
+(the Events' words and their POST), node_watch (the watch of the own Node and the latest copy of it),
+apply_result (what one apply did), hooks (the metrics hooks). What a remediation condition says is
+decided in engine/remediation.py.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from agent.core.marks import Marks, NodeEvent
@@ -50,8 +52,10 @@ from agent.core.node_keys import (
 )
 from agent.core.repair_budget import Hold
 from agent.core.results_doc import decode_results, now_iso
+from agent.reporters.apply_result import ApplyResult
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
+from agent.reporters.hooks import OnRefused, OnState, OnWrite, guarded
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.node_patch import (
     annotations_of,
@@ -61,7 +65,7 @@ from agent.reporters.node_patch import (
     taint_disabled,
 )
 from agent.reporters.node_requests import REQUEST_TIMEOUT, Conflict, Counts, NodeRequests
-from agent.reporters.node_story import NodeState, lead_conditions, node_state
+from agent.reporters.node_story import lead_conditions, node_state
 from agent.reporters.node_watch import NodeWatch
 from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
 from agent.reporters.repair_budget import RepairBudget
@@ -72,33 +76,6 @@ log = logging.getLogger(__name__)
 PENDING_EVENTS_MAX = 64
 NOTHING = "Nothing of this change was written: the Node keeps its labels, taint and conditions"
 WATCH_TIMEOUT_SECONDS = 300
-
-OnWrite = Callable[[str, str], None]
-OnRefused = Callable[[str, int], None]  # (kind, HTTP code): the metric of refused writes
-OnState = Callable[[NodeState], None]  # what the Node shows of our marks, whenever it may change
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """What one apply() did. ok=False: nothing is known to be written; the engine applies again later."""
-
-    ok: bool
-    node_writes: int = 0  # metadata/taint patches that succeeded
-    status_writes: int = 0  # condition patches that succeeded
-    conflicts: int = 0  # 409s retried
-    tainted: bool = False  # our taint is on the Node after this apply
-    brake_open: bool = False  # marks.taint, but the brake refused the taint
-    taint_disabled: bool = False  # marks.taint, but `<prefix>/taint=disabled` is set
-    events: tuple[str, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
-    remediation_held: str = ""  # a new remediation mark held back: "budget" or "wave" (repair_budget)
-    held_key: str = ""  # the finding key of that hold
-    error: str | None = None
-    dry_run: bool = False
-    refused: Refusal | None = None  # the API server refused a write (ok=False; an Event said so)
-
-    @property
-    def wrote(self) -> bool:
-        return bool(self.node_writes or self.status_writes)
 
 
 class NodeWriter:
@@ -264,34 +241,17 @@ class NodeWriter:
 
     # -- helpers -------------------------------------------------------------------------------------
     def _note(self, kind: str, outcome: str) -> None:
-        if self._on_write is not None:
-            try:
-                self._on_write(kind, outcome)
-            except Exception:  # a metrics hook must not break writing
-                log.exception("on_write hook failed")
+        guarded("on_write", self._on_write, kind, outcome)
 
     def _say_refused(
         self, marks: Marks, refusal: Refusal, kept: str, also: Sequence[NodeEvent]
     ) -> tuple[str, ...]:
         """A refused write, out loud: the log line with the server's words, the metric by code, the
         `NodeWriteRefused` Event once per refusal, posted with the pending Events and *also*."""
-        what = WHAT.get(refusal.kind, refusal.kind)
-        log.warning(
-            "node %s: the API server refused the %s: %s. %s; retrying",
-            self.node_name,
-            what,
-            refusal.summary,
-            kept,
-        )
-        if self._on_refused is not None:
-            try:
-                self._on_refused(refusal.kind, refusal.code)
-            except Exception:  # a metrics hook must not break writing
-                log.exception("on_refused hook failed")
-        taint = f", taint {marks.taint_value}:{marks.taint_effect}" if marks.taint else ", no taint"
-        event = self.notices.notice(
-            refusal, kept=kept, wanted=f"{marks.status.value}/{marks.severity.label}{taint}"
-        )
+        line = "node %s: the API server refused the %s: %s. %s; retrying"
+        log.warning(line, self.node_name, WHAT.get(refusal.kind, refusal.kind), refusal.summary, kept)
+        guarded("on_refused", self._on_refused, refusal.kind, refusal.code)
+        event = self.notices.refused(refusal, kept=kept, marks=marks)
         to_post = [*self._pending_events, *also, *((event,) if event is not None else ())]
         self._pending_events = []
         return self.poster.post(to_post, self.watch.latest or {}, dry_run=self.dry_run)
@@ -302,10 +262,7 @@ class NodeWriter:
             marks = self._last_marks
             remediation = marks.remediation if marks is not None else ()
             state = node_state(self.watch.latest, self.prefix, remediation, self.gate.state.brake_open)
-            try:
-                self._on_state(state)
-            except Exception:  # a metrics hook must not break writing
-                log.exception("on_state hook failed")
+            guarded("on_state", self._on_state, state)
 
     def _plan_conditions(
         self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision, hold: Hold | None = None

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.core.marks import NodeEvent
+from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, Reason
 from agent.reporters.kube_rest import api_message, api_status
 
@@ -84,6 +84,11 @@ class RefusalNotices:
             f"{kept}; wanted: {wanted}. Retrying with backoff.",
             WARNING,
         )
+
+    def refused(self, refusal: Refusal, *, kept: str, marks: Marks) -> NodeEvent | None:
+        """notice()'s Event for a refused write of *marks*."""
+        taint = f", taint {marks.taint_value}:{marks.taint_effect}" if marks.taint else ", no taint"
+        return self.notice(refusal, kept=kept, wanted=f"{marks.status.value}/{marks.severity.label}{taint}")
 
     def accepted(self) -> int:
         """A write went through: the episode ends. Returns how many refusals it had."""

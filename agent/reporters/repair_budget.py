@@ -31,6 +31,7 @@ from typing import Any
 
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, Keys, Reason
+from agent.core.remediation_reasons import is_eks_reason
 from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import (
     BUDGET_HELD,
@@ -329,13 +330,20 @@ def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str 
     """Pure: the finding key when this apply would turn a remediation condition unhealthy on a Node
     that shows none of ours unhealthy yet (a new mark), else None (no wish, no taint, or marked
     already: a node already marked stays marked, the budget limits new marks only). Ours unhealthy:
-    any condition with the reason we write only with the unhealthy status, so that a renamed or an
-    added entry on a marked node is no new mark."""
+    any condition with a reason we write only with the unhealthy status (RemediationReason.UNHEALTHY),
+    so that a renamed or an added entry on a marked node is no new mark; or, for the EKS agent's
+    reasons (`reasonStyle: eks`, not ours alone), a configured entry at its unhealthy status with one."""
     wished = [m for m in marks.remediation if m.unhealthy]
     if not wished or not taint_on:
         return None
-    marked = (RemediationReason.FAILED, RemediationReason.RECOVERING)
-    if any(c.get("reason") in marked for c in (node.get("status") or {}).get("conditions") or ()):
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    if any(c.get("reason") in RemediationReason.UNHEALTHY for c in conditions):
+        return None
+    unhealthy = {(m.type, m.unhealthy_status) for m in marks.remediation}
+    if any(
+        (c.get("type"), c.get("status")) in unhealthy and is_eks_reason(str(c.get("reason") or ""))
+        for c in conditions
+    ):
         return None
     return wished[0].key or "unknown"
 
