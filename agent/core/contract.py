@@ -96,6 +96,12 @@ class Keys:
         return f"{self.prefix}/results"
 
     @property
+    def history(self) -> str:
+        """Annotation: the Node's last transitions, what was done and by whom (core/node_history.py);
+        apart from `results`, whose size it never crowds."""
+        return f"{self.prefix}/history"
+
+    @property
     def clear_latched(self) -> str:
         """Annotation an operator sets ("all" or comma-separated latch keys); the agent removes it."""
         return f"{self.prefix}/clear-latched"
@@ -282,6 +288,10 @@ class Marks:
     # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # For the `<prefix>/history` annotation (core/node_history.py): the worst finding's key of a
+    # fail or warn ("" otherwise) and the boot the verdict is of.
+    worst_key: str = ""
+    boot_id: str = ""
 
     @property
     def taint_value(self) -> str:
