@@ -354,3 +354,59 @@ def test_status_history_prints_the_nodes_table(
     assert lines[0].split() == list(HISTORY_HEADER)
     assert lines[1].split()[3:] == ["fail", KEY, "taint", "agent"]
     assert lines[2].split()[3:] == ["pass", "-", "reboot,", "untaint", "agent"]
+
+
+@pytest.mark.kube
+def test_a_clear_is_recorded_with_its_requester(
+    core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str
+) -> None:
+    gpu_node()
+    w = NodeWriter(core, kube_node_name)
+    assert w.apply(marks(Status.FAIL, KEY)).ok
+    request = '{"by":"alice@example.com","reason":"GPU 3 reseated","at":"2026-11-26T10:00:00Z"}'
+    core.patch_node(
+        kube_node_name, {"metadata": {"annotations": {K.clear_latched: "all", K.clear_latched_by: request}}}
+    )
+    consumed = marks(Status.FAIL, KEY, drop_annotations=(K.clear_latched, K.clear_latched_by))
+    res = w.apply(consumed)
+    assert res.ok and res.node_writes == 1  # with the removal of the request
+    ann = annotations(core, kube_node_name)
+    assert K.clear_latched not in ann
+    assert [(e.did, e.by) for e in parse(ann[K.history])] == [
+        ("taint", "agent"),
+        ("clear", "alice@example.com"),
+    ]
+
+
+@pytest.mark.kube
+def test_a_repair_budget_hold_is_recorded_and_its_end_too(
+    core: k8s.CoreV1Api, gpu_node: Any, kube_namespace: str
+) -> None:
+    """Budget 1: the second node's mark is held (its entry corrected in place, once); raised to 2,
+    the held node is marked in a status PATCH alone, and its history says so."""
+    from agent.core.repair_budget import BudgetPolicy
+    from tests.test_repair_budget_kube import NO_WAVE, Fleet
+    from tests.test_repair_budget_kube import marks as budget_marks
+
+    fleet = Fleet(core, gpu_node, kube_namespace, 2, BudgetPolicy(1, 1.0, 3600), NO_WAVE)
+    a, b = fleet.names
+    for n in fleet.names:
+        assert fleet.writers[n].apply(budget_marks()).ok
+    assert [(e.mark, e.did) for e in parse(annotations(core, a)[K.history])] == [("on", "taint+mark")]
+    [held] = parse(annotations(core, b)[K.history])
+    assert (held.taint, held.mark, held.did, held.by) == (
+        "on",
+        "budget",
+        "taint+budget-held",
+        "repair budget",
+    )
+    assert not fleet.writers[b].apply(budget_marks()).wrote  # still held: the entry says so already
+    repair = fleet.writers[b].repair
+    assert repair is not None
+    repair.reconfigure(BudgetPolicy(2, 1.0, 3600), NO_WAVE)
+    assert fleet.writers[b].apply(budget_marks()).ok
+    kept = parse(annotations(core, b)[K.history])
+    assert [(e.mark, e.did, e.by) for e in kept] == [
+        ("budget", "taint+budget-held", "repair budget"),
+        ("on", "mark", "agent"),
+    ]

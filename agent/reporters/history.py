@@ -99,8 +99,10 @@ class History:
     def settle(self, node: Mapping[str, Any], marks: Marks) -> dict[str, Any] | None:
         """After the apply: the merge patch that makes the last entry's marks what *node* shows,
         or None. The entry this apply added is corrected in place; otherwise one is added."""
+        if not marks.remediation:
+            return None
         entries = self._entries(node)
-        if not entries or not marks.remediation:
+        if not entries:
             return None
         last = entries[-1]
         mark = shown_mark(node, marks) if last.taint == TAINT_ON else ""
