@@ -354,6 +354,10 @@ def test_status_history_prints_the_nodes_table(
     assert lines[0].split() == list(HISTORY_HEADER)
     assert lines[1].split()[3:] == ["fail", KEY, "taint", "agent"]
     assert lines[2].split()[3:] == ["pass", "-", "reboot,", "untaint", "agent"]
+    gpu_node()  # another GPU node, left out
+    kcfg = ["--kubeconfig", str(kube.kubeconfig), "--selector", "nvidia.com/gpu.present=true"]
+    cli(["status", kube_node_name, "-o", "json", *kcfg])  # NODE alone: that node's row only
+    assert [s["node"] for s in json.loads(capsys.readouterr().out)] == [kube_node_name]
 
 
 @pytest.mark.kube
