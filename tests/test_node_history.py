@@ -414,3 +414,46 @@ def test_a_repair_budget_hold_is_recorded_and_its_end_too(
         ("budget", "taint+budget-held", "repair budget"),
         ("on", "mark", "agent"),
     ]
+
+
+@pytest.mark.kube
+def test_the_agent_process_writes_it_and_a_restarted_one_keeps_it(
+    kube: Any, gpu_node: Any, tmp_path: Path
+) -> None:
+    """The real agent: pass, then an Xid 79 appended to the kernel log (fail, taint); SIGTERM and a
+    new agent process on the same boot: the history is read back from the Node, nothing is added,
+    and the same failure keeps its entries."""
+    from tests.test_agent_kube import XID_LINE, AgentProcess, start_agent, wait_for
+
+    world = start_agent(kube, gpu_node, tmp_path, "intervals:\n  gpu: 2\n")
+    name = world["node"]
+    with kube.api_client() as api:
+        v1 = k8s.CoreV1Api(api)
+
+        def history() -> list[Entry]:
+            return parse(annotations(v1, name).get(K.history))
+
+        try:
+            wait_for(lambda: [e.status for e in history()] == ["pass"], what="the first entry")
+            with (world["snap"] / "kmsg.log").open("a") as fh:
+                fh.write(XID_LINE)
+            wait_for(lambda: len(history()) == 2, what="the failure's entry")
+            before = history()
+            assert (before[1].status, before[1].did, before[1].key.startswith("xid/79/")) == (
+                "fail",
+                "taint",
+                True,
+            )
+            world["agent"].stop()
+            again = AgentProcess(kube, name, world["snap"], world["cfg"], tmp_path / "again.log")
+            try:
+                wait_for(
+                    lambda: (tmp_path / "again.log").read_text().count("tier gpu:") >= 3,
+                    what="three gpu cycles of the new agent",
+                )
+                assert history() == before
+                assert "fail" in annotations(v1, name)[K.results]
+            finally:
+                again.stop()
+        finally:
+            world["agent"].stop()
