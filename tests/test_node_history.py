@@ -457,3 +457,36 @@ def test_the_agent_process_writes_it_and_a_restarted_one_keeps_it(
                 again.stop()
         finally:
             world["agent"].stop()
+
+
+@pytest.mark.kube
+def test_the_brake_holding_is_recorded_once(core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str) -> None:
+    """Two nodes of a pool, the brake at 1 tainted node: the second is held, its entry says so (by
+    the brake), the held steady state adds nothing, and the taint granted later is a new entry."""
+    from agent.reporters.brake import Brake
+
+    pool = f"test.example/pool={kube_node_name[:40]}"
+    a = gpu_node(labels={"test.example/pool": kube_node_name[:40]}).metadata.name
+    b = gpu_node(labels={"test.example/pool": kube_node_name[:40]}).metadata.name
+
+    def writer(name: str) -> NodeWriter:
+        brake = Brake(
+            core, scope=f"nvidia.com/gpu.present=true,{pool}", node_name=name, max_nodes=1, cache_seconds=0
+        )
+        w = NodeWriter(core, name, brake=brake)
+        w.verify_delay_s = 0.05
+        return w
+
+    wa, wb = writer(a), writer(b)
+    assert wa.apply(marks(Status.FAIL, KEY)).tainted
+    res = wb.apply(marks(Status.FAIL, KEY))
+    assert res.ok and res.brake_open and not res.tainted
+    [held] = parse(annotations(core, b)[K.history])
+    assert (held.status, held.taint, held.did, held.by) == ("fail", "held", "brake-held", "brake")
+    assert not wb.apply(marks(Status.FAIL, KEY)).wrote  # still held: nothing added, nothing written
+    assert wa.apply(marks(Status.PASS)).ok  # a recovers: its taint comes off, a slot frees
+    assert wb.apply(marks(Status.FAIL, KEY)).tainted
+    assert [(e.taint, e.did) for e in parse(annotations(core, b)[K.history])] == [
+        ("held", "brake-held"),
+        ("on", "taint"),
+    ]
