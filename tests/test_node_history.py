@@ -490,3 +490,32 @@ def test_the_brake_holding_is_recorded_once(core: k8s.CoreV1Api, gpu_node: Any, 
         ("held", "brake-held"),
         ("on", "taint"),
     ]
+
+
+def test_node_repair_history_is_validated_and_live(tmp_path: Path) -> None:
+    """node.repairHistory on a reload: the engine judges the next evaluation by the new count (the
+    Node's history here: one marked failure on the lost GPU in an earlier boot)."""
+    from agent.config import ConfigError
+    from agent.core.model import NodeObject
+
+    snap = tmp_path / "snap"
+    shutil.copytree(XID79, snap, symlinks=True)
+    (snap / "boot_id").write_text("1b1b1b1b-boot-2\n")
+    key = "gpu.responsive.lost/00000000:97:00.0"
+    hist = encode([Entry(stamp(time.time() - DAY), "fail", key, "0a0a0a0a", TAINT_ON, "", "taint", "agent")])
+    node = NodeObject("n1", {}, 8, 8, annotations={K.history: hist})
+    cfg_dir = config_dir(tmp_path)
+    eng = Engine(SnapshotSource(snap), load_config_dir(cfg_dir), node_getter=lambda: node)
+    for tier in ("gpu", "xid", "efa", "topology"):
+        eng.run_tier(tier)
+    verdict, m = eng.evaluate()
+    assert worst_step(verdict, m)[0] == "reboot"  # 1 repair, count 2
+    text = (cfg_dir / "config.yaml").read_text()
+    (cfg_dir / "config.yaml").write_text(text.replace("    count: 2 ", "    count: 1 "))
+    eng.cfg = load_config_dir(cfg_dir)  # what the agent's reload does
+    verdict, m = eng.evaluate()
+    action, message = worst_step(verdict, m)
+    assert action == "service" and f"{FAILED_AGAIN}: 1 repair(s) within 7 d" in message
+    (cfg_dir / "config.yaml").write_text(text.replace("    count: 2 ", "    count: 9 "))
+    with pytest.raises(ConfigError, match=r"node.repairHistory.count: 9 is above the maximum 5"):
+        load_config_dir(cfg_dir)
