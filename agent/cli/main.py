@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the GPU nodes' health marks and the age of their last check "
         "(exit 0 all pass/warn, 1 a node fails, 2 a node could not be judged, 69 no cluster)",
     )
+    st.add_argument("node", metavar="NODE", nargs="?", help="this node only")
+    st.add_argument("--history", action="store_true", help="NODE's last transitions (its history annotation)")
     st.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     st.add_argument(
         "--selector",
@@ -246,8 +248,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from agent.cli.agent import kube_core
     from agent.cli.status import render_status
+    from agent.cli.status_history import read_node, render_history
 
+    if args.history and not args.node:
+        raise UsageError("--history: name the node (gpu-healthcheck status NODE --history)")
     try:
+        if args.history:
+            node = read_node(kube_core(args.kubeconfig), args.node)
+            sys.stdout.write(render_history(node, prefix=args.prefix, fmt=args.output))
+            return 0
         selectors = tuple(args.selector or load_config_dir(rules=RULE_BOOK).gpu_node_selection)
         core = kube_core(args.kubeconfig)
         out, code = render_status(
@@ -256,6 +265,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             selectors=selectors,
             agent_selector=args.agent_selector,
             fmt=args.output,
+            node=args.node,
         )
     except Exception as exc:  # no cluster, no permission: one clear line
         print(f"gpu-healthcheck: cannot read the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)

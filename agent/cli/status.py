@@ -24,10 +24,11 @@ from typing import Any
 import yaml
 
 from agent.cli import status_rollout as rollout_view
+from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
+from agent.cli.status_time import age, human, seconds_since
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
-from agent.core.marks import ClearRequest
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
-from agent.core.results_doc import LAST_CLEAR_FIELD, STALE_AFTER_FIELD, decode_results
+from agent.core.results_doc import STALE_AFTER_FIELD, decode_results
 from agent.core.severity import Severity
 from agent.core.text import shorten
 from agent.reporters.kube_rest import KubeRest, api_status
@@ -50,7 +51,6 @@ PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessP
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN, EXIT_UNAVAILABLE = 0, 1, 2, 69
 
 READY, NOT_READY, NO_AGENT, AGENT_UNKNOWN = "ready", "not-ready", "none", "?"
-CLEARED_WINDOW_S = 24 * 3600  # a latch cleared by hand is shown this long
 
 
 @dataclass(frozen=True)
@@ -161,35 +161,6 @@ def gpu_warnings(results: Mapping[str, Any] | None) -> tuple[int, int, dict[str,
     return warned, len(entries), dict(sorted(per_rule.items()))
 
 
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
-
-
-def seconds_since(when: Any, now: datetime) -> int | None:
-    t = _parse_time(when)
-    return None if t is None else max(0, int((now - t).total_seconds()))
-
-
-def human(secs: int) -> str:
-    """ "42s", "7m", "3h", "2d"."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if secs >= size * (2 if unit != "m" else 1):
-            return f"{secs // size}{unit}"
-    return f"{secs}s"
-
-
-def age(checked_at: Any, now: datetime) -> str:
-    """ "42s", "7m", "3h", "2d" since an RFC 3339 time; "-" when missing or unreadable."""
-    secs = seconds_since(checked_at, now)
-    return "-" if secs is None else human(secs)
-
-
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     conds = (pod.get("status") or {}).get("conditions") or ()
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
@@ -262,52 +233,6 @@ def node_status(
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
         rollout=rollout_view.rollout_of(results),
     )
-
-
-def cleared_by_hand(results: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
-    """The agent's record of the last clear-latched request, when it was acted on in the last 24 h."""
-    done = results.get(LAST_CLEAR_FIELD)
-    if not isinstance(done, Mapping):
-        return None
-    secs = seconds_since(done.get("at"), now)
-    return dict(done) if secs is not None and secs <= CLEARED_WINDOW_S else None
-
-
-def clear_pending(annotations: Mapping[str, Any], keys: Keys) -> dict[str, Any] | None:
-    """A clear-latched request still on the Node (no agent has acted on it)."""
-    value = annotations.get(keys.clear_latched)
-    if value is None:
-        return None
-    request = ClearRequest.decode(annotations.get(keys.clear_latched_by))
-    return {
-        "requested": str(value),
-        "by": request.by if request else None,
-        "reason": request.reason if request else None,
-        "at": request.at if request else None,
-    }
-
-
-def clear_lines(statuses: Sequence[NodeStatus], now: datetime) -> list[str]:
-    """The section under the table: nodes whose latches were cleared by hand in the last 24 h, and
-    requests no agent has acted on yet."""
-    lines = []
-    for s in statuses:
-        for done, note in ((s.clearedByHand, ""), (s.clearPending, " (pending: no agent acted on it yet)")):
-            if not done:
-                continue
-            who = done.get("by") or "an unnamed requester (kubectl annotate)"
-            why = f": {done['reason']}" if done.get("reason") else ""
-            latches = done.get("latches")
-            what = ", ".join(latches) if isinstance(latches, list) else str(done.get("requested") or "-")
-            forced = (
-                f"; forced while {', '.join(done.get('failing') or ()) or 'a check'} failed"
-                if done.get("force")
-                else ""
-            )
-            lines.append(
-                f"{s.node}  {age(done.get('at'), now)} ago by {who}{why} [{what or 'none'}]{forced}{note}"
-            )
-    return lines
 
 
 def status_list(
@@ -445,11 +370,12 @@ def render_status(
     fmt: str = "table",
     now: datetime | None = None,
     namespace: str = "gpu-healthcheck",
+    node: str | None = None,
 ) -> tuple[str, int]:
-    """The output and exit code for every node matching any of *selectors*. API errors propagate to the CLI
-    (except a forbidden pod list: the AGENT column then says `?`)."""
+    """The output and exit code for every node matching any of *selectors* (*node*: that one only).
+    API errors propagate to the CLI (except a forbidden pod list: the AGENT column then says `?`)."""
     now = now or datetime.now(timezone.utc)
-    nodes = list_nodes(core, selectors)
+    nodes = [n for n in list_nodes(core, selectors) if node in (None, (n.get("metadata") or {}).get("name"))]
     pods = list_agent_pods(core, agent_selector)
     statuses = status_list(nodes, pods, prefix=prefix, now=now)
     out = render(statuses, fmt, now)

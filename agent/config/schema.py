@@ -107,6 +107,9 @@ SCHEMA: dict[str, Any] = {
             "windowMinutes": _num(60, 0.01, 7 * 1440),
             "perLabel": Spec(str, ""),
         },
+        # A node failing again on the same key after `count` repairs within `windowDays`: replace
+        # (agent/core/repair_history.py).
+        "repairHistory": {"count": Spec(int, 2, 0, 5), "windowDays": _num(7, 0.01, 90)},
         "waveHold": {
             "minNodes": Spec(int, 5, 0, 10**6),
             "minFraction": _num(0.02, 0, 1),

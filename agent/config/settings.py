@@ -14,6 +14,7 @@ from agent.core.gpu_nodes import parse_selector
 from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUBELET_CONDITION_TYPES
 from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
+from agent.core.repair_history import DAY_S, RepairPolicy
 from agent.core.severity import Severity
 
 
@@ -77,6 +78,7 @@ class NodeSettings:
     max_tainted_nodes: int
     repair_budget: BudgetPolicy  # node.repairBudget: new remediation marks per window
     wave_hold: WavePolicy  # node.waveHold: new marks held while one finding key fails in a wave
+    repair_history: RepairPolicy  # node.repairHistory: failed again after N repairs: replace
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
 
     def effect_for(self, severity: Severity) -> str:
@@ -167,6 +169,9 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
             int(s["waveHold"]["minNodes"]),
             float(s["waveHold"]["minFraction"]),
             float(s["waveHold"]["windowMinutes"]) * 60,
+        ),
+        repair_history=RepairPolicy(
+            int(s["repairHistory"]["count"]), float(s["repairHistory"]["windowDays"]) * DAY_S
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
     )

@@ -51,6 +51,10 @@ class Marks:
     # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # For the `<prefix>/history` annotation (core/node_history.py): the worst finding's key of a
+    # fail or warn ("" otherwise) and the boot the verdict is of.
+    worst_key: str = ""
+    boot_id: str = ""
 
     @property
     def taint_value(self) -> str:

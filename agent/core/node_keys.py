@@ -87,6 +87,12 @@ class Keys:
         return f"{self.prefix}/results"
 
     @property
+    def history(self) -> str:
+        """Annotation: the Node's last transitions, what was done and by whom (core/node_history.py);
+        apart from `results`, whose size it never crowds."""
+        return f"{self.prefix}/history"
+
+    @property
     def clear_latched(self) -> str:
         """Annotation an operator sets ("all" or comma-separated latch keys); the agent removes it."""
         return f"{self.prefix}/clear-latched"

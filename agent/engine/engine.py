@@ -32,6 +32,7 @@ from agent.core.workloads import GpuIdentity, gpu_holders
 from agent.engine import history
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.remediation import describe, remediation_marks
+from agent.engine.repairs import history_key, repair_escalation
 from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
@@ -257,6 +258,8 @@ class Engine:
         gpus_seen = self.inputs.get(Input.GPUS)
         self.state.history = history.record(self.state.history, results, self.boot_id, gpus_seen, after + 1)
         results = history.escalate(results, self.state.history, gpus_seen, after)
+        cleared = clear_event is not None
+        results = repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared)
         verdict = decide(results)
         self.metrics.record_verdict(verdict.status, results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
@@ -328,6 +331,8 @@ class Engine:
                 mode=policy.mode,
                 recover_after=recover_after,
             ),
+            worst_key=history_key(verdict),
+            boot_id=self.boot_id or "",
         )
         return verdict, marks
 

@@ -18,6 +18,7 @@ from typing import Any
 import tenacity
 
 from agent.core.marks import Marks
+from agent.reporters.history import History
 from agent.reporters.kube_rest import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,
@@ -77,6 +78,7 @@ class NodeRequests:
         component: str,
         dry_run: bool,
         note: Note,
+        history: History | None = None,
     ) -> None:
         self.rest = rest
         self.node_name = node_name
@@ -86,6 +88,7 @@ class NodeRequests:
         self.component = component
         self.dry_run = dry_run
         self.note = note
+        self.history = history  # the Node's history annotation, sent with the change it records
 
     def patch(self, subresource: str, body: dict[str, Any], content_type: str) -> dict[str, Any]:
         """Patch the Node (or its status) and remember the answer as the latest Node."""
@@ -156,6 +159,11 @@ class NodeRequests:
                 had_taint = find_our_taint(node, self.prefix) is not None
                 label_on = marks.unhealthy_label and not taint_disabled(node, self.prefix)
                 patch = plan_node_patch(node, marks, prefix=self.prefix, taint_on=taint_on, label_on=label_on)
+                keep = self.history if not self.dry_run else None
+                entry = keep.annotation(node, marks, decided) if keep is not None else {}
+                if entry:  # in the PATCH of the change it records
+                    patch = patch or {}
+                    patch.setdefault("metadata", {}).setdefault("annotations", {}).update(entry)
                 if patch is not None:
                     if self.dry_run:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
@@ -168,6 +176,21 @@ class NodeRequests:
                         if adding:
                             self.gate.taint_landed(rv_text(written))
         return decided, had_taint
+
+    def settle_history(self, marks: Marks) -> int:
+        """The history's correction after a repair hold began or ended (History.settle): 0 or 1
+        writes. A failure is logged and tried again at the next apply (the Node still differs)."""
+        if self.history is None or self.dry_run:
+            return 0
+        patch = self.history.settle(self.watch.current(fresh=False), marks)
+        if patch is None:
+            return 0
+        try:
+            self.send("node", "", patch, MERGE_PATCH)
+        except Exception as exc:
+            log.warning("node %s: recording a repair hold in the history failed: %s", self.node_name, exc)
+            return 0
+        return 1
 
     def status(self, node: Mapping[str, Any], marks: Marks, conds: list[dict[str, Any]]) -> int:
         """*conds* in one status PATCH when there are any; the number of writes (0 or 1)."""

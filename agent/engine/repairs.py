@@ -1,0 +1,41 @@
+"""The engine's side of the Node's history (core/node_history.py, core/repair_history.py): the key a
+verdict is recorded under, and the replace escalation of a finding that failed again after repairs,
+read from the Node as the engine sees it (the writer's watched copy: no request of its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agent.config import Config
+from agent.core.findings import CheckResult, Verdict
+from agent.core.node import NodeObject
+from agent.core.node_keys import Keys
+from agent.core.probed import Probed
+from agent.core.repair_history import escalate, key_of
+from agent.core.severity import Severity, Status
+
+
+def history_key(verdict: Verdict) -> str:
+    """The worst finding's key of a fail or warn; "" for pass and unknown (an unknown cycle's
+    changing list of checks that could not look would only churn the history)."""
+    worst = verdict.worst
+    if verdict.status not in (Status.FAIL, Status.WARN) or worst is None or worst.severity <= Severity.NONE:
+        return ""
+    return key_of(worst)
+
+
+def repair_escalation(
+    results: Sequence[CheckResult],
+    node: Probed[NodeObject],
+    cfg: Config,
+    boot: str | None,
+    now_s: float,
+    cleared_now: bool,
+) -> list[CheckResult]:
+    """node.repairHistory over the Node's `<prefix>/history` (core/repair_history.escalate)."""
+    raw = node.annotations.get(Keys(cfg.prefix).history) if isinstance(node, NodeObject) else None
+    policy = cfg.node.repair_history
+    return escalate(results, raw, policy, boot=boot, now_s=now_s, cleared_now=cleared_now)
+
+
+__all__ = ["history_key", "repair_escalation"]
