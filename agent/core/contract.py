@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
+from agent.core.device_scope import Scope
 from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten
@@ -282,6 +283,9 @@ class Marks:
     # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # Where the failing findings lie (core/device_scope; None: none at taintMinSeverity now): the
+    # device-taint writer turns a taint confined to GPUs into DRA device taints (node.isolation).
+    scope: Scope | None = None
 
     @property
     def taint_value(self) -> str:

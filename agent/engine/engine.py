@@ -34,6 +34,7 @@ from agent.core.contract import (
     results_document,
     stale_after_s,
 )
+from agent.core.device_scope import confined_scope
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
 from agent.core.model import GpuInventory, KernelXids, NodeObject, NvlinkErrorSample, PciSample, RdmaSample
@@ -355,6 +356,7 @@ class Engine:
                 mode=policy.mode,
                 recover_after=recover_after,
             ),
+            scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
         )
         return verdict, marks
 
@@ -419,6 +421,7 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_message,
             marks.trends_digest,
             *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
+            marks.scope.as_text() if marks.scope is not None else "",
             encode(doc),
         )
     )

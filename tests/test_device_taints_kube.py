@@ -1,0 +1,265 @@
+"""Per-GPU isolation with DRA device taints, on the real API server (issue 31 item 1).
+
+A control plane of its own with the gates on (kube-apiserver: DynamicResourceAllocation,
+DRADeviceTaints, resource.k8s.io/v1alpha3 served; kube-controller-manager: the real
+`device-taint-eviction-controller`, gate DRADeviceTaints). A ResourceSlice shaped as NVIDIA's DRA
+driver writes it (driver gpu.nvidia.com, pool = node name, 8 devices `gpu-<minor>` with `uuid`,
+`type`, `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot`), a DeviceClass, and two
+pods bound to the node whose ResourceClaims hold GPU 3 and GPU 5 (their allocation written as the
+scheduler would: no scheduler or kubelet runs). The REAL agent process runs on the healthy p5.48xlarge
+snapshot with `node.isolation: gpu` and Xid 79 → NoExecute; an Xid 79 line naming GPU 3's PCI address
+is appended to its kernel log. Then: one DeviceTaintRule, for gpu-3 only; no taint on the Node; the
+controller deletes the pod holding GPU 3 and not the one holding GPU 5. A second node whose
+nvidia-smi output is unreadable (verdict unknown) gets no rule and no taint. The times from the Xid
+line to the rule and to the eviction are printed (server times of the audit log), not asserted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import eviction_scenario as scenario
+from tests.kubeenv.env import unique_name
+from tests.kubeenv.eviction import EvictionCluster
+from tests.kubeenv.fixtures import _binaries
+from tests.kubeenv.waiting import wait_for
+
+pytestmark = pytest.mark.kube
+
+DRIVER = "gpu.nvidia.com"
+GATES = "DynamicResourceAllocation=true,DRADeviceTaints=true"
+# (minor, PCI address, UUID) of the snapshot's 8 GPUs (examples/snapshots/p5.48xlarge-healthy)
+GPUS = [
+    (0, "0000:53:00.0", "GPU-566e6f65-c38e-b12f-4824-6944218668b9"),
+    (1, "0000:64:00.0", "GPU-9930d717-21dd-7692-054e-3d0a2bae76b5"),
+    (2, "0000:75:00.0", "GPU-973565ff-45cf-12ea-4e91-33386720f7bb"),
+    (3, "0000:86:00.0", "GPU-6b932a61-abfd-5ea1-b26a-7dea7f2fa601"),
+    (4, "0000:97:00.0", "GPU-726d356b-f548-bbfd-c81e-b9c68f2f1587"),
+    (5, "0000:a8:00.0", "GPU-06db64f6-6181-5a90-cf95-5ce52a58c4e5"),
+    (6, "0000:b9:00.0", "GPU-a5271aa6-4cdb-28c7-0ef5-5da271d0caae"),
+    (7, "0000:ca:00.0", "GPU-7e78e6c8-c71c-66c7-9ded-f8836cecab32"),
+]
+XID_GPU3 = (
+    "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', "
+    "name=<unknown>, GPU has fallen off the bus.\n"
+)
+RULES = "/apis/resource.k8s.io/v1alpha3/devicetaintrules"
+
+
+class DraCluster(EvictionCluster):
+    """EvictionCluster with the DRA gates and the device-taint eviction controller instead."""
+
+    def __init__(self, binaries: Any) -> None:
+        super().__init__(binaries)
+        self.plane.extra_apiserver_args += [
+            f"--feature-gates={GATES}",
+            "--runtime-config=resource.k8s.io/v1alpha3=true",
+        ]
+
+    def start(self) -> DraCluster:
+        from tests.kubeenv.env import KubeEnv
+
+        self.plane.start()
+        self.env = KubeEnv(self.plane)
+        self.kcm = self.plane.launch_controller_manager(
+            "kcm-device-taint-eviction",
+            ("serviceaccount-controller", "device-taint-eviction-controller"),
+            (f"--feature-gates={GATES}",),
+        )
+        self.wait_service_account("default")
+        return self
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[DraCluster]:
+    c = DraCluster(_binaries(request.config))
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def resource_slice(node: str) -> dict[str, Any]:
+    """One slice as cmd/gpu-kubelet-plugin publishes full GPUs (deviceinfo.go GpuInfo.Attributes)."""
+    devices = [
+        {
+            "name": f"gpu-{minor}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": uuid},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "resource.kubernetes.io/pciBusID": {"string": pci},
+                "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{pci[5:7]}"},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
+        }
+        for minor, pci, uuid in GPUS
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}-slice"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def claim_pod(cluster: DraCluster, ns: str, node: str, minor: int) -> str:
+    """A pod bound to *node* with a ResourceClaim allocated GPU *minor* (as the scheduler writes it)."""
+    kube = cluster.kube
+    name = f"holds-gpu-{minor}"
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+    }
+    code, body = kube.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim)
+    assert code == 201, body
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "automountServiceAccountToken": False,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    code, created = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    assert code == 201, created
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": f"gpu-{minor}"}]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": name, "uid": created["metadata"]["uid"]}],
+        }
+    }
+    path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status"
+    code, body = kube.request("PATCH", path, status, content_type="application/merge-patch+json")
+    assert code == 200, body
+    scenario.running(kube, ns, name)
+    return name
+
+
+def config() -> str:
+    node = {**scenario.documented_policy(), "maxTaintedFraction": 1, "isolation": "gpu"}
+    return yaml.safe_dump({"intervals": {"gpu": 2}, "node": node})
+
+
+def our_rules(cluster: DraCluster) -> list[dict[str, Any]]:
+    code, doc = cluster.kube.request("GET", RULES)
+    assert code == 200, doc
+    return list(doc.get("items") or [])
+
+
+def node_taints(cluster: DraCluster, node: str) -> list[dict[str, Any]]:
+    return list(cluster.kube.request("GET", f"/api/v1/nodes/{node}")[1]["spec"].get("taints") or [])
+
+
+def test_an_xid_on_gpu3_taints_gpu3_alone_and_evicts_only_its_pod(
+    cluster: DraCluster, tmp_path: Path
+) -> None:
+    kube = cluster.kube
+    ns = unique_name("dra", max_len=30)
+    kube.ensure_namespace(ns)
+    cluster.wait_service_account(ns)
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+    }
+    code, body = kube.request("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class)
+    assert code in (201, 409), body
+    broken, blind = unique_name("broken"), unique_name("blind")
+    kubeconfig = cluster.agent_kubeconfig()
+    agents: list[scenario.Agent] = []
+    try:
+        for node in (broken, blind):
+            kube.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+            code, body = kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", resource_slice(node))
+            assert code == 201, body
+        pod3, pod5 = claim_pod(cluster, ns, broken, 3), claim_pod(cluster, ns, broken, 5)
+        snaps = {}
+        for node in (broken, blind):
+            snaps[node] = scenario.snapshot(tmp_path / node / "snap", readable=node != blind)
+            agents.append(scenario.Agent(node, snaps[node], kubeconfig, tmp_path / node, config()))
+
+        def status(node: str) -> str | None:
+            labels = kube.request("GET", f"/api/v1/nodes/{node}")[1]["metadata"].get("labels") or {}
+            return labels.get(scenario.KEYS.status)
+
+        wait_for(lambda: status(broken) == "pass", 60, "the healthy node's first verdict (pass)")
+        wait_for(lambda: status(blind) == "unknown", 60, "the blind node's first verdict (unknown)")
+        assert our_rules(cluster) == []
+        xid_at = time.time()
+        with (snaps[broken] / "kmsg.log").open("a") as fh:
+            fh.write(XID_GPU3)
+        wait_for(lambda: bool(our_rules(cluster)), 60, "a DeviceTaintRule")
+        rule_seen = time.time()
+        wait_for(lambda: cluster.evicted(ns, pod3), 60, f"{pod3} evicted")
+        evicted_seen = time.time()
+        time.sleep(3)  # the pod on GPU 5 has had that long to be (wrongly) evicted
+        wait_for(lambda: status(broken) == "fail", 30, "the broken node's verdict (fail)")
+    finally:
+        logs = {}
+        for a in agents:
+            a.stop()
+            logs[a.log] = a.log.read_text()[-3000:]
+    rules = our_rules(cluster)
+    assert [r["spec"]["deviceSelector"] for r in rules] == [
+        {"driver": DRIVER, "pool": broken, "device": "gpu-3"}
+    ], (rules, logs)
+    (rule,) = rules
+    assert rule["spec"]["taint"]["key"] == scenario.KEYS.taint
+    assert rule["spec"]["taint"]["effect"] == "NoExecute"
+    assert rule["metadata"]["name"].startswith(f"{broken}.")
+    for node in (broken, blind):  # (node.kubernetes.io/not-ready: the API server's, no kubelet runs)
+        assert not [t for t in node_taints(cluster, node) if t["key"].startswith("gpu-healthcheck")], logs
+    assert cluster.evicted(ns, pod3)
+    assert not cluster.evicted(ns, pod5), "the pod holding the healthy GPU 5 was evicted"
+    # The driver's slice is untouched: only the test wrote it.
+    code, slc = kube.request("GET", f"/apis/resource.k8s.io/v1/resourceslices/{broken}-{DRIVER}-slice")
+    assert code == 200 and slc["metadata"].get("generation") == 1, slc
+    writes = [e for e in cluster.agent_writes() if e.resource == "resourceslices"]
+    assert writes == [], writes
+    (deleted,) = [
+        e
+        for e in cluster.audit()
+        if e.resource == "pods" and e.verb == "delete" and e.name == pod3 and e.code < 300
+    ]
+    assert "device-taint" in deleted.user or "kube-controller-manager" in deleted.user, deleted.user
+    rule_at = next(
+        e.completed for e in cluster.agent_writes() if e.resource == "devicetaintrules" and e.verb == "create"
+    )
+    print(
+        f"\nXid line → DeviceTaintRule seen: {rule_seen - xid_at:.1f} s; → pod on GPU 3 deleted seen: "
+        f"{evicted_seen - xid_at:.1f} s (client polls, 0.1-0.25 s); rule created → pod deleted by "
+        f"{deleted.user} (audit, server times): {deleted.completed - rule_at:.2f} s"
+    )
