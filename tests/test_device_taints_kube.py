@@ -263,3 +263,69 @@ def test_an_xid_on_gpu3_taints_gpu3_alone_and_evicts_only_its_pod(
         f"{evicted_seen - xid_at:.1f} s (client polls, 0.1-0.25 s); rule created → pod deleted by "
         f"{deleted.user} (audit, server times): {deleted.completed - rule_at:.2f} s"
     )
+
+
+def test_the_fence_holds_the_agent_to_its_own_devices_and_refuses_no_one_else(cluster: DraCluster) -> None:
+    """manifests/ applied: the agent's node-bound token may taint one device of its own node's pool
+    and nothing else; an admin and an identity RBAC does not mark `fenced` are never refused."""
+    kube = cluster.kube
+    kube.kubectl("apply", "--server-side", "-f", str(scenario.ROOT / "manifests"))
+    own, other = unique_name("own"), unique_name("other")
+    for node in (own, other):
+        kube.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+    token = kube.token_for("gpu-healthcheck", "gpu-healthcheck-agent", bound_node=own, create=False)
+
+    def rule(name: str, pool: str, **selector: str) -> dict[str, Any]:
+        sel = {k: v for k, v in {"driver": DRIVER, "pool": pool, "device": "gpu-3", **selector}.items() if v}
+        taint = {"key": "gpu-healthcheck/unhealthy", "value": "reboot", "effect": "NoSchedule"}
+        return {
+            "apiVersion": "resource.k8s.io/v1alpha3",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": sel, "taint": taint},
+        }
+
+    def create(body: dict[str, Any], who: str | None) -> int:
+        code, _ = kube.request("POST", RULES, body, query={"dryRun": "All"}, token=who)
+        return code
+
+    wait_for(lambda: create(rule(f"{other}.gpu-3", other), token) == 403, 30, "the device fence in force")
+    assert create(rule(f"{own}.gpu-3.x", own), token) == 201  # its own node's device
+    assert create(rule(f"{own}.gpu-3.x", other), token) == 403  # another node's pool
+    assert create(rule(f"{other}.gpu-3.x", own), token) == 403  # a name that is not its node's
+    assert create(rule(f"{own}.gpu-3.x", own, driver="other.example.com"), token) == 403
+    assert create(rule(f"{own}.gpu-3.x", own, device=""), token) == 403  # no device: the whole pool
+    # Nobody else is refused: the admin, and a ServiceAccount RBAC lets write rules but does not mark.
+    assert create(rule(f"{other}.gpu-3.y", other), None) == 201
+    kube.create_service_account("default", "dra-admin")
+    for kind, body in (
+        (
+            "clusterroles",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "dra-admin"},
+                "rules": [
+                    {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["create"]}
+                ],
+            },
+        ),
+        (
+            "clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "dra-admin"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "dra-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "dra-admin", "namespace": "default"}],
+            },
+        ),
+    ):
+        code, out = kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/{kind}", body)
+        assert code == 201, out
+    someone = kube.token_for("default", "dra-admin", create=False)
+    wait_for(lambda: create(rule("anything", other, device=""), someone) == 201, 30, "RBAC in force")
