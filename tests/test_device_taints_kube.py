@@ -16,8 +16,11 @@ line to the rule and to the eviction are printed (server times of the audit log)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -227,12 +230,27 @@ def test_an_xid_on_gpu3_taints_gpu3_alone_and_evicts_only_its_pod(
         evicted_seen = time.time()
         time.sleep(3)  # the pod on GPU 5 has had that long to be (wrongly) evicted
         wait_for(lambda: status(broken) == "fail", 30, "the broken node's verdict (fail)")
+        rules_before_clear = our_rules(cluster)
+        taints_before_clear = node_taints(cluster, broken)
+        # `gpu-healthcheck clear` clears the latched Xid, and with it the device taint.
+        cleared = subprocess.run(
+            [
+                *(sys.executable, "-m", "agent.cli", "clear", broken, "--all"),
+                *("--reason", "GPU 3 reseated", "--kubeconfig", str(kube.kubeconfig), "--wait", "30"),
+            ],
+            cwd=scenario.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+        wait_for(lambda: our_rules(cluster) == [], 30, "the device taint lifted by clear")
     finally:
         logs = {}
         for a in agents:
             a.stop()
             logs[a.log] = a.log.read_text()[-3000:]
-    rules = our_rules(cluster)
+    rules = rules_before_clear
     assert [r["spec"]["deviceSelector"] for r in rules] == [
         {"driver": DRIVER, "pool": broken, "device": "gpu-3"}
     ], (rules, logs)
@@ -240,8 +258,9 @@ def test_an_xid_on_gpu3_taints_gpu3_alone_and_evicts_only_its_pod(
     assert rule["spec"]["taint"]["key"] == scenario.KEYS.taint
     assert rule["spec"]["taint"]["effect"] == "NoExecute"
     assert rule["metadata"]["name"].startswith(f"{broken}.")
-    for node in (broken, blind):  # (node.kubernetes.io/not-ready: the API server's, no kubelet runs)
-        assert not [t for t in node_taints(cluster, node) if t["key"].startswith("gpu-healthcheck")], logs
+    # (node.kubernetes.io/not-ready: the API server's, no kubelet runs)
+    for taints in (taints_before_clear, node_taints(cluster, broken), node_taints(cluster, blind)):
+        assert not [t for t in taints if t["key"].startswith("gpu-healthcheck")], logs
     assert cluster.evicted(ns, pod3)
     assert not cluster.evicted(ns, pod5), "the pod holding the healthy GPU 5 was evicted"
     # The driver's slice is untouched: only the test wrote it.
@@ -329,3 +348,73 @@ def test_the_fence_holds_the_agent_to_its_own_devices_and_refuses_no_one_else(cl
         assert code == 201, out
     someone = kube.token_for("default", "dra-admin", create=False)
     wait_for(lambda: create(rule("anything", other, device=""), someone) == 201, 30, "RBAC in force")
+
+
+def test_the_episode_device_taints_hold_through_recovery_and_node_wide_faults_taint_the_node(
+    cluster: DraCluster,
+) -> None:
+    """The isolating writer with the real Node writer, slice watch and rules (no agent process):
+    a GPU's fault → its rule, the Node untainted; recovering (no failing finding, marks.taint still
+    held by recoverAfter) → the rule stays; marks.taint false → gone; a node-wide fault, a GPU the
+    driver does not publish, or isolation `node` → the Node taint, no rule. And a healthy node's
+    applies read and write no DeviceTaintRule, nor LIST the slices again (the watch keeps them)."""
+    from agent.core.device_scope import Scope
+    from agent.core.severity import Severity, Status
+    from agent.reporters.device_isolation import IsolatingWriter
+    from agent.reporters.device_taints import DeviceTaints
+    from agent.reporters.node_writer import NodeWriter
+    from agent.reporters.resource_slices import SliceWatch
+    from tests.test_node_writer import make_marks
+
+    kube = cluster.kube
+    node = unique_name("episode")
+    kube.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+    code, body = kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", resource_slice(node))
+    assert code == 201, body
+    mode = ["gpu"]
+    with kube.api_client() as api:
+        node_writer = NodeWriter(api, node)
+        taints = DeviceTaints(api, node)
+        slices = SliceWatch(api, node)
+        w = IsolatingWriter(node_writer, slices, taints, lambda: mode[0])
+        w.start()
+        try:
+            fail = make_marks(Status.FAIL, Severity.REBOOT)
+            gpu3 = Scope(False, ("00000000:86:00.0",))
+
+            def ours() -> list[str]:
+                return sorted(
+                    r["spec"]["deviceSelector"]["device"]
+                    for r in our_rules(cluster)
+                    if r["spec"]["deviceSelector"]["pool"] == node
+                )
+
+            def node_tainted() -> bool:
+                return any(t["key"] == scenario.KEYS.taint for t in node_taints(cluster, node))
+
+            healthy = make_marks(Status.PASS)
+            for _ in range(3):
+                assert w.apply(healthy).ok
+                assert slices.wait_synced(30)  # started by the first apply in mode gpu
+            assert (taints.writes, taints.reads, slices.lists) == (0, 1, 1)  # the start's LISTs only
+            assert w.apply(replace(fail, scope=gpu3)).ok
+            assert (ours(), node_tainted()) == (["gpu-3"], False)
+            recovering = replace(make_marks(Status.PASS, taint=True), taint_severity=Severity.REBOOT)
+            assert w.apply(recovering).ok
+            assert (ours(), node_tainted()) == (["gpu-3"], False)
+            assert w.apply(replace(fail, scope=Scope(False, ("00000000:a8:00.0",)))).ok
+            assert (ours(), node_tainted()) == (["gpu-3", "gpu-5"], False)
+            assert w.apply(healthy).ok
+            assert (ours(), node_tainted()) == ([], False)
+            assert w.apply(replace(fail, scope=Scope(True, why="NVSwitch"))).ok
+            assert (ours(), node_tainted()) == ([], True)
+            assert w.apply(healthy).ok
+            assert w.apply(replace(fail, scope=Scope(False, ("00000000:ff:00.0",)))).ok  # not published
+            assert (ours(), node_tainted()) == ([], True)
+            assert w.apply(healthy).ok
+            mode[0] = "node"  # a reload
+            assert w.apply(replace(fail, scope=gpu3)).ok
+            assert (ours(), node_tainted()) == ([], True)
+            assert slices.lists == 1
+        finally:
+            w.stop()

@@ -180,7 +180,7 @@ def isolating_writer(
 ) -> Any:
     """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation)."""
     from agent.reporters.device_isolation import IsolatingWriter
-    from agent.reporters.device_taints import DeviceTaints
+    from agent.reporters.device_taints import DeviceTaints, tainted_nodes
     from agent.reporters.resource_slices import SliceWatch
 
     taints = DeviceTaints(
@@ -190,6 +190,8 @@ def isolating_writer(
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
+    if brake is not None:
+        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
     return IsolatingWriter(
         writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
     )

@@ -54,8 +54,9 @@ class IsolatingWriter:
 
     # -- the Writer protocol ---------------------------------------------------------------------------
     def start(self) -> None:
+        """The Node writer's watch; the slices' watch starts with the first apply in mode gpu|auto
+        (isolation `node` never reads ResourceSlices nor DeviceTaintRules)."""
         self.writer.start()
-        self.slices.start()
 
     def stop(self) -> None:
         self.slices.stop()
@@ -80,6 +81,8 @@ class IsolatingWriter:
 
     def _isolate(self, marks: Marks) -> Marks:
         mode = self.isolation()
+        if mode != ISOLATION_NODE:
+            self.slices.start()  # one list + watch for the agent's life (a running one is kept)
         if self.taints.held is None and mode != ISOLATION_NODE:
             self.taints.load()  # once: the rules a previous agent left are ours to keep or remove
             self.wanted = {}

@@ -53,6 +53,22 @@ def device_effect(effect: str) -> str:
     return "NoExecute" if effect == "NoExecute" else "NoSchedule"
 
 
+def tainted_nodes(rest: Any, prefix: str = DEFAULT_PREFIX) -> set[str]:
+    """The nodes whose GPUs carry our DeviceTaintRules (their pools: the driver names a pool after
+    its node), for the brake's count. Asked only when the brake is (a new taint), never per cycle;
+    an API server without DeviceTaintRules, or one that does not answer, counts none (logged)."""
+    try:
+        doc = KubeRest.of(rest).json("GET", RULES, query={"labelSelector": f"{prefix}/node"}, timeout=TIMEOUT)
+    except Exception as exc:
+        if api_status(exc) != 404:
+            log.warning("brake: could not count the nodes with device taints: %s", exc)
+        return set()
+    return {
+        str(((i.get("spec") or {}).get("deviceSelector") or {}).get("pool") or "")
+        for i in doc.get("items") or ()
+    } - {""}
+
+
 class DeviceTaints:
     """Keeps this node's DeviceTaintRules equal to a wanted set; never raises for API trouble."""
 
@@ -204,4 +220,4 @@ class DeviceTaints:
         return 1
 
 
-__all__ = ["RULES", "DeviceTaints", "Wanted", "device_effect", "node_label"]
+__all__ = ["RULES", "DeviceTaints", "Wanted", "device_effect", "node_label", "tainted_nodes"]

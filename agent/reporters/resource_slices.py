@@ -58,7 +58,7 @@ class SliceWatch:
         return self.synced.wait(timeout)
 
     def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="resourceslice-watch", daemon=True)
