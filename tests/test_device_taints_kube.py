@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from tests import eviction_scenario as scenario
+from tests.kubeenv.dra import APISERVER_ARGS, DRIVER, GATES, resource_slice
 from tests.kubeenv.env import unique_name
 from tests.kubeenv.eviction import EvictionCluster
 from tests.kubeenv.fixtures import _binaries
@@ -35,19 +36,6 @@ from tests.kubeenv.waiting import wait_for
 
 pytestmark = pytest.mark.kube
 
-DRIVER = "gpu.nvidia.com"
-GATES = "DynamicResourceAllocation=true,DRADeviceTaints=true"
-# (minor, PCI address, UUID) of the snapshot's 8 GPUs (examples/snapshots/p5.48xlarge-healthy)
-GPUS = [
-    (0, "0000:53:00.0", "GPU-566e6f65-c38e-b12f-4824-6944218668b9"),
-    (1, "0000:64:00.0", "GPU-9930d717-21dd-7692-054e-3d0a2bae76b5"),
-    (2, "0000:75:00.0", "GPU-973565ff-45cf-12ea-4e91-33386720f7bb"),
-    (3, "0000:86:00.0", "GPU-6b932a61-abfd-5ea1-b26a-7dea7f2fa601"),
-    (4, "0000:97:00.0", "GPU-726d356b-f548-bbfd-c81e-b9c68f2f1587"),
-    (5, "0000:a8:00.0", "GPU-06db64f6-6181-5a90-cf95-5ce52a58c4e5"),
-    (6, "0000:b9:00.0", "GPU-a5271aa6-4cdb-28c7-0ef5-5da271d0caae"),
-    (7, "0000:ca:00.0", "GPU-7e78e6c8-c71c-66c7-9ded-f8836cecab32"),
-]
 XID_GPU3 = (
     "kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', "
     "name=<unknown>, GPU has fallen off the bus.\n"
@@ -60,10 +48,7 @@ class DraCluster(EvictionCluster):
 
     def __init__(self, binaries: Any) -> None:
         super().__init__(binaries)
-        self.plane.extra_apiserver_args += [
-            f"--feature-gates={GATES}",
-            "--runtime-config=resource.k8s.io/v1alpha3=true",
-        ]
+        self.plane.extra_apiserver_args += APISERVER_ARGS
 
     def start(self) -> DraCluster:
         from tests.kubeenv.env import KubeEnv
@@ -86,35 +71,6 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[DraCluster]:
         yield c.start()
     finally:
         c.stop()
-
-
-def resource_slice(node: str) -> dict[str, Any]:
-    """One slice as cmd/gpu-kubelet-plugin publishes full GPUs (deviceinfo.go GpuInfo.Attributes)."""
-    devices = [
-        {
-            "name": f"gpu-{minor}",
-            "attributes": {
-                "type": {"string": "gpu"},
-                "uuid": {"string": uuid},
-                "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                "resource.kubernetes.io/pciBusID": {"string": pci},
-                "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{pci[5:7]}"},
-            },
-            "capacity": {"memory": {"value": "80Gi"}},
-        }
-        for minor, pci, uuid in GPUS
-    ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}-slice"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
 
 
 def claim_pod(cluster: DraCluster, ns: str, node: str, minor: int) -> str:
