@@ -70,9 +70,14 @@ class IsolatingWriter:
             node_marks = self._isolate(marks)
         except Exception as exc:  # API trouble: the Node still gets its marks, the rules next apply
             log.warning("node %s: device taints not written: %s", self.taints.node_name, describe_error(exc))
-            result = self.writer.apply(marks if self.taints.held is None else replace(marks, taint=False))
+            result = self.writer.apply(self._node_marks(marks))
             return replace(result, ok=False, error=f"device taints: {describe_error(exc)}")
         return self.writer.apply(node_marks)
+
+    def _node_marks(self, marks: Marks) -> Marks:
+        """What the Node shows: the node taint unless this episode isolates GPUs alone."""
+        isolated = marks.taint and self.wanted and not self.node_wide and self.isolation() != ISOLATION_NODE
+        return replace(marks, taint=False) if isolated else marks
 
     # -- the episode -----------------------------------------------------------------------------------
     def _our_node_taint(self) -> bool:
@@ -104,7 +109,7 @@ class IsolatingWriter:
         if not self.node_wide and not self.wanted:
             return marks  # nothing isolated (e.g. the brake refused it): the node writer decides
         self.taints.sync(self._restamped(marks))
-        return marks if self.node_wide else replace(marks, taint=False)
+        return self._node_marks(marks)
 
     def _go_node_wide(self, why: str) -> None:
         self.node_wide = True
