@@ -109,6 +109,7 @@ def main() -> None:
             time.sleep(window)
             a1, m1, t1 = apiserver_requests(env, resources), agent.metrics(), time.monotonic()
             open_watches = longrunning_watches(env)
+            slice_watches = longrunning_watches(env, "resourceslices") if dra else 0.0
         finally:
             agent.stop()
         measured = t1 - t0
@@ -150,6 +151,8 @@ def main() -> None:
             f"open WATCHes on nodes: {watches_before:.0f} before the agent (the API server's own), "
             f"{open_watches:.0f} at the end of the window"
         )
+        if dra:
+            print(f"open WATCHes on resourceslices at the end of the window: {slice_watches:.0f}")
         agent_writes = {k: v for k, v in writes.items() if v}
         print(f"agent gpu_healthcheck_node_writes_total in window: {agent_writes or 'none (0)'}")
         print(
