@@ -88,3 +88,23 @@ def test_the_driver_s_devices_are_found_by_pci_bus_id_only_on_this_node() -> Non
 def test_rule_names_start_with_the_node_and_differ_per_device() -> None:
     a, b = (rule_name("node-a", Device("node-a", f"gpu-{i}"), "gpu-healthcheck") for i in (3, 5))
     assert a.startswith("node-a.gpu-3.") and b.startswith("node-a.gpu-5.") and a != b
+
+
+def test_the_recorded_fallen_off_gpu_is_confined_to_it_and_a_healthy_node_has_no_scope() -> None:
+    """The engine on the p5.48xlarge snapshots: Xid 79 on 0000:97:00 with nvidia-smi reporting that
+    GPU's handle lost (examples/snapshots/p5.48xlarge-xid79) is one GPU's fault; healthy: none."""
+    from pathlib import Path
+
+    from agent.config import load_config_dir
+    from agent.engine.engine import Engine
+    from agent.probes.snapshot import SnapshotSource
+
+    root = Path(__file__).parent.parent
+    cfg = load_config_dir(root / "config")
+    scopes = []
+    for name in ("p5.48xlarge-xid79", "p5.48xlarge-healthy"):
+        eng = Engine(SnapshotSource(root / "examples" / "snapshots" / name), cfg)
+        for tier in ("gpu", "xid", "efa", "topology"):
+            eng.run_tier(tier)
+        scopes.append(eng.evaluate()[1].scope)
+    assert scopes == [Scope(False, ("00000000:97:00.0",)), None]
