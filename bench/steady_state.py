@@ -41,6 +41,7 @@ from bench._kube import (
     wait_for,
     write_config,
 )
+from tests.kubeenv.dra import APISERVER_ARGS, resource_slice
 
 
 def main() -> None:
@@ -53,25 +54,41 @@ def main() -> None:
         action="store_true",
         help="the Node labelled gpu-healthcheck/config=canary, the agent on a canary ConfigMap directory",
     )
+    ap.add_argument(
+        "--isolation",
+        choices=("node", "gpu", "auto"),
+        default="node",
+        help="node.isolation; gpu|auto: the API server with the DRA gates and the driver's ResourceSlice",
+    )
     args = ap.parse_args()
     window = args.minutes * 60
-    with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp, kube_env() as env:
+    dra = args.isolation != "node"
+    resources = ("nodes", "events", *(("resourceslices", "devicetaintrules") if dra else ()))
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp,
+        kube_env(APISERVER_ARGS if dra else None) as env,
+    ):
         work = Path(tmp)
         node = "bench-steady-node"
         env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
         core = core_api(env)
+        if dra:  # the DRA driver's slice of this node's 8 GPUs (tests/kubeenv/dra.py)
+            code, body = env.request("POST", "/apis/resource.k8s.io/v1/resourceslices", resource_slice(node))
+            assert code == 201, body
 
         baseline: dict[tuple[str, str, str], float] = {}
         watches_before = longrunning_watches(env)
         if args.baseline_seconds > 0:
-            b0 = apiserver_requests(env)
+            b0 = apiserver_requests(env, resources)
             time.sleep(args.baseline_seconds)
-            baseline = diff(apiserver_requests(env), b0)
+            baseline = diff(apiserver_requests(env, resources), b0)
 
         snap = snapshot_copy(work / "snap")
         g = args.gpu_interval
         cfg = write_config(
-            work / "config", f"intervals:\n  gpu: {g:g}\n  efa: {5 * g:g}\n  topology: {5 * g:g}\n"
+            work / "config",
+            f"intervals:\n  gpu: {g:g}\n  efa: {5 * g:g}\n  topology: {5 * g:g}\n"
+            f"node:\n  isolation: {args.isolation}\n",
         )
         port = free_port()
         extra: list[str] = []
@@ -89,10 +106,11 @@ def main() -> None:
             # Warm-up: the first writes and Events, and the one write after the second efa run (its
             # message changes from "no previous sample" to counter rates), are done.
             time.sleep(6 * g + 5)
-            a0, m0, t0 = apiserver_requests(env), agent.metrics(), time.monotonic()
+            a0, m0, t0 = apiserver_requests(env, resources), agent.metrics(), time.monotonic()
             time.sleep(window)
-            a1, m1, t1 = apiserver_requests(env), agent.metrics(), time.monotonic()
+            a1, m1, t1 = apiserver_requests(env, resources), agent.metrics(), time.monotonic()
             open_watches = longrunning_watches(env)
+            slice_watches = longrunning_watches(env, "resourceslices") if dra else 0.0
         finally:
             agent.stop()
         measured = t1 - t0
@@ -111,13 +129,14 @@ def main() -> None:
             in_force = json.loads(results).get(CONFIG_FIELD)
             print(f"canary: the Node labelled {Keys().config_channel}={CANARY}; config in force: {in_force}")
         print(
-            f"parameters: window={measured:.0f}s  intervals gpu={g:g}s efa={5 * g:g}s topology={5 * g:g}s  "
+            f"parameters: isolation={args.isolation}  window={measured:.0f}s  "
+            f"intervals gpu={g:g}s efa={5 * g:g}s topology={5 * g:g}s  "
             f"gpu cycles in window={cycles:.0f}  "
             f"scale to the default 60 s gpu interval: x{60 / g:g} (tier-driven)"
         )
         if args.baseline_seconds > 0:
             base = ", ".join(f"{r} {v} {c}: {n:.0f}" for (r, v, c), n in sorted(baseline.items())) or "none"
-            print(f"baseline without agent ({args.baseline_seconds:.0f}s, nodes/events): {base}")
+            print(f"baseline without agent ({args.baseline_seconds:.0f}s, {'/'.join(resources)}): {base}")
         head = f"{'resource':<14} {'verb':<8} {'code':<5} {'in window':>9} {'per cycle':>9}"
         print(f"{head} {'per node-hour':>14}")
         if not got:
@@ -133,6 +152,8 @@ def main() -> None:
             f"open WATCHes on nodes: {watches_before:.0f} before the agent (the API server's own), "
             f"{open_watches:.0f} at the end of the window"
         )
+        if dra:
+            print(f"open WATCHes on resourceslices at the end of the window: {slice_watches:.0f}")
         agent_writes = {k: v for k, v in writes.items() if v}
         print(f"agent gpu_healthcheck_node_writes_total in window: {agent_writes or 'none (0)'}")
         print(

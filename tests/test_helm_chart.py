@@ -63,6 +63,7 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
         "image.tag=9.9.9",
         "dcgm.engine=operator-standalone",
         "mode=observe",
+        "isolation=auto",
         "taintEffectBySeverity.isolate=NoExecute",
         namespace="gpu-health",
     )
@@ -79,6 +80,7 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
     assert cfg["node"]["mode"] == "observe" and cfg["node"]["taintEffectBySeverity"] == {
         "isolate": "NoExecute"
     }
+    assert cfg["node"]["isolation"] == "auto"
     assert cfg["node"]["taintMinSeverity"] == "reset"  # untouched keys keep the shipped value
     ours = {key(d): d for d in render(helm, namespace="gpu-health")}
     address = yaml.safe_load(

@@ -175,6 +175,28 @@ class LiveParts:
             log.info(f"DCGM client rebuilt for {new.dcgm.address}", extra={"event": "config"})
 
 
+def isolating_writer(
+    core: Any, node_name: str, cfg: Config, writer: Any, brake: Any, metrics: Metrics, dry_run: bool
+) -> Any:
+    """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation)."""
+    from agent.reporters.device_isolation import IsolatingWriter
+    from agent.reporters.device_taints import DeviceTaints, tainted_nodes
+    from agent.reporters.resource_slices import SliceWatch
+
+    taints = DeviceTaints(
+        core,
+        node_name,
+        prefix=cfg.prefix,
+        dry_run=dry_run,
+        on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
+    )
+    if brake is not None:
+        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
+    return IsolatingWriter(
+        writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
+    )
+
+
 def main(args: Any) -> int:
     from agent.reporters import logs
 
@@ -257,7 +279,8 @@ def main(args: Any) -> int:
             on_state=metrics.record_node_state,
             repair=repair,
         )
-        guarded = GuardedWriter(writer, guard)
+        isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run)
+        guarded = GuardedWriter(isolating, guard)
         vet = reproving(vet, guard)
 
         parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)
@@ -308,6 +331,8 @@ def main(args: Any) -> int:
         config_fence_refused=start.fence_refused,
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
+    if guarded is not None:
+        guarded.writer.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.device_scope import DEFAULT_ISOLATION, ISOLATIONS
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.node_keys import (
     DEFAULT_CONDITION_TYPE,
@@ -87,6 +88,8 @@ SCHEMA: dict[str, Any] = {
     },
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),
+        # node | gpu | auto: a fault confined to one GPU taints that DRA device, not the node
+        "isolation": Spec(str, DEFAULT_ISOLATION, choices=ISOLATIONS),
         "recoverAfter": _num(3, 1, 1000),
         "confirmAfter": Spec(int, 2, 1, 100),  # consecutive failing runs before a confirm rule fails
         "escalateAfterReboots": Spec(int, 2, 0, 10),

@@ -66,6 +66,7 @@ class NodeSettings:
     """How the agent marks its Node, and the brake."""
 
     mode: str  # observe | label | taint
+    isolation: str  # node | gpu | auto: per-GPU DRA device taints (core/device_scope)
     recover_after: int
     confirm_after: int  # consecutive failing runs of its check before a rule marked `confirm` fails
     escalate_after_reboots: int  # a failing finding back on the same GPU after N reboots: isolate (0 off)
@@ -150,6 +151,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
     s = raw["node"]
     return NodeSettings(
         mode=str(s["mode"]),
+        isolation=str(s["isolation"]),
         recover_after=int(s["recoverAfter"]),
         confirm_after=int(s["confirmAfter"]),
         escalate_after_reboots=int(s["escalateAfterReboots"]),

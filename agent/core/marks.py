@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.core.device_scope import Scope
 from agent.core.node_keys import (
     CONDITIONS,
     CONFIG_REJECTED_REASON,
@@ -51,6 +52,9 @@ class Marks:
     # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # Where the failing findings lie (core/device_scope; None: none at taintMinSeverity now): the
+    # device-taint writer turns a taint confined to GPUs into DRA device taints (node.isolation).
+    scope: Scope | None = None
     # For the `<prefix>/history` annotation (core/node_history.py): the worst finding's key of a
     # fail or warn ("" otherwise) and the boot the verdict is of.
     worst_key: str = ""

@@ -18,6 +18,7 @@ from typing import Any
 from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
 from agent.core import trend_history
+from agent.core.device_scope import confined_scope
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
 from agent.core.gpu import GpuInventory
@@ -333,6 +334,7 @@ class Engine:
             ),
             worst_key=history_key(verdict),
             boot_id=self.boot_id or "",
+            scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
         )
         return verdict, marks
 

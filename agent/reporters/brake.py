@@ -124,6 +124,9 @@ class Brake:
         self.settle_s = settle_s
         self.settle_max_s = settle_max_s
         self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
+        # Nodes held back by our DRA device taints alone (reporters/device_taints.tainted_nodes):
+        # counted as tainted, so that per-GPU isolation cannot pass the brake's limit.
+        self.also_tainted: Callable[[], set[str]] | None = None
 
     @property
     def state(self) -> BrakeState | None:
@@ -249,7 +252,8 @@ class Brake:
                 self._total_pending = False
 
     def _others_tainted(self, node_name: str | None, min_rv: str | None = None) -> set[str]:
-        return set(self._names(self.tainted_selector, min_rv=min_rv)) - {node_name or ""}
+        devices = self.also_tainted() if self.also_tainted is not None else set()
+        return (set(self._names(self.tainted_selector, min_rv=min_rv)) | devices) - {node_name or ""}
 
     def _total(self, node_name: str | None, min_rv: str | None = None, tainted: Sequence[str] = ()) -> int:
         """GPU nodes, the asking one counted even when the total was read before it existed, and

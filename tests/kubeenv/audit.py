@@ -2,9 +2,10 @@
 
 ``audit_args(dir)`` writes a policy and returns the kube-apiserver flags that enable the log backend;
 ``read_audit(path)`` parses the log (one JSON event per line). The policy records the writes to
-pods, pods/eviction, nodes and nodes/status at ``Request`` level (the request body is in the event,
-so a test can find the PATCH that added a taint) and nothing else. Timestamps are the server's,
-with microseconds: figures measured from them carry no client or watch latency.
+pods, pods/eviction, nodes, nodes/status, DeviceTaintRules and ResourceSlices at ``Request`` level
+(the request body is in the event, so a test can find the PATCH that added a taint) and nothing
+else. Timestamps are the server's, with microseconds: figures measured from them carry no client or
+watch latency.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ AUDIT_POLICY = {
         {
             "level": "Request",
             "verbs": list(WRITE_VERBS),
-            "resources": [{"group": "", "resources": ["pods", "pods/eviction", "nodes", "nodes/status"]}],
+            "resources": [
+                {"group": "", "resources": ["pods", "pods/eviction", "nodes", "nodes/status"]},
+                {"group": "resource.k8s.io", "resources": ["devicetaintrules", "resourceslices"]},
+            ],
         },
         {"level": "None"},
     ],

@@ -1,6 +1,6 @@
 {{- /*
 config.yaml as the chart renders it: the shipped file (files/config.yaml, a copy of config/), the
-engine's address and the values' shortcuts (mode, taintMinSeverity, taintEffectBySeverity,
+engine's address and the values' shortcuts (mode, isolation, taintMinSeverity, taintEffectBySeverity,
 remediationConditions) written into its text, then `config` merged in key by key (a map into a map,
 anything else replaces the value; false and 0 too). Without `config` the text keeps its comments;
 with it the document is written anew (keys sorted, comments gone).
@@ -11,6 +11,7 @@ with it the document is written anew (keys sorted, comments gone).
 {{- if eq .Values.dcgm.engine "operator-standalone" }}{{ $addr = .Values.dcgm.operatorAddress }}{{ end }}
 {{- $cfg = regexReplaceAll "(?m)^  address: nvidia-dcgm\\.gpu-healthcheck\\.svc:5555" $cfg (printf "  address: %s" $addr) }}
 {{- with .Values.mode }}{{ $cfg = regexReplaceAll "(?m)^  mode: \\S+" $cfg (printf "  mode: %s" .) }}{{ end }}
+{{- with .Values.isolation }}{{ $cfg = regexReplaceAll "(?m)^  isolation: \\S+" $cfg (printf "  isolation: %s" .) }}{{ end }}
 {{- with .Values.taintMinSeverity }}{{ $cfg = regexReplaceAll "(?m)^  taintMinSeverity: \\S+" $cfg (printf "  taintMinSeverity: %s" .) }}{{ end }}
 {{- with .Values.remediationConditions }}{{ $cfg = regexReplaceAll "(?m)^  remediationConditions: \\[\\]" $cfg (printf "  remediationConditions:\n%s" (toYaml . | indent 4 | trimSuffix "\n")) }}{{ end }}
 {{- with .Values.taintEffectBySeverity }}{{ $cfg = regexReplaceAll "(?m)^  taintEffectBySeverity: \\{\\}" $cfg (printf "  taintEffectBySeverity: %s" (toJson .)) }}{{ end }}
