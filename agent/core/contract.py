@@ -21,6 +21,7 @@ DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+VALIDATING_EFFECT = "NoSchedule"  # the validating taint's effect (Keys.validating)
 TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
 # node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
 # the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
@@ -74,6 +75,13 @@ class Keys:
     def taint(self) -> str:
         """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
         return f"{self.prefix}/unhealthy"
+
+    @property
+    def validating(self) -> str:
+        """The startup taint (effect NoSchedule) a node carries until it has passed every check: the
+        kubelet's --register-with-taints, Karpenter's startupTaints or the agent (node.validate)
+        puts it on; only the agent lifts it, after a complete pass (engine/validation.py)."""
+        return f"{self.prefix}/validating"
 
     @property
     def unhealthy(self) -> str:
@@ -161,6 +169,8 @@ class Reason:
     CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
     NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
+    VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
+    VALIDATION_PASSED = "ValidationPassed"  # a complete pass: the validating taint is lifted
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
@@ -282,6 +292,9 @@ class Marks:
     # What of the annotation's trend reads makes a write necessary (core/trends.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # The validating taint (Keys.validating): True = put it on, False = lift it where it is (a
+    # complete pass), None = leave it as it is (engine/validation.py).
+    validating: bool | None = None
 
     @property
     def taint_value(self) -> str:
@@ -346,6 +359,7 @@ REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} whi
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)
 CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
 WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
+VALIDATED_FIELD = "validated"  # {"bootId", "at"}: the last complete pass (engine/validation.py)
 
 
 def stale_after_s(gpu_interval_s: float) -> int:
@@ -375,6 +389,7 @@ def results_document(
     remediation: dict[str, Any] | None = None,
     last_clear: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
+    validated: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -430,6 +445,8 @@ def results_document(
     if last_clear:
         doc[LAST_CLEAR_FIELD] = last_clear
     doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD
+    if validated:
+        doc[VALIDATED_FIELD] = validated
     return fit(doc)
 
 

@@ -24,6 +24,7 @@ from agent.core.contract import (
     MODE_LABEL,
     MODE_TAINT,
     NORMAL,
+    VALIDATED_FIELD,
     WARNING,
     Keys,
     Marks,
@@ -47,6 +48,7 @@ from agent.engine.remediation import describe, remediation_marks
 from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
+from agent.engine.validation import CLEAR, REBOOT, Validation, step
 from agent.engine.verdict import decide
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
 from agent.probes.source import Source, assemble_facts, resolve_instance_type, source_readers
@@ -93,6 +95,7 @@ class Engine:
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._readers: dict[Input, Callable[[], Any]] = {}
+        self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
         self.set_inputs(self.extra_inputs, progress)
 
     def set_inputs(
@@ -134,6 +137,7 @@ class Engine:
         """Take latches, the taint's and the remediation conditions' hysteresis and the last clear back
         from the Node's results annotation (latches: same boot only)."""
         self.state.restore(doc, self.cfg.node.remediation_conditions)
+        self.validation.restore(doc, self.boot_id, VALIDATED_FIELD)
 
     # ------------------------------------------------------------------ scheduling (agent.engine.scheduler)
 
@@ -210,7 +214,10 @@ class Engine:
             self.metrics.record_kernel_log(kernel.records, kernel.lost, kernel.untallied)
         facts = self.facts()
         if tier == "gpu":
+            was = self.boot_id
             self.state.observe_boot(self.source.boot_id())
+            if was and self.boot_id != was:
+                self.validation.reset(self.wall(), REBOOT)
             # One read per gpu cycle, kept when due: the trend checks below judge the kept reads.
             t = self.cfg.trends
             read = trends.take_read(replace(facts, boot_id=self.boot_id), self.wall(), t.clock_busy_percent)
@@ -233,6 +240,7 @@ class Engine:
         for spec in CHECKS:  # a check switched off in config no longer counts
             if not self.cfg.enabled(spec.name):
                 self.results.pop(spec.name, None)
+        self.validation.ran(tier, results, self.inputs, self.cfg.node.validate.diag_level)
         now = self.clock()
         self.schedule.ran(tier, now)
         self.metrics.record_tier_run(tier, now - started)
@@ -279,6 +287,9 @@ class Engine:
     def evaluate(self) -> tuple[Verdict, Marks]:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
+        if clear_event is not None:  # validated again from here: every tier runs at once
+            self.validation.reset(self.wall(), CLEAR)
+            self.schedule.next_due.update(dict.fromkeys(self.schedule.next_due, 0.0))
         results = self.current_results()
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
@@ -303,6 +314,9 @@ class Engine:
         holders = self._holders if self.workloads is not None else None
         gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
+        wired = Input.DCGM_DIAG in self.extra_inputs  # the live agent runs DCGM diags
+        gate = step(self.validation, self.cfg, node, verdict.status, wanted, self.boot_id, wired, self.inputs)
+        events += gate.events
         self.state.last_status = verdict.status
         self.evaluations += 1
         self.heartbeat = self.clock()
@@ -322,6 +336,7 @@ class Engine:
             remediation=self.state.remediation_document(),
             last_clear=self.state.last_clear,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
+            validated=self.validation.record,
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
@@ -334,8 +349,8 @@ class Engine:
             or "all checks passed"
         )
         doing = self.progress() if self.progress else ""
-        if doing and doing != "idle":
-            message = f"{message} ({doing})"
+        for extra in (gate.note, doing if doing != "idle" else ""):
+            message = f"{message} ({extra})" if extra else message
         marks = Marks(
             status=verdict.status,
             severity=verdict.severity,
@@ -355,6 +370,7 @@ class Engine:
                 mode=policy.mode,
                 recover_after=recover_after,
             ),
+            validating=gate.wish,
         )
         return verdict, marks
 
@@ -418,6 +434,7 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_reason,
             marks.condition_message,
             marks.trends_digest,
+            str(marks.validating),
             *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
             encode(doc),
         )

@@ -24,6 +24,7 @@ from agent.core.contract import (
     RemediationReason,
 )
 from agent.core.repair_budget import WAVE_HELD, Hold
+from agent.reporters.validating_taint import with_validating
 
 
 def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
@@ -103,6 +104,8 @@ def plan_node_patch(
     elif ours:
         new_taints = [t for t in taints if t.get("key") != Keys(prefix).taint]
 
+    validating = with_validating(new_taints if new_taints is not None else taints, marks.validating, prefix)
+    new_taints = validating if validating is not None else new_taints
     meta: dict[str, Any] = {}
     if label_patch:
         meta["labels"] = label_patch
