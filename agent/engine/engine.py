@@ -341,6 +341,7 @@ class Engine:
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
         note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""
+        note = "; ".join(n for n in (note, gate.note) if n)  # what the validating taint waits for
         message = verdict.status.value + (f" ({note})" if note else "") + ": "
         message += (
             f"{worst.check}: {worst.message}"
@@ -349,8 +350,8 @@ class Engine:
             or "all checks passed"
         )
         doing = self.progress() if self.progress else ""
-        for extra in (gate.note, doing if doing != "idle" else ""):
-            message = f"{message} ({extra})" if extra else message
+        if doing and doing != "idle":
+            message = f"{message} ({doing})"
         marks = Marks(
             status=verdict.status,
             severity=verdict.severity,
