@@ -290,3 +290,27 @@ def test_restore_reads_the_record_of_the_last_pass(field: Any) -> None:
     v = Validation()
     v.restore({VALIDATED_FIELD: field} if field is not None else None, "b", VALIDATED_FIELD)
     assert v.needed is (field != {"bootId": "b"})
+
+
+def test_the_taint_back_on_the_node_after_the_lift_starts_over(tmp_path: Path) -> None:
+    """Karpenter's registration (or an operator) puts it back once it was gone: validated again,
+    every tier at once, then lifted again; a lift that has not landed yet is no return."""
+    snap = snapshot(tmp_path)
+    eng = engine(snap)
+    run_every_tier(eng)
+    assert eng.evaluate()[1].validating is False
+    assert eng.evaluate()[1].validating is False  # the Node still shows it: the lift did not land yet
+    assert eng.validation.complete
+    node = json.loads((snap / "node.json").read_text())
+    with_taint = json.dumps(node)
+    node["spec"]["taints"] = [OTHER]
+    (snap / "node.json").write_text(json.dumps(node))
+    assert eng.evaluate()[1].validating is False  # lifted
+    (snap / "node.json").write_text(with_taint)  # back
+    _, marks = eng.evaluate()
+    assert marks.validating is None and not eng.validation.complete
+    assert sorted(eng.due_tiers(time.monotonic())) == sorted(TIER_INPUTS)
+    run_every_tier(eng)
+    _, marks = eng.evaluate()
+    passed = [e.message for e in marks.events if e.reason == Reason.VALIDATION_PASSED]
+    assert marks.validating is False and passed and "since the taint's return" in passed[0]

@@ -217,7 +217,7 @@ class Engine:
             was = self.boot_id
             self.state.observe_boot(self.source.boot_id())
             if was and self.boot_id != was:
-                self.validation.reset(self.wall(), REBOOT)
+                self.validate_again(REBOOT)
             # One read per gpu cycle, kept when due: the trend checks below judge the kept reads.
             t = self.cfg.trends
             read = trends.take_read(replace(facts, boot_id=self.boot_id), self.wall(), t.clock_busy_percent)
@@ -284,12 +284,16 @@ class Engine:
             node, keys.clear_latched, self.results, keys.clear_latched_by, now_iso()
         )
 
+    def validate_again(self, why: str) -> None:
+        """The validating taint's pass starts over (engine/validation.py): every tier runs at once."""
+        self.validation.reset(self.wall(), why)
+        self.schedule.next_due.update(dict.fromkeys(self.schedule.next_due, 0.0))
+
     def evaluate(self) -> tuple[Verdict, Marks]:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
-        if clear_event is not None:  # validated again from here: every tier runs at once
-            self.validation.reset(self.wall(), CLEAR)
-            self.schedule.next_due.update(dict.fromkeys(self.schedule.next_due, 0.0))
+        if clear_event is not None:
+            self.validate_again(CLEAR)
         results = self.current_results()
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
@@ -314,8 +318,7 @@ class Engine:
         holders = self._holders if self.workloads is not None else None
         gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
-        wired = Input.DCGM_DIAG in self.extra_inputs  # the live agent runs DCGM diags
-        gate = step(self.validation, self.cfg, node, verdict.status, wanted, self.boot_id, wired, self.inputs)
+        gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
         events += gate.events
         self.state.last_status = verdict.status
         self.evaluations += 1

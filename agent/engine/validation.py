@@ -2,7 +2,8 @@
 latched fault an operator cleared takes no workload until it has passed. The startup taint
 `<prefix>/validating:NoSchedule` (Keys.validating) says so; the kubelet's --register-with-taints,
 Karpenter's NodePool startupTaints or this agent (node.validate.addTaint) puts it on, and only this
-agent lifts it, after a complete pass since the last reset (the agent's start, a clear, a new boot):
+agent lifts it, after a complete pass since the last reset (the agent's start, a clear, a new boot, or
+the taint back on the Node after it was lifted: Karpenter's registration, or an operator asking again):
 
 - every scheduled tier (one with a check switched on) ran, and in one run every check of it was pass,
   warn or skipped (not applicable): a tier that could not look (unknown) has not passed;
@@ -17,9 +18,9 @@ steady state costs no write.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agent.checks.registry import CHECKS
 from agent.config import Config
@@ -32,7 +33,8 @@ from agent.core.severity import Status
 
 DIAG_TIER = DIAG_CHECK = "dcgm-diag"
 PASSING = (Status.PASS, Status.WARN, Status.SKIPPED)  # a tier run that found nothing wrong
-START, CLEAR, REBOOT = "start", "clear", "reboot"  # why the last reset happened
+# Why the last reset happened (the Events say "since the <why>").
+START, CLEAR, REBOOT, BACK = "agent's start", "clear", "reboot", "taint's return"
 
 
 def tier_passed(results: Iterable[CheckResult]) -> bool:
@@ -62,6 +64,7 @@ class Validation:
     record: dict[str, Any] | None = None  # {"bootId", "at"}: the last complete pass (results annotation)
     landed: bool = False  # the taint was on the Node since the reset (an add landed)
     announced: bool = False  # the ValidationStarted Event of this reset is out
+    gone: bool = False  # validated, and the Node was seen without the taint since
 
     # ------------------------------------------------------------------ resets
 
@@ -75,7 +78,7 @@ class Validation:
         """Start over: a clear, or a new boot seen while running."""
         self.reset_at, self.why = now, why
         self.needed, self.passed, self.diag_ok, self.complete = True, set(), False, False
-        self.landed = self.announced = False
+        self.landed = self.announced = self.gone = False
 
     # ------------------------------------------------------------------ progress
 
@@ -118,6 +121,7 @@ class Validation:
         """Marks.validating: lift it once validated, put it on while needed (addTaint) until it has
         landed, else leave it as it is."""
         self.landed |= on_node
+        self.gone |= self.complete and not on_node
         if self.complete:
             return False
         if add_taint and self.needed and not self.landed:
@@ -134,33 +138,43 @@ class Step:
     note: str = ""
 
 
-def step(
-    v: Validation,
-    cfg: Config,
-    node: Any,
-    status: Status,
-    failure_taint: bool,
-    boot_id: str | None,
-    diag_wired: bool,
-    inputs: Mapping[Input, Any],
-) -> Step:
+class Engine(Protocol):
+    """What step() reads of the engine (engine/engine.py)."""
+
+    validation: Validation
+    cfg: Config
+    inputs: dict[Input, Any]
+    extra_inputs: dict[Input, Callable[[], Any]]
+
+    @property
+    def boot_id(self) -> str | None: ...
+
+    def validate_again(self, why: str) -> None: ...
+
+
+def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step:
     """One verdict's step (the engine's evaluate). *node*: the Node as the engine reads it (a
-    NodeObject, or why not); *failure_taint*: our failure taint is wanted (failing or recovering);
-    *diag_wired*: the agent runs DCGM diags on an engine (the live DCGM tiers)."""
+    NodeObject, or why not); *failure_taint*: our failure taint is wanted (failing or recovering).
+    The diag is needed where the agent runs DCGM diags on an engine (the live DCGM tiers) or a
+    diag report came; the taint back on the Node after it was lifted starts over."""
+    v, cfg, inputs = engine.validation, engine.cfg, engine.inputs
+    diag_wired = Input.DCGM_DIAG in engine.extra_inputs
     policy = cfg.node.validate
     key = Keys(cfg.prefix).validating
     on_node = isinstance(node, NodeObject) and key in node.taint_keys
+    if on_node and v.complete and v.gone:
+        engine.validate_again(BACK)
     tiers = {s.tier for s in CHECKS if cfg.enabled(s.name)}
     diag_needed = cfg.enabled(DIAG_CHECK) and (
         diag_wired or isinstance(inputs.get(Input.DCGM_DIAG), DiagReport)
     )
     events: list[NodeEvent] = []
-    if v.settle(tiers, diag_needed, status, failure_taint, boot_id, now_iso()) and on_node:
+    if v.settle(tiers, diag_needed, status, failure_taint, engine.boot_id, now_iso()) and on_node:
         diag = f" and a DCGM diag at level {policy.diag_level}" if diag_needed else ""
         events.append(
             NodeEvent(
                 Reason.VALIDATION_PASSED,
-                f"passed every tier ({', '.join(sorted(tiers))}){diag} since the agent's {v.why}: "
+                f"passed every tier ({', '.join(sorted(tiers))}){diag} since the {v.why}: "
                 f"lifting the taint {key}",
             )
         )
@@ -171,7 +185,7 @@ def step(
         events.append(
             NodeEvent(
                 Reason.VALIDATION_STARTED,
-                f"not validated since the agent's {v.why}: adding the taint {key}:{VALIDATING_EFFECT} "
+                f"not validated since the {v.why}: adding the taint {key}:{VALIDATING_EFFECT} "
                 "until every check has passed (node.validate.addTaint)",
             )
         )
@@ -182,4 +196,4 @@ def step(
     return Step(wish, tuple(events), note)
 
 
-__all__ = ["CLEAR", "REBOOT", "START", "Step", "Validation", "diag_passed", "step", "tier_passed"]
+__all__ = ["BACK", "CLEAR", "REBOOT", "START", "Step", "Validation", "diag_passed", "step", "tier_passed"]
