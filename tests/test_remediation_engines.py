@@ -290,9 +290,11 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
     stays and Karpenter keeps the node uninitialized. Once its checks pass the agent lifts the
     taint, and only then does Karpenter initialize the node."""
     entry = remediation_entry()
-    validating = {"key": Keys().validating, "effect": "NoSchedule"}
+    startup = documented("NodePool", "karpenter.sh/v1")["spec"]["template"]["spec"]["startupTaints"]
+    assert startup == [{"key": Keys().validating, "effect": "NoSchedule"}]  # the README's lines
+    validating = startup[0]
     karpenter.static_pool(
-        "validated", 1, labels={"nvidia.com/gpu.present": "true"}, startup_taints=[validating]
+        "validated", 1, labels={"nvidia.com/gpu.present": "true"}, startup_taints=startup
     )  # a pool of its own: see test_karpenter_replaces_the_node_whose_gpu_condition_is_false_and_no_other
 
     def launched() -> list[str]:
@@ -310,9 +312,9 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
     (first,) = launched()
     wait_for(lambda: tainted(first), 60, f"the startup taint on {first}")
     assert karpenter.initialized(first) != "True"  # Karpenter waits for the startup taint to go
-    config = yaml.safe_dump(
-        {"intervals": {"gpu": 2}, "node": {"remediationConditions": [entry], "maxTaintedFraction": 1}}
-    )
+    # The repair budget's records outlive the Nodes: the test above spent this window's one mark.
+    node = {"remediationConditions": [entry], "maxTaintedFraction": 1, "repairBudget": {"maxFraction": 1}}
+    config = yaml.safe_dump({"intervals": {"gpu": 2}, "node": node})
     karpenter.kube.ensure_namespace("gpu-healthcheck")  # the repair budget's records
     agents: list[scenario.Agent] = []
     try:
@@ -352,5 +354,6 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
     finally:
         for agent in agents:
             agent.stop()
+            print(f"--- {agent.log}:\n{agent.log.read_text()[-2500:]}")  # shown when it fails
     print(f"\nKarpenter startupTaints: the replacement initialized {passed_s:.1f}s after its checks "
           "could pass; held while unknown")  # fmt: skip
