@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agent.cli.agent import validation_diag_level
 from agent.config import load_config_dir, parse_config
 from agent.core.contract import VALIDATED_FIELD, Keys, Reason
 from agent.core.dcgm_report import DiagReport, DiagResult, DiagStatus
@@ -314,3 +315,12 @@ def test_the_taint_back_on_the_node_after_the_lift_starts_over(tmp_path: Path) -
     _, marks = eng.evaluate()
     passed = [e.message for e in marks.events if e.reason == Reason.VALIDATION_PASSED]
     assert marks.validating is False and passed and "since the taint's return" in passed[0]
+
+
+def test_node_validate_is_live_on_reload(tmp_path: Path) -> None:
+    eng = engine(snapshot(tmp_path, tainted=False, readable=False))
+    run_every_tier(eng)
+    assert eng.evaluate()[1].validating is None  # addTaint off: nothing to add
+    eng.cfg = engine(snapshot(tmp_path / "r"), node={"validate": {"addTaint": True, "diagLevel": 4}}).cfg
+    assert eng.evaluate()[1].validating is True  # the reloaded config, at the next verdict
+    assert validation_diag_level(eng) == 4  # the next diag's level too
