@@ -52,12 +52,18 @@ def main() -> None:
         action="store_true",
         help="the Node labelled gpu-healthcheck/config=canary, the agent on a canary ConfigMap directory",
     )
+    ap.add_argument(
+        "--validating",
+        action="store_true",
+        help="the Node registered with gpu-healthcheck/validating:NoSchedule (--register-with-taints)",
+    )
     args = ap.parse_args()
     window = args.minutes * 60
     with tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp, kube_env() as env:
         work = Path(tmp)
         node = "bench-steady-node"
-        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+        startup = [{"key": Keys().validating, "effect": "NoSchedule"}] if args.validating else []
+        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8, taints=startup)
         core = core_api(env)
 
         baseline: dict[tuple[str, str, str], float] = {}
@@ -85,6 +91,9 @@ def main() -> None:
                 60,
                 "first verdict",
             )
+            if args.validating:  # the first complete pass lifts it; measured after that
+                keys = lambda: [t.key for t in core.read_node(node).spec.taints or []]  # noqa: E731
+                wait_for(lambda: Keys().validating not in keys(), 60, "the validating taint lifted")
             # Warm-up: the first writes and Events, and the one write after the second efa run (its
             # message changes from "no previous sample" to counter rates), are done.
             time.sleep(6 * g + 5)
@@ -105,6 +114,11 @@ def main() -> None:
             if k.startswith("gpu_healthcheck_node_writes_total{")
         }
         print(f"steady_state  machine: {machine()}  apiserver: {env.version}")
+        if args.validating:
+            print(
+                f"validating: the Node registered with {Keys().validating}:NoSchedule, lifted before "
+                "the window"
+            )
         if args.canary:
             results = (core.read_node(node).metadata.annotations or {}).get(Keys().results) or "{}"
             in_force = json.loads(results).get(CONFIG_FIELD)
