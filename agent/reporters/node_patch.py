@@ -75,6 +75,7 @@ def plan_node_patch(
     Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed,
     get a new value or effect (marks.taint_effect), or when more than one taint carries our key; then
     it is the Node's own list with only ours changed (our one taint where the first of ours was).
+    The validating taint goes on or off in the same list (marks.validating, validating_taint.py).
     """
     labels, annotations = labels_of(node), annotations_of(node)
     desired = desired_labels(marks, prefix, taint_on, label_on)
