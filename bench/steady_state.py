@@ -60,6 +60,11 @@ def main() -> None:
         default="node",
         help="node.isolation; gpu|auto: the API server with the DRA gates and the driver's ResourceSlice",
     )
+    ap.add_argument(
+        "--validating",
+        action="store_true",
+        help="the Node registered with gpu-healthcheck/validating:NoSchedule (--register-with-taints)",
+    )
     args = ap.parse_args()
     window = args.minutes * 60
     dra = args.isolation != "node"
@@ -70,7 +75,8 @@ def main() -> None:
     ):
         work = Path(tmp)
         node = "bench-steady-node"
-        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8)
+        startup = [{"key": Keys().validating, "effect": "NoSchedule"}] if args.validating else []
+        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8, taints=startup)
         core = core_api(env)
         if dra:  # the DRA driver's slice of this node's 8 GPUs (tests/kubeenv/dra.py)
             code, body = env.request("POST", "/apis/resource.k8s.io/v1/resourceslices", resource_slice(node))
@@ -103,6 +109,9 @@ def main() -> None:
                 60,
                 "first verdict",
             )
+            if args.validating:  # the first complete pass lifts it; measured after that
+                keys = lambda: [t.key for t in core.read_node(node).spec.taints or []]  # noqa: E731
+                wait_for(lambda: Keys().validating not in keys(), 60, "the validating taint lifted")
             # Warm-up: the first writes and Events, and the one write after the second efa run (its
             # message changes from "no previous sample" to counter rates), are done.
             time.sleep(6 * g + 5)
@@ -124,6 +133,11 @@ def main() -> None:
             if k.startswith("gpu_healthcheck_node_writes_total{")
         }
         print(f"steady_state  machine: {machine()}  apiserver: {env.version}")
+        if args.validating:
+            print(
+                f"validating: the Node registered with {Keys().validating}:NoSchedule, lifted before "
+                "the window"
+            )
         if args.canary:
             results = (core.read_node(node).metadata.annotations or {}).get(Keys().results) or "{}"
             in_force = json.loads(results).get(CONFIG_FIELD)

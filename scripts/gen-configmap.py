@@ -23,6 +23,7 @@ from agent.config import CONFIG_FILES as FILES
 from agent.config import load_config_dir
 from agent.config.fence_view import condition_types
 from agent.core.gpu_nodes import node_selector_terms
+from agent.core.node_keys import Keys
 from agent.core.remediation_types import OUR_CONDITION_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,16 +116,27 @@ def cel_list(items: list[str]) -> str:
     return "[" + ", ".join(cel_string(i) for i in items) + "]"
 
 
+def our_taints() -> str:
+    """The CEL list of the taint keys the agent may add and remove: its failure taint and the
+    validating taint (agent/core/contract.py Keys), each under `variables.prefix`."""
+    keys = Keys("")
+    names = (keys.taint, keys.validating)  # "/unhealthy", "/validating": the prefix is the variable's
+    return "[" + ", ".join(f"variables.prefix + {cel_string(n.lstrip('/'))}" for n in names) + "]"
+
+
 def fence_variables(prefix: str, types: str) -> str:
-    """The admission policy's variables: the key prefix (*prefix*, a CEL string ending in /), the
-    condition types the agent may write (*types*, a CEL list) and every reason a condition of ours
-    carries. No parameter object (the policy says why)."""
+    """The admission policy's variables: the key prefix (*prefix*, a CEL string ending in /), our
+    taint keys, the condition types the agent may write (*types*, a CEL list) and every reason a
+    condition of ours carries. No parameter object (the policy says why)."""
     return (
         "\n".join(
             [
                 "- name: prefix  # config.yaml `prefix`, and a slash",
                 "  expression: >-",
                 f"    {prefix}",
+                "- name: ourTaints  # the taints the agent may change (agent/core/contract.py Keys)",
+                "  expression: >-",
+                f"    {our_taints()}",
                 "- name: conditionTypes  # node.conditionType, then node.remediationConditions[].type",
                 "  expression: >-",
                 f"    {types}",

@@ -444,6 +444,43 @@ def test_agent_full_cycle_under_the_manifests_token(agent_token: dict[str, Any],
     assert Reason.TAINT_ADDED in reasons, reasons
 
 
+@pytest.mark.kube
+def test_the_fenced_agent_lifts_its_validating_taint_and_no_other(
+    agent_token: dict[str, Any], tmp_path: Path
+) -> None:
+    """The startup taint the kubelet (or Karpenter) registered: the agent, under the manifests' fenced
+    token, lifts it after a pass (a guarded write of the Node's own list, only ours changed); the
+    fence lets it change that key and refuses a write that drops NVIDIA's taint."""
+    kube, name, tok = agent_token["kube"], agent_token["node"], agent_token["token"]
+    own = f"/api/v1/nodes/{name}"
+    validating = {"key": KEYS.validating, "effect": "NoSchedule"}
+    status, _ = kube.request(
+        "PATCH",
+        own,
+        {"spec": {"taints": [*node_json(kube, name)["spec"]["taints"], validating]}},
+        content_type=MERGE,
+    )
+    assert status == 200
+    before = node_json(kube, name)["spec"]["taints"]
+    others = [t for t in before if t["key"] != KEYS.validating]
+    # the fence: not NVIDIA's taint, even beside ours
+    status, body = patch(agent_token, own, {"spec": {"taints": [validating]}})
+    assert status == 403 and "only its own taints" in json.dumps(body), body
+    cfg_dir = tmp_path / "config"
+    cfg_dir.mkdir()
+    (cfg_dir / "config.yaml").write_text(yaml.safe_dump({"node": {"maxTaintedFraction": 1.0}}))
+    healthy = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+    kcfg = kube.kubeconfig_for_token(tok)
+    argv = [sys.executable, "-m", "agent.cli", "agent", "--node", name, "--from-snapshot", str(healthy)]
+    argv += ["--kubeconfig", str(kcfg), "--config-dir", str(cfg_dir), "--metrics-port", "0", "--once"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "API error 403" not in out and "Forbidden" not in out, out[-3000:]
+    assert node_json(kube, name)["spec"]["taints"] == others, out[-3000:]  # ours gone, the rest in place
+    # and the fence lets it put the taint back (node.validate.addTaint)
+    assert patch(agent_token, own, {"spec": {"taints": [*others, validating]}})[0] == 200
+
+
 def patch(
     ctx: dict[str, Any], path: str, body: Any, ctype: str = MERGE, token: str | None = None
 ) -> tuple[int, Any]:

@@ -113,6 +113,17 @@ def agent_namespace(service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> str:
         return DEFAULT_NAMESPACE
 
 
+def validation_diag_level(engine: Engine) -> int | None:
+    """node.validate.diagLevel while the node is not validated since the agent's start (or a clear)."""
+    return None if engine.validation.complete else engine.cfg.node.validate.diag_level
+
+
+def read_diag_now(agent: Agent) -> None:
+    """A DCGM diag finished (its thread): the loop reads it now, not one dcgmDiag interval later."""
+    agent.engine.schedule.next_due["dcgm-diag"] = 0.0
+    agent.poke.set()
+
+
 class LiveParts:
     """What the wiring builds from the config, and how a reload reaches it: the writer's condition
     type, the brake's selector and limits, the probes' timeouts, and the DCGM client (rebuilt on a
@@ -134,6 +145,10 @@ class LiveParts:
         self.engines = engines
         self.dcgm_wanted = dcgm_wanted  # a snapshot-backed agent reads DCGM from the snapshot
         self.dcgm: DcgmTiers | None = None
+        # Set once the agent exists: the diag level a pending validation needs, and a finished
+        # diag's wake-up (engine/validation.py; main() wires them to the agent's engine and loop).
+        self.wanted_level: Callable[[], int | None] = lambda: None
+        self.diag_done: Callable[[], None] = lambda: None
 
     def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
         """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
@@ -144,7 +159,14 @@ class LiveParts:
 
         old, self.dcgm = (
             self.dcgm,
-            DcgmTiers(cfg, self.pods or gpu_pods(), self.metrics, engines_on_node=self.engines),
+            DcgmTiers(
+                cfg,
+                self.pods or gpu_pods(),
+                self.metrics,
+                engines_on_node=self.engines,
+                wanted_level=lambda: self.wanted_level(),
+                on_done=lambda: self.diag_done(),
+            ),
         )
         if old is not None:
             if not old.runner.in_progress:
@@ -333,6 +355,8 @@ def main(args: Any) -> int:
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     if guarded is not None:
         guarded.writer.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+    live.wanted_level = lambda: validation_diag_level(agent.engine)
+    live.diag_done = lambda: read_diag_now(agent)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())

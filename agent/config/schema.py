@@ -119,6 +119,12 @@ SCHEMA: dict[str, Any] = {
             "windowMinutes": _num(15, 0.01, 1440),
         },
         "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
+        # Validate before service (engine/validation.py): the agent adds the validating taint itself,
+        # and the DCGM diag level the complete pass that lifts it needs.
+        "validate": {
+            "addTaint": Spec(bool, False),
+            "diagLevel": Spec(int, 2, 1, 4),
+        },
     },
     "metrics": {"port": _num(9402, 0, 65535)},
     "configPollSeconds": _num(2, 0.1, 300),

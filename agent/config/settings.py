@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config.schema import REMEDIATION_ENTRY, ConfigError, validate
@@ -62,6 +62,14 @@ class TrendSettings:
 
 
 @dataclass(frozen=True)
+class ValidateSettings:
+    """node.validate: the validating taint (engine/validation.py)."""
+
+    add_taint: bool = False  # the agent puts it on at start (not validated this boot) and on a clear
+    diag_level: int = 2  # the DCGM diag level a complete pass needs, where an engine runs
+
+
+@dataclass(frozen=True)
 class NodeSettings:
     """How the agent marks its Node, and the brake."""
 
@@ -81,6 +89,7 @@ class NodeSettings:
     wave_hold: WavePolicy  # node.waveHold: new marks held while one finding key fails in a wave
     repair_history: RepairPolicy  # node.repairHistory: failed again after N repairs: replace
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
+    validate: ValidateSettings = field(default_factory=lambda: ValidateSettings())
 
     def effect_for(self, severity: Severity) -> str:
         """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
@@ -176,6 +185,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
             int(s["repairHistory"]["count"]), float(s["repairHistory"]["windowDays"]) * DAY_S
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
+        validate=ValidateSettings(bool(s["validate"]["addTaint"]), int(s["validate"]["diagLevel"])),
     )
 
 

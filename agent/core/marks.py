@@ -52,6 +52,9 @@ class Marks:
     # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
     trends_digest: str = ""
     remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # The validating taint (Keys.validating): True = put it on, False = lift it where it is (a
+    # complete pass), None = leave it as it is (engine/validation.py).
+    validating: bool | None = None
     # Where the failing findings lie (core/device_scope; None: none at taintMinSeverity now): the
     # device-taint writer turns a taint confined to GPUs into DRA device taints (node.isolation).
     scope: Scope | None = None

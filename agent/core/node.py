@@ -15,3 +15,4 @@ class NodeObject:
     capacity_gpus: int | None
     boot_id: str | None = None  # status.nodeInfo.bootID
     annotations: dict[str, str] = field(default_factory=dict)
+    taint_keys: tuple[str, ...] = ()  # spec.taints[].key (the validating taint: engine/validation.py)

@@ -12,6 +12,7 @@ DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+VALIDATING_EFFECT = "NoSchedule"  # the validating taint's effect (Keys.validating)
 TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
 # node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
 # the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
@@ -65,6 +66,13 @@ class Keys:
     def taint(self) -> str:
         """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
         return f"{self.prefix}/unhealthy"
+
+    @property
+    def validating(self) -> str:
+        """The startup taint (effect NoSchedule) a node carries until it has passed every check: the
+        kubelet's --register-with-taints, Karpenter's startupTaints or the agent (node.validate)
+        puts it on; only the agent lifts it, after a complete pass (engine/validation.py)."""
+        return f"{self.prefix}/validating"
 
     @property
     def unhealthy(self) -> str:
@@ -158,6 +166,8 @@ class Reason:
     CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
     NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
+    VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
+    VALIDATION_PASSED = "ValidationPassed"  # a complete pass: the validating taint is lifted
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts

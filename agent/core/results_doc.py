@@ -25,6 +25,7 @@ REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} whi
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)
 CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
 WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
+VALIDATED_FIELD = "validated"  # {"bootId", "at"}: the last complete pass (engine/validation.py)
 
 
 def stale_after_s(gpu_interval_s: float) -> int:
@@ -54,6 +55,7 @@ def results_document(
     remediation: dict[str, Any] | None = None,
     last_clear: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
+    validated: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -109,6 +111,8 @@ def results_document(
     if last_clear:
         doc[LAST_CLEAR_FIELD] = last_clear
     doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD
+    if validated:
+        doc[VALIDATED_FIELD] = validated
     return fit(doc)
 
 

@@ -26,7 +26,7 @@ from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Keys, Reason
 from agent.core.probed import Probed, ProbeError, ProbeErrorKind
-from agent.core.results_doc import encode, now_iso, results_document, stale_after_s
+from agent.core.results_doc import VALIDATED_FIELD, encode, now_iso, results_document, stale_after_s
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
@@ -37,6 +37,7 @@ from agent.engine.repairs import history_key, repair_escalation
 from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
+from agent.engine.validation import CLEAR, REBOOT, Validation, step
 from agent.engine.verdict import decide
 from agent.probes.bounded import Bounded, StillStuck, TimedOut
 from agent.probes.inputs import keep_previous_reads, record_reads, source_readers, unread_readers
@@ -82,6 +83,7 @@ class Engine:
         self.evaluations = 0
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._readers: dict[Input, Callable[[], Any]] = {}
+        self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
         self.set_inputs(self.extra_inputs, progress)
 
     def set_inputs(
@@ -119,6 +121,7 @@ class Engine:
         """Take latches, the taint's and the remediation conditions' hysteresis and the last clear back
         from the Node's results annotation (latches: same boot only)."""
         self.state.restore(doc, self.cfg.node.remediation_conditions)
+        self.validation.restore(doc, self.boot_id, VALIDATED_FIELD)
 
     # ------------------------------------------------------------------ scheduling (agent.engine.scheduler)
 
@@ -185,7 +188,10 @@ class Engine:
         record_reads(self.metrics, self.inputs, names)
         facts = self.facts()
         if tier == "gpu":
+            was = self.boot_id
             self.state.observe_boot(self.source.boot_id())
+            if was and self.boot_id != was:
+                self.validate_again(REBOOT)
             # One read per gpu cycle, kept when due: the trend checks below judge the kept reads.
             t = self.cfg.trends
             facts = replace(facts, boot_id=self.boot_id)
@@ -210,6 +216,7 @@ class Engine:
         for spec in CHECKS:  # a check switched off in config no longer counts
             if not self.cfg.enabled(spec.name):
                 self.results.pop(spec.name, None)
+        self.validation.ran(tier, results, self.inputs, self.cfg.node.validate.diag_level)
         now = self.clock()
         self.schedule.ran(tier, now)
         self.metrics.record_tier_run(tier, now - started)
@@ -251,9 +258,16 @@ class Engine:
             node, keys.clear_latched, self.results, keys.clear_latched_by, now_iso()
         )
 
+    def validate_again(self, why: str) -> None:
+        """The validating taint's pass starts over (engine/validation.py): every tier runs at once."""
+        self.validation.reset(self.wall(), why)
+        self.schedule.next_due.update(dict.fromkeys(self.schedule.next_due, 0.0))
+
     def evaluate(self) -> tuple[Verdict, Marks]:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
+        if clear_event is not None:
+            self.validate_again(CLEAR)
         results = self.current_results()
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
@@ -280,6 +294,8 @@ class Engine:
         holders = self._holders if self.workloads is not None else None
         gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
+        gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
+        events += gate.events
         self.state.last_status = verdict.status
         self.evaluations += 1
         self.heartbeat = self.clock()
@@ -299,10 +315,12 @@ class Engine:
             remediation=self.state.remediation_document(),
             last_clear=self.state.last_clear,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
+            validated=self.validation.record,
         )
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
         note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""
+        note = "; ".join(n for n in (note, gate.note) if n)  # what the validating taint waits for
         message = verdict.status.value + (f" ({note})" if note else "") + ": "
         message += (
             f"{worst.check}: {worst.message}"
@@ -335,6 +353,7 @@ class Engine:
             worst_key=history_key(verdict),
             boot_id=self.boot_id or "",
             scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
+            validating=gate.wish,
         )
         return verdict, marks
 

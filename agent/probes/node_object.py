@@ -67,6 +67,10 @@ def node_from_dict(obj: Mapping[str, Any]) -> NodeObject:
     if not isinstance(info, Mapping):
         raise ParseError("status.nodeInfo is not a mapping")
     boot_id = info.get("bootID")
+    spec = obj.get("spec")
+    taints = spec.get("taints") if isinstance(spec, Mapping) else None
+    taints = taints if isinstance(taints, list) else []
+    taint_keys = tuple(str(t["key"]) for t in taints if isinstance(t, Mapping) and "key" in t)
     return NodeObject(
         name=name,
         labels=labels,
@@ -74,6 +78,7 @@ def node_from_dict(obj: Mapping[str, Any]) -> NodeObject:
         allocatable_gpus=_gpus(status.get("allocatable"), "status.allocatable"),
         capacity_gpus=_gpus(status.get("capacity"), "status.capacity"),
         boot_id=boot_id if isinstance(boot_id, str) and boot_id else None,
+        taint_keys=taint_keys,
     )
 
 

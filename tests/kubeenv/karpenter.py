@@ -219,12 +219,14 @@ class KarpenterCluster:
         replicas: int,
         instance_type: str = INSTANCE_TYPE,
         labels: dict[str, str] | None = None,
+        startup_taints: list[dict[str, str]] | None = None,
     ) -> None:
-        """A static NodePool of *replicas* nodes (with *labels*), every disruption budget open
-        (repair is paced by budgets), nothing consolidated or expired: node repair is the only
-        thing that replaces. A repair in a static pool can race its replica count (two replacements,
-        then any node of the pool scaled away), so a test keeps the nodes it expects to stay in a
-        pool apart from the node it expects repaired."""
+        """A static NodePool of *replicas* nodes (with *labels*, and *startup_taints*: Karpenter puts
+        them on each Node and calls it Initialized only once something else removed them), every
+        disruption budget open (repair is paced by budgets), nothing consolidated or expired: node
+        repair is the only thing that replaces. A repair in a static pool can race its replica
+        count (two replacements, then any node of the pool scaled away), so a test keeps the nodes
+        it expects to stay in a pool apart from the node it expects repaired."""
         pool = {
             "apiVersion": "karpenter.sh/v1",
             "kind": "NodePool",
@@ -243,6 +245,7 @@ class KarpenterCluster:
                             }
                         ],
                         "expireAfter": "Never",
+                        **({"startupTaints": list(startup_taints)} if startup_taints else {}),
                     },
                 },
                 "disruption": {"budgets": [{"nodes": "100%"}]},
@@ -278,6 +281,12 @@ class KarpenterCluster:
             ):
                 names.append(node)
         return sorted(names)
+
+    def initialized(self, node: str) -> str | None:
+        """The Initialized condition's status of *node*'s NodeClaim (None: no claim or no condition)."""
+        claim = self.claim_of(node) or {}
+        found = [c for c in claim.get("status", {}).get("conditions") or [] if c["type"] == "Initialized"]
+        return str(found[0]["status"]) if found else None
 
     def claim_of(self, node: str) -> dict[str, Any] | None:
         status, out = self.kube.request("GET", "/apis/karpenter.sh/v1/nodeclaims")

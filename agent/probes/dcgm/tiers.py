@@ -33,7 +33,17 @@ class DcgmTiers:
         pods_requesting_gpus: Callable[[], list[str]] | None,
         metrics: Telemetry | None = None,
         engines_on_node: Callable[[], list[str]] | None = None,
+        *,
+        wanted_level: Callable[[], int | None] | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> None:
+        """wanted_level(): the diag level a pending validation needs (node.validate.diagLevel; None
+        once validated): the next diag runs at least that deep. on_done(): a diag finished (the
+        agent reads it at once instead of one dcgmDiag interval later)."""
+        self.level = cfg.dcgm.diag_level  # dcgm.diagLevel: the level of a routine diag
+        self.wanted_level = wanted_level
+        self.on_done = on_done
+        self._unread = False  # a finished diag the tier has not read yet
         self.metrics: Telemetry = metrics or NoTelemetry()
         dcgm = cfg.dcgm
         address, timeout, grace = dcgm.address, dcgm.connect_timeout, dcgm.grace_seconds
@@ -52,7 +62,11 @@ class DcgmTiers:
         return {Input.DCGM_HEALTH: self.health.poll, Input.DCGM_DIAG: self.diag}
 
     def diag(self) -> Probed[DiagReport]:
-        """Start a diag in the background if none runs; return the latched result of the last one."""
+        """Start a diag in the background if none runs; return the latched result of the last one.
+        A diag that finished since the last read is read first, without starting another."""
+        if self._unread:
+            self._unread = False
+            return self.runner.latest
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="dcgm-diag", daemon=True)
             self._thread.start()
@@ -62,8 +76,12 @@ class DcgmTiers:
         self.running_since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         started = time.monotonic()
         self.metrics.record_diag_running(True)
+        wanted = self.wanted_level() if self.wanted_level is not None else None
+        self.runner.level = max(self.level, wanted or 0)
+        ran = False
         try:
             verdict = self.runner.run_if_idle()
+            ran = verdict.idle
             if verdict.idle:
                 log.info(
                     f"DCGM diag level {self.runner.level} finished in {time.monotonic() - started:.0f} s"
@@ -73,6 +91,9 @@ class DcgmTiers:
         finally:
             self.running_since = ""
             self.metrics.record_diag_running(False)
+        if ran and self.on_done is not None:
+            self._unread = True
+            self.on_done()
 
     def progress(self) -> str:
         """A stable text for the condition message (no running seconds: no write every cycle)."""
