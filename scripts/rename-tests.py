@@ -7,21 +7,24 @@ is the prefix of another (test_write_refused, test_write_refused_agent) is never
     python scripts/rename-tests.py            # apply
     python scripts/rename-tests.py --dry-run  # say what it would do; change nothing
 
-Recordings (tests/fixtures/) are never edited, and neither is the map. It refuses, before changing
-anything, when an old file is missing or a new one already exists. Run it from a clean tree and
-commit what it did; `make lint` and `pytest --collect-only -q` afterwards.
+Recordings (tests/fixtures/) are never edited, and neither are the map and this script. It refuses,
+before changing anything, when an old file is missing or a new one already exists. The Python files
+it changed get their imports re-sorted and are formatted (ruff: .venv/bin/ruff, else on PATH), since
+a new name can sort or wrap differently. Run it from a clean tree and commit what it did; `make lint`
+and `pytest --collect-only -q` afterwards.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAP = ROOT / "tools" / "test_renames.tsv"
-NEVER = ("tests/fixtures/", "tools/test_renames.tsv")
+NEVER = ("tests/fixtures/", "tools/test_renames.tsv", "scripts/rename-tests.py")
 
 
 def read_map(path: Path = MAP) -> list[tuple[str, str]]:
@@ -54,6 +57,7 @@ def main(argv: list[str]) -> int:
         print(f"git mv {old} {new}")
         if not dry:
             git("mv", old, new)
+    python_changed = []
     for name in git("ls-files", "-z").split("\0"):
         if not name or name.startswith(NEVER):
             continue
@@ -67,6 +71,16 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {count} reference(s)")
             if not dry:
                 path.write_text(changed, encoding="utf-8")
+                if name.endswith(".py"):
+                    python_changed.append(name)
+    if python_changed:
+        ruff = ROOT / ".venv" / "bin" / "ruff"
+        cmd = str(ruff) if ruff.is_file() else shutil.which("ruff")
+        if cmd is None:
+            print("rename-tests: no ruff: sort the imports of " + " ".join(python_changed), file=sys.stderr)
+            return 1
+        subprocess.run([cmd, "check", "--fix", "--select", "I", "-q", *python_changed], cwd=ROOT, check=True)
+        subprocess.run([cmd, "format", "-q", *python_changed], cwd=ROOT, check=True)
     return 0
 
 
