@@ -15,6 +15,7 @@ line, except with CI=true, where it is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
@@ -137,12 +138,9 @@ def _announce(config: pytest.Config, line: str) -> None:
     capman = config.pluginmanager.get_plugin("capturemanager")
     if tr is None:
         return
-    if capman is not None:
-        with capman.global_and_fixture_disabled():
-            tr.ensure_newline()
-            tr.write_line(line, yellow=True)
-    else:
-        tr.ensure_newline()
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        if tr._tw.width_of_current_line:  # after the progress dots
+            tr.write("\n")
         tr.write_line(line, yellow=True)
 
 
