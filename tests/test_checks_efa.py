@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.checks.efa import check_efa
-from agent.config import Config, parse_config
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.rdma import RdmaSample
 from agent.core.severity import Severity, Status
 from agent.probes.rdma import read_rdma
+from tests.conftest import cfg
 from tests.efa_sysfs_tree import build_efa_tree
 
 ROOT = Path(__file__).parent.parent
@@ -22,12 +22,7 @@ FIX = Path(__file__).parent / "fixtures"
 MLX = FIX / "infiniband-sysfs" / "gpud-h100-sys-class-infiniband"
 
 
-def config(doc: dict[str, object] | None = None) -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    return parse_config(doc or {}, profiles, None)
-
-
-CFG = config()
+CFG = cfg()
 
 
 def run(
@@ -92,8 +87,8 @@ def test_counter_limit_from_config(tmp_path: Path) -> None:
     grown = {"rdmap79s0": {"unresponsive_remote_events": 1}}
     after = efa_sample(tmp_path / "b", taken_at=10.0, counters=grown)
     assert run(after, "p5.48xlarge", previous=before).status == Status.PASS  # 0.1/s < 1/s
-    cfg = config({"thresholds": {"efaCounterRatePerSec": {"unresponsive_remote_events": 0}}})
-    result = run(after, "p5.48xlarge", previous=before, cfg=cfg)
+    strict = cfg({"thresholds": {"efaCounterRatePerSec": {"unresponsive_remote_events": 0}}})
+    result = run(after, "p5.48xlarge", previous=before, cfg=strict)
     assert [f.rule for f in result.findings] == ["efa.counter-rate"]
     assert "unresponsive_remote_events" in result.findings[0].message
 
@@ -106,9 +101,9 @@ def test_counter_reset_is_not_growth(tmp_path: Path) -> None:
 
 
 def test_severity_comes_from_config(tmp_path: Path) -> None:
-    cfg = config({"severities": {"efa.port-down": "isolate"}})
+    isolating = cfg({"severities": {"efa.port-down": "isolate"}})
     sample = efa_sample(tmp_path, port_state={"rdmap79s0": ("2: INIT", "5: LinkUp")})
-    result = run(sample, "p5.48xlarge", cfg=cfg)
+    result = run(sample, "p5.48xlarge", cfg=isolating)
     assert [f.severity for f in result.findings] == [Severity.ISOLATE]
 
 

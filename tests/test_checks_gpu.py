@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from agent.checks import gpu, gpu_memory
-from agent.config import Config, load_config_dir, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.gpu import ClockEvents, EccErrors, Fabric, GpuInventory
@@ -15,10 +14,11 @@ from agent.core.node import NodeObject
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.nvsmi_text import parse_nvsmi_text
+from tests.conftest import cfg
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-q"
 H100 = "gpud-h100x8-535.183.01.txt"
-CFG = load_config_dir(Path(__file__).parent.parent / "config")
+CFG = cfg()
 
 
 def facts(name: str, itype: str | None = "p5.48xlarge", **kw: object) -> NodeFacts:
@@ -158,9 +158,9 @@ def test_retired_pages_real_bad_recording() -> None:
 
 
 def test_retired_pages_single_bit_threshold_is_configurable() -> None:
-    cfg = parse_config({"thresholds": {"retiredPagesSingleBitMax": 10}}, None, None)
+    low = cfg({"thresholds": {"retiredPagesSingleBitMax": 10}})
     r = gpu_memory.check_retired_pages(
-        facts("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt", None), cfg
+        facts("aznhc-azure-8gpu-535.86.10-page-retirement-BAD-EDITED.txt", None), low
     )
     assert any(f.rule == "gpu.retired-pages.single-bit" and "60 single-bit" in f.message for f in r.findings)
 
@@ -244,10 +244,10 @@ def test_allocatable_without_a_device_plugin_is_skipped() -> None:
 
 
 def test_a_rule_severity_can_be_overridden_and_silenced() -> None:
-    cfg: Config = parse_config({"severities": {"gpu.throttle.hw-power-brake": "reset"}}, None, None)
-    assert gpu.check_throttle(facts(H100), cfg).status is Status.FAIL
-    cfg = parse_config({"severities": {"gpu.throttle.hw-power-brake": "none"}}, None, None)
-    assert gpu.check_throttle(facts(H100), cfg).status is Status.PASS
+    raised = cfg({"severities": {"gpu.throttle.hw-power-brake": "reset"}})
+    assert gpu.check_throttle(facts(H100), raised).status is Status.FAIL
+    silenced = cfg({"severities": {"gpu.throttle.hw-power-brake": "none"}})
+    assert gpu.check_throttle(facts(H100), silenced).status is Status.PASS
 
 
 def test_an_empty_inventory_is_skipped_not_passed() -> None:

@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.checks.nvlink import check_nvlink
-from agent.config import Config, parse_config
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.nvlink import NvlinkReport
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.nvlink import parse_nvlink
+from tests.conftest import cfg
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"
@@ -22,12 +22,7 @@ NVL = FIX / "nvlink"
 MIG_CAPTURE = FIX / "multi-command-captures" / "nvgpuexp-h100-mig-590.48.01-capture.txt"
 
 
-def config(doc: dict[str, object] | None = None) -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    return parse_config(doc or {}, profiles, None)
-
-
-CFG = config()
+CFG = cfg()
 
 
 def report(name: str) -> NvlinkReport:
@@ -133,8 +128,8 @@ def test_mig_mode_is_skipped_not_failed() -> None:
 
 
 def test_severity_comes_from_config() -> None:
-    cfg = config({"severities": {"nvlink.no-active": "reboot"}})
-    result = run(report("aznhc-azure-a100-gpu6-nvlink-all-inactive.txt"), "Standard_ND96asr_v4", cfg)
+    rebooting = cfg({"severities": {"nvlink.no-active": "reboot"}})
+    result = run(report("aznhc-azure-a100-gpu6-nvlink-all-inactive.txt"), "Standard_ND96asr_v4", rebooting)
     assert [f.severity for f in result.findings] == [Severity.REBOOT]
 
 

@@ -5,28 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.checks.topology import check_topology
-from agent.config import Config, parse_config
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.profile import InstanceProfile
 from agent.core.severity import Severity, Status
 from agent.probes.topo import parse_topo
+from tests.conftest import cfg
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-topo"
 FULL = "issue-sglang-30401-h100x8-8nic-mlx5-topo-m-full.txt"
 
 
-def config(doc: dict[str, object] | None = None) -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    return parse_config(doc or {}, profiles, None)
-
-
-CFG = config()
+CFG = cfg()
 
 
 def run(name: str, itype: str | None, cfg: Config = CFG) -> CheckResult:
@@ -147,8 +142,8 @@ def test_nic_affinity_skipped_without_nic_columns() -> None:
 
 
 def test_severity_comes_from_config() -> None:
-    cfg = config({"severities": {"topology.not-nv-connected": "reset"}})
-    result = run(FULL.replace(".txt", "-DERIVED-gpu3-gpu6-phb.txt"), "p5.48xlarge", cfg)
+    resetting = cfg({"severities": {"topology.not-nv-connected": "reset"}})
+    result = run(FULL.replace(".txt", "-DERIVED-gpu3-gpu6-phb.txt"), "p5.48xlarge", resetting)
     assert [f.severity for f in result.findings] == [Severity.RESET]
 
 

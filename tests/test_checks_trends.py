@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from agent.checks import trends as checks
-from agent.checks.registry import RULE_BOOK
-from agent.config import Config, ConfigError, load_config_dir, parse_config
+from agent.config import Config, ConfigError
 from agent.core import trend_history
 from agent.core.actions import Action
 from agent.core.facts import NodeFacts
@@ -35,11 +34,12 @@ from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.pci import read_pci
 from agent.probes.source import with_read
+from tests.conftest import cfg
 from tests.pci_sysfs_tree import build_from_lspci
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures"
-CFG = load_config_dir(ROOT / "config", rules=RULE_BOOK)
+CFG = cfg()
 T0 = 1_764_000_000  # epoch seconds of the first read
 STEP = int(CFG.trends.read_spacing_s)
 
@@ -177,7 +177,7 @@ def test_correctable_ecc_rate_warns_above_the_configured_rate() -> None:
     assert any(e.source == "kept reads" and "353" in e.text and "653" in e.text for e in f.evidence)
     assert any(e.source == "nvidia-smi -q" and "DRAM Correctable" in e.text for e in f.evidence)
     # The threshold is live: a config that allows more does not warn on the same reads.
-    lenient = parse_config({"trends": {"eccCorrectablePerHour": 2000}}, rules=RULE_BOOK)
+    lenient = cfg({"trends": {"eccCorrectablePerHour": 2000}})
     assert not warnings(
         checks.check_memory(
             kept([read_of(A100), read_of("DERIVED-a100x4-dram-correctable-grown.txt")], lenient), lenient
@@ -301,7 +301,7 @@ def test_nvlink_healthy_flat_too_few_reads_a_flat_read_or_a_reload_do_not_warn()
     assert not warnings(checks.check_nvlink(kept(nvlink_reads(reload)), CFG))
     boots = ["boot-aaa1"] * 4 + ["boot-bbb2"] * 5  # a reboot after the fourth read
     assert not warnings(checks.check_nvlink(kept(nvlink_reads(reads, boots)), CFG))
-    fewer = parse_config({"trends": {"nvlinkGrowingReads": 3}}, rules=RULE_BOOK)  # live: 3 reads do
+    fewer = cfg({"trends": {"nvlinkGrowingReads": 3}})  # live: 3 reads do
     assert warnings(checks.check_nvlink(kept(nvlink_reads(reads[:4]), fewer), fewer))
 
 
@@ -356,7 +356,7 @@ def test_gpu_near_slowdown_in_every_read_warns_and_once_does_not() -> None:
     assert f.recommendation.action is Action.WATCH and f.rate == "4 °C left"
     assert any("GPU T.Limit Temp" in e.text for e in f.evidence)
     assert not warnings(checks.check_thermal(kept([read_of(H100X8), read_of(hot), read_of(hot)]), CFG))
-    cooler = parse_config({"trends": {"thermalMarginC": 3}}, rules=RULE_BOOK)
+    cooler = cfg({"trends": {"thermalMarginC": 3}})
     assert not warnings(checks.check_thermal(kept([read_of(hot)] * 3, cooler), cooler))
 
 
@@ -382,9 +382,9 @@ def test_clock_stuck_low_while_busy_with_no_reason_warns() -> None:
 
 def test_a_trend_rule_is_monitor_at_most_and_may_be_silenced() -> None:
     with pytest.raises(ConfigError, match="never taints"):
-        parse_config({"severities": {"trend.memory.ecc-rate": "reset"}}, rules=RULE_BOOK)
-    silent = parse_config({"severities": {"trend.memory.remap-headroom": "none"}}, rules=RULE_BOOK)
+        cfg({"severities": {"trend.memory.ecc-rate": "reset"}})
+    silent = cfg({"severities": {"trend.memory.remap-headroom": "none"}})
     result = checks.check_memory(kept([read_of("DERIVED-h100x8-remap-histogram-low.txt")]), silent)
     assert result.status is Status.PASS and all(f.severity is Severity.NONE for f in result.findings)
     with pytest.raises(ConfigError, match="keepReads"):
-        parse_config({"trends": {"keepReads": 4, "thermalReads": 5}}, rules=RULE_BOOK)
+        cfg({"trends": {"keepReads": 4, "thermalReads": 5}})

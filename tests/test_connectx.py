@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from agent.checks.connectx import check_connectx
-from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.probed import NotCaptured
 from agent.core.rdma import RdmaSample
 from agent.core.severity import Severity, Status
 from agent.probes.rdma import read_rdma
+from tests.conftest import cfg
 from tests.ib_sysfs_tree import from_ibstat, from_real
 
 ROOT = Path(__file__).parent.parent
@@ -23,12 +21,7 @@ NDR = "gpud-h100-ibstat-ib-ndr-all-active.txt"
 ROCE = "gpud-h100-ibstat-roce-all-active.txt"
 
 
-def config() -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    return parse_config({}, profiles, None)
-
-
-CFG = config()
+CFG = cfg()
 
 
 def run(

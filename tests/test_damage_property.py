@@ -28,19 +28,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.checks.registry import RULE_BOOK, run_checks, select
+from agent.checks.registry import run_checks, select
 from agent.cli.main import EXIT_CODES, main
 from agent.cli.render import table
-from agent.config import load_config_dir
 from agent.core.results_doc import results_document
 from agent.core.severity import Severity
 from agent.engine.verdict import decide
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.source import gather_facts
+from tests.conftest import cfg
 
 FIX = Path(__file__).parent / "fixtures"
 ITYPE = "p5.48xlarge"  # the richest profile: count, NVLink, NVSwitch, NIC affinity, EFA
-CFG = load_config_dir(None, rules=RULE_BOOK)
+CFG = cfg()
 # Which snapshot file each fixture folder is a recording of.
 SNAPSHOT_FILE = {
     "nvidia-smi-q": "nvidia-smi-q.txt",

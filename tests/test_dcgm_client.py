@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
-from agent.config import load_config_dir
 from agent.core.dcgm_report import DiagReport, DiagStatus, HealthReport
 from agent.core.facts import NodeFacts
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
@@ -23,10 +22,11 @@ from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
 from agent.probes.dcgm.diag import DiagRunner
 from agent.probes.dcgm.health import HealthPoller
 from agent.probes.dcgm.idle import IdleGate
+from tests.conftest import cfg
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
 FAKE = Path(__file__).parent / "fakes" / "dcgm"
-CFG = load_config_dir()  # the shipped config and tables
+CFG = cfg()  # the shipped config and tables
 
 
 class Clock:

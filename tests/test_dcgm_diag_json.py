@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
-from agent.config import load_config_dir, parse_config
+from agent.config import load_config_dir
 from agent.core.dcgm_report import DiagReport, DiagStatus, HealthIncident, HealthReport
 from agent.core.facts import NodeFacts
 from agent.core.probed import NotCaptured, ParseError, ProbeError
@@ -19,9 +19,10 @@ from agent.core.severity import Severity, Status
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.source import gather_facts
+from tests.conftest import cfg
 
 FIX = Path(__file__).parent / "fixtures" / "dcgm"
-CFG = load_config_dir()  # the shipped config and tables
+CFG = cfg()  # the shipped config and tables
 V31 = "dcgm-repo-8gpu-dcgmi-diag-j-3.1.0-real-output-with-warning-prefix.json"
 V3_R1, V3_R3 = "dcgmi_diag_v3_r1_pass.json", "dcgmi_diag_v3_r3_pass_T4.json"
 MALFORMED = "dcgmi_diag_v3_fail_cuda_lib_MALFORMED_fixture.json"
@@ -288,8 +289,8 @@ def test_diag_check_warn_for_config_severity_and_unknown_for_node_level_failure(
 
 
 def test_diag_severity_is_overridable() -> None:
-    cfg = parse_config({"severities": {"dcgm-diag.fail-isolate": "reset"}})
-    (f,) = check_dcgm_diag(NodeFacts(dcgm_diag=parse(V4_FAIL)), cfg).findings
+    lowered = cfg({"severities": {"dcgm-diag.fail-isolate": "reset"}})
+    (f,) = check_dcgm_diag(NodeFacts(dcgm_diag=parse(V4_FAIL)), lowered).findings
     assert f.severity is Severity.RESET
 
 
@@ -359,9 +360,9 @@ def test_health_duplicate_incidents_become_one_finding_and_unlisted_codes_use_ru
 
 
 def test_health_table_override_in_config() -> None:
-    cfg = parse_config({"dcgm": {"incidentOverrides": {"pcie/3": "none"}}})
+    ignoring = cfg({"dcgm": {"incidentOverrides": {"pcie/3": "none"}}})
     inc = HealthIncident(0x1, 10, 3, "replays", 1, 0)
-    res = check_dcgm_health(NodeFacts(dcgm_health=health(inc)), cfg)
+    res = check_dcgm_health(NodeFacts(dcgm_health=health(inc)), ignoring)
     assert res.status is Status.PASS and "ignored" in res.note
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.config import load_config_dir
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.probes.dcgm.idle import IdleGate
@@ -18,13 +17,14 @@ from agent.probes.dcgm.tiers import DcgmTiers
 from agent.probes.live import LiveSource
 from agent.probes.pod_resources import gpu_pods
 from agent.probes.snapshot import SnapshotSource
+from tests.conftest import cfg
 
 ROOT = Path(__file__).parent.parent
 FAKE = Path(__file__).parent / "fakes" / "dcgm"
 FAIL_DOC = (
     Path(__file__).parent / "fixtures" / "dcgm" / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json"
 )
-CFG = load_config_dir(ROOT / "config")
+CFG = cfg()
 
 
 def tiers_with(pods: Any) -> DcgmTiers:

@@ -22,11 +22,12 @@ from agent.core.dcgm_report import HealthReport
 from agent.core.facts import NodeFacts
 from agent.core.severity import Severity, Status
 from agent.probes.dcgm.engines import engine_kind, engines_in
+from tests.conftest import cfg
 from tests.test_hostengine_guard import FAKE_ENGINE, add_pod, engine_rbac
 
 ROOT = Path(__file__).parent.parent
 OVERLAYS = ROOT / "overlays"
-CFG = load_config_dir()
+CFG = cfg()
 OPERATOR_ENGINE = {"name": "nvidia-dcgm-ctr", "image": "nvcr.io/nvidia/cloud-native/dcgm:4.6.0-1-ubuntu24.04"}
 EMBEDDED_EXPORTER = {
     "name": "nvidia-dcgm-exporter",

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.checks.host import check_cpus, check_numa, check_power
-from agent.config import Config, parse_config
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.gpu import GpuInventory, GpuPower
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
@@ -22,20 +21,19 @@ from agent.probes.live import LiveSource
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import SnapshotSource
+from tests.conftest import cfg
 
 FIX = Path(__file__).parent / "fixtures"
 VM = FIX / "h100-vm-capture"
 ROOT = Path(__file__).parent.parent
 
 
-def config(numa_nodes: int | None = None) -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    if numa_nodes is not None:
-        profiles["profiles"]["h100-vm"] = {"gpuCount": 1, "gpuModel": "H100", "numaNodes": numa_nodes}
-    return parse_config({}, profiles, None)
+def config(numa_nodes: int) -> Config:
+    """The shipped config plus an `h100-vm` profile (the VM's one H100) with *numa_nodes*."""
+    return cfg(profiles={"h100-vm": {"gpuCount": 1, "gpuModel": "H100", "numaNodes": numa_nodes}})
 
 
-CFG = config()
+CFG = cfg()
 
 
 def system_tree(root: Path, **changed: str) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.checks.xid import check_xid, recovery_severity
-from agent.config import Config, load_config_dir
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.gpu import Gpu, GpuInventory
 from agent.core.rdma import RdmaDevice, RdmaSample
@@ -24,11 +24,6 @@ KL = Path(__file__).parent / "fixtures" / "kernel-log"
 HGX = "gpud-hgx-xid79-fallen-off-bus-plus-sxid20034"
 H100 = "gpud-h100-xid48-63-94-dbe-rowremap-iso"
 GPU19 = GpuInventory(source="test", gpus=(Gpu(index=3, pci_bus_id="00000000:19:00.0"),))
-
-
-@pytest.fixture(scope="module")
-def cfg() -> Config:
-    return load_config_dir(ROOT / "config")
 
 
 def _judge(path: Path, cfg: Config, **facts: object) -> dict[str, tuple[str, Severity, str]]:

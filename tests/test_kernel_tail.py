@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.checks.xid import check_xid
-from agent.config import Config, load_config_dir
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.kernel import KernelXids
 from agent.core.probed import ProbeError
@@ -36,11 +36,6 @@ XID13 = (
     "(GPC 8, TPC 5, SM 0): Out Of Range Address"
 )
 XID31 = "NVRM: Xid (PCI:0000:38:00): 31, pid=1234, name=python, Ch 00000008, intr 00000000. MMU Fault"
-
-
-@pytest.fixture(scope="module")
-def cfg() -> Config:
-    return load_config_dir(ROOT / "config")
 
 
 def _tallies(view: object) -> dict[tuple[int, str | None], int]:

@@ -18,15 +18,15 @@ import pynvml as real_pynvml
 import pytest
 
 from agent.checks.nvlink_errors import check_nvlink_errors
-from agent.config import parse_config
 from agent.core.facts import NodeFacts
 from agent.core.nvlink import NvlinkErrorSample
 from agent.core.severity import Status
 from agent.probes.live import LiveSource
 from agent.probes.nvlink_errors import parse_nvlink_errors_json, read_nvlink_errors, to_json
 from agent.probes.snapshot import SnapshotSource
+from tests.conftest import cfg
 
-CFG = parse_config({}, None, None)
+CFG = cfg()
 
 
 class NVMLError(Exception):

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from agent.checks.nvlink_speed import check_nvlink_speed
-from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.severity import Severity, Status
 from agent.probes.nvlink import parse_nvlink
+from tests.conftest import cfg
 
 ROOT = Path(__file__).parent.parent
 NVL = Path(__file__).parent / "fixtures" / "nvlink"
@@ -20,12 +18,7 @@ H100 = (NVL / "nvidia-smi-nvlink-s_h100_driver590.txt").read_text(encoding="utf-
 A100 = (NVL / "awsome-p4de-a100-gpu0-nvlink-s.txt").read_text(encoding="utf-8")
 
 
-def config() -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    return parse_config({}, profiles, None)
-
-
-CFG = config()
+CFG = cfg()
 
 
 def run(text: str, itype: str | None) -> CheckResult:

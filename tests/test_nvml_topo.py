@@ -19,13 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.checks.nvlink import check_nvlink
 from agent.checks.nvlink_speed import check_nvlink_speed
-from agent.checks.registry import RULE_BOOK
 from agent.checks.topology import check_topology
-from agent.config import parse_config
 from agent.core.facts import NodeFacts
 from agent.core.nvlink import NvlinkReport
 from agent.core.probed import ProbeError, ProbeErrorKind
@@ -33,16 +30,12 @@ from agent.core.topo import TopoMatrix
 from agent.probes.live import LiveSource
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.topo import parse_topo
+from tests.conftest import cfg
 from tests.fakes.nvml.fake_nvml import Machine, add_nvlink, add_topology, from_recordings
 from tests.pci_sysfs_tree import build_from_lspci, build_rdma_class
 
 FIX = Path(__file__).parent / "fixtures"
-CFG = parse_config(
-    {},
-    yaml.safe_load((FIX.parent.parent / "config" / "instance-profiles.yaml").read_text(encoding="utf-8")),
-    None,
-    rules=RULE_BOOK,
-)
+CFG = cfg()
 
 MACHINES = {
     "h100-590": ("nvgpuexp-h100-80gb-hbm3-590.48.01-q-idle.txt", "nvgpuexp-h100-80gb-hbm3-590.48.01"),

@@ -9,10 +9,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from agent.checks.pci import check_aer, check_inventory, check_link
-from agent.config import Config, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.gpu import GpuInventory
@@ -23,6 +20,7 @@ from agent.core.severity import Severity, Status
 from agent.probes.live import LiveSource
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.pci import read_pci
+from tests.conftest import cfg
 from tests.pci_sysfs_tree import H100_VM, build_from_capture, build_from_lspci, build_rdma_class
 
 ROOT = Path(__file__).parent.parent
@@ -36,12 +34,7 @@ CX_FUNCTIONS = {f"0000:{b}:00.0": f"0000:{b}:00.0" for b in CX7} | {
 X8_GPUS = ("19", "3b", "4c", "5d", "9b", "bb", "cb", "db")
 
 
-def config() -> Config:
-    profiles = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
-    return parse_config({}, profiles, None)
-
-
-CFG = config()
+CFG = cfg()
 
 
 def vm_gpus(xml: str = XML) -> GpuInventory:

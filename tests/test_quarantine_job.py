@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from agent.cli import quarantine
-from agent.config import load_config_dir
 from agent.probes.dcgm.dcgmi import run_dcgmi_diag
+from tests.conftest import cfg
 
 ROOT = Path(__file__).parent.parent
 JOB = ROOT / "manifests" / "jobs" / "quarantine-job.yaml"
@@ -28,7 +28,7 @@ PASS_31 = FIX / "dcgm-repo-8gpu-dcgmi-diag-j-3.1.0-real-output-with-warning-pref
 FAIL_4X = FIX / "dcgmi_diag_r4_json_v4-DERIVED-gpu3-fail-isolate.json"
 NS, SA = "gpu-healthcheck", "gpu-healthcheck-quarantine"
 KEY = "gpu-healthcheck/quarantine-result"
-CFG = load_config_dir()
+CFG = cfg()
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.timezone.utc)
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.checks.registry import RULE_BOOK, run_checks, select
+from agent.checks.registry import run_checks, select
 from agent.checks.xid import check_xid
-from agent.config import Config, load_config_dir
+from agent.config import Config
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.gpu import Gpu, GpuInventory
@@ -31,15 +31,11 @@ from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.source import gather_facts
 from agent.probes.topo import parse_topo
+from tests.conftest import cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures"
-CFG = load_config_dir(None, rules=RULE_BOOK)
-
-
-@pytest.fixture(scope="module")
-def cfg() -> Config:
-    return load_config_dir(ROOT / "config")
+CFG = cfg()
 
 
 def _judge(tmp: Path, name: str, data: bytes, itype: str) -> dict[str, CheckResult]:

@@ -10,7 +10,7 @@ import yaml
 
 from agent.checks import xid
 from agent.checks.xid import check_xid, recovery_severity
-from agent.config import Config, load_config_dir, parse_config
+from agent.config import Config, parse_config
 from agent.config.xid_catalog import parse_catalog
 from agent.core.facts import NodeFacts
 from agent.core.gpu import Gpu, GpuInventory
@@ -111,11 +111,6 @@ BUCKET_SEVERITY = {
 
 
 APP_FAULTS = (13, 31, 43, 45)  # none one by one, monitor as a storm (the catalog's header says why)
-
-
-@pytest.fixture(scope="module")
-def cfg() -> Config:
-    return load_config_dir(REPO_CONFIG)
 
 
 def _facts(path: Path, gpus: GpuInventory | None = None) -> NodeFacts:

@@ -23,12 +23,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from agent.config import Config, parse_config
+from agent.config import Config
 from agent.core.facts import Input
 from agent.core.pci import PciSample
 from agent.engine.engine import Engine
 from agent.probes.pci import read_pci
 from agent.probes.snapshot import SnapshotSource
+from tests.conftest import cfg
 from tests.pci_sysfs_tree import build_from_lspci
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,18 +40,7 @@ T0 = 1_764_000_000
 
 def config(extra: dict[str, Any] | None = None) -> Config:
     """The shipped config and tables, pci.inventory off (another node's bus), plus `extra`."""
-    import yaml
-
-    doc = yaml.safe_load((ROOT / "config" / "config.yaml").read_text()) or {}
-    doc["checks"] = {"pci.inventory": False}
-    doc.update(extra or {})
-    tables = [
-        yaml.safe_load((ROOT / "config" / n).read_text())
-        for n in ("instance-profiles.yaml", "xid-catalog.yaml", "dcgm-incidents.yaml")
-    ]
-    from agent.checks.registry import RULE_BOOK
-
-    return parse_config(doc, *tables, rules=RULE_BOOK)
+    return cfg({"checks": {"pci.inventory": False}, **(extra or {})})
 
 
 def _set(block: str, key: str, value: str, after: str = "") -> str:

@@ -146,14 +146,10 @@ def ensure_binaries(*, build: bool | None = None, out: TextIO | None = None) -> 
 
 
 def built_go_tool(script: str) -> str:
-    """Run scripts/<script> (build-helm.sh, build-promtool.sh: built once from the Go module proxy,
-    cached under .cache/) and return the binary's path, the script's last line; fails the test with
-    the build's own words when it cannot build."""
-    import pytest
+    """The binary scripts/<script> builds (build-helm.sh, build-promtool.sh: built once from the Go
+    module proxy, cached under .cache/, usually in the background since collection: see
+    tests/kubeenv/go_tools.py), its path; fails the test with the build's own words when it cannot
+    build."""
+    from .go_tools import result
 
-    proc = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / script)], capture_output=True, text=True, timeout=1200
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"{script} failed: {proc.stderr[-2000:]}", pytrace=False)
-    return proc.stdout.strip().splitlines()[-1]
+    return result(script.removeprefix("build-").removesuffix(".sh"))

@@ -7,21 +7,23 @@ Fixtures
     kube_namespace      (function) a fresh Namespace, created (deleted afterwards)
     gpu_node            (function) factory: gpu_node(**make_gpu_node kwargs) -> V1Node, deleted afterwards
 
-Binaries: $KUBEBUILDER_ASSETS, else built once by scripts/build-kube-bins.sh (triggered here after
-collection when ``kube`` tests are selected, unless GPUHC_KUBE_NO_BUILD=1). Missing toolchain:
-skip with one line, except with CI=true, where it is a failure.
+Binaries: $KUBEBUILDER_ASSETS, else built once by scripts/build-kube-bins.sh, with the other Go tools
+the selected tests need, in the background from the end of collection (tests/kubeenv/go_tools.py:
+the tests that need none run first), unless GPUHC_KUBE_NO_BUILD=1. Missing toolchain: skip with one
+line, except with CI=true, where it is a failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, NoReturn
 
 import pytest
 
+from . import go_tools
 from .binaries import (
     UNAVAILABLE,
     KubeBinaries,
@@ -41,8 +43,10 @@ __all__ = [
     "kube_namespace",
     "kube_node_name",
     "pytest_collection_finish",
+    "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_runtest_makereport",
+    "pytest_runtest_protocol",
     "pytest_terminal_summary",
 ]
 
@@ -69,42 +73,83 @@ def _wants_kube(item: pytest.Item) -> bool:
     return item.get_closest_marker("kube") is not None or "kube" in getattr(item, "fixturenames", ())
 
 
+def _tools(item: pytest.Item) -> tuple[str, ...]:
+    return go_tools.go_tools_needed(item, _wants_kube(item))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that need no Go tool first, then kube-bins', then the rest (each in collected
+    order), so that the tools build in the background while the first ones run."""
+    rank: dict[str, int] = {}
+    for item in items:
+        mod = item.nodeid.split("::", 1)[0]
+        rank[mod] = max(rank.get(mod, 0), go_tools.module_rank(_tools(item)))
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the binaries before the first test (outside any per-test timeout) when needed."""
+    """Start building the Go tools the selected tests need, in the background (scripts/build-go-tools.sh)."""
     config = session.config
-    if config.option.collectonly or not any(_wants_kube(i) for i in session.items):
+    if config.option.collectonly:
         return
-    try:
-        if find_binaries() is not None or not _build_allowed():
-            return
-    except KubeUnavailable as exc:  # a broken KUBEBUILDER_ASSETS
-        config.stash[_BUILD_ERROR] = str(exc)
+    needed = {tool for item in session.items for tool in _tools(item)}
+    if "kube-bins" in needed:
+        try:
+            if find_binaries() is not None or not _build_allowed():
+                needed.discard("kube-bins")
+        except KubeUnavailable as exc:  # a broken KUBEBUILDER_ASSETS
+            config.stash[_BUILD_ERROR] = str(exc)
+            needed.discard("kube-bins")
+    if not needed:
         return
+    line = go_tools.start([t for t in go_tools.GO_TOOLS if t in needed])
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None and "all built" not in line:
+        line = line.removeprefix("build-go-tools: ")
+        tr.write_line(f"{line}; the tests that need them run last", yellow=True)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Before the first test that needs a Go tool, outside its timeout: wait for the tool's build."""
+    for tool in _tools(item):
+        if tool in go_tools.waited():
+            continue
+        if tool == "kube-bins":
+            try:
+                if find_binaries() is not None or not _build_allowed():
+                    continue
+            except KubeUnavailable:
+                continue  # reported by the kube fixture
+        _announce(item.config, f"waiting for {tool} (scripts/build-{tool}.sh) ...")
+        built = go_tools.wait(tool)
+        if tool == "kube-bins":
+            item.config.stash[_BUILD_SECONDS] = built.waited
+            if built.error:
+                item.config.stash[_BUILD_ERROR] = unavailable_message(built.error)
+    return (yield)
+
+
+def _announce(config: pytest.Config, line: str) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
     capman = config.pluginmanager.get_plugin("capturemanager")
-    if tr is not None:
-        tr.write_line(
-            "kube tests selected: building etcd, kube-apiserver, kube-controller-manager and "
-            "kubectl from the Go module proxy (one-off per machine) ...",
-            yellow=True,
-        )
-    t0 = time.monotonic()
-    try:
-        if capman is not None:
-            with capman.global_and_fixture_disabled():
-                build_binaries(sys.stderr)
-        else:
-            build_binaries(sys.stderr)
-    except KubeUnavailable as exc:
-        config.stash[_BUILD_ERROR] = unavailable_message(str(exc))
-    finally:
-        config.stash[_BUILD_SECONDS] = time.monotonic() - t0
+    if tr is None:
+        return
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+        if tr._tw.width_of_current_line:  # after the progress dots
+            tr.write("\n")
+        tr.write_line(line, yellow=True)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     lines = []
-    if _BUILD_SECONDS in config.stash:
-        lines.append(f"kube binaries: build took {config.stash[_BUILD_SECONDS]:.0f}s")
+    built = go_tools.waited()
+    if built:
+        said = (f"{b.tool} {'FAILED' if b.error else 'ready'} after {b.waited:.0f}s" for b in built.values())
+        lines.append("Go tools (waited for): " + ", ".join(said))
     env = config.stash.get(_ENV, None)
     if env is not None:
         cm = env.plane.controller_manager_start_seconds

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import threading
 import time
 import urllib.request
@@ -33,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from . import go_tools
 from .binaries import KubeBinaries
 from .env import KubeEnv
 from .server import ControlPlane, ControlPlaneError, ManagedProcess, free_ports
@@ -47,12 +47,13 @@ NODE_LIFECYCLE_ARGS = ("--node-monitor-grace-period=1h", "--node-startup-grace-p
 INSTANCE_TYPE = "c-1x-amd64-linux"  # one of the KWOK provider's built-in instance types
 
 
-def build_karpenter(timeout: float = 1800) -> Path:
-    """Run scripts/build-karpenter.sh (cached; about 5 min cold on 2 cores); its output directory."""
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise ControlPlaneError(f"{BUILD_SCRIPT.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
+def build_karpenter() -> Path:
+    """scripts/build-karpenter.sh's output directory (cached; about 5 min cold on 2 cores, usually
+    built in the background since collection: tests/kubeenv/go_tools.py)."""
+    built = go_tools.wait("karpenter")
+    if built.error:
+        raise ControlPlaneError(built.error)
+    return Path(built.path)
 
 
 def _now() -> str:
