@@ -27,18 +27,7 @@ from agent.core.node_keys import CONDITIONS, Reason
 from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.severity import Status
 from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, free_port, wait_for
-from tests.test_remediation_kube import (
-    AHR,
-    ROOT,
-    cond,
-    fenced,  # noqa: F401  (fixture)
-    installed,  # noqa: F401  (fixture)
-    set_policy_types,
-    status_patch,
-    until_status,
-    with_entries,
-)
-from tests.test_write_refused import (
+from tests.test_refusals import (
     COND,
     Identity,
     K,
@@ -52,6 +41,17 @@ from tests.test_write_refused import (
     refusers,  # noqa: F401  (fixture)
     status_probe,
     story,
+)
+from tests.test_remediation_kube import (
+    AHR,
+    ROOT,
+    cond,
+    fenced,  # noqa: F401  (fixture)
+    installed,  # noqa: F401  (fixture)
+    set_policy_types,
+    status_patch,
+    until_status,
+    with_entries,
 )
 
 pytestmark = pytest.mark.kube

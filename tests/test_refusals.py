@@ -5,7 +5,7 @@ the order of the two PATCHes, the metrics of what the Node shows) without a serv
 on the real API server under a ServiceAccount's token, with a ValidatingAdmissionPolicy of the
 test's own that refuses that identity's status PATCH, its Node PATCH, or a change of one condition
 type (as the fence refuses a type its ConfigMap does not name). The agent process end to end (log,
-metric, Event, retry) is in tests/test_write_refused_agent.py.
+metric, Event, retry) is in tests/test_refusals_kube.py.
 """
 
 from __future__ import annotations
