@@ -118,7 +118,7 @@ def cel_list(items: list[str]) -> str:
 
 def our_taints() -> str:
     """The CEL list of the taint keys the agent may add and remove: its failure taint and the
-    validating taint (agent/core/contract.py Keys), each under `variables.prefix`."""
+    validating taint (core/node_keys.py Keys), each under `variables.prefix`."""
     keys = Keys("")
     names = (keys.taint, keys.validating)  # "/unhealthy", "/validating": the prefix is the variable's
     return "[" + ", ".join(f"variables.prefix + {cel_string(n.lstrip('/'))}" for n in names) + "]"
@@ -134,7 +134,7 @@ def fence_variables(prefix: str, types: str) -> str:
                 "- name: prefix  # config.yaml `prefix`, and a slash",
                 "  expression: >-",
                 f"    {prefix}",
-                "- name: ourTaints  # the taints the agent may change (agent/core/contract.py Keys)",
+                "- name: ourTaints  # the taints the agent may change (core/node_keys.py Keys)",
                 "  expression: >-",
                 f"    {our_taints()}",
                 "- name: conditionTypes  # node.conditionType, then node.remediationConditions[].type",

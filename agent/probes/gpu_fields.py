@@ -1,4 +1,4 @@
-"""The GPU field table: one row per field of the GPU model (core/model.py: Gpu and its parts) saying
+"""The GPU field table: one row per field of the GPU model (core/gpu.py: Gpu and its parts) saying
 where `nvidia-smi -q` prints it, where `-q -x` prints it and how NVML reads it. The three readers
 (nvsmi_text, nvsmi_xml, nvml) fill the model from these rows and nothing else, and the evidence
 lines (Gpu.where) come from them too: a new field is one row here and one field in the model.
