@@ -34,7 +34,7 @@ lint: setup
 go-tools:
 	@scripts/build-go-tools.sh --background
 
-test: setup go-tools lint
+test: go-tools setup lint
 	$(BIN)/pytest
 
 clean:

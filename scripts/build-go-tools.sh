@@ -75,7 +75,7 @@ start=$(date +%s)
 build_one() {  # one tool, its output into its log; says when it ended and how
     local t=$1 rc=0
     local prio=()
-    [[ $t == kube-bins ]] || prio=(nice -n 10)
+    [[ $t == kube-bins ]] || prio=(nice -n 19)
     "${prio[@]}" bash "$REPO/scripts/build-$t.sh" >"$LOG_DIR/$t.log" 2>&1 || rc=$?
     if [[ $rc -eq 0 ]]; then
         log "$t: built, $(( $(date +%s) - start ))s after the start"
