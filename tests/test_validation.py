@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent.cli.agent import validation_diag_level
-from agent.config import load_config_dir, parse_config
+from agent.config import load_config_dir
 from agent.core.dcgm_report import DiagReport, DiagResult, DiagStatus
 from agent.core.facts import Input
 from agent.core.findings import CheckResult, Finding
@@ -28,8 +28,8 @@ from agent.engine.validation import Validation, diag_passed, tier_passed
 from agent.engine.write_policy import fingerprint
 from agent.probes.dcgm.idle import IdleVerdict
 from agent.probes.dcgm.tiers import DcgmTiers
-from agent.probes.snapshot import SnapshotSource
 from agent.reporters.validating_taint import with_validating
+from tests.test_engine import engine_for
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
@@ -54,16 +54,8 @@ def snapshot(tmp_path: Path, *, tainted: bool = True, readable: bool = True) -> 
 
 
 def engine(snap: Path, extra_inputs: dict[Input, Any] | None = None, **doc: Any) -> Engine:
-    cfg = load_config_dir(ROOT / "config")
-    if doc:
-        base = parse_config(doc)
-        cfg = type(cfg)(
-            raw=base.raw,
-            profiles=cfg.profiles,
-            xid_catalog=cfg.xid_catalog,
-            severity_overrides=base.severity_overrides,
-        )
-    return Engine(SnapshotSource(snap), cfg, extra_inputs=extra_inputs)
+    """The engine on *snap* with *doc* over the shipped config, as tests/test_engine.py builds it."""
+    return engine_for(snap, extra_inputs, **doc)
 
 
 def run_every_tier(eng: Engine, skip: tuple[str, ...] = ()) -> None:
