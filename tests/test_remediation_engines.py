@@ -368,6 +368,9 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
         wait_for(lambda: karpenter.node(first) is None and served(), 240, f"Karpenter to remove {first}")
         for n in served():  # Karpenter initialized only nodes whose agent passed and lifted the taint
             assert not tainted(n) and status(n) == "pass", n
+        # Every node Karpenter launched came up with the startup taint (else it was never followed).
+        every = lambda: set(follow()) == set(launched()) - {first}  # noqa: E731
+        wait_for(every, 30, "every launched node to carry the startup taint")
     finally:
         for agent in agents:
             agent.stop()
