@@ -6,7 +6,8 @@
 #   scripts/build-kube-bins.sh            # build if missing, print the bin dir last
 #   scripts/build-kube-bins.sh --check    # exit 0 when built, 1 when not; builds nothing
 #
-# The versions are pinned by tools/kube-bins/go.mod. Output goes to
+# The versions are pinned by tools/kube-bins/go.mod ($GPUHC_KUBE_MODULE/go.mod for a compatibility
+# run: tools/kube-bins/compat/v1.35, v1.36; scripts/test-compat.sh). Output goes to
 # $GPUHC_KUBE_BIN_DIR, default $REPO/.cache/kube-bins/<k8s-version>/ (git-ignored).
 # Idempotent: exits at once when all four binaries are already there.
 #
@@ -18,7 +19,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MOD="$REPO/tools/kube-bins"
+MOD=${GPUHC_KUBE_MODULE:-$REPO/tools/kube-bins}  # a compatibility run names tools/kube-bins/compat/vX.Y
 K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
 ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
 if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then

@@ -34,7 +34,9 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-bins.sh"
-GO_MOD = REPO_ROOT / "tools" / "kube-bins" / "go.mod"
+# The module that pins the release: tools/kube-bins (the main suite's, the newest minor), or a
+# compatibility run's (tools/kube-bins/compat/v1.35, ...) named by $GPUHC_KUBE_MODULE.
+GO_MOD = Path(os.environ.get("GPUHC_KUBE_MODULE") or REPO_ROOT / "tools" / "kube-bins") / "go.mod"
 REQUIRED = ("etcd", "kube-apiserver", "kubectl")
 FIRST_BUILD_HINT = "~9 min first time on 2 cores"
 UNAVAILABLE = "kube-apiserver not available"
@@ -80,7 +82,7 @@ def _is_exe(p: Path) -> bool:
 
 
 def pinned_k8s_version() -> str:
-    """The k8s.io/kubernetes version tools/kube-bins/go.mod pins, e.g. ``v1.34.4``."""
+    """The k8s.io/kubernetes version the kube-bins module pins, e.g. ``v1.37.2``."""
     m = re.search(r"^\s*k8s\.io/kubernetes\s+(v\S+)", GO_MOD.read_text(), re.MULTILINE)
     if m is None:
         raise KubeUnavailable(f"no k8s.io/kubernetes requirement in {GO_MOD}")
