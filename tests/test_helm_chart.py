@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kubeenv.binaries import built_go_tool
+from tests.kubeenv.binaries import built_go_tool, pinned_k8s_version
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "charts" / "gpu-healthcheck"
 MANIFESTS = ROOT / "manifests"
-KUBE_VERSION = "1.34.4"
+KUBE_VERSION = pinned_k8s_version().removeprefix("v")  # the suite's kube-apiserver
 
 
 @pytest.fixture(scope="session")
