@@ -54,7 +54,8 @@ def test_count_fails_on_a_real_4_gpu_a100_node_typed_as_p4d() -> None:
 
 def test_count_flags_the_wrong_gpu_model() -> None:
     r = gpu.check_count(facts("gpud-rtx4090x8-535.154.05.txt"), CFG)
-    assert [(f.rule, f.severity) for f in r.findings] == [("gpu.count.model", Severity.MONITOR)] * 8  # one per GPU
+    # one finding per GPU, each of them an RTX 4090
+    assert [(f.rule, f.severity) for f in r.findings] == [("gpu.count.model", Severity.MONITOR)] * 8
     assert "expected H100" in r.message
 
 
