@@ -126,3 +126,44 @@ def test_a_dra_only_node_is_compared_with_the_drivers_slices_and_validated(
             assert now["metadata"]["resourceVersion"] == rv["metadata"]["resourceVersion"]
         else:
             assert now["metadata"]["generation"] == 1
+
+
+@pytest.mark.kube
+@pytest.mark.timeout(120)
+def test_the_dra_input_starts_the_watch_only_without_a_device_plugin_and_lists_once(
+    kube: Any, gpu_node: Any
+) -> None:
+    """The reader the agent wires (reporters/published_slices.py) on the real API server: a Node
+    whose device plugin registers GPUs starts no watch; a DRA-only one starts it at the first read,
+    lists once, and later reads (and a republish) cost no LIST; the parse is reused while the slices
+    do not change."""
+    from agent.core.dra import DraSlices
+    from agent.core.probed import NotCaptured
+    from agent.probes.node_object import node_from_dict
+    from agent.reporters.published_slices import PublishedSlices, SliceInput
+
+    plugin = gpu_node(gpus=8).metadata.name
+    dra = gpu_node(gpus=None).metadata.name
+    code, body = kube.request("POST", SLICES, resource_slice(dra))
+    assert code == 201, body
+    with kube.api_client() as api:
+        watches = {n: PublishedSlices(api, n) for n in (plugin, dra)}
+        reads = {n: SliceInput(w, lambda n=n: node_from_dict(node_doc(kube, n))) for n, w in watches.items()}
+        try:
+            skipped = reads[plugin]()
+            first = reads[dra]()
+            again = [reads[dra]() for _ in range(5)]
+            short = copy.deepcopy(body)
+            short["spec"]["devices"] = short["spec"]["devices"][:7]
+            short["spec"]["pool"]["generation"] = 2
+            code, updated = kube.request("PUT", f"{SLICES}/{body['metadata']['name']}", short)
+            assert code == 200, updated
+            wait_for(lambda: len(getattr(reads[dra](), "devices", ())) == 7, 30, "the republish seen")
+        finally:
+            for w in watches.values():
+                w.stop()
+    assert isinstance(skipped, NotCaptured) and "device plugin" in skipped.source
+    assert watches[plugin].lists == 0 and not watches[plugin].synced.is_set()
+    assert isinstance(first, DraSlices) and [d.name for d in first.devices] == [f"gpu-{i}" for i in range(8)]
+    assert all(r is first for r in again)  # parsed once while the slices did not change
+    assert watches[dra].lists == 1  # the start's LIST; the republish came by the watch
