@@ -242,8 +242,13 @@ def test_allocatable_equal_passes_and_below_warns() -> None:
     assert "7 of 8" in r.message and "unhealthy" in r.message
 
 
-def test_allocatable_without_a_device_plugin_is_skipped() -> None:
-    assert gpu.check_allocatable(facts(H100, node=node(None)), CFG).status is Status.SKIPPED
+def test_allocatable_without_a_device_plugin_nor_slices_is_skipped_and_says_both() -> None:
+    """Not for want of nvidia.com/gpu alone: the DRA driver's slices were not read either (the DRA
+    comparison: tests/test_checks_dra.py)."""
+    bare = NodeObject(name="n", labels={}, allocatable_gpus=None, capacity_gpus=None)
+    r = gpu.check_allocatable(facts(H100, node=bare), CFG)
+    assert r.status is Status.SKIPPED
+    assert "no nvidia.com/gpu" in r.message and "resourceslices.json not captured" in r.message
 
 
 # --------------------------------------------------------------------------- config

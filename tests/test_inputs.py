@@ -77,7 +77,7 @@ def test_a_spec_out_of_step_with_nodefacts_is_named() -> None:
 
 def test_the_tiers_read_what_they_read_before_the_specs() -> None:
     assert TIER_INPUTS == {
-        "gpu": (Input.GPUS,),
+        "gpu": (Input.GPUS, Input.DRA),  # the DRA driver's devices, as of the GPUs' read
         "xid": (Input.KERNEL,),
         "efa": (Input.RDMA,),
         "topology": (Input.TOPO, Input.NVLINK, Input.PCI, Input.HOST, Input.NVLINK_ERRORS),

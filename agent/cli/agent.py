@@ -149,11 +149,14 @@ class LiveParts:
         # diag's wake-up (engine/validation.py; main() wires them to the agent's engine and loop).
         self.wanted_level: Callable[[], int | None] = lambda: None
         self.diag_done: Callable[[], None] = lambda: None
+        # Inputs read from the API (the DRA driver's devices: reporters/published_slices.py), kept
+        # beside the DCGM ones when a reload rebuilds those.
+        self.api_inputs: dict[Input, Callable[[], Any]] = {}
 
     def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
         """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
         if not self.dcgm_wanted or not any(cfg.enabled(c) for c in DCGM_CHECKS):
-            return {}, None
+            return dict(self.api_inputs), None
         from agent.probes.dcgm.tiers import DcgmTiers
         from agent.probes.pod_resources import gpu_pods
 
@@ -172,7 +175,7 @@ class LiveParts:
             if not old.runner.in_progress:
                 self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
             old.health.client.close()  # a diag still running on the old client finishes on its own
-        return self.dcgm.inputs(), self.dcgm.progress
+        return {**self.api_inputs, **self.dcgm.inputs()}, self.dcgm.progress
 
     def reconfigure(self, engine: Engine, old: Config, new: Config) -> None:
         if self.writer is not None:
@@ -198,9 +201,17 @@ class LiveParts:
 
 
 def isolating_writer(
-    core: Any, node_name: str, cfg: Config, writer: Any, brake: Any, metrics: Metrics, dry_run: bool
+    core: Any,
+    node_name: str,
+    cfg: Config,
+    writer: Any,
+    brake: Any,
+    metrics: Metrics,
+    dry_run: bool,
+    slices: Any = None,
 ) -> Any:
-    """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation)."""
+    """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation);
+    *slices*: the node's ResourceSlice watch, shared with the checks' DRA input."""
     from agent.reporters.device_isolation import IsolatingWriter
     from agent.reporters.device_taints import DeviceTaints, tainted_nodes
     from agent.reporters.resource_slices import SliceWatch
@@ -215,7 +226,7 @@ def isolating_writer(
     if brake is not None:
         brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
     return IsolatingWriter(
-        writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
+        writer, slices or SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
     )
 
 
@@ -253,6 +264,7 @@ def main(args: Any) -> int:
     writer: NodeWriter | None = None
     brake: Brake | None = None
     node_getter = None
+    dra_input: Callable[[], Any] | None = None
     fence: threading.Thread | None = None
     guarded: GuardedWriter | None = None
     metrics = Metrics()
@@ -301,7 +313,10 @@ def main(args: Any) -> int:
             on_state=metrics.record_node_state,
             repair=repair,
         )
-        isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run)
+        from agent.reporters.published_slices import PublishedSlices, SliceInput
+
+        slices = PublishedSlices(core, node_name)  # one watch: per-GPU isolation and the DRA input
+        isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run, slices)
         guarded = GuardedWriter(isolating, guard)
         vet = reproving(vet, guard)
 
@@ -324,6 +339,8 @@ def main(args: Any) -> int:
             parsed[:] = [(version, node)]
             return node
 
+        dra_input = SliceInput(slices, node_getter)
+
     from agent.probes.pod_resources import gpu_pods, list_devices
 
     pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
@@ -333,6 +350,8 @@ def main(args: Any) -> int:
 
         engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
     live = LiveParts(source, writer, brake, metrics, pods, engines, dcgm_wanted=not args.from_snapshot)
+    if dra_input is not None:
+        live.api_inputs[Input.DRA] = dra_input  # the API's slices, a snapshot-backed node's too
     extra_inputs, progress = live.dcgm_inputs(cfg)
     agent = Agent(
         source,

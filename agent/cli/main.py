@@ -207,7 +207,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             checked_at=now_iso(),
             boot_id=facts.boot_id,
             instance_type=facts.instance_type,
-            gpus=gpu_verdicts(verdict.results, facts.gpus, verdict.status),
+            gpus=gpu_verdicts(verdict.results, facts.gpus, verdict.status, dra=facts.dra),
             trends=trend_history.to_doc(facts.trends),
         )
         print(json.dumps(doc, indent=2, ensure_ascii=False))

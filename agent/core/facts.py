@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
+from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
@@ -36,6 +37,7 @@ class Input(str, enum.Enum):
     PCI = "pci"
     HOST = "host"
     NVLINK_ERRORS = "nvlink_errors"
+    DRA = "dra"
 
     def __str__(self) -> str:
         return self.value
@@ -56,6 +58,7 @@ class NodeFacts:
     rdma: Probed[RdmaSample] = NotCaptured("sysfs infiniband")
     rdma_previous: RdmaSample | None = None  # the agent's previous read, for counter rates
     node: Probed[NodeObject] = NotCaptured("node.json")
+    dra: Probed[DraSlices] = NotCaptured("resourceslices.json")  # NVIDIA's DRA driver's devices here
     dcgm_diag: Probed[DiagReport] = NotCaptured("dcgm-diag.json")
     dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")
     pci: Probed[PciSample] = NotCaptured("sysfs pci")

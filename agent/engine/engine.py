@@ -292,7 +292,9 @@ class Engine:
         taint = wanted and policy.mode == MODE_TAINT  # observe and label modes never taint
         self.metrics.record_taint_wanted(taint)
         holders = self._holders if self.workloads is not None else None
-        gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
+        gpus = gpu_verdicts(
+            results, self.inputs.get(Input.GPUS), verdict.status, holders, self.inputs.get(Input.DRA)
+        )
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
         gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
         events += gate.events

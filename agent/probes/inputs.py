@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport, HealthReport
+from agent.core.dra import DraSlices
 from agent.core.facts import Input
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
@@ -54,6 +55,8 @@ def _kernel_metrics(metrics: Telemetry, kernel: KernelXids) -> None:
 SPECS: tuple[InputSpec, ...] = (
     InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None),  # the writer's copy live
     InputSpec(Input.GPUS, GpuInventory, LiveSource.gpus, SnapshotSource.gpus, "gpu"),
+    # The agent reads it from its ResourceSlice watch (an extra input, cli/agent.py), as of each gpu cycle.
+    InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu"),
     InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, SnapshotSource.topo, "topology"),
     InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, SnapshotSource.nvlink, "topology"),
     InputSpec(

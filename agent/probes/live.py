@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from agent.core.dcgm_report import DiagReport
+from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
@@ -203,6 +204,10 @@ class LiveSource:
 
     def dcgm_diag(self) -> Probed[DiagReport]:
         return NotCaptured("dcgm diag (runs in the agent's dcgm-diag tier)")
+
+    def dra(self) -> Probed[DraSlices]:
+        """The agent reads them from the API (reporters/published_slices.py); a probe cannot."""
+        return NotCaptured("ResourceSlices (no API access)")
 
     def boot_id(self) -> str | None:
         try:
