@@ -228,3 +228,4 @@ class GpuInventory:
     attached_gpus: int | None = None  # what the tool says is attached (may exceed len(gpus))
     gpus: tuple[Gpu, ...] = ()
     lost: tuple[LostGpu, ...] = ()
+    taken_at: float | None = field(default=None, compare=False)  # time.monotonic() of a live read

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -92,7 +93,12 @@ class LiveSource:
         return out.stdout
 
     def gpus(self) -> Probed[GpuInventory]:
-        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module)."""
+        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module).
+        A read that worked carries the time it was taken (counter rates)."""
+        got = self._gpus()
+        return replace(got, taken_at=time.monotonic()) if isinstance(got, GpuInventory) else got
+
+    def _gpus(self) -> Probed[GpuInventory]:
         started = time.monotonic()
         first: Probed[GpuInventory] | None = None
         if self.use_nvml:
