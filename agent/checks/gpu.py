@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.checks import CheckSpec, gpu_finding, gpu_memory, input_gap, per_gpu, readable
+from agent.checks import CheckSpec, gpu_finding, gpu_memory, input_gap, per_gpu, readable, rule_finding
 from agent.config import Config
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
@@ -99,7 +99,7 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
         return gap
     inv = facts.gpus
     assert isinstance(inv, GpuInventory)
-    visible = len(inv.gpus) + len(inv.lost)
+    visible = inv.visible
     if facts.profile is None:
         why = (
             f"instance type {facts.instance_type!r} has no profile"
@@ -140,7 +140,9 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
-    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look"."""
+    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look".
+    One GPU whose NVML calls hang is that GPU's own failure (gpu.responsive.timeout on it, confirmed
+    like the node-wide one); the other GPUs are judged as usual."""
     name = "gpu.responsive"
     probed = facts.gpus
     if isinstance(probed, ProbeError) and probed.kind is not ProbeErrorKind.UNREADABLE:
@@ -174,6 +176,18 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
                 evidence=Evidence.of(inv.source, (lost.where,))
                 if lost.where is not None
                 else (Evidence(inv.source, None, lost.message),),
+            )
+        )
+    for hung in inv.hung:
+        findings.append(
+            rule_finding(
+                cfg,
+                name,
+                RESPONSIVE_TIMEOUT,
+                f"{hung.label} does not answer: {hung.message}",
+                (hung.label,),
+                hung.pci_bus_id or f"gpu{hung.index}",
+                (Evidence(inv.source, None, hung.message),),
             )
         )
     if unreadable is not None:
@@ -327,7 +341,7 @@ def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
     inv, node = facts.gpus, facts.node
     assert isinstance(inv, GpuInventory)
     assert isinstance(node, NodeObject)
-    visible = len(inv.gpus) + len(inv.lost)
+    visible = inv.visible
     alloc = node.allocatable_gpus
     if alloc is None:
         return CheckResult(name, skipped="the Node advertises no nvidia.com/gpu (device plugin not running?)")

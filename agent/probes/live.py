@@ -149,8 +149,9 @@ class LiveSource:
         got = read(timeout_s)
         seconds = time.monotonic() - started
         kind = got.kind if isinstance(got, ProbeError) else None
-        if kind is None:
-            self.telemetry.record_tool_read(tool, "ok", seconds)
+        if kind is None:  # a read that waited for a hung GPU was given up on at its limit there
+            waited = isinstance(got, GpuInventory) and any(h.waited_s is not None for h in got.hung)
+            self.telemetry.record_tool_read(tool, "timeout" if waited else "ok", seconds)
         elif kind is ProbeErrorKind.TOOL_FAILED:
             self.telemetry.record_tool_read(tool, "failed", seconds)
         elif kind is ProbeErrorKind.TIMEOUT and seconds >= timeout_s:

@@ -17,7 +17,8 @@
  *    A value "!N" makes that getter return NVML error N; a key that is absent answers NOT_SUPPORTED.
  *
  * fake_nvml_* functions let the tests read the counts of inits, shutdowns and attaches, hold every
- * device call (a hung GPU), drop the library's initialisation (UNINITIALIZED), and reload the file.
+ * call (a hung driver) or every call on one GPU (a hung GPU), drop the library's initialisation
+ * (UNINITIALIZED), and reload the file.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -54,6 +55,7 @@ static int ndevices;
 static char driver[80] = "580.159.04";
 static int cuda = 13000, init_error;
 static unsigned refcount, generation = 1, holding;
+static unsigned char holding_gpu[MAX_GPUS]; /* calls on this GPU (and its attach) are held */
 static unsigned inits, shutdowns, attaches, handle_calls, calls;
 
 /* ------------------------------------------------------------------ the configuration file */
@@ -146,10 +148,14 @@ static int get_text(const device_t *d, const char *key, char *buf, unsigned len)
 
 /* ------------------------------------------------------------------ entry checks */
 /* Every device call: counted, held while the test holds GPUs, refused when uninitialised or stale. */
+static int held(const device_t *d) {
+    return holding || (d && d >= devices && d < devices + MAX_GPUS && holding_gpu[d - devices]);
+}
+
 static int enter(const device_t *d) {
     pthread_mutex_lock(&lock);
     calls++;
-    while (holding) pthread_cond_wait(&released, &lock);
+    while (held(d)) pthread_cond_wait(&released, &lock);
     int rc = OK;
     if (!refcount) rc = E_UNINITIALIZED;
     else if (d && (d < devices || d >= devices + ndevices)) rc = E_INVALID_ARGUMENT;
@@ -224,7 +230,10 @@ int nvmlDeviceGetCount_v2(unsigned *count) {
 }
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned index, device_t **device) {
-    ENTER(NULL);
+    pthread_mutex_lock(&lock); /* as ENTER(NULL), and attaching a hung GPU hangs too */
+    calls++;
+    while (holding || (index < MAX_GPUS && holding_gpu[index])) pthread_cond_wait(&released, &lock);
+    if (!refcount) LEAVE(E_UNINITIALIZED);
     handle_calls++;
     if (index >= (unsigned)ndevices) LEAVE(E_INVALID_ARGUMENT);
     device_t *d = &devices[index];
@@ -449,6 +458,7 @@ void fake_nvml_reset(void) {
     refcount = 0;
     generation++;
     holding = 0;
+    memset(holding_gpu, 0, sizeof holding_gpu);
     pthread_cond_broadcast(&released);
     pthread_mutex_unlock(&lock);
 }
@@ -466,6 +476,14 @@ void fake_nvml_uninitialise(void) {
     pthread_mutex_lock(&lock);
     refcount = 0;
     generation++;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Hold (1) or release (0) every call on one GPU, its attach included: one hung GPU. */
+void fake_nvml_hold_gpu(int index, int on) {
+    pthread_mutex_lock(&lock);
+    if (index >= 0 && index < MAX_GPUS) holding_gpu[index] = (unsigned char)on;
+    if (!on) pthread_cond_broadcast(&released);
     pthread_mutex_unlock(&lock);
 }
 
