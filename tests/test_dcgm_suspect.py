@@ -77,7 +77,22 @@ def test_a_wedge_with_one_gpu_in_an_ecc_storm_warns_on_that_gpu_with_both_facts(
     assert f.entities == (now.gpus[3].label,)
     assert f.key == f"dcgm-health.suspect.gpu/{now.gpus[3].pci_bus_id}"
     assert "engine not answering: dcgmHealthCheck past 10 s" in f.message  # the wedge
-    assert "correctable ECC errors grow 17,700/s (0 → 1,062,000 in 60 s" in f.message  # and the GPU's
+    assert (
+        "its correctable ECC errors grow about 20,000 a second (over thresholds.dcgmWedgeEccPerSec, 10)"
+        in f.message
+    )
+    assert f.rate == "17,700/s"  # the exact figure, and the counts, are evidence (not in the words)
+    assert f.evidence[-1].text == "volatile correctable ECC errors 0 → 1,062,000 in 60.0 s: 17,700/s"
+
+
+def test_the_words_stay_the_same_while_a_storm_goes_on_at_about_the_same_pace() -> None:
+    """A new message is a Node write: one a cycle during a storm would be noise."""
+    messages = set()
+    for per_s in (17_000, 17_700, 18_900, 21_000):
+        before, now = healthy(40.0), healthy(100.0)
+        facts = NodeFacts(dcgm_health=WEDGED, gpus=storm(before, now, per_s), gpus_previous=before)
+        messages.add(check_suspect(facts, CFG).findings[0].message)
+    assert len(messages) == 1
 
 
 def test_a_rate_at_or_below_the_threshold_or_a_live_change_of_it() -> None:

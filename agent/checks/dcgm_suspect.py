@@ -15,10 +15,12 @@ gpu.recovery-action).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.checks import CheckSpec, gpu_finding, input_gap
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
-from agent.core.findings import CheckResult
+from agent.core.findings import CheckResult, Evidence
 from agent.core.gpu import Gpu, GpuInventory
 from agent.core.pci import normalize_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
@@ -46,8 +48,18 @@ def _recovery(g: Gpu) -> str | None:
     return None
 
 
-def _ecc_rate(g: Gpu, inv: GpuInventory, before: GpuInventory | None, limit: float) -> str | None:
-    """The GPU's correctable-ECC growth a second between the two reads, when it exceeds `limit`."""
+def _rough(rate: float) -> str:
+    """A rate to one significant figure ("about 20,000"): the message stays the same while a storm
+    goes on at about the same pace (a new message is a Node write); the exact figure is evidence."""
+    digits = max(0, len(str(int(rate))) - 1)
+    return f"{round(rate, -digits):,.0f}"
+
+
+def _ecc_rate(
+    g: Gpu, inv: GpuInventory, before: GpuInventory | None, limit: float
+) -> tuple[str, Evidence, str] | None:
+    """The GPU's correctable-ECC growth a second between the two reads, when it exceeds `limit`:
+    the words, the evidence, the exact rate."""
     if before is None or inv.taken_at is None or before.taken_at is None:
         return None
     seconds = inv.taken_at - before.taken_at
@@ -60,10 +72,12 @@ def _ecc_rate(g: Gpu, inv: GpuInventory, before: GpuInventory | None, limit: flo
     rate = (now - then) / seconds
     if rate <= limit:
         return None
-    return (
-        f"its correctable ECC errors grow {rate:,.0f}/s ({then:,} → {now:,} in {seconds:.0f} s; "
-        f"over thresholds.dcgmWedgeEccPerSec {limit:g})"
+    words = (
+        f"its correctable ECC errors grow about {_rough(rate)} a second "
+        f"(over thresholds.dcgmWedgeEccPerSec, {limit:g})"
     )
+    said = f"volatile correctable ECC errors {then:,} → {now:,} in {seconds:.1f} s: {rate:,.0f}/s"
+    return words, Evidence(inv.source, None, said), f"{rate:,.0f}/s"
 
 
 def check_suspect(facts: NodeFacts, cfg: Config) -> CheckResult:
@@ -81,11 +95,14 @@ def check_suspect(facts: NodeFacts, cfg: Config) -> CheckResult:
     limit = cfg.thresholds.dcgm_wedge_ecc_per_sec
     findings = []
     for g in inv.gpus:
-        why = [w for w in (_ecc_rate(g, inv, facts.gpus_previous, limit), _recovery(g)) if w]
+        ecc, action = _ecc_rate(g, inv, facts.gpus_previous, limit), _recovery(g)
+        why = [w for w in (ecc[0] if ecc else None, action) if w]
         if why:
             wedge = f"the DCGM engine does not answer ({health.message})"
             msg = f"{g.label} is the likely cause: {wedge} and {'; '.join(why)}"
-            findings.append(gpu_finding(cfg, NAME, SUSPECT, msg, g))
+            evidence = (Evidence("dcgm health", None, health.message), *((ecc[1],) if ecc else ()))
+            found = gpu_finding(cfg, NAME, SUSPECT, msg, g, evidence)
+            findings.append(replace(found, rate=ecc[2]) if ecc else found)
     rated = facts.gpus_previous is not None and inv.taken_at is not None
     note = "the DCGM engine does not answer; no GPU points at a cause (no recovery action pending" + (
         f", correctable ECC at most {limit:g}/s)" if rated else "; no earlier read for an ECC rate)"

@@ -85,16 +85,13 @@ def _read_each(opened: Opened, count: int, bound: tuple[float, float]) -> list[G
             out.append(got)
             continue
         pci, uuid = _SEEN.get(index, (None, None))
+        # One text while it lasts (a condition message that does not change costs no write).
+        msg = f"NVML calls on this GPU do not return within {bound[1]:g} s; not called again until they do"
         if isinstance(got, TimedOut):
-            msg = f"NVML calls on this GPU did not return within {bound[1]:g} s (the other GPUs are read)"
             out.append(HungGpu(index, pci, uuid, msg, waited_s=time.monotonic() - bound[0]))
         elif isinstance(got, StillStuck):
             if key in readers:  # not started after all: give its reference back
                 opened.release()
-            msg = (
-                f"an earlier NVML read of this GPU is still hung in the driver ({got.count} stuck "
-                "call(s)); not called again until it returns"
-            )
             out.append(HungGpu(index, pci, uuid, msg))
         else:
             assert isinstance(got, BaseException)

@@ -52,26 +52,25 @@ class EngineUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Wedge:
     """The engine stopped answering: the last call that did not return in time, its limit, and when
-    the first such call was made (time.monotonic)."""
+    the first such call was made (time.monotonic, and as text: a message that stays the same while
+    the wedge lasts, so that it costs no Node write per cycle)."""
 
     op: str
     limit_s: float
     since: float
+    since_text: str
 
     def text(self) -> str:
-        return f"engine not answering: {self.op} past {self.limit_s:g} s"
+        return f"engine not answering: {self.op} past {self.limit_s:g} s (no answer since {self.since_text})"
 
 
 class EngineHung(EngineUnavailable):
-    """A DCGM call did not return within its deadline, or one that did not is still waiting."""
+    """A DCGM call did not return within its deadline, or one that did not is still waiting (then
+    no other call is made until it returns)."""
 
-    def __init__(self, wedge: Wedge, still: bool = False) -> None:
+    def __init__(self, wedge: Wedge) -> None:
         self.wedge = wedge
-        text = wedge.text()
-        if still:
-            waited = time.monotonic() - wedge.since
-            text += f" (no answer for {waited:.0f} s; no other call until it returns)"
-        super().__init__(text)
+        super().__init__(wedge.text())
 
 
 class _Pending:
@@ -249,7 +248,7 @@ class DcgmClient:
         try:
             value = self._calls.run("call", work, limit_s, thread_name=f"dcgm-{op}")
         except StillStuck:
-            raise EngineHung(wedge or Wedge(op, limit_s, time.monotonic()), still=True) from None
+            raise EngineHung(wedge or Wedge(op, limit_s, time.monotonic(), _iso(time.time()))) from None
         except TimedOut:
             pending.give_up()
             raise EngineHung(self.hung(op, limit_s)) from None
@@ -275,8 +274,12 @@ class DcgmClient:
         """`op` did not return within limit_s: the connection is given up (the call still inside
         it closes it when it returns), counted, said once."""
         with self._lock:
-            since = self.wedged.since if self.wedged is not None else time.monotonic() - limit_s
-            wedge = self.wedged = Wedge(op, limit_s, since)
+            was = self.wedged
+            if was is not None:
+                since, since_text = was.since, was.since_text
+            else:
+                since, since_text = time.monotonic() - limit_s, _iso(time.time() - limit_s)
+            wedge = self.wedged = Wedge(op, limit_s, since, since_text)
             self._handle = None
             self.last_error = wedge.text()
             self.lost_at = self._clock()
@@ -316,6 +319,10 @@ class DcgmClient:
 
     def close(self) -> None:
         self.drop("closed")
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def _shut_down(handle: Any) -> None:
