@@ -15,6 +15,8 @@
  *    goes from zero to one reference, or on fake_nvml_load): "driver V", "cuda N", "init_error N", then
  *    per GPU a line "gpu" followed by "key value" lines (tests/fakes/nvml/fake_nvml.py writes them).
  *    A value "!N" makes that getter return NVML error N; a key that is absent answers NOT_SUPPORTED.
+ *    "hang_while PATH": every call on that GPU waits while the file PATH exists (a hung GPU that a
+ *    test in another process holds and releases).
  *
  * fake_nvml_* functions let the tests read the counts of inits, shutdowns and attaches, hold every
  * call (a hung driver) or every call on one GPU (a hung GPU), drop the library's initialisation
@@ -25,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 enum {
     OK = 0, E_UNINITIALIZED = 1, E_INVALID_ARGUMENT = 2, E_NOT_SUPPORTED = 3, E_INSUFFICIENT_SIZE = 7,
@@ -152,10 +156,23 @@ static int held(const device_t *d) {
     return holding || (d && d >= devices && d < devices + MAX_GPUS && holding_gpu[d - devices]);
 }
 
+/* A GPU whose file key "hang_while PATH" names a file that exists: its calls wait (with the lock
+ * released) until the file is gone. Another process (a test driving an agent process) holds it. */
+static void wait_file(const device_t *d) {
+    const char *path = d ? lookup(d, "hang_while") : NULL;
+    while (path && access(path, F_OK) == 0) {
+        pthread_mutex_unlock(&lock);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&lock);
+    }
+}
+
 static int enter(const device_t *d) {
     pthread_mutex_lock(&lock);
     calls++;
     while (held(d)) pthread_cond_wait(&released, &lock);
+    if (d >= devices && d < devices + ndevices) wait_file(d);
     int rc = OK;
     if (!refcount) rc = E_UNINITIALIZED;
     else if (d && (d < devices || d >= devices + ndevices)) rc = E_INVALID_ARGUMENT;
@@ -233,6 +250,7 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned index, device_t **device) {
     pthread_mutex_lock(&lock); /* as ENTER(NULL), and attaching a hung GPU hangs too */
     calls++;
     while (holding || (index < MAX_GPUS && holding_gpu[index])) pthread_cond_wait(&released, &lock);
+    if (index < (unsigned)ndevices) wait_file(&devices[index]);
     if (!refcount) LEAVE(E_UNINITIALIZED);
     handle_calls++;
     if (index >= (unsigned)ndevices) LEAVE(E_INVALID_ARGUMENT);
