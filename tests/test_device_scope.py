@@ -108,3 +108,22 @@ def test_the_recorded_fallen_off_gpu_is_confined_to_it_and_a_healthy_node_has_no
             eng.run_tier(tier)
         scopes.append(eng.evaluate()[1].scope)
     assert scopes == [Scope(False, ("00000000:97:00.0",)), None]
+
+
+def test_one_gpus_hung_calls_are_its_own_and_a_whole_read_that_hung_is_the_nodes() -> None:
+    from agent.core.gpu import HungGpu
+
+    inv = GpuInventory(
+        "nvml", gpus=INV.gpus[:3] + INV.gpus[4:], hung=(HungGpu(3, PCIS[3], None, "no answer"),)
+    )
+    own = Finding(
+        "gpu.responsive",
+        "gpu.responsive.timeout",
+        Severity.REBOOT,
+        "hung",
+        key=f"gpu.responsive.timeout/{PCIS[3]}",
+    )
+    assert confined_scope([result("gpu.responsive", own)], inv, Severity.RESET) == Scope(False, (PCIS[3],))
+    whole = Finding("gpu.responsive", "gpu.responsive.timeout", Severity.REBOOT, "nvml: timeout")
+    scope = confined_scope([result("gpu.responsive", whole)], INV, Severity.RESET)
+    assert scope is not None and scope.node_wide

@@ -124,4 +124,7 @@ def per_gpu(
         return CheckResult(name, skipped="no GPU visible")
     if not gpus:
         return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
-    return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")
+    note = ok or f"{len(gpus)} GPU(s) ok"
+    if inv.hung:  # judged on the GPUs that answered; the hung ones are gpu.responsive's
+        note += f" ({', '.join(h.label for h in inv.hung)} not read: no answer, see gpu.responsive)"
+    return CheckResult(name, findings=tuple(findings), note=note)

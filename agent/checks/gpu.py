@@ -120,7 +120,7 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
         return gap
     inv = facts.gpus
     assert isinstance(inv, GpuInventory)
-    visible = len(inv.gpus) + len(inv.lost)
+    visible = inv.visible
     if facts.profile is None:
         why = (
             f"instance type {facts.instance_type!r} has no profile"
@@ -161,7 +161,9 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
-    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look"."""
+    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look".
+    One GPU whose NVML calls hang is that GPU's own failure (gpu.responsive.timeout on it, confirmed
+    like the node-wide one); the other GPUs are judged as usual."""
     name = "gpu.responsive"
     probed = facts.gpus
     if isinstance(probed, ProbeError) and probed.kind is not ProbeErrorKind.UNREADABLE:
@@ -195,6 +197,18 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
                 evidence=Evidence.of(inv.source, (lost.where,))
                 if lost.where is not None
                 else (Evidence(inv.source, None, lost.message),),
+            )
+        )
+    for hung in inv.hung:
+        findings.append(
+            rule_finding(
+                cfg,
+                name,
+                RESPONSIVE_TIMEOUT,
+                f"{hung.label} does not answer: {hung.message}",
+                (hung.label,),
+                hung.pci_bus_id or f"gpu{hung.index}",
+                (Evidence(inv.source, None, hung.message),),
             )
         )
     if unreadable is not None:
@@ -362,7 +376,7 @@ def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
         return replace(counted, unknown=gap.unknown)
     findings: list[Finding] = []
     notes: list[str] = []
-    visible = len(inv.gpus) + len(inv.lost)
+    visible = inv.visible
     if plugin:
         alloc = (node.allocatable_gpus or 0) if node is not None else 0
         if alloc < visible:
@@ -426,8 +440,10 @@ def _seen_vs_published(
                 f"or UUID {g.uuid or '?'} in this node's ResourceSlices): the scheduler cannot allocate it"
             )
             findings.append(gpu_finding(cfg, name, DRA_UNPUBLISHED, msg, g))
-    for lost in inv.lost:  # the driver cannot talk to it: gpu.responsive judges it, not this check
-        p = dra.published(lost.pci_bus_id, None)
+    # Lost or hung: the driver cannot talk to it, gpu.responsive judges it, not this check.
+    silent = [(x.pci_bus_id, None) for x in inv.lost] + [(h.pci_bus_id, h.uuid) for h in inv.hung]
+    for pci, uuid in silent:
+        p = dra.published(pci, uuid)
         if p is not None:
             seen.add(p)
     passthrough: list[str] = []

@@ -20,7 +20,7 @@ from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import GpuInventory
-from agent.core.pci import PciDevice, PciSample, normalize_pci, short_pci
+from agent.core.pci import PciDevice, PciSample, short_pci
 from agent.core.rdma import RdmaSample
 from agent.core.rules import Rule
 from agent.core.severity import Severity
@@ -90,7 +90,7 @@ def _gpu_findings(cfg: Config, facts: NodeFacts, sample: PciSample) -> tuple[lis
     inv = facts.gpus
     if isinstance(inv, GpuInventory):
         listed = {g.pci_bus_id for g in inv.gpus}
-        lost = {normalize_pci(x.pci_bus_id) for x in inv.lost if x.pci_bus_id}
+        lost = set(inv.silent)
         for dev in gpus:
             if dev.address not in listed and dev.address not in lost:  # lost: gpu.responsive says it
                 msg = (

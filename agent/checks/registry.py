@@ -10,6 +10,7 @@ from agent.checks import (
     CheckSpec,
     connectx,
     dcgm,
+    dcgm_suspect,
     efa,
     gpu,
     host,
@@ -41,6 +42,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *pci.CHECKS,
     *host.CHECKS,
     *dcgm.CHECKS,
+    *dcgm_suspect.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}
 # What config.yaml may name under `checks:` and `severities:` (the loader checks every name).

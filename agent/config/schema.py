@@ -63,6 +63,8 @@ SCHEMA: dict[str, Any] = {
     "severities": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
     "thresholds": {
         "retiredPagesSingleBitMax": _num(60, 0, 10**6),
+        # while the DCGM engine does not answer: a GPU's correctable ECC rate (NVML) naming it the suspect
+        "dcgmWedgeEccPerSec": _num(10, 0, 10**9),
         "efaCounterRatePerSec": {
             "rx_drops": _num(10, 0),
             "retrans_timeout_events": _num(1, 0),
@@ -135,6 +137,7 @@ SCHEMA: dict[str, Any] = {
         "diagLevel": Spec(int, 2, 1, 4),
         "diagTimeout": _num(900, 30, 86400),
         "heartbeatSeconds": _num(60, 1, 600),
+        "callTimeout": _num(10, 0.1, 300),  # a DCGM call past it: "engine not answering" (unknown)
         "incidentOverrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
     },
     "xid": {

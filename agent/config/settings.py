@@ -40,6 +40,7 @@ class Timeouts:
 class Thresholds:
     retired_pages_single_bit_max: float
     efa_counter_rate_per_sec: Mapping[str, float]
+    dcgm_wedge_ecc_per_sec: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class DcgmSettings:
     diag_level: int
     diag_timeout: float
     heartbeat_seconds: float
+    call_timeout: float = 10.0
 
 
 def intervals(raw: Mapping[str, Any]) -> Intervals:
@@ -121,7 +123,7 @@ def timeouts(raw: Mapping[str, Any]) -> Timeouts:
 def thresholds(raw: Mapping[str, Any]) -> Thresholds:
     s = raw["thresholds"]
     rates = {str(k): float(v) for k, v in s["efaCounterRatePerSec"].items()}
-    return Thresholds(float(s["retiredPagesSingleBitMax"]), rates)
+    return Thresholds(float(s["retiredPagesSingleBitMax"]), rates, float(s["dcgmWedgeEccPerSec"]))
 
 
 def trend_settings(raw: Mapping[str, Any]) -> TrendSettings:
@@ -281,4 +283,5 @@ def dcgm_settings(raw: Mapping[str, Any]) -> DcgmSettings:
         diag_level=int(s["diagLevel"]),
         diag_timeout=float(s["diagTimeout"]),
         heartbeat_seconds=float(s["heartbeatSeconds"]),
+        call_timeout=float(s["callTimeout"]),
     )

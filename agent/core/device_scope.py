@@ -2,9 +2,10 @@
 
 A node taint takes every GPU of the node out of service; a DRA device taint only the bad one. That is
 right only for a fault that is the GPU's own: an Xid that names its PCI address, its ECC or
-row-remap/retired-page counters, its handle lost. A fault of the node's fabric (NVSwitch SXid), of a
-PCIe root port (AER), of the host, one that names no GPU, or one that hits most GPUs at once stays
-node-wide: a device taint there would leave the node taking work it cannot do.
+row-remap/retired-page counters, its handle lost, its own NVML calls hanging. A fault of the node's
+fabric (NVSwitch SXid), of a PCIe root port (AER), of the host, one that names no GPU, or one that
+hits most GPUs at once stays node-wide: a device taint there would leave the node taking work it
+cannot do.
 
 And where a GPU is published: NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu,
 cmd/gpu-kubelet-plugin) publishes the node's GPUs in ResourceSlices of driver `gpu.nvidia.com`, pool
@@ -37,7 +38,14 @@ DEFAULT_ISOLATION = ISOLATION_NODE
 # The rules whose finding is one GPU's own, when it names exactly one GPU's PCI address: an Xid by
 # its number (`xid.79`; not `xid.sxid`, the NVSwitch fabric, nor `xid.pcie-aer`, a PCIe port), a
 # GPU's own counters or its lost handle. DCGM, NVLink, topology, host: node-wide.
-PER_GPU_RULES = ("gpu.ecc.", "gpu.row-remap.", "gpu.retired-pages.", "gpu.responsive.lost")
+# A GPU whose own NVML calls hang too (gpu.responsive.timeout; a whole read that hung names no GPU).
+PER_GPU_RULES = (
+    "gpu.ecc.",
+    "gpu.row-remap.",
+    "gpu.retired-pages.",
+    "gpu.responsive.lost",
+    "gpu.responsive.timeout",
+)
 XID_RULE = re.compile(r"xid\.\d+$")
 PCI = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\b")
 
@@ -68,7 +76,7 @@ def confined_scope(results: Iterable[CheckResult], gpus: Any, min_severity: Seve
     """
     inv = gpus if isinstance(gpus, GpuInventory) else None
     known = {normalize_pci(g.pci_bus_id) for g in inv.gpus} if inv else set()
-    known |= {normalize_pci(x.pci_bus_id) for x in inv.lost if x.pci_bus_id} if inv else set()
+    known |= set(inv.silent) if inv else set()
     hit: set[str] = set()
     seen = False
     for res in results:

@@ -52,6 +52,7 @@ class NodeFacts:
     profile: InstanceProfile | None = None
     boot_id: str | None = None
     gpus: Probed[GpuInventory] = NotCaptured("nvidia-smi")
+    gpus_previous: GpuInventory | None = None  # the agent's previous read, for the ECC rate
     topo: Probed[TopoMatrix] = NotCaptured("nvidia-smi topo -m")
     nvlink: Probed[NvlinkReport] = NotCaptured("nvidia-smi nvlink -s")
     kernel: Probed[KernelXids] = NotCaptured("kernel log")

@@ -24,6 +24,8 @@ class Telemetry(Protocol):
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
     # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None: ...
+    # A DCGM call that did not return within dcgm.callTimeout (op: its C function, dcgmHealthCheck).
+    def record_dcgm_call_hang(self, op: str) -> None: ...
 
 
 class NoTelemetry:
@@ -63,4 +65,7 @@ class NoTelemetry:
         pass
 
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def record_dcgm_call_hang(self, op: str) -> None:
         pass

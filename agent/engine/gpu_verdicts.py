@@ -84,6 +84,7 @@ def gpu_verdicts(
     if not isinstance(gpus, GpuInventory):
         return []
     by_pci = {normalize_pci(g.pci_bus_id): g.index for g in gpus.gpus}
+    by_pci.update({normalize_pci(h.pci_bus_id): h.index for h in gpus.hung if h.pci_bus_id})
     # GPUs the driver lists but cannot talk to have no index: numbered after the others here
     lost = [normalize_pci(x.pci_bus_id) for x in gpus.lost if x.pci_bus_id]
     lost_ids = {pci: -1 - i for i, pci in enumerate(lost)}
@@ -95,18 +96,24 @@ def gpu_verdicts(
         except Exception:  # naming pods is a courtesy: the verdict stands without them
             pods = {}
     out = []
-    for g in sorted(gpus.gpus, key=lambda g: g.index):
-        found = hits.get(g.index, [])
+    # A GPU whose calls hang is in index order with the others: `unknown` until its finding fails.
+    answered = [(g.index, g.uuid, g.pci_bus_id, False) for g in gpus.gpus]
+    hung = [(h.index, h.uuid, h.pci_bus_id, True) for h in gpus.hung]
+    for index, uuid, pci, silent in sorted(answered + hung, key=lambda e: e[0]):
+        found = hits.get(index, [])
         worst = max(found, key=lambda f: f.severity, default=None)
         severity = worst.severity if worst else Severity.NONE
+        status = _status(severity, node_status)
         entry: dict[str, Any] = {
-            "index": g.index,
-            "uuid": g.uuid,
-            "pci": short_pci(g.pci_bus_id),
-            **dra_fields(dra, g.pci_bus_id, g.uuid),
-            "status": _status(severity, node_status).value,
-            "severity": severity.label,
+            "index": index,
+            "uuid": uuid,
+            "pci": short_pci(pci) if pci else None,
+            **dra_fields(dra, pci, uuid),
         }
+        if silent:
+            entry["hung"] = True
+            status = status if status is Status.FAIL else Status.UNKNOWN
+        entry.update(status=status.value, severity=severity.label)
         if worst is not None:
             keys = sorted({f.key or f.rule for f in found if not is_trend(f)})
             if keys:
@@ -115,7 +122,7 @@ def gpu_verdicts(
             warned = warnings(found)
             if warned:
                 entry["warnings"] = warned
-            held = list(pods.get(g.index, ()))
+            held = list(pods.get(index, ()))
             if held:
                 entry["pods"] = held[:MAX_PODS] + (
                     [f"+{len(held) - MAX_PODS} more"] if len(held) > MAX_PODS else []

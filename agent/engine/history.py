@@ -65,9 +65,7 @@ def _gpu_names(gpus: Any) -> dict[str, str]:
     if not isinstance(gpus, GpuInventory):
         return {}
     names = {normalize_pci(g.pci_bus_id): g.lasting_name for g in gpus.gpus}
-    names.update(
-        {normalize_pci(x.pci_bus_id): normalize_pci(x.pci_bus_id) for x in gpus.lost if x.pci_bus_id}
-    )
+    names.update({pci: pci for pci in gpus.silent})
     return names
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -93,7 +94,12 @@ class LiveSource:
         return out.stdout
 
     def gpus(self) -> Probed[GpuInventory]:
-        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module)."""
+        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module).
+        A read that worked carries the time it was taken (counter rates)."""
+        got = self._gpus()
+        return replace(got, taken_at=time.monotonic()) if isinstance(got, GpuInventory) else got
+
+    def _gpus(self) -> Probed[GpuInventory]:
         started = time.monotonic()
         first: Probed[GpuInventory] | None = None
         if self.use_nvml:
@@ -144,8 +150,9 @@ class LiveSource:
         got = read(timeout_s)
         seconds = time.monotonic() - started
         kind = got.kind if isinstance(got, ProbeError) else None
-        if kind is None:
-            self.telemetry.record_tool_read(tool, "ok", seconds)
+        if kind is None:  # a read that waited for a hung GPU was given up on at its limit there
+            waited = isinstance(got, GpuInventory) and any(h.waited_s is not None for h in got.hung)
+            self.telemetry.record_tool_read(tool, "timeout" if waited else "ok", seconds)
         elif kind is ProbeErrorKind.TOOL_FAILED:
             self.telemetry.record_tool_read(tool, "failed", seconds)
         elif kind is ProbeErrorKind.TIMEOUT and seconds >= timeout_s:

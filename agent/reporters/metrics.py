@@ -151,6 +151,13 @@ class Metrics:
             buckets=TOOL_BUCKETS,
         )
         # ---- end issue 28
+        self.dcgm_call_hangs = Counter(
+            f"{NS}_dcgm_call_hangs_total",
+            "DCGM calls that did not return within dcgm.callTimeout, by operation (its C function); "
+            "no series before the first",
+            ["op"],
+            registry=r,
+        )
 
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
@@ -224,6 +231,10 @@ class Metrics:
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
         """Issue 28: a read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
         self.tool_seconds.labels(tool, outcome).observe(seconds)
+
+    def record_dcgm_call_hang(self, op: str) -> None:
+        """A DCGM call past its deadline: the engine did not answer (dcgm-health is unknown)."""
+        self.dcgm_call_hangs.labels(op).inc()
 
     def record_remediation_held(self, why: str, key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new

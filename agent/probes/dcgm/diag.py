@@ -168,6 +168,7 @@ class DiagRunner:
         finished = done.wait(self.timeout_s + self.watchdog_margin_s)
         stop.set()  # no more heartbeats: an abandoned diag is aborted by the engine
         if not finished:
+            self.client.count_hang("dcgmActionValidate_v2", self.timeout_s + self.watchdog_margin_s)
             self.client.drop("diag past its timeout")
             return ProbeError(
                 SOURCE,

@@ -47,9 +47,19 @@ class DcgmTiers:
         self.metrics: Telemetry = metrics or NoTelemetry()
         dcgm = cfg.dcgm
         address, timeout, grace = dcgm.address, dcgm.connect_timeout, dcgm.grace_seconds
-        self.health = HealthPoller(DcgmClient(address, timeout, grace), engines_on_node=engines_on_node)
+
+        def client() -> DcgmClient:
+            return DcgmClient(
+                address,
+                timeout,
+                grace,
+                call_timeout_s=dcgm.call_timeout,
+                on_hang=self.metrics.record_dcgm_call_hang,
+            )
+
+        self.health = HealthPoller(client(), engines_on_node=engines_on_node)
         self.runner = DiagRunner(
-            DcgmClient(address, timeout, grace),
+            client(),
             IdleGate(pods_requesting_gpus=pods_requesting_gpus),
             level=dcgm.diag_level,
             timeout_s=dcgm.diag_timeout,

@@ -223,5 +223,9 @@ class FakeLib:
     def hold(self, on: bool) -> None:
         self.lib.fake_nvml_hold(int(on))
 
+    def hold_gpu(self, index: int, on: bool) -> None:
+        """Every call on GPU `index` (its attach included) blocks until released: one hung GPU."""
+        self.lib.fake_nvml_hold_gpu(index, int(on))
+
     def uninitialise(self) -> None:
         self.lib.fake_nvml_uninitialise()
