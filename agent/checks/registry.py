@@ -12,6 +12,7 @@ from agent.checks import (
     dcgm,
     efa,
     gpu,
+    gpu_stall,
     host,
     nvlink,
     nvlink_errors,
@@ -31,6 +32,7 @@ from agent.core.rules import Rule, RuleBook
 CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
     *trends.CHECKS,
+    *gpu_stall.CHECKS,
     *xid.CHECKS,
     *nvlink.CHECKS,
     *nvlink_speed.CHECKS,

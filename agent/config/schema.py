@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.core.device_scope import DEFAULT_ISOLATION, ISOLATIONS
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
+from agent.core.gpu_stall import IDLE_POWER_W
 from agent.core.node_keys import (
     DEFAULT_CONDITION_TYPE,
     DEFAULT_MODE,
@@ -85,6 +86,13 @@ SCHEMA: dict[str, Any] = {
         "clockShortfallPercent": _num(10, 1, 100),
         "clockBusyPercent": _num(80, 1, 100),
         "clockReads": Spec(int, 3, 1, 24),
+    },
+    # A stalled GPU (core/gpu_stall.py): held by a pod, busy, at its idle power, for minutes.
+    "stall": {
+        "utilizationPercent": _num(95, 1, 100),
+        "powerWithinPercent": _num(15, 0, 100),
+        "minutes": _num(10, 1, 120),
+        "idlePowerWatts": Spec(dict, dict(IDLE_POWER_W)),  # GPU model → W (settings.py checks it)
     },
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),

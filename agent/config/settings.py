@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.config.schema import REMEDIATION_ENTRY, ConfigError, validate
 from agent.core.gpu_nodes import parse_selector
+from agent.core.gpu_stall import StallPolicy
 from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUBELET_CONDITION_TYPES
 from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
@@ -281,4 +282,19 @@ def dcgm_settings(raw: Mapping[str, Any]) -> DcgmSettings:
         diag_level=int(s["diagLevel"]),
         diag_timeout=float(s["diagTimeout"]),
         heartbeat_seconds=float(s["heartbeatSeconds"]),
+    )
+
+
+def stall_policy(raw: Mapping[str, Any]) -> StallPolicy:
+    """`stall:`; idlePowerWatts maps a GPU model (words of its name) to its idle power in watts."""
+    s = raw["stall"]
+    table: dict[str, float] = {}
+    for model, watts in s["idlePowerWatts"].items():
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"stall.idlePowerWatts: {model!r} is not a GPU model name")
+        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not 0 < watts <= 5000:
+            raise ConfigError(f"stall.idlePowerWatts.{model}: {watts!r} is not a power in watts (0-5000)")
+        table[model.strip()] = float(watts)
+    return StallPolicy(
+        float(s["utilizationPercent"]), float(s["powerWithinPercent"]), float(s["minutes"]), table
     )

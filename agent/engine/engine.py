@@ -22,6 +22,7 @@ from agent.core.device_scope import confined_scope
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
 from agent.core.gpu import GpuInventory
+from agent.core.gpu_stall import GpuActivity
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Keys, Reason
@@ -30,7 +31,7 @@ from agent.core.results_doc import VALIDATED_FIELD, encode, now_iso, results_doc
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
-from agent.engine import history
+from agent.engine import history, stalls
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.remediation import describe, remediation_marks
 from agent.engine.repairs import history_key, repair_escalation
@@ -84,6 +85,8 @@ class Engine:
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._readers: dict[Input, Callable[[], Any]] = {}
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
+        self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
+        self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
         self.set_inputs(self.extra_inputs, progress)
 
     def set_inputs(
@@ -199,6 +202,9 @@ class Engine:
                 facts, self.state.trends, self.wall(), t.read_spacing_s, t.keep_reads, t.clock_busy_percent
             )
             self.state.trends = facts.trends
+            holders = self._holders if self.workloads is not None else None
+            self.activity = stalls.observe(self.activity, facts.gpus, self.cfg, holders, int(self.wall()))
+            facts = replace(facts, activity=self.activity)
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
         results = run_checks(specs, facts, self.cfg)  # below: confirmAfter (engine/confirm.py)
         results = self.state.confirm.judge(results, self.cfg.node.confirm_after, RULES)
@@ -242,7 +248,7 @@ class Engine:
             boot_id=self.boot_id,
             previous=self.previous,
         )
-        return replace(facts, trends=self.state.trends)
+        return replace(facts, trends=self.state.trends, activity=self.activity)
 
     # ------------------------------------------------------------------ verdict
 
@@ -294,6 +300,8 @@ class Engine:
         holders = self._holders if self.workloads is not None else None
         gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
+        stalled, self._stalled = stalls.stall_events(results, self._stalled)
+        events += stalled
         gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
         events += gate.events
         self.state.last_status = verdict.status

@@ -293,6 +293,9 @@ class ControlPlane:
                 f"--etcd-servers=http://127.0.0.1:{etcd_client}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # Since v1.37 the endpoint reconciler refuses a loopback advertise address; nothing
+                # reaches the `kubernetes` Service here, so it keeps no endpoints for it.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.port}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={pki.serving_cert}",

@@ -271,6 +271,7 @@ UINT_GETTER(nvmlDeviceGetPcieReplayCounter, "pcie_replay")
 UINT_GETTER(nvmlDeviceGetPerformanceState, "pstate")
 UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, "power_limit")
 UINT_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, "power_default")
+UINT_GETTER(nvmlDeviceGetPowerUsage, "power_usage")
 
 int nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long long *out) {
     ENTER(d);
