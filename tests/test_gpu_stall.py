@@ -103,7 +103,7 @@ def test_a_stalled_gpu_warns_after_ten_minutes_naming_the_pod(
         if minute < 10:
             assert res.status is Status.PASS and not res.findings, minute
     (f,) = res.findings
-    assert f.severity is Severity.MONITOR and f.rule == "gpu.stalled" and f.key.startswith("gpu.stalled/")
+    assert f.severity is Severity.MONITOR and f.rule == "gpu.stalled.idle-power" and f.key.startswith("gpu.stalled.idle-power/")
     assert "team-a/train-0/main" in f.message and "since 2026" in f.message
     assert (
         verdict.status is Status.WARN and not marks.taint and not any(m.unhealthy for m in marks.remediation)
@@ -174,7 +174,7 @@ def test_the_three_numbers_are_live(tmp_path: Path, kubelet: dict[str, Any]) -> 
 
 def test_it_never_taints_and_one_look_cannot_judge_it() -> None:
     with pytest.raises(ConfigError, match="above what this rule may be"):
-        parse_config({"severities": {"gpu.stalled": "reset"}}, rules=RULE_BOOK)
+        parse_config({"severities": {"gpu.stalled.idle-power": "reset"}}, rules=RULE_BOOK)
     with pytest.raises(ConfigError, match="idlePowerWatts"):
         parse_config({"stall": {"idlePowerWatts": {"H100": -1}}}, rules=RULE_BOOK)
     facts = NodeFacts(gpus=parse_nvsmi_text(STALLED.read_text()))

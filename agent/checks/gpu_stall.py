@@ -23,7 +23,7 @@ from agent.core.severity import Severity
 
 NAME = "gpu.stalled"
 STALLED = Rule(
-    NAME,
+    f"{NAME}.idle-power",
     Severity.MONITOR,
     "held by a pod, busy, at its idle power for minutes: a hung job (a stalled collective?)",
     Action.RESTART_APP,
