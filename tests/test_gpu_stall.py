@@ -103,7 +103,8 @@ def test_a_stalled_gpu_warns_after_ten_minutes_naming_the_pod(
         if minute < 10:
             assert res.status is Status.PASS and not res.findings, minute
     (f,) = res.findings
-    assert f.severity is Severity.MONITOR and f.rule == "gpu.stalled.idle-power" and f.key.startswith("gpu.stalled.idle-power/")
+    assert f.severity is Severity.MONITOR and f.rule == "gpu.stalled.idle-power"
+    assert f.key.startswith("gpu.stalled.idle-power/")
     assert "team-a/train-0/main" in f.message and "since 2026" in f.message
     assert (
         verdict.status is Status.WARN and not marks.taint and not any(m.unhealthy for m in marks.remediation)

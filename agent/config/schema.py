@@ -121,6 +121,12 @@ SCHEMA: dict[str, Any] = {
         # A node failing again on the same key after `count` repairs within `windowDays`: replace
         # (agent/core/repair_history.py).
         "repairHistory": {"count": Spec(int, 2, 0, 5), "windowDays": _num(7, 0.01, 90)},
+        # The risk label (agent/core/node_risk.py): episodes or repairs within windowDays; 0 = off.
+        "risk": {
+            "failures": Spec(int, 3, 0, 1000),
+            "repairs": Spec(int, 2, 0, 1000),
+            "windowDays": Spec(int, 30, 1, 90),
+        },
         "waveHold": {
             "minNodes": Spec(int, 5, 0, 10**6),
             "minFraction": _num(0.02, 0, 1),

@@ -13,6 +13,7 @@ from agent.config.schema import REMEDIATION_ENTRY, ConfigError, validate
 from agent.core.gpu_nodes import parse_selector
 from agent.core.gpu_stall import StallPolicy
 from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUBELET_CONDITION_TYPES
+from agent.core.node_risk import RiskPolicy
 from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.core.repair_history import DAY_S, RepairPolicy
@@ -91,6 +92,7 @@ class NodeSettings:
     repair_history: RepairPolicy  # node.repairHistory: failed again after N repairs: replace
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
     validate: ValidateSettings = field(default_factory=lambda: ValidateSettings())
+    risk: RiskPolicy = field(default_factory=lambda: RiskPolicy())  # node.risk: the risk label
 
     def effect_for(self, severity: Severity) -> str:
         """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
@@ -187,6 +189,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
         validate=ValidateSettings(bool(s["validate"]["addTaint"]), int(s["validate"]["diagLevel"])),
+        risk=RiskPolicy(int(s["risk"]["failures"]), int(s["risk"]["repairs"]), int(s["risk"]["windowDays"])),
     )
 
 

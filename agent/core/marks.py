@@ -62,6 +62,8 @@ class Marks:
     # fail or warn ("" otherwise) and the boot the verdict is of.
     worst_key: str = ""
     boot_id: str = ""
+    # The risk label's value (core/node_risk.py: high | normal); "" leaves the label as it is.
+    risk: str = ""
 
     @property
     def taint_value(self) -> str:

@@ -75,6 +75,12 @@ class Keys:
         return f"{self.prefix}/validating"
 
     @property
+    def risk(self) -> str:
+        """Label `high` | `normal`: failure episodes and repairs in the last days, from the history
+        annotation's per-day counts (core/node_risk.py)."""
+        return f"{self.prefix}/risk"
+
+    @property
     def unhealthy(self) -> str:
         """Label (mode `label`): the taint's key and value, where the taint would be."""
         return self.taint

@@ -34,7 +34,7 @@ from agent.core.workloads import GpuIdentity, gpu_holders
 from agent.engine import history, stalls
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.remediation import describe, remediation_marks
-from agent.engine.repairs import history_key, repair_escalation
+from agent.engine.repairs import history_key, repair_escalation, risk_label
 from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
@@ -362,6 +362,7 @@ class Engine:
             boot_id=self.boot_id or "",
             scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
             validating=gate.wish,
+            risk=risk_label(node, self.cfg, verdict.status, self.boot_id, stamp, cleared),
         )
         return verdict, marks
 

@@ -55,12 +55,15 @@ def desired_labels(
 ) -> dict[str, str | None]:
     """Our labels; None = must be absent. *label_on*: mode `label`'s `<prefix>/unhealthy`."""
     keys = Keys(prefix)
-    return {
+    out: dict[str, str | None] = {
         keys.status: marks.status.value,
         keys.severity: marks.severity.label,
         keys.tainted: TRUE if taint_on else None,
         keys.unhealthy: marks.taint_value if label_on else None,
     }
+    if marks.risk:
+        out[keys.risk] = marks.risk
+    return out
 
 
 def plan_node_patch(
