@@ -133,6 +133,12 @@ SCHEMA: dict[str, Any] = {
             "windowMinutes": _num(15, 0.01, 1440),
         },
         "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
+        # Active checks (agent/core/active_checks.py): the fleet-wide bound on DCGM diags at once (a
+        # count, or "N%" of the GPU nodes, at least 1), and how often a postponed diag asks again.
+        "activeChecks": {
+            "maxConcurrent": Spec((int, str), "5%"),  # settings.py checks it
+            "retrySeconds": _num(300, 1, 86400),
+        },
         # Validate before service (engine/validation.py): the agent adds the validating taint itself,
         # and the DCGM diag level the complete pass that lifts it needs.
         "validate": {

@@ -18,6 +18,7 @@ from typing import Any
 from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
 from agent.core import trend_history
+from agent.core.active_checks import ActiveState
 from agent.core.device_scope import confined_scope
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
@@ -31,7 +32,7 @@ from agent.core.results_doc import VALIDATED_FIELD, encode, now_iso, results_doc
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
-from agent.engine import history, stalls
+from agent.engine import active, history, stalls
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
 from agent.engine.remediation import describe, remediation_marks
 from agent.engine.repairs import history_key, repair_escalation, risk_label
@@ -85,6 +86,7 @@ class Engine:
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._readers: dict[Input, Callable[[], Any]] = {}
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
+        self.active: ActiveState | None = None  # active checks (engine/active.py); the wiring sets it
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
         self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
         self.set_inputs(self.extra_inputs, progress)
@@ -272,6 +274,7 @@ class Engine:
     def evaluate(self) -> tuple[Verdict, Marks]:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
+        hold = active.step(self.active, node, self.cfg.prefix, self.cfg.node.mode, self.schedule.next_due)
         if clear_event is not None:
             self.validate_again(CLEAR)
         results = self.current_results()
@@ -301,7 +304,7 @@ class Engine:
         gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
         stalled, self._stalled = stalls.stall_events(results, self._stalled)
-        events += stalled
+        events += stalled + hold.events
         gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
         events += gate.events
         self.state.last_status = verdict.status
@@ -346,7 +349,7 @@ class Engine:
             taint=taint,
             condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
-            drop_annotations=drop,
+            drop_annotations=drop + hold.drop,
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
@@ -362,6 +365,7 @@ class Engine:
             boot_id=self.boot_id or "",
             scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
             validating=gate.wish,
+            testing=hold.testing,
             risk=risk_label(node, self.cfg, verdict.status, self.boot_id, stamp, cleared),
         )
         return verdict, marks
