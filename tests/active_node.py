@@ -16,8 +16,8 @@ The diag's start and end, as the fake engine sees them, are printed as `DIAG sta
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -76,13 +76,19 @@ def main(argv: list[str]) -> int:
     conf = args.work / "fake-nvml.conf"
     conf.write_text(from_recordings(RECORDING).text(), encoding="utf-8")  # FAKE_NVML_CONFIG names it
     api = compile_api(args.work)
-    sock = args.work / "kubelet.sock"
+    sock = Path(tempfile.mkdtemp(prefix="kubelet-")) / "pod-resources.sock"  # a unix path is short
 
     import agent.cli.agent as wiring
     import agent.probes.pod_resources as pod_resources
 
-    pod_resources.gpu_pods = functools.partial(pod_resources.gpu_pods, str(sock))  # type: ignore[assignment]
-    pod_resources.list_devices = functools.partial(pod_resources.list_devices, str(sock))  # type: ignore[assignment]
+    # the kubelet's socket where this node's kubelet is (the agent asks the default path)
+    ask, pods = pod_resources.list_devices, pod_resources.gpu_pods
+
+    def at_sock(socket: str = str(sock), timeout_s: float = 5.0) -> Any:
+        return ask(socket, timeout_s)
+
+    pod_resources.list_devices = at_sock  # type: ignore[assignment]
+    pod_resources.gpu_pods = lambda *a, **kw: pods(str(sock))  # type: ignore[assignment]
     live_init = wiring.LiveParts.__init__
 
     def with_dcgm(self: Any, *a: Any, **kw: Any) -> None:

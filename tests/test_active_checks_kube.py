@@ -106,6 +106,10 @@ class Worker:
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
+    def alive(self) -> bool:
+        assert self.proc.poll() is None, self.log.read_text(errors="replace")[-3000:]
+        return True
+
     def diags(self) -> list[tuple[float, float | None]]:
         """(start, end or None) of each diag the fake engine ran."""
         out: list[tuple[float, float | None]] = []
@@ -221,7 +225,13 @@ def test_ten_idle_nodes_with_a_bound_of_two_never_run_more_than_two(
     ]
     try:
         for n in nodes:
-            wait_for(lambda n=n: check(core, n, "dcgm-diag").get("status") == "pass", 420, f"{n}'s diag")
+            wait_for(
+                lambda n=n: (
+                    all(w.alive() for w in workers) and check(core, n, "dcgm-diag").get("status") == "pass"
+                ),
+                420,
+                f"{n}'s diag",
+            )
         wait_for(lambda: not any(K.testing in taint_keys(core, n) for n in nodes), 60, "every taint lifted")
     finally:
         for w in workers:
@@ -253,7 +263,7 @@ def test_a_pod_arriving_mid_diag_aborts_it_the_result_is_unknown_and_the_taint_l
     kube.create_service_account(kube_namespace, "default")  # pods are admitted with it (no controller)
     worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=0)
     try:
-        wait_for(lambda: worker.diags(), 180, "the diag running")
+        wait_for(lambda: worker.alive() and worker.diags(), 180, "the diag running")
         assert K.testing in taint_keys(core, node)
         assert slots(kube, kube_namespace) == [slot_name(K.prefix, node)]
         pod = {
@@ -301,7 +311,11 @@ def test_diag_on_demand_starts_at_the_next_idle_window_audited(
     node = gpu_node().metadata.name
     worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=1.0)
     try:
-        wait_for(lambda: check(core, node, "dcgm-diag").get("status") == "pass", 180, "the first diag")
+        wait_for(
+            lambda: worker.alive() and check(core, node, "dcgm-diag").get("status") == "pass",
+            180,
+            "the first diag",
+        )
         before = len(worker.diags())
         run = subprocess.run(
             [sys.executable, "-m", "agent.cli", "diag", node, "--reason", "INC-7: after a reseat",

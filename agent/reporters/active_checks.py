@@ -37,7 +37,7 @@ from agent.reporters.repair_budget import epoch, leases_path
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 30)
-API_POLL_S = 5.0  # the API server is asked at most this often for pods arriving during a diag
+API_POLL_S = 2.0  # the API server is asked at most this often for pods arriving during a diag
 
 
 def slot_name(prefix: str, node: str) -> str:

@@ -119,9 +119,8 @@ class DcgmTiers:
         try:
             ran = self.window.run(self.runner) if self.window is not None else self.runner.run_if_idle().idle
             if ran:
-                log.info(
-                    f"DCGM diag level {self.runner.level} finished in {time.monotonic() - started:.0f} s"
-                )
+                how = "aborted after" if self.runner.aborted else "finished in"
+                log.info(f"DCGM diag level {self.runner.level} {how} {time.monotonic() - started:.0f} s")
         except Exception:  # a bindings bug must not kill the agent; the check reads `unknown`
             log.exception("DCGM diag failed")
         finally:

@@ -81,6 +81,7 @@ class DiagWindow:
             if request is not None and request.level:
                 runner.level = max(runner.level, request.level)
             self._said = runner.last_skip = ""
+            log.info("DCGM diag level %d starting: GPUs idle, fleet slot taken, node held", runner.level)
             if request is not None:
                 self.state.say(
                     NodeEvent(
