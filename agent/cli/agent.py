@@ -206,7 +206,10 @@ class LiveParts:
             self.source.check_timeout_s = new.timeouts.check
         dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
         if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
+            waiting = self.dcgm is not None and self.dcgm.waiting
             engine.set_inputs(*self.dcgm_inputs(new))
+            if waiting:  # the diag that waited for a window waits on the new tiers
+                engine.schedule.next_due["dcgm-diag"] = 0.0
             log.info(f"DCGM client rebuilt for {new.dcgm.address}", extra={"event": "config"})
 
 

@@ -82,6 +82,11 @@ class DcgmTiers:
             self._wake.set()  # an operator's request while it waits for a window: try now
         return self.runner.latest
 
+    @property
+    def waiting(self) -> bool:
+        """A diag is due and waits for an idle window (its thread alive, no diag running)."""
+        return self._thread is not None and self._thread.is_alive() and not self.runner.in_progress
+
     def stop(self) -> None:
         """A reload rebuilt the tiers: a diag waiting for a window stops waiting (one running
         finishes on its own)."""
