@@ -104,6 +104,20 @@ FENCE_BEGIN = (
 FENCE_END = "# END GENERATED prefix and condition types"
 # The chart's policy takes them from the config.yaml it renders (templates/_helpers.tpl).
 CHART_PREFIX = '{{ include "gpu-healthcheck.prefixCel" . }}'
+SLOT_BEGIN = "# BEGIN GENERATED slot prefix (scripts/gen-configmap.py, from config/config.yaml)"
+SLOT_END = "# END GENERATED slot prefix"
+
+
+def slot_variables(prefix: str) -> str:
+    """The slot policy's prefix variable (*prefix*: a CEL string ending in /)."""
+    return (
+        "\n".join(
+            ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+        )
+        + "\n"
+    )
+
+
 CHART_TYPES = '{{ include "gpu-healthcheck.conditionTypes" . }}'
 
 
@@ -117,10 +131,10 @@ def cel_list(items: list[str]) -> str:
 
 
 def our_taints() -> str:
-    """The CEL list of the taint keys the agent may add and remove: its failure taint and the
-    validating taint (core/node_keys.py Keys), each under `variables.prefix`."""
+    """The CEL list of the taint keys the agent may add and remove: its failure taint, the
+    validating taint and the testing taint (core/node_keys.py Keys), each under `variables.prefix`."""
     keys = Keys("")
-    names = (keys.taint, keys.validating)  # "/unhealthy", "/validating": the prefix is the variable's
+    names = (keys.taint, keys.validating, keys.testing)  # "/unhealthy", …: the prefix is the variable's
     return "[" + ", ".join(f"variables.prefix + {cel_string(n.lstrip('/'))}" for n in names) + "]"
 
 
@@ -187,12 +201,14 @@ def outputs() -> dict[Path, str]:
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
     chart = fence_variables(CHART_PREFIX, CHART_TYPES)
-    for path, block in (
-        (ROOT / "manifests" / POLICY, manifest_fence()),
-        (CHART / "templates" / POLICY, chart),
+    prefix = cel_string(load_config_dir(CONFIG).prefix + "/")
+    for path, block, slot in (
+        (ROOT / "manifests" / POLICY, manifest_fence(), slot_variables(prefix)),
+        (CHART / "templates" / POLICY, chart, slot_variables(CHART_PREFIX)),
     ):
         text = path.read_text(encoding="utf-8")
-        out[path] = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        text = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        out[path] = fill(text, slot, str(path.relative_to(ROOT)), SLOT_BEGIN, SLOT_END)
     return out
 
 

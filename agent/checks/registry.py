@@ -13,6 +13,7 @@ from agent.checks import (
     dcgm_suspect,
     efa,
     gpu,
+    gpu_stall,
     host,
     nvlink,
     nvlink_errors,
@@ -32,6 +33,7 @@ from agent.core.rules import Rule, RuleBook
 CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
     *trends.CHECKS,
+    *gpu_stall.CHECKS,
     *xid.CHECKS,
     *nvlink.CHECKS,
     *nvlink_speed.CHECKS,

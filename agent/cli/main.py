@@ -147,6 +147,26 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     cl.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
 
+    dg = sub.add_parser(
+        "diag",
+        help="ask for a DCGM diag at the next idle window on NODE, audited (who and why) "
+        "(exit 0 asked/started, 2 not started within --wait, 64 usage, 69 no cluster)",
+    )
+    dg.add_argument("node", metavar="NODE")
+    dg.add_argument("--reason", required=True, help="why: kept with who asked, in the agent's Event")
+    dg.add_argument(
+        "--level", type=int, choices=(1, 2, 3, 4), help="the diag level (default: dcgm.diagLevel)"
+    )
+    dg.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for the diag to start (default 0: do not wait)",
+    )
+    dg.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    dg.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+
     br = sub.add_parser("brake", help="the repair budget and wave hold (README: Repair budget and wave hold)")
     br_sub = br.add_subparsers(dest="action", required=True, parser_class=_Parser)
     rel = br_sub.add_parser(
@@ -304,6 +324,39 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return outcome.code
 
 
+def cmd_diag(args: argparse.Namespace) -> int:
+    from agent.cli.agent import kube_core
+    from agent.cli.clear import ClearUsageError, kubeconfig_user, whoami
+    from agent.cli.diag import request_diag
+
+    if not args.reason.strip():
+        raise UsageError("--reason: say why (it is kept with who asked)")
+    if args.wait < 0:
+        raise UsageError("--wait: seconds, 0 or more")
+    try:
+        rest = kube_core(args.kubeconfig)
+        who = whoami(rest, lambda: kubeconfig_user(args.kubeconfig))
+        outcome = request_diag(
+            rest,
+            args.node,
+            prefix=args.prefix,
+            reason=args.reason.strip(),
+            who=who,
+            level=args.level,
+            wait_s=args.wait,
+        )
+    except ClearUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    except Exception as exc:  # no cluster, no permission: one clear line
+        print(
+            f"gpu-healthcheck: cannot ask {args.node} for a diag: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
+    print(outcome.message, file=sys.stdout if outcome.code == 0 else sys.stderr)
+    return outcome.code
+
+
 def cmd_brake(args: argparse.Namespace) -> int:
     from agent.cli.agent import kube_core
     from agent.cli.brake import release
@@ -374,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agent": cmd_agent,
         "status": cmd_status,
         "clear": cmd_clear,
+        "diag": cmd_diag,
         "brake": cmd_brake,
         "inject": cmd_inject,
         "rules": cmd_rules,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from agent.core.dcgm_report import DiagReport, HealthReport
 from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
+from agent.core.gpu_stall import GpuActivity
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
 from agent.core.node import NodeObject
@@ -70,3 +71,4 @@ class NodeFacts:
     trends: TrendHistory = (
         TrendHistory()
     )  # the kept reads (core/trend_history.py), this cycle's included when due
+    activity: GpuActivity = GpuActivity()  # the agent's recent samples per GPU (core/gpu_stall.py)

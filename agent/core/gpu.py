@@ -165,11 +165,13 @@ class Fabric:
 
 @dataclass(frozen=True)
 class GpuPower:
-    """Performance state ("P0".."P12") and power limits in watts; None: not reported (N/A)."""
+    """Performance state ("P0".."P12"), the power drawn and the power limits in watts; None: not
+    reported (N/A)."""
 
     performance_state: str | None = None
     enforced_limit_w: float | None = None  # the limit in force ("Current"/"Enforced Power Limit")
     default_limit_w: float | None = None
+    draw_w: float | None = None  # the board's draw: the 1 s average where the driver gives one
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,11 @@ class Marks:
     # fail or warn ("" otherwise) and the boot the verdict is of.
     worst_key: str = ""
     boot_id: str = ""
+    # The testing taint (Keys.testing): True while an active check holds the node, False = lift it
+    # where it is, None = leave it (core/active_checks.py).
+    testing: bool | None = None
+    # The risk label's value (core/node_risk.py: high | normal); "" leaves the label as it is.
+    risk: str = ""
 
     @property
     def taint_value(self) -> str:

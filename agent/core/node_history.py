@@ -11,13 +11,19 @@ Why it costs no write: an entry is added only when the state it records (status,
 mark) differs from the last entry's, or a `clear` was acted on, and the writer sends it in the Node
 PATCH of that change (reporters/history.py). Bounded: MAX_ENTRIES entries, each field shortened,
 the whole under MAX_BYTES.
+
+Beside the entries, first in the list, one element counts failure episodes and repairs per UTC day
+(`{"days": {"2026-11-24": [1, 0]}}`, core/node_risk.py), for the risk label: it outlives the
+entries (MAX_DAYS days). An older agent reads the entries and drops that element when it writes.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agent.core.text import shorten
 
@@ -26,6 +32,11 @@ KEY_MAX, BY_MAX, DID_MAX = 96, 64, 64  # the longest entry is under ENTRY_MAX_BY
 ENTRY_MAX_BYTES = 400
 MAX_BYTES = MAX_ENTRIES * ENTRY_MAX_BYTES  # 8000 bytes: the annotation's bound
 BOOT_CHARS = 8  # a boot id's first characters tell boots apart
+# The per-day counts of failure episodes and repairs (core/node_risk.py), an element of their own
+# before the entries: at most MAX_DAYS days (about 2 KB beside the entries' MAX_BYTES).
+DAYS = "days"
+MAX_DAYS = 90
+DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 # Our taint as an entry records it ("" = off).
 TAINT_ON, TAINT_HELD, TAINT_DISABLED = "on", "held", "disabled"
@@ -80,27 +91,54 @@ def short_boot(boot: str | None) -> str:
     return (boot or "")[:BOOT_CHARS]
 
 
-def parse(raw: str | None) -> list[Entry]:
-    """The entries of the annotation, oldest first; what does not parse is left out."""
+def _items(raw: str | None) -> list[Any]:
     try:
         doc = json.loads(raw) if raw else []
     except ValueError:
         return []
+    return doc if isinstance(doc, list) else []
+
+
+def parse(raw: str | None) -> list[Entry]:
+    """The entries of the annotation, oldest first; what does not parse is left out (the counts
+    element too: an agent of an older version reads the entries and drops the counts)."""
     out = []
-    for item in doc if isinstance(doc, list) else ():
+    for item in _items(raw):
         if isinstance(item, dict) and isinstance(item.get("at"), str) and isinstance(item.get("status"), str):
             out.append(Entry(**{f: str(item.get(f) or "") for f in FIELDS}))
     return out[-MAX_ENTRIES:]
 
 
-def encode(entries: Sequence[Entry]) -> str:
-    """The annotation's value: the last MAX_ENTRIES entries, under MAX_BYTES."""
+def parse_counts(raw: str | None) -> dict[str, tuple[int, int]]:
+    """The per-day counts (core/node_risk.py): the annotation's `{"days": {"YYYY-MM-DD": [failure
+    episodes, repairs]}}` element; what does not parse is left out."""
+    out: dict[str, tuple[int, int]] = {}
+    for item in _items(raw):
+        days = item.get(DAYS) if isinstance(item, dict) else None
+        for day, pair in (days or {}).items() if isinstance(days, dict) else ():
+            if (
+                isinstance(day, str)
+                and DAY.match(day)
+                and isinstance(pair, list)
+                and len(pair) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+            ):
+                out[day] = (pair[0], pair[1])
+    return dict(sorted(out.items())[-MAX_DAYS:])
+
+
+def encode(entries: Sequence[Entry], counts: Mapping[str, tuple[int, int]] | None = None) -> str:
+    """The annotation's value: the per-day counts first (when there are any), then the last
+    MAX_ENTRIES entries, the entries under MAX_BYTES."""
     kept = list(entries)[-MAX_ENTRIES:]
+    days = dict(sorted((counts or {}).items())[-MAX_DAYS:])
+    head: list[Any] = [{DAYS: {d: list(v) for d, v in days.items()}}] if days else []
     while True:
         text = json.dumps([e.as_dict() for e in kept], separators=(",", ":"), ensure_ascii=False)
         if len(text.encode()) <= MAX_BYTES or len(kept) <= 1:
-            return text
+            break
         kept.pop(0)  # only an entry of a version with longer fields can get here
+    return json.dumps([*head, *(e.as_dict() for e in kept)], separators=(",", ":"), ensure_ascii=False)
 
 
 def transition(
@@ -151,4 +189,14 @@ def append(entries: Iterable[Entry], entry: Entry) -> list[Entry]:
     return [*entries, entry][-MAX_ENTRIES:]
 
 
-__all__ = ["MAX_BYTES", "MAX_ENTRIES", "Entry", "append", "encode", "parse", "short_boot", "transition"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_ENTRIES",
+    "Entry",
+    "append",
+    "encode",
+    "parse",
+    "parse_counts",
+    "short_boot",
+    "transition",
+]

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from agent.config import Config
 from agent.core.findings import CheckResult, Verdict
 from agent.core.node import NodeObject
+from agent.core.node_history import parse
 from agent.core.node_keys import Keys
+from agent.core.node_risk import risk_now
 from agent.core.probed import Probed
 from agent.core.repair_history import escalate, key_of
 from agent.core.severity import Severity, Status
@@ -38,4 +40,23 @@ def repair_escalation(
     return escalate(results, raw, policy, boot=boot, now_s=now_s, cleared_now=cleared_now)
 
 
-__all__ = ["history_key", "repair_escalation"]
+def risk_label(
+    node: Probed[NodeObject], cfg: Config, status: Status, boot: str | None, now: str, cleared_now: bool
+) -> str:
+    """node.risk over the Node's history counts and this verdict's transition (core/node_risk.py);
+    "" (leave the label) where the Node was not read."""
+    if not isinstance(node, NodeObject):
+        return ""
+    raw = node.annotations.get(Keys(cfg.prefix).history)
+    return risk_now(
+        raw,
+        parse(raw),
+        status=status.value,
+        boot=boot,
+        cleared=cleared_now,
+        now=now,
+        policy=cfg.node.risk,
+    )
+
+
+__all__ = ["history_key", "repair_escalation", "risk_label"]

@@ -76,6 +76,8 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_message,
             marks.trends_digest,
             str(marks.validating),
+            str(marks.testing),
+            marks.risk,
             *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
             marks.scope.as_text() if marks.scope is not None else "",
             encode(doc),

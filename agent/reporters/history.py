@@ -29,9 +29,11 @@ from agent.core.node_history import (
     append,
     encode,
     parse,
+    parse_counts,
     transition,
 )
 from agent.core.node_keys import Keys
+from agent.core.node_risk import add, day_of, tally
 from agent.core.remediation_types import RemediationReason
 from agent.core.results_doc import now_iso
 from agent.reporters.node_patch import annotations_of, find_condition
@@ -97,7 +99,14 @@ class History:
             mark=shown_mark(node, marks, planned=True) if decided.taint_on else "",
             cleared_by=cleared_by(node, marks, self.keys),
         )
-        return {self.keys.history: encode(append(entries, self.added))} if self.added else {}
+        if self.added is None:
+            return {}
+        # the per-day counts the risk label reads (core/node_risk.py), in the same PATCH
+        counts = add(self._counts(node), day_of(self.added.at), tally(entries, self.added))
+        return {self.keys.history: encode(append(entries, self.added), counts)}
+
+    def _counts(self, node: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        return parse_counts(annotations_of(node).get(self.keys.history))
 
     def settle(self, node: Mapping[str, Any], marks: Marks) -> dict[str, Any] | None:
         """After the apply: the merge patch that makes the last entry's marks what *node* shows,
@@ -136,7 +145,7 @@ class History:
             )
             entries = append(entries, fixed) if fixed else entries
         self.added = None
-        return {"metadata": {"annotations": {self.keys.history: encode(entries)}}}
+        return {"metadata": {"annotations": {self.keys.history: encode(entries, self._counts(node))}}}
 
 
 __all__ = ["History", "cleared_by", "shown_mark", "taint_state"]

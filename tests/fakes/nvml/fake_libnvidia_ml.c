@@ -298,6 +298,15 @@ UINT_GETTER(nvmlDeviceGetPcieReplayCounter, "pcie_replay")
 UINT_GETTER(nvmlDeviceGetPerformanceState, "pstate")
 UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, "power_limit")
 UINT_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, "power_default")
+UINT_GETTER(nvmlDeviceGetPowerUsage, "power_usage")
+
+/* Compute processes (the DCGM diag's idle gate asks): none on this machine; no recording lists one. */
+int nvmlDeviceGetComputeRunningProcesses_v3(device_t *d, unsigned *count, void *infos) {
+    (void)infos;
+    ENTER(d);
+    *count = 0;
+    LEAVE(OK);
+}
 
 int nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long long *out) {
     ENTER(d);

@@ -130,6 +130,7 @@ def gpu_spec(gpu: Gpu) -> dict[str, str]:
         s["pstate"] = w.performance_state.lstrip("P")
     _put(s, "power_limit", round(w.enforced_limit_w * 1000) if w.enforced_limit_w else None)
     _put(s, "power_default", round(w.default_limit_w * 1000) if w.default_limit_w else None)
+    _put(s, "power_usage", round(w.draw_w * 1000) if w.draw_w else None)
     return s
 
 
