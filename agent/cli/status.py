@@ -78,6 +78,7 @@ class NodeStatus:
     clearedByHand: dict[str, Any] | None = None
     clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
     rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
+    marked: str | None = None  # a node that would be marked: marked | held | pending (status_rollout)
 
     @property
     def warn(self) -> str:
@@ -212,6 +213,7 @@ def node_status(
         None,
     )
     warned, listed, per_rule = gpu_warnings(results)
+    rollout = rollout_view.rollout_of(results)
     return NodeStatus(
         node=str(meta.get("name", "?")),
         status=str(labels.get(keys.status) or results.get("status") or "-"),
@@ -231,7 +233,8 @@ def node_status(
         warnings=per_rule or None,
         clearedByHand=cleared_by_hand(results, now),
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
-        rollout=rollout_view.rollout_of(results),
+        rollout=rollout,
+        marked=rollout_view.mark_state(rollout, (node.get("status") or {}).get("conditions") or ()),
     )
 
 
@@ -353,7 +356,7 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
         return str(yaml.safe_dump([asdict(s) for s in statuses], sort_keys=False, allow_unicode=True))
     wide = fmt == "wide"
     out = format_table(rows_of(statuses, now, wide=wide), header_of(statuses, wide=wide))
-    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None) for s in statuses])
+    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None, s.marked) for s in statuses])
     out += "".join(f"{line}\n" for line in rollout)
     cleared = clear_lines(statuses, now)
     if cleared:
