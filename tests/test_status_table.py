@@ -268,3 +268,45 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
     assert lines[1].startswith(broken) and "fail" in lines[1] and "reboot" in lines[1]
     assert "xid: GPU 2: Xid 48 double-bit ECC error" in lines[1]
     assert lines[2].startswith(healthy) and " pass " in lines[2]
+
+
+def test_status_lists_the_nodes_waiting_for_validation_and_for_how_long() -> None:
+    """The startup taint is never silent in `status`: each node that carries it, longest wait first,
+    with what its agent says it waits for, or, where no agent reported in this boot, since the
+    Node's creation and why (the agent column)."""
+    from agent.core.results_doc import VALIDATING_FIELD
+
+    taint = {"taints": [{"key": K.validating, "effect": "NoSchedule"}]}
+    boot = {"nodeInfo": {"bootID": "b-1"}}
+    waiting = _results(
+        "unknown", "none", [("dcgm-diag", "unknown", "none", "engine down")], "2026-01-01T11:00:00Z"
+    )
+    waiting[VALIDATING_FIELD] = {
+        "since": "2026-01-01T11:18:00Z",
+        "bootId": "b-1",
+        "waitingFor": ["dcgm-diag"],
+    }
+    a = {**_node("gpu-a", waiting), "spec": taint, "status": boot}
+    silent = _node("gpu-b", None)  # its agent never started: no annotation at all
+    silent["metadata"]["creationTimestamp"] = "2026-01-01T09:00:00Z"
+    silent.update(spec=taint, status=boot)
+    stale = _results("pass", "none", [], "2026-01-01T08:00:00Z")  # written in an earlier boot
+    stale[VALIDATING_FIELD] = {"since": "2026-01-01T07:00:00Z", "bootId": "b-0", "waitingFor": ["gpu"]}
+    c = {**_node("gpu-c", stale), "spec": taint, "status": boot}
+    c["metadata"]["creationTimestamp"] = "2026-01-01T11:50:00Z"
+    done = {**_node("gpu-d", _results("pass", "none", [], "2026-01-01T11:00:00Z")), "spec": {}}
+    statuses = status_list([a, silent, c, done], [], prefix=P, now=NOW)
+    out = render(statuses, "table", NOW)
+    section = out[out.index("WAITING FOR VALIDATION") :].splitlines()
+    assert "3 node(s)" in section[0]
+    assert section[1].split()[:3] == ["gpu-b", "for", "3h"] and "no report from an agent" in section[1]
+    assert "(agent: none)" in section[1]
+    assert section[2].split()[:3] == ["gpu-a", "for", "42m"] and section[2].endswith("waiting for dcgm-diag")
+    assert section[3].split()[:3] == ["gpu-c", "for", "10m"] and "no report" in section[3]
+    (item,) = [i for i in json.loads(render(statuses, "json", NOW)) if i["node"] == "gpu-a"]
+    assert item["validating"] == {
+        "since": "2026-01-01T11:18:00Z",
+        "seconds": 2520,
+        "waitingFor": ["dcgm-diag"],
+    }
+    assert "WAITING FOR VALIDATION" not in render([x for x in statuses if x.node == "gpu-d"], "table", NOW)

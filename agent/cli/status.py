@@ -26,6 +26,7 @@ import yaml
 from agent.cli import status_rollout as rollout_view
 from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
 from agent.cli.status_time import age, human, seconds_since
+from agent.cli.status_validating import validating, validating_lines
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.results_doc import STALE_AFTER_FIELD, decode_results
@@ -79,6 +80,8 @@ class NodeStatus:
     clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
     rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
     marked: str | None = None  # a node that would be marked: marked | held | pending (status_rollout)
+    # While the Node carries the startup taint: {since, seconds, waitingFor} (status_validating)
+    validating: dict[str, Any] | None = None
 
     @property
     def warn(self) -> str:
@@ -235,6 +238,7 @@ def node_status(
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
         rollout=rollout,
         marked=rollout_view.mark_state(rollout, (node.get("status") or {}).get("conditions") or ()),
+        validating=validating(node, results, keys, now),
     )
 
 
@@ -358,6 +362,10 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     out = format_table(rows_of(statuses, now, wide=wide), header_of(statuses, wide=wide))
     rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None, s.marked) for s in statuses])
     out += "".join(f"{line}\n" for line in rollout)
+    waiting = validating_lines(statuses)
+    if waiting:
+        head = f"\nWAITING FOR VALIDATION (the startup taint; longest first: {len(waiting)} node(s))\n"
+        out += head + "".join(f"  {line}\n" for line in waiting)
     cleared = clear_lines(statuses, now)
     if cleared:
         out += "\nLATCHES CLEARED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in cleared)

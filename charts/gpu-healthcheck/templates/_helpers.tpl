@@ -58,6 +58,12 @@ type (the agent would reject it too) fails the render.
 {{- printf "[%s]" (join ", " $names) }}
 {{- end }}
 
+{{- /* config.yaml's `prefix` (the keys on the Nodes: the alerts' taint key follows it). */}}
+{{- define "gpu-healthcheck.prefix" -}}
+{{- $doc := fromYaml (include "gpu-healthcheck.configYaml" .) }}
+{{- toString ($doc.prefix | default "gpu-healthcheck") }}
+{{- end }}
+
 {{- /* config.yaml's `prefix` and a slash, as a CEL string: the fence's key prefix follows the config. */}}
 {{- define "gpu-healthcheck.prefixCel" -}}
 {{- $doc := fromYaml (include "gpu-healthcheck.configYaml" .) }}
