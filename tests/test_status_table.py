@@ -195,6 +195,31 @@ def test_json_yaml_and_wide_output() -> None:
     assert "reboot:NoExecute" in wide[1] and "p5.48xlarge" in wide[1] and "0.1.0" in wide[1]
 
 
+def test_wide_says_which_agents_run_which_version_and_which_are_the_canary() -> None:
+    """An image rollout: VERSION per node with the canary's track (its pod's label), and a line that
+    counts the nodes per version; the plain table says it only while versions differ."""
+    from agent.core.node_keys import TRACK_LABEL
+
+    def node(name: str, version: str) -> dict[str, Any]:
+        return _node(name, dict(_results("pass", "none", [], "2026-01-01T11:59:00Z"), agentVersion=version))
+
+    canary_pod = _pod("c", True)
+    canary_pod["metadata"]["labels"] = {TRACK_LABEL: "canary"}
+    nodes = [node("a", "0.2.0"), node("b", "0.2.0"), node("c", "0.2.1")]
+    statuses = status_list(nodes, [_pod("a", True), _pod("b", True), canary_pod], prefix=P, now=NOW)
+    wide = render(statuses, "wide", NOW).splitlines()
+    row = {line.split()[0]: line for line in wide[1:4]}
+    assert "0.2.1 (canary)" in row["c"] and "0.2.0" in row["a"] and "(canary)" not in row["a"]
+    assert "agents: 0.2.0 on 2 nodes, 0.2.1 (canary) on 1 node" in wide
+    assert "agents: 0.2.0 on 2 nodes, 0.2.1 (canary) on 1 node" in render(statuses, "table", NOW)
+    (item,) = [i for i in json.loads(render(statuses, "json", NOW)) if i["node"] == "c"]
+    assert (item["agentVersion"], item["track"]) == ("0.2.1", "canary")
+    same = status_list(nodes[:2], [_pod("a", True), _pod("b", True)], prefix=P, now=NOW)
+    assert "agents:" not in render(same, "table", NOW) and "agents: 0.2.0 on 2 nodes" in render(
+        same, "wide", NOW
+    )
+
+
 def test_warn_column_counts_gpus_with_a_warning_before_a_fault() -> None:
     """WARN: the GPUs whose verdict carries trend warnings, of the GPUs listed; JSON per rule."""
     doc = _results("warn", "monitor", [("trend.memory", "warn", "monitor", "GPU 1: 2 DRAM banks low")], "x")
