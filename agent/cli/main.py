@@ -20,6 +20,7 @@ from agent.core.facts import Input
 from agent.core.node_keys import DEFAULT_PREFIX
 from agent.core.results_doc import now_iso, results_document
 from agent.core.severity import Status
+from agent.engine.confirm import Confirmations
 from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.verdict import decide
 from agent.probes.live import LiveSource
@@ -220,7 +221,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     inputs = needed_inputs(specs) | {Input.NODE}
     facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
-    verdict = decide(run_checks(specs, facts, cfg))
+    # As the agent judges its first run: a finding a transient can trip (a tool that timed out) is
+    # held back until node.confirmAfter runs found it, so `check` says "failing run 1 of 2,
+    # confirming" (unknown, exit 2) where the agent would, not a failure the agent would not mark.
+    results = Confirmations().judge(run_checks(specs, facts, cfg), cfg.node.confirm_after, RULES)
+    verdict = decide(results)
     if args.json:
         doc = results_document(
             verdict,

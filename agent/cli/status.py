@@ -26,8 +26,9 @@ import yaml
 from agent.cli import status_rollout as rollout_view
 from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
 from agent.cli.status_time import age, human, seconds_since
+from agent.cli.status_validating import validating, validating_lines
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
-from agent.core.node_keys import DEFAULT_PREFIX, Keys
+from agent.core.node_keys import DEFAULT_PREFIX, TRACK_LABEL, Keys
 from agent.core.results_doc import STALE_AFTER_FIELD, decode_results
 from agent.core.severity import Severity
 from agent.core.text import shorten
@@ -78,6 +79,15 @@ class NodeStatus:
     clearedByHand: dict[str, Any] | None = None
     clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
     rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
+    marked: str | None = None  # a node that would be marked: marked | held | pending (status_rollout)
+    # While the Node carries the startup taint: {since, seconds, waitingFor} (status_validating)
+    validating: dict[str, Any] | None = None
+    track: str | None = None  # the agent pod's gpu-healthcheck/track label: "canary" on the image canary
+
+    @property
+    def version(self) -> str:
+        """The VERSION column: the version the agent wrote, and its track ("0.2.1 (canary)")."""
+        return (self.agentVersion or "-") + (f" ({self.track})" if self.track else "")
 
     @property
     def warn(self) -> str:
@@ -212,6 +222,7 @@ def node_status(
         None,
     )
     warned, listed, per_rule = gpu_warnings(results)
+    rollout = rollout_view.rollout_of(results)
     return NodeStatus(
         node=str(meta.get("name", "?")),
         status=str(labels.get(keys.status) or results.get("status") or "-"),
@@ -231,7 +242,10 @@ def node_status(
         warnings=per_rule or None,
         clearedByHand=cleared_by_hand(results, now),
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
-        rollout=rollout_view.rollout_of(results),
+        rollout=rollout,
+        marked=rollout_view.mark_state(rollout, (node.get("status") or {}).get("conditions") or ()),
+        validating=validating(node, results, keys, now),
+        track=((pod.get("metadata") or {}).get("labels") or {}).get(TRACK_LABEL) if pod is not None else None,
     )
 
 
@@ -270,7 +284,7 @@ def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False
             *config,
             s.instanceType or "-",
             age(s.changedAt, now),
-            s.agentVersion or "-",
+            s.version,
         )
         middle = extra if wide else would if shadow else ()
         rows.append((*base, *middle, s.nextStep, s.worstFinding))
@@ -345,6 +359,18 @@ def list_agent_pods(core: Any, selector: str) -> list[dict[str, Any]] | None:
         raise
 
 
+def version_lines(statuses: Sequence[NodeStatus], *, always: bool) -> list[str]:
+    """ "agents: 0.2.0 on 40 nodes, 0.2.1 (canary) on 2 nodes": which agents run which version, while
+    a rollout has more than one (*always*: -o wide says it anyway)."""
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s.version] = counts.get(s.version, 0) + 1
+    if len(counts) < 2 and not always:
+        return []
+    most = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return ["agents: " + ", ".join(f"{v} on {k} node{'' if k == 1 else 's'}" for v, k in most)]
+
+
 def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     """-o table | wide | json | yaml."""
     if fmt == "json":
@@ -353,8 +379,13 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
         return str(yaml.safe_dump([asdict(s) for s in statuses], sort_keys=False, allow_unicode=True))
     wide = fmt == "wide"
     out = format_table(rows_of(statuses, now, wide=wide), header_of(statuses, wide=wide))
-    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None) for s in statuses])
+    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None, s.marked) for s in statuses])
+    rollout += version_lines(statuses, always=wide)
     out += "".join(f"{line}\n" for line in rollout)
+    waiting = validating_lines(statuses)
+    if waiting:
+        head = f"\nWAITING FOR VALIDATION (the startup taint; longest first: {len(waiting)} node(s))\n"
+        out += head + "".join(f"  {line}\n" for line in waiting)
     cleared = clear_lines(statuses, now)
     if cleared:
         out += "\nLATCHES CLEARED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in cleared)

@@ -16,6 +16,7 @@ class NodeObject:
     boot_id: str | None = None  # status.nodeInfo.bootID
     annotations: dict[str, str] = field(default_factory=dict)
     taint_keys: tuple[str, ...] = ()  # spec.taints[].key (the validating taint: engine/validation.py)
+    created: str | None = None  # metadata.creationTimestamp: a new Node carries its startup taint since
 
     @property
     def plugin_gpus(self) -> int:

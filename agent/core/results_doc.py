@@ -26,6 +26,8 @@ LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted
 CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
 WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
 VALIDATED_FIELD = "validated"  # {"bootId", "at"}: the last complete pass (engine/validation.py)
+# {"since", "bootId", "waitingFor"}: while the Node carries the validating taint and has not passed
+VALIDATING_FIELD = "validating"
 
 
 def stale_after_s(gpu_interval_s: float) -> int:
@@ -56,6 +58,7 @@ def results_document(
     last_clear: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
     validated: dict[str, Any] | None = None,
+    validating: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -113,6 +116,8 @@ def results_document(
     doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD
     if validated:
         doc[VALIDATED_FIELD] = validated
+    if validating:
+        doc[VALIDATING_FIELD] = validating
     return fit(doc)
 
 

@@ -329,7 +329,9 @@ class Engine:
             last_clear=self.state.last_clear,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
             validated=self.validation.record,
+            validating=self.validation.document(self.boot_id),
         )
+        self.metrics.record_validating(self.validation.since, self.validation.waiting)
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
         note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""

@@ -8,6 +8,7 @@ counted in GPUs per trend rule, never a series per GPU; no `_created` series.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -158,6 +159,23 @@ class Metrics:
             ["op"],
             registry=r,
         )
+        # The validating taint (engine/validation.py): how long this Node has carried it without a
+        # pass, and what the pass waits for (alert GPUHealthcheckValidationStuck). Computed at each
+        # scrape from the time it went on, so it grows between the agent's checks.
+        self._validating_since: float | None = None
+        self.validating_seconds = Gauge(
+            f"{NS}_validating_seconds",
+            "seconds this Node has carried the validating taint without passing (0: not validating)",
+            registry=r,
+        )
+        self.validating_seconds.set_function(self._validating_for)
+        self.validating_waiting = Gauge(
+            f"{NS}_validating_waiting_for",
+            "1 for each thing the validating taint's pass waits for (a tier, dcgm-diag, or pass: a "
+            "passing verdict); no series once validated",
+            ["what"],
+            registry=r,
+        )
 
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
@@ -235,6 +253,16 @@ class Metrics:
     def record_dcgm_call_hang(self, op: str) -> None:
         """A DCGM call past its deadline: the engine did not answer (dcgm-health is unknown)."""
         self.dcgm_call_hangs.labels(op).inc()
+
+    def _validating_for(self) -> float:
+        since = self._validating_since
+        return 0.0 if since is None else max(0.0, time.time() - since)
+
+    def record_validating(self, since: float | None, waiting: Sequence[str]) -> None:
+        """The validating taint on the Node since *since* (wall seconds; None: not on it), waiting
+        for *waiting*."""
+        self._validating_since = since
+        _only(self.validating_waiting, {(w,): 1 for w in waiting} if since is not None else {}, self._shown)
 
     def record_remediation_held(self, why: str, key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
