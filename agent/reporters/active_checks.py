@@ -261,6 +261,13 @@ class NodeHold:
     def held(self) -> bool:
         if self.mode() != MODE_TAINT:
             return True
+        return self._on_node()
+
+    def lifted(self) -> bool:
+        """The Node no longer shows the taint (or the mode puts none on)."""
+        return self.mode() != MODE_TAINT or not self._on_node()
+
+    def _on_node(self) -> bool:
         node = self.node() or {}
         return any(t.get("key") == self.key for t in (node.get("spec") or {}).get("taints") or ())
 

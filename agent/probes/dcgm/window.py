@@ -30,6 +30,7 @@ class Hold(Protocol):
 
     def hold(self, on: bool) -> None: ...
     def held(self) -> bool: ...
+    def lifted(self) -> bool: ...
 
 
 class Arrivals(Protocol):
@@ -97,6 +98,14 @@ class DiagWindow:
             return True
         finally:
             self.hold.hold(False)
+            # The slot is given back once the Node no longer shows the taint, so that a node that
+            # takes it next never stands tainted beside this one (within hold_wait_s; after that it
+            # is given back anyway: a refused write must not keep the fleet's slot).
+            if not self._wait(self.hold.lifted):
+                log.warning(
+                    "the testing taint still shows %g s after the diag; fleet slot given back",
+                    self.hold_wait_s,
+                )
             self.slots.release()
 
     def _wait(self, done: Callable[[], bool]) -> bool:
