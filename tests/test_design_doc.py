@@ -164,5 +164,9 @@ def test_no_issue_numbers_in_code_comments() -> None:
 
 def test_an_issue_number_in_a_comment_is_found() -> None:
     number = "2" + "8"
-    source = f'"""Why (issue {number} item 4)."""\nX = 1  # ---- end Issue #{number}\nY = "issue-sglang-30401"\n'
+    source = (
+        f'"""Why (issue {number} item 4)."""\n'
+        f"X = 1  # ---- end Issue #{number}\n"
+        'Y = "issue-sglang-30401"  # a fixture\'s name is no issue number\n'
+    )
     assert issue_numbers(source) == [f"1: issue {number}", f"2: Issue #{number}"]
