@@ -1,4 +1,4 @@
-"""Is this fault confined to one GPU? (issue 31 item 1: per-GPU isolation with DRA device taints.)
+"""Is this fault confined to one GPU? (DESIGN.md §3.7: per-GPU isolation with DRA device taints.)
 
 A node taint takes every GPU of the node out of service; a DRA device taint only the bad one. That is
 right only for a fault that is the GPU's own: an Xid that names its PCI address, its ECC or

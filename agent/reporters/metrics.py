@@ -19,9 +19,9 @@ from agent.core.trend_history import CHECK_PREFIX
 from agent.reporters.node_story import NodeState
 
 NS = "gpu_healthcheck"
-# Tool reads (issue 28): a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to
-# the 30 s default timeout, so that a read slowing from 5 to 25 s shows before it fails a node; six
-# buckets (9 series a tool) to stay within issue 18's 60 series an agent.
+# Tool reads: a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to the 30 s
+# default timeout, so that a read slowing from 5 to 25 s shows before it fails a node; six buckets
+# (9 series a tool) to keep an agent within its 60 series (bench/metrics_size.py).
 TOOL_BUCKETS = (0.1, 1, 5, 10, 20, 30)
 # A tier (its reads and checks, bounded by timeouts.check): fast; slow; past 30 s, at a tool's
 # timeout (the default). Two buckets, as before; the tool histogram shows where the time went.
@@ -142,7 +142,7 @@ class Metrics:
             registry=r,
         )
 
-        # ---- issue 28 (one slow read is not a broken GPU): node tool latency
+        # ---- node tool latency (one slow read is not a broken GPU: a slowing tool shows first)
         self.tool_seconds = Histogram(
             f"{NS}_tool_seconds",
             "one read of a node tool (nvml, nvml nvlink, nvidia-smi -q -x, nvidia-smi topo -m, ...) by "
@@ -151,7 +151,7 @@ class Metrics:
             registry=r,
             buckets=TOOL_BUCKETS,
         )
-        # ---- end issue 28
+        # ---- end node tool latency
         self.dcgm_call_hangs = Counter(
             f"{NS}_dcgm_call_hangs_total",
             "DCGM calls that did not return within dcgm.callTimeout, by operation (its C function); "
@@ -247,7 +247,7 @@ class Metrics:
         self.dcgm_diag_running.set(1 if running else 0)
 
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
-        """Issue 28: a read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
+        """A read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
         self.tool_seconds.labels(tool, outcome).observe(seconds)
 
     def record_dcgm_call_hang(self, op: str) -> None:
