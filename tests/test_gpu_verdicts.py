@@ -228,7 +228,7 @@ def test_a_fault_back_after_two_reboots_isolates_and_the_history_survives_a_rest
 
 def test_history_is_bounded_cleared_with_its_latch_and_can_be_switched_off(tmp_path: Path) -> None:
     from agent.core.node import NodeObject
-    from agent.engine import history
+    from agent.engine import reboot_escalation
 
     snap = tmp_path / "snap"
     shutil.copytree(HEALTHY, snap, symlinks=True)
@@ -253,8 +253,9 @@ def test_history_is_bounded_cleared_with_its_latch_and_can_be_switched_off(tmp_p
 
     many = {}
     finding = Finding("x", "x.r", Severity.RESET, "m", key="k")
-    for i in range(history.MAX_ENTRIES + 10):
+    for i in range(reboot_escalation.MAX_ENTRIES + 10):
         res = [CheckResult("x", (Finding("x", f"x.r{i}", Severity.RESET, "m", key=f"k{i}"),))]
-        many = history.record(many, res, f"b{i}", None, 3)
-    assert len(many) == history.MAX_ENTRIES and ("x.r0", "k0") not in many
-    assert history.record({}, [CheckResult("x", (finding,))], None, None, 3) == {}  # no boot id: nothing
+        many = reboot_escalation.record(many, res, f"b{i}", None, 3)
+    assert len(many) == reboot_escalation.MAX_ENTRIES and ("x.r0", "k0") not in many
+    no_boot = reboot_escalation.record({}, [CheckResult("x", (finding,))], None, None, 3)
+    assert no_boot == {}  # no boot id: nothing
