@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from agent.checks import CheckSpec, gpu_finding, gpu_memory, input_gap, per_gpu, readable, rule_finding
+from agent.checks import CheckSpec, gpu_finding, gpu_memory, partial_input, per_gpu, rule_finding, typed_input
 from agent.config import Config
 from agent.core.actions import Action
 from agent.core.device_scope import DRIVER
@@ -115,11 +115,9 @@ WHERE = {
 
 def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
     name = "gpu.count"
-    gap = input_gap(name, facts.gpus)
-    if gap is not None:
-        return gap
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
+    inv = typed_input(name, facts.gpus, GpuInventory)
+    if isinstance(inv, CheckResult):
+        return inv
     visible = inv.visible
     if facts.profile is None:
         why = (
@@ -176,25 +174,24 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
         return CheckResult(
             name, findings=(gpu_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),)
         )
-    inv, unreadable = readable(probed, GpuInventory)
-    if inv is None:
-        gap = input_gap(name, probed)
-        assert gap is not None
-        return gap
+    got = partial_input(name, probed, GpuInventory)
+    if isinstance(got, CheckResult):
+        return got
+    inv, unreadable = got
     # nvidia-smi saying a GPU is lost is a fault, also in a capture that is otherwise unreadable. A
     # GPU announced ("Attached GPUs") but not described is not: the parsers call that unreadable.
     findings = []
     for lost in inv.lost:
         where = f"GPU {short_pci(lost.pci_bus_id)}" if lost.pci_bus_id else "a GPU"
         findings.append(
-            Finding(
-                check=name,
-                rule=RESPONSIVE_LOST.name,
-                severity=cfg.severity(RESPONSIVE_LOST),
-                message=f"{where} does not answer: {lost.message}",
-                entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
-                key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
-                evidence=Evidence.of(inv.source, (lost.where,))
+            rule_finding(
+                cfg,
+                name,
+                RESPONSIVE_LOST,
+                f"{where} does not answer: {lost.message}",
+                (short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
+                lost.pci_bus_id or "?",
+                Evidence.of(inv.source, (lost.where,))
                 if lost.where is not None
                 else (Evidence(inv.source, None, lost.message),),
             )
@@ -366,10 +363,9 @@ def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
     dra = facts.dra if isinstance(facts.dra, DraSlices) else None
     if plugin == 0 and (dra is None or not dra.devices):
         return _nothing_published(name, facts)
-    inv = facts.gpus
-    if not isinstance(inv, GpuInventory):  # a damaged capture's part could only miscount
-        gap = input_gap(name, inv)
-        assert gap is not None
+    inv = typed_input(name, facts.gpus, GpuInventory)  # a damaged capture's part could only miscount
+    if isinstance(inv, CheckResult):
+        gap = inv
         if dra is None or not dra.devices or dra.incomplete or facts.profile is None:
             return gap
         counted = _published_vs_profile(cfg, name, dra, facts.profile)
