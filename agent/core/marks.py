@@ -58,7 +58,7 @@ class Marks:
     # Where the failing findings lie (core/device_scope; None: none at taintMinSeverity now): the
     # device-taint writer turns a taint confined to GPUs into DRA device taints (node.isolation).
     scope: Scope | None = None
-    # For the `<prefix>/history` annotation (core/node_history.py): the worst finding's key of a
+    # For the `<prefix>/history` annotation (core/history_annotation.py): the worst finding's key of a
     # fail or warn ("" otherwise) and the boot the verdict is of.
     worst_key: str = ""
     boot_id: str = ""

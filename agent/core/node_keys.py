@@ -120,7 +120,7 @@ class Keys:
 
     @property
     def history(self) -> str:
-        """Annotation: the Node's last transitions, what was done and by whom (core/node_history.py);
+        """Annotation: the Node's last transitions, what was done and by whom (core/history_annotation.py);
         apart from `results`, whose size it never crowds."""
         return f"{self.prefix}/history"
 

@@ -32,10 +32,10 @@ from agent.core.results_doc import VALIDATED_FIELD, encode, now_iso, results_doc
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
-from agent.engine import active, history, stalls
+from agent.engine import active, reboot_escalation, stalls
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
+from agent.engine.history_annotation_reads import history_key, repair_escalation, risk_label
 from agent.engine.remediation import describe, remediation_marks
-from agent.engine.repairs import history_key, repair_escalation, risk_label
 from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
@@ -280,8 +280,10 @@ class Engine:
         results = self.current_results()
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
-        self.state.history = history.record(self.state.history, results, self.boot_id, gpus_seen, after + 1)
-        results = history.escalate(results, self.state.history, gpus_seen, after)
+        self.state.history = reboot_escalation.record(
+            self.state.history, results, self.boot_id, gpus_seen, after + 1
+        )
+        results = reboot_escalation.escalate(results, self.state.history, gpus_seen, after)
         cleared = clear_event is not None
         results = repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared)
         verdict = decide(results)
