@@ -149,6 +149,22 @@ def fence_variables(prefix: str, types: str) -> str:
     )
 
 
+DEVICE_FENCE_BEGIN = (
+    "# BEGIN GENERATED device fence prefix (scripts/gen-configmap.py, from config/config.yaml)"
+)
+DEVICE_FENCE_END = "# END GENERATED device fence prefix"
+
+
+def device_fence_variables(prefix: str) -> str:
+    """The device policy's generated variable: the key prefix of the label our rules carry."""
+    return (
+        "\n".join(
+            ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+        )
+        + "\n"
+    )
+
+
 def manifest_fence(config_dir: Path = CONFIG) -> str:
     """The policy's generated variables for config/config.yaml."""
     cfg = load_config_dir(config_dir)
@@ -187,12 +203,15 @@ def outputs() -> dict[Path, str]:
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
     chart = fence_variables(CHART_PREFIX, CHART_TYPES)
-    for path, block in (
-        (ROOT / "manifests" / POLICY, manifest_fence()),
-        (CHART / "templates" / POLICY, chart),
+    prefix = cel_string(load_config_dir(CONFIG).prefix + "/")
+    for path, block, devices in (
+        (ROOT / "manifests" / POLICY, manifest_fence(), device_fence_variables(prefix)),
+        (CHART / "templates" / POLICY, chart, device_fence_variables(CHART_PREFIX)),
     ):
-        text = path.read_text(encoding="utf-8")
-        out[path] = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        text = fill(
+            path.read_text(encoding="utf-8"), block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END
+        )
+        out[path] = fill(text, devices, str(path.relative_to(ROOT)), DEVICE_FENCE_BEGIN, DEVICE_FENCE_END)
     return out
 
 

@@ -212,10 +212,10 @@ def isolating_writer(
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
-    if brake is not None:
-        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
+    if brake is not None:  # the brake counts device taints, in the version the writer discovered
+        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix, api=taints.served)
     return IsolatingWriter(
-        writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
+        writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake, metrics=metrics
     )
 
 
@@ -354,7 +354,14 @@ def main(args: Any) -> int:
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     if guarded is not None:
-        guarded.writer.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+        isolating = guarded.writer
+        isolating.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+
+        def reconfigure(old: Config, new: Config) -> None:
+            live.reconfigure(agent.engine, old, new)
+            isolating.rediscover()  # the DeviceTaintRule version is asked again at the next apply
+
+        agent.on_config = reconfigure
     live.wanted_level = lambda: validation_diag_level(agent.engine)
     live.diag_done = lambda: read_diag_now(agent)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port

@@ -168,6 +168,7 @@ class Reason:
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
     VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
     VALIDATION_PASSED = "ValidationPassed"  # a complete pass: the validating taint is lifted
+    DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"  # no DeviceTaintRule API: the node taint
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts

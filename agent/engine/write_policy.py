@@ -78,6 +78,7 @@ def fingerprint(marks: Marks) -> str:
             str(marks.validating),
             *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
             marks.scope.as_text() if marks.scope is not None else "",
+            marks.warn_scope.as_text() if marks.warn_scope is not None else "",
             encode(doc),
         )
     )
