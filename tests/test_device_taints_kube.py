@@ -643,6 +643,29 @@ def test_no_version_served_the_writer_taints_the_node_with_one_event_an_episode(
     assert scraped("gpu_healthcheck_device_taint_api", {"version": "none"}) == 1
 
 
+def test_a_404_asks_discovery_again_and_the_rule_moves_to_the_version_served(cluster: DraCluster) -> None:
+    """A version that answers 404 (the API server changed under a running agent, as after an
+    upgrade): that apply taints the Node, the next one discovers again, writes the rule in the
+    version served now, and the Node taint lifts."""
+    from agent.reporters.device_taints import VERSIONS, RuleApi
+
+    served = served_or_skip(cluster)
+    node = gpu_node(cluster, "moved")
+    with cluster.kube.api_client() as api, Writers(api, node) as agent:
+        assert agent.w.apply(healthy()).ok
+        gone = next(v for v in VERSIONS if v != served)
+        agent.taints.api = RuleApi(gone, True)  # what an earlier discovery found
+        reads = agent.taints.reads
+        first = agent.w.apply(fail())
+        assert not first.ok and "404" in str(first.error), first
+        assert (devices(cluster, node), node_tainted(cluster, node)) == ([], True)
+        assert agent.w.apply(fail()).ok
+        assert agent.taints.api is not None and agent.taints.api.version == served
+        assert agent.taints.reads == reads + 2  # discovery and the list, once
+        assert (devices(cluster, node), node_tainted(cluster, node)) == (["gpu-3"], False)
+        assert agent.w.apply(healthy()).ok
+
+
 def test_a_warning_on_one_gpu_shows_on_its_device_with_effect_none_and_moves_nothing(
     cluster: DraCluster,
 ) -> None:
