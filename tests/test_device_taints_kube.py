@@ -748,6 +748,53 @@ def test_every_agent_removes_its_rules_it_no_longer_wants_and_never_anothers(clu
     assert taint_at <= deleted_at, "the rule went before the Node taint was on"
 
 
+def test_an_isolation_node_agent_whose_rbac_cannot_list_rules_still_marks_its_node(
+    cluster: DraCluster,
+) -> None:
+    """An install older than per-GPU isolation (no devicetaintrules in its ClusterRole) running an
+    agent with `isolation: node`: the list is refused, logged, and the Node writes go on."""
+    served_or_skip(cluster)
+    kube = cluster.kube
+    node = gpu_node(cluster, "old-rbac")
+    sa = unique_name("old-agent")
+    kube.create_service_account("default", sa)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": sa},
+        "rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": sa},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": "default"}],
+    }
+    for kind, body in (("clusterroles", role), ("clusterrolebindings", binding)):
+        code, out = kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/{kind}", body)
+        assert code == 201, out
+    with kube.api_client_for_token(kube.token_for("default", sa, create=False)) as api:
+        wait_for(
+            lambda: (
+                kube.request(
+                    "GET", f"/api/v1/nodes/{node}", token=api.configuration.api_key["authorization"]
+                )[0]
+                == 200
+            ),
+            30,
+            "RBAC in force",
+        )
+        with Writers(api, node, "node") as agent:
+            assert agent.w.apply(fail()).ok
+            assert agent.taints.held == {} and node_tainted(cluster, node)
+            assert agent.w.apply(healthy()).ok and not node_tainted(cluster, node)
+
+
 def test_the_garbage_collector_removes_the_rules_with_their_node_and_a_new_node_inherits_none(
     cluster: DraCluster,
 ) -> None:

@@ -159,8 +159,20 @@ class IsolatingWriter:
                 node = self.writer.watch.current(fresh=True)
             self.taints.node_uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
         was = self.taints.discovered
-        self.taints.ensure()
-        if not was:
+        try:
+            self.taints.ensure()
+        except Exception as exc:
+            if mode != ISOLATION_NODE or api_status(exc) not in (401, 403):
+                raise
+            # `node` needs the list only to remove rules left behind; RBAC without it (an install
+            # older than per-GPU isolation) must not hold the Node's writes back.
+            log.warning(
+                "node %s: cannot list DeviceTaintRules (%s): rules an earlier agent left are not removed",
+                self.taints.node_name,
+                describe(exc),
+            )
+            self.taints.held = {}
+        if not was and self.taints.discovered:
             self._note_api()
 
     def _note_api(self) -> None:
