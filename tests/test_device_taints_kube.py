@@ -696,6 +696,30 @@ def test_a_warning_on_one_gpu_shows_on_its_device_with_effect_none_and_moves_not
         assert rules_of(cluster, node) == []
 
 
+def test_the_slice_watch_gives_a_copy_of_the_slices_it_watches(cluster: DraCluster) -> None:
+    """SliceWatch.objects() (the checks' DRA input reads it): None until the first list, then the
+    node's slices as the server holds them; a change to the copy does not reach the watch's own."""
+    from agent.reporters.resource_slices import SliceWatch
+
+    node = gpu_node(cluster, "objects")
+    with cluster.kube.api_client() as api:
+        watch = SliceWatch(api, node)
+        assert watch.objects() is None
+        watch.start()
+        try:
+            assert watch.wait_synced(30)
+            (got,) = watch.objects() or []
+            code, held = cluster.kube.request(
+                "GET", f"/apis/resource.k8s.io/v1/resourceslices/{got['metadata']['name']}"
+            )
+            assert code == 200 and (got["metadata"], got["spec"]) == (held["metadata"], held["spec"])
+            got["spec"]["devices"].clear()
+            assert [d.name for d in watch.devices() or []] == [f"gpu-{m}" for m in range(8)]
+            assert len((watch.objects() or [{}])[0]["spec"]["devices"]) == 8
+        finally:
+            watch.stop()
+
+
 # -- nothing left behind ------------------------------------------------------------------------------------
 def test_every_agent_removes_its_rules_it_no_longer_wants_and_never_anothers(cluster: DraCluster) -> None:
     """A restart with `isolation: node` on a passing node removes the earlier rule; a rollback to
