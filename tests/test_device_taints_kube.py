@@ -57,6 +57,7 @@ XID_GPU3 = (
 GPU3 = Scope(False, ("00000000:86:00.0",))
 GPU5 = Scope(False, ("00000000:a8:00.0",))
 UNAVAILABLE = "DeviceTaintsUnavailable"
+FALLS_BACK = "per-GPU isolation falls back to the node taint"  # the agent's log when none is served
 CONTROLLERS = (
     "serviceaccount-controller",
     "device-taint-eviction-controller",
@@ -420,7 +421,8 @@ def test_an_xid_on_gpu3_taints_gpu3_alone_and_evicts_only_its_pod(
 def test_no_version_served_taints_the_node_and_says_so_once(bare: DraCluster, tmp_path: Path) -> None:
     """A server that serves no DeviceTaintRule version (1.35 and 1.36 stock; 1.37 with the v1 resource
     switched off): the real agent with `isolation: gpu` taints the Node for an Xid 79 on GPU 3 and
-    posts one DeviceTaintsUnavailable Event for the episode."""
+    posts one DeviceTaintsUnavailable Event for the episode. A config reload asks discovery again
+    once (its log line again), and posts no second Event in the same episode."""
     assert bare.served is None, f"{bare.kube.version} serves {bare.served} under {bare.row.none_served}"
     node = gpu_node(bare, "unserved")
     agent = scenario.Agent(
@@ -439,12 +441,22 @@ def test_no_version_served_taints_the_node_and_says_so_once(bare: DraCluster, tm
         wait_for(lambda: bool(events(bare, node, UNAVAILABLE)), 30, "the Event")
         time.sleep(4)  # two more gpu cycles of the episode
         said = events(bare, node, UNAVAILABLE)
+        asked = agent.log.read_text().count(FALLS_BACK)  # discovery says so when its answer is new
+        config = tmp_path / "config" / "config.yaml"
+        config.write_text(agent_config().replace("isolation: gpu", "isolation: auto"))
+        wait_for(lambda: agent.log.read_text().count(FALLS_BACK) > asked, 30, "discovery after the reload")
+        time.sleep(4)  # two more gpu cycles: discovery is not asked per cycle
+        after = agent.log.read_text().count(FALLS_BACK)
+        said_after = events(bare, node, UNAVAILABLE)
     finally:
         agent.stop()
     log = agent.log.read_text()
     assert len(said) == 1, (said, log[-3000:])
     assert said[0]["type"] == "Warning" and "serves no DeviceTaintRules" in said[0]["message"]
-    assert "falls back to the node taint" in log
+    assert (asked, after) == (1, 2), log[-3000:]
+    assert "config reloaded" in log
+    assert len(said_after) == 1, said_after
+    assert node_tainted(bare, node)
 
 
 # -- the isolating writer on the real server ---------------------------------------------------------------
