@@ -368,4 +368,10 @@ def render_status(
         from agent.cli.brake import brake_footer
 
         out += brake_footer(core, nodes, namespace, prefix, now)
+    if fmt in ("table", "wide") and node is not None:  # its per-GPU DeviceTaintRules (cli/status_devices.py)
+        from agent.cli.status_devices import device_taint_lines
+
+        lines = device_taint_lines(core, node, prefix, wide=fmt == "wide")
+        out += "".join(f"\n{line}" for line in lines[:1]) + "".join(f"\n  {line}" for line in lines[1:])
+        out += "\n" if lines else ""
     return out, exit_code(statuses)

@@ -19,7 +19,7 @@ from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
 from agent.core import trend_history
 from agent.core.active_checks import ActiveState
-from agent.core.device_scope import confined_scope
+from agent.core.device_scope import confined_scope, warn_scope
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
 from agent.core.gpu import GpuInventory
@@ -370,6 +370,7 @@ class Engine:
             worst_key=history_key(verdict),
             boot_id=self.boot_id or "",
             scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
+            warn_scope=warn_scope(results, gpus_seen) if policy.mode == MODE_TAINT else None,
             validating=gate.wish,
             testing=hold.testing,
             risk=risk_label(node, self.cfg, verdict.status, self.boot_id, stamp, cleared),

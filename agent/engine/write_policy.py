@@ -84,6 +84,7 @@ def fingerprint(marks: Marks) -> str:
             marks.risk,
             *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
             marks.scope.as_text() if marks.scope is not None else "",
+            marks.warn_scope.as_text() if marks.warn_scope is not None else "",
             encode(doc),
         )
     )

@@ -176,6 +176,22 @@ class Metrics:
             ["what"],
             registry=r,
         )
+        # ---- per-GPU isolation: the DeviceTaintRule API, and the node taint standing in for a rule
+        self.device_taint_api = Gauge(
+            f"{NS}_device_taint_api",
+            "1, labelled with the DeviceTaintRule version the API server serves (v1, v1beta2, v1alpha3; "
+            "none: per-GPU isolation falls back to the node taint), as last discovered",
+            ["version"],
+            registry=r,
+        )
+        self.device_taint_fallbacks = Counter(
+            f"{NS}_device_taint_fallbacks_total",
+            "times the node taint stood in for a per-GPU DeviceTaintRule, by reason (unavailable: no "
+            "version served; refused, failed, unanswered: the rule's write; not-counted: the brake "
+            "does not count the rule)",
+            ["reason"],
+            registry=r,
+        )
 
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
@@ -263,6 +279,12 @@ class Metrics:
         for *waiting*."""
         self._validating_since = since
         _only(self.validating_waiting, {(w,): 1 for w in waiting} if since is not None else {}, self._shown)
+
+    def record_device_taint_api(self, version: str) -> None:
+        _only(self.device_taint_api, {(version,): 1}, self._shown)
+
+    def record_device_taint_fallback(self, reason: str) -> None:
+        self.device_taint_fallbacks.labels(reason).inc()
 
     def record_remediation_held(self, why: str, key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
