@@ -32,7 +32,7 @@ import yaml
 
 from agent.core.device_scope import Scope
 from agent.core.severity import Severity, Status
-from agent.reporters.device_taints import eviction_status
+from agent.reporters.device_taint_rules import eviction_status
 from tests import eviction_scenario as scenario
 from tests.kubeenv.dra import (
     DRIVER,
@@ -76,7 +76,7 @@ class DraCluster(EvictionCluster):
         self.served: str | None = None  # the DeviceTaintRule version this server serves
 
     def start(self) -> DraCluster:
-        from agent.reporters.device_taints import discover
+        from agent.reporters.device_taint_rules import discover
         from tests.kubeenv.env import KubeEnv
 
         self.plane.start()
@@ -243,7 +243,8 @@ class Writers:
     ) -> None:
         from agent.reporters.brake import Brake
         from agent.reporters.device_isolation import IsolatingWriter
-        from agent.reporters.device_taints import DeviceTaints, tainted_nodes
+        from agent.reporters.device_taint_rules import tainted_nodes
+        from agent.reporters.device_taints import DeviceTaints
         from agent.reporters.node_writer import NodeWriter
         from agent.reporters.resource_slices import SliceWatch
 
@@ -508,7 +509,7 @@ def test_a_refused_rule_write_taints_the_node_in_the_same_apply_until_the_rule_i
     the Node and says it failed; while refused, the Node stays tainted; once the policy is gone the
     retry writes the rule, the brake counts it, and only then the Node taint lifts. A brake that does
     not count the rules keeps the episode on the Node. A write nobody answers is covered the same."""
-    from agent.reporters.device_taints import tainted_nodes
+    from agent.reporters.device_taint_rules import tainted_nodes
     from agent.reporters.kube_rest import KubeRest
     from agent.reporters.metrics import Metrics
 
@@ -659,7 +660,7 @@ def test_a_404_asks_discovery_again_and_the_rule_moves_to_the_version_served(clu
     """A version that answers 404 (the API server changed under a running agent, as after an
     upgrade): that apply taints the Node, the next one discovers again, writes the rule in the
     version served now, and the Node taint lifts."""
-    from agent.reporters.device_taints import VERSIONS, RuleApi
+    from agent.reporters.device_taint_rules import VERSIONS, RuleApi
 
     served = served_or_skip(cluster)
     node = gpu_node(cluster, "moved")
@@ -684,7 +685,7 @@ def test_a_warning_on_one_gpu_shows_on_its_device_with_effect_none_and_moves_not
     """A warning confined to GPU 5: a rule of effect None (where the version serves it), which the
     brake does not count; a fault on GPU 5 then turns the same rule NoSchedule/NoExecute (an update
     with the resourceVersion read, as v1 requires); healthy again → gone."""
-    from agent.reporters.device_taints import tainted_nodes
+    from agent.reporters.device_taint_rules import tainted_nodes
 
     served_or_skip(cluster)
     node = gpu_node(cluster, "warned")

@@ -5,8 +5,9 @@ node whose GPUs NVIDIA's DRA driver publishes (a ResourceSlice as it writes it) 
 GPU 3 and GPU 5. GPU 3's calls then hang (the fake's `hang_while` file, held from this process):
 after `node.confirmAfter` cycles one DeviceTaintRule, for gpu-3 alone, no taint on the Node, the pod
 on GPU 3 evicted and the one on GPU 5 not. When GPU 3 answers again the rule is lifted.
-The control plane: tests/test_device_taints_kube.DraCluster (gates on, the device-taint eviction
-controller running)."""
+The control plane: tests/test_device_taints_kube's `cluster` (the DeviceTaintRule version this
+release serves, turned on where it has a gate; the device-taint eviction controller running); skipped
+where the release serves none (1.35 stock: the node-taint fallback is tested there)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,21 +26,21 @@ from tests.conftest import build_fake_libnvml
 from tests.fakes.nvml.fake_nvml import from_recordings
 from tests.kubeenv.dra import DRIVER, resource_slice
 from tests.kubeenv.env import unique_name
-from tests.kubeenv.fixtures import _binaries
 from tests.kubeenv.waiting import wait_for
-from tests.test_device_taints_kube import DraCluster, claim_pod, node_taints, our_rules
+from tests.test_device_taints_kube import (
+    DraCluster,
+    claim_pod,
+    cluster,
+    node_taints,
+    rules_of,
+    served_or_skip,
+)
 
 pytestmark = pytest.mark.kube
 SNAPSHOT = scenario.ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
 
 
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[DraCluster]:
-    c = DraCluster(_binaries(request.config))
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+__all__ = ["cluster"]  # the module-scoped fixture, one server for this file
 
 
 def live_agent(node: str, kubeconfig: Path, work: Path, hold: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -77,6 +77,7 @@ def live_agent(node: str, kubeconfig: Path, work: Path, hold: Path) -> tuple[sub
 def test_a_hung_gpu_taints_that_gpu_alone_and_evicts_only_its_pod(
     cluster: DraCluster, tmp_path: Path
 ) -> None:
+    served_or_skip(cluster)
     kube = cluster.kube
     ns = unique_name("hung", max_len=30)
     kube.ensure_namespace(ns)
@@ -103,18 +104,18 @@ def test_a_hung_gpu_taints_that_gpu_alone_and_evicts_only_its_pod(
 
     try:
         wait_for(lambda: status() == "pass", 90, "the live agent's first verdict (pass)")
-        assert our_rules(cluster) == []
+        assert rules_of(cluster, node) == []
         hung_at = time.time()
         hold.touch()  # every NVML call on GPU 3 now waits
-        wait_for(lambda: bool(our_rules(cluster)), 60, "a DeviceTaintRule")
+        wait_for(lambda: bool(rules_of(cluster, node)), 60, "a DeviceTaintRule")
         rule_seen = time.time()
         wait_for(lambda: cluster.evicted(ns, pod3), 60, f"{pod3} evicted")
         time.sleep(3)  # the pod on GPU 5 has had that long to be (wrongly) evicted
-        rules = our_rules(cluster)
+        rules = rules_of(cluster, node)
         taints = node_taints(cluster, node)
         assert status() == "fail"
         hold.unlink()  # GPU 3 answers again: its call returns, the next reads see it
-        wait_for(lambda: our_rules(cluster) == [], 60, "the device taint lifted")
+        wait_for(lambda: rules_of(cluster, node) == [], 60, "the device taint lifted")
         lifted = time.time()
     finally:
         proc.terminate()

@@ -269,7 +269,8 @@ def isolating_writer(
     """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation);
     *slices*: the node's ResourceSlice watch, shared with the checks' DRA input."""
     from agent.reporters.device_isolation import IsolatingWriter
-    from agent.reporters.device_taints import DeviceTaints, tainted_nodes
+    from agent.reporters.device_taint_rules import tainted_nodes
+    from agent.reporters.device_taints import DeviceTaints
     from agent.reporters.resource_slices import SliceWatch
 
     taints = DeviceTaints(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.reporters.device_taints import (
+from agent.reporters.device_taint_rules import (
     VERSIONS,
     RuleApi,
     discover,

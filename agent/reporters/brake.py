@@ -124,7 +124,7 @@ class Brake:
         self.settle_s = settle_s
         self.settle_max_s = settle_max_s
         self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
-        # Nodes held back by our DRA device taints alone (reporters/device_taints.tainted_nodes):
+        # Nodes held back by our DRA device taints alone (reporters/device_taint_rules.tainted_nodes):
         # counted as tainted, so that per-GPU isolation cannot pass the brake's limit.
         self.also_tainted: Callable[[], set[str]] | None = None
 

@@ -16,7 +16,7 @@ The brake is asked before the first device taint of an episode, as for a node ta
 Never open: a rule the server did not accept (refused, failed, unanswered, or no version of the API
 served) leaves the Node tainted in the same apply, and the apply says it failed, so it is retried on
 the write policy's backoff. That node taint lifts by the usual hysteresis, or once the rules are in
-place and the brake counts them (reporters/device_taints.tainted_nodes: else the node would drop out
+place and the brake counts them (reporters/device_taint_rules.tainted_nodes: else the node would drop out
 of the brake's count); a brake that does not count them keeps the episode node-wide. Where no version
 is served at all, the episode posts one `DeviceTaintsUnavailable` Event and `auto` is `node` until
 the next discovery (at start, after a 404 or a reload, or when the next episode begins).
@@ -40,15 +40,15 @@ from typing import Any
 from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, Reason
-from agent.reporters.device_taints import (
+from agent.reporters.device_taint_rules import (
     NONE_EFFECT,
-    DeviceTaints,
     Unavailable,
     Wanted,
     describe,
     device_effect,
     taint_of,
 )
+from agent.reporters.device_taints import DeviceTaints
 from agent.reporters.kube_rest import api_status
 from agent.reporters.node_patch import find_our_taint, taint_disabled
 

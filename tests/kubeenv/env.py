@@ -86,7 +86,7 @@ class KubeEnv:
 
     @functools.cached_property
     def version(self) -> str:
-        """The kube-apiserver's version, e.g. ``v1.34.4``."""
+        """The kube-apiserver's version, e.g. ``v1.37.2``."""
         out = subprocess.run(
             [str(self.binaries.kube_apiserver), "--version"], capture_output=True, text=True, check=False
         ).stdout.split()

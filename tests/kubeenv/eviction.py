@@ -41,13 +41,13 @@ __all__ = [
 ]
 
 # The taint-eviction controller finds a Node's pods through the shared pod informer's spec.nodeName
-# index, which (in v1.34) only the node-lifecycle, daemonset and podgc controllers add: alone it
+# index, which (v1.34 to v1.37) only the node-lifecycle, daemonset and podgc controllers add: alone it
 # logs "Index with name spec.nodeName does not exist" and evicts nothing. Real clusters run it with
 # node-lifecycle, so this does too, with the heartbeat grace periods long enough that it never
 # marks these kubelet-less Nodes unreachable (which would taint them NoExecute itself).
 EVICTION_CONTROLLERS = ("serviceaccount-controller", "node-lifecycle-controller", "taint-eviction-controller")
 EVICTION_CONTROLLER_ARGS = ("--node-monitor-grace-period=1h", "--node-startup-grace-period=1h")
-# kube-controller-manager (v1.34) builds the taint-eviction controller's client as "node-controller".
+# kube-controller-manager (v1.34 to v1.37) builds the taint-eviction controller's client as "node-controller".
 TAINT_EVICTION_USER = "system:serviceaccount:kube-system:node-controller"
 AGENT_NAMESPACE = "gpu-healthcheck"
 AGENT_SERVICE_ACCOUNT = "agent-under-test"
