@@ -34,8 +34,12 @@ lint: setup
 go-tools:
 	@scripts/build-go-tools.sh --background
 
+# Test files run TEST_WORKERS at a time, whole files each, in the order tests/kubeenv/go_tools.py
+# sets; every worker starts its own kube-apiserver when it first needs one (tests/kubeenv/parallel.py).
+TEST_WORKERS ?= 3
+
 test: go-tools setup lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # Every kube test against the older supported minors (tools/kube-bins/compat/); not part of `test`.
 test-compat: setup

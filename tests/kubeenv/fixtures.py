@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from . import go_tools
+from . import go_tools, parallel
 from .binaries import (
     UNAVAILABLE,
     KubeBinaries,
@@ -34,6 +34,7 @@ from .binaries import (
     unavailable_message,
 )
 from .env import KubeEnv, unique_name
+from .parallel import pytest_testnodedown
 from .server import ControlPlane, ControlPlaneError
 
 __all__ = [
@@ -47,7 +48,9 @@ __all__ = [
     "pytest_configure",
     "pytest_runtest_makereport",
     "pytest_runtest_protocol",
+    "pytest_sessionfinish",
     "pytest_terminal_summary",
+    "pytest_testnodedown",
 ]
 
 MARKER = "kube: runs against a real etcd + kube-apiserver (tests/kubeenv; builds them on first use)"
@@ -67,6 +70,7 @@ def _build_allowed() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
+    parallel.configure(config)
 
 
 def _wants_kube(item: pytest.Item) -> bool:
@@ -105,7 +109,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     line = go_tools.start([t for t in go_tools.GO_TOOLS if t in needed])
     tr = config.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None and "all built" not in line:
+    if tr is not None and not parallel.is_worker(config) and "all built" not in line:
         line = line.removeprefix("build-go-tools: ")
         tr.write_line(f"{line}; the tests that need them run last", yellow=True)
 
@@ -136,7 +140,7 @@ def pytest_runtest_protocol(
 def _announce(config: pytest.Config, line: str) -> None:
     tr = config.pluginmanager.get_plugin("terminalreporter")
     capman = config.pluginmanager.get_plugin("capturemanager")
-    if tr is None:
+    if tr is None or parallel.is_worker(config):  # a worker's output reaches no one
         return
     with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
         if tr._tw.width_of_current_line:  # after the progress dots
@@ -144,7 +148,7 @@ def _announce(config: pytest.Config, line: str) -> None:
         tr.write_line(line, yellow=True)
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def _summary(config: pytest.Config) -> list[str]:
     lines = []
     built = go_tools.waited()
     if built:
@@ -157,7 +161,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             f"kube: etcd + kube-apiserver {env.version} ({env.binaries.source}, {env.binaries.dir}) "
             f"ready in {env.start_seconds:.1f}s" + (f"; kube-controller-manager in {cm:.1f}s" if cm else "")
         )
-    for line in lines:
+    return lines
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    parallel.publish(session.config, _summary(session.config))  # a worker's, for the controller
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    for line in _summary(config) + parallel.worker_lines(config):
         terminalreporter.write_line(line)
 
 
