@@ -48,3 +48,10 @@ def test_the_readme_checks_table_lists_every_registered_check() -> None:
     text = (ROOT / "README.md").read_text()
     table = text[text.index("### Checks") : text.index("### Instance profiles")]
     assert re.findall(r"^\| `([\w.-]+)` \|", table, flags=re.M) == [spec.name for spec in CHECKS]
+
+
+def test_the_engine_runs_tiers_and_decides_the_verdict_in_under_250_lines() -> None:
+    """Building the Marks lives in engine/marks_builder.py, reading inputs in engine/input_reads.py:
+    the module every feature used to edit stays small enough to read at once."""
+    lines = len((ROOT / "agent" / "engine" / "engine.py").read_text().splitlines())
+    assert lines < 250, f"agent/engine/engine.py has {lines} lines"
