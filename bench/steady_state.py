@@ -58,7 +58,8 @@ def main() -> None:
         "--isolation",
         choices=("node", "gpu", "auto"),
         default="node",
-        help="node.isolation; gpu|auto: the API server with the DRA gates and the driver's ResourceSlice",
+        help="node.isolation; gpu|auto: the API server with the flags that serve DeviceTaintRules on its "
+        "version (tests/kubeenv/dra.py) and the driver's ResourceSlice",
     )
     ap.add_argument(
         "--dra-only",

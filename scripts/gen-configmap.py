@@ -224,6 +224,22 @@ def fence_variables(prefix: str, types: str) -> str:
     )
 
 
+DEVICE_FENCE_BEGIN = (
+    "# BEGIN GENERATED device fence prefix (scripts/gen-configmap.py, from config/config.yaml)"
+)
+DEVICE_FENCE_END = "# END GENERATED device fence prefix"
+
+
+def device_fence_variables(prefix: str) -> str:
+    """The device policy's generated variable: the key prefix of the label our rules carry."""
+    return (
+        "\n".join(
+            ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+        )
+        + "\n"
+    )
+
+
 def manifest_fence(config_dir: Path = CONFIG) -> str:
     """The policy's generated variables for config/config.yaml."""
     cfg = load_config_dir(config_dir)
@@ -264,13 +280,24 @@ def outputs() -> dict[Path, str]:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
     chart = fence_variables(CHART_PREFIX, CHART_TYPES)
     prefix = cel_string(load_config_dir(CONFIG).prefix + "/")
-    for path, block, slot in (
-        (ROOT / "manifests" / POLICY, manifest_fence(), slot_variables(prefix)),
-        (CHART / "templates" / POLICY, chart, slot_variables(CHART_PREFIX)),
+    for path, block, slot, devices in (
+        (
+            ROOT / "manifests" / POLICY,
+            manifest_fence(),
+            slot_variables(prefix),
+            device_fence_variables(prefix),
+        ),
+        (
+            CHART / "templates" / POLICY,
+            chart,
+            slot_variables(CHART_PREFIX),
+            device_fence_variables(CHART_PREFIX),
+        ),
     ):
-        text = path.read_text(encoding="utf-8")
-        text = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
-        out[path] = fill(text, slot, str(path.relative_to(ROOT)), SLOT_BEGIN, SLOT_END)
+        rel = str(path.relative_to(ROOT))
+        text = fill(path.read_text(encoding="utf-8"), block, rel, FENCE_BEGIN, FENCE_END)
+        text = fill(text, slot, rel, SLOT_BEGIN, SLOT_END)
+        out[path] = fill(text, devices, rel, DEVICE_FENCE_BEGIN, DEVICE_FENCE_END)
     return out
 
 

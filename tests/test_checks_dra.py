@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.checks import gpu
+from agent.checks import gpu_allocatable
 from agent.core.dra import DraSlices
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -70,7 +70,7 @@ def judged(
     if node is not None:
         parts["node"] = node_from_dict(node)
     facts = with_(**parts)
-    return gpu.check_allocatable(facts, CFG), facts
+    return gpu_allocatable.check_allocatable(facts, CFG), facts
 
 
 def rules(result: CheckResult) -> list[str]:
@@ -82,7 +82,7 @@ def rules(result: CheckResult) -> list[str]:
 
 def test_the_healthy_dra_only_node_passes_on_the_drivers_devices() -> None:
     facts = gather_facts(SnapshotSource(DRA_SNAP), CFG)  # node.json and resourceslices.json read
-    result = gpu.check_allocatable(facts, CFG)
+    result = gpu_allocatable.check_allocatable(facts, CFG)
     assert isinstance(facts.node, NodeObject) and facts.node.plugin_gpus == 0  # no device plugin
     assert result.status is Status.PASS, result.message
     assert result.message == "NVIDIA's DRA driver publishes the 8 GPU(s) seen"
@@ -105,7 +105,7 @@ def test_a_node_with_both_publishers_is_compared_with_both() -> None:
     """The device plugin's 8 and the driver's 8 (a cluster moving from one to the other)."""
     facts = gather_facts(SnapshotSource(HEALTHY), CFG)
     dra = parse_slices_json((DRA_SNAP / SLICES).read_text(), NODE)
-    result = gpu.check_allocatable(replace(facts, dra=dra), CFG)
+    result = gpu_allocatable.check_allocatable(replace(facts, dra=dra), CFG)
     assert result.status is Status.PASS
     assert result.message == "8 GPU(s) allocatable; NVIDIA's DRA driver publishes the 8 GPU(s) seen"
 
@@ -177,11 +177,11 @@ def test_the_profile_judges_the_drivers_count_when_the_gpus_cannot_be_read() -> 
     doc["items"][0]["spec"]["devices"] = devices(doc)[:7]
     _, facts = judged(doc)
     blind = replace(facts, gpus=ProbeError("nvidia-smi -q -x", ProbeErrorKind.UNREADABLE, "cut"))
-    result = gpu.check_allocatable(blind, CFG)
+    result = gpu_allocatable.check_allocatable(blind, CFG)
     assert rules(result) == ["gpu.allocatable.dra-count"] and result.status is Status.UNKNOWN
     assert "publishes 7 GPU(s), p5.48xlarge has 8" in result.message
     whole = replace(blind, dra=base_facts().dra)
-    result = gpu.check_allocatable(whole, CFG)
+    result = gpu_allocatable.check_allocatable(whole, CFG)
     assert result.findings == () and result.status is Status.UNKNOWN  # the GPUs: not looked at
 
 
@@ -208,7 +208,7 @@ def test_the_profile_judges_the_drivers_count_when_the_gpus_cannot_be_read() -> 
 def test_without_the_drivers_devices_it_is_skipped_or_unknown_never_fail(
     dra: Any, status: Status, says: str
 ) -> None:
-    result = gpu.check_allocatable(with_(dra=dra), CFG)
+    result = gpu_allocatable.check_allocatable(with_(dra=dra), CFG)
     assert (result.status, result.findings) == (status, ()), result.message
     assert says in result.message
     if status is Status.SKIPPED:
@@ -317,7 +317,7 @@ def test_a_mig_gpu_is_published_by_its_mig_devices() -> None:
     inv = facts.gpus
     mig_on = replace(inv, gpus=tuple(replace(g, mig_mode=True) if g.index in (3, 5) else g for g in inv.gpus))
     facts = replace(facts, gpus=mig_on)
-    result = gpu.check_allocatable(facts, CFG)
+    result = gpu_allocatable.check_allocatable(facts, CFG)
     assert result.status is Status.PASS, result.message
     assert "MIG mode on with no MIG device published: GPU 5 (0000:a8:00.0)" in result.message
     entry = gpu_verdicts([result], facts.gpus, result.status, dra=facts.dra)[3]
@@ -336,7 +336,7 @@ def test_a_passthrough_gpu_nvml_cannot_see_is_no_finding() -> None:
         },
     }
     dra = slices_from_objects([slice_obj([*gpus, vfio])], NODE)
-    result = gpu.check_allocatable(with_(dra=dra), CFG)
+    result = gpu_allocatable.check_allocatable(with_(dra=dra), CFG)
     assert result.status is Status.PASS and "passthrough (vfio) only" in result.message
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.checks import gpu, gpu_memory
+from agent.checks import gpu, gpu_allocatable, gpu_memory
 from agent.core.facts import NodeFacts
 from agent.core.findings import CheckResult
 from agent.core.gpu import ClockEvents, EccErrors, Fabric, GpuInventory
@@ -101,7 +101,7 @@ def test_every_gpu_check_is_skipped_when_nothing_was_captured() -> None:
         gpu_memory.check_ecc,
         gpu_memory.check_row_remap,
         gpu.check_throttle,
-        gpu.check_allocatable,
+        gpu_allocatable.check_allocatable,
     ):
         assert fn(NodeFacts(gpus=NotCaptured("nvidia-smi")), CFG).status is Status.SKIPPED
 
@@ -236,8 +236,8 @@ def node(alloc: int | None) -> NodeObject:
 
 
 def test_allocatable_equal_passes_and_below_warns() -> None:
-    assert gpu.check_allocatable(facts(H100, node=node(8)), CFG).status is Status.PASS
-    r = gpu.check_allocatable(facts(H100, node=node(7)), CFG)
+    assert gpu_allocatable.check_allocatable(facts(H100, node=node(8)), CFG).status is Status.PASS
+    r = gpu_allocatable.check_allocatable(facts(H100, node=node(7)), CFG)
     only_finding(r, "gpu.allocatable.below-visible", Severity.MONITOR)
     assert "7 of 8" in r.message and "unhealthy" in r.message
 
@@ -246,7 +246,7 @@ def test_allocatable_without_a_device_plugin_nor_slices_is_skipped_and_says_both
     """Not for want of nvidia.com/gpu alone: the DRA driver's slices were not read either (the DRA
     comparison: tests/test_checks_dra.py)."""
     bare = NodeObject(name="n", labels={}, allocatable_gpus=None, capacity_gpus=None)
-    r = gpu.check_allocatable(facts(H100, node=bare), CFG)
+    r = gpu_allocatable.check_allocatable(facts(H100, node=bare), CFG)
     assert r.status is Status.SKIPPED
     assert "no nvidia.com/gpu" in r.message and "resourceslices.json not captured" in r.message
 

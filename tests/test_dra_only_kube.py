@@ -140,14 +140,15 @@ def test_the_dra_input_starts_the_watch_only_without_a_device_plugin_and_lists_o
     from agent.core.dra import DraSlices
     from agent.core.probed import NotCaptured
     from agent.probes.node_object import node_from_dict
-    from agent.reporters.published_slices import PublishedSlices, SliceInput
+    from agent.reporters.published_slices import SliceInput
+    from agent.reporters.resource_slices import SliceWatch
 
     plugin = gpu_node(gpus=8).metadata.name
     dra = gpu_node(gpus=None).metadata.name
     code, body = kube.request("POST", SLICES, resource_slice(dra))
     assert code == 201, body
     with kube.api_client() as api:
-        watches = {n: PublishedSlices(api, n) for n in (plugin, dra)}
+        watches = {n: SliceWatch(api, n) for n in (plugin, dra)}
         reads = {n: SliceInput(w, lambda n=n: node_from_dict(node_doc(kube, n))) for n, w in watches.items()}
         try:
             skipped = reads[plugin]()

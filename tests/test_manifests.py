@@ -231,7 +231,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
         (("",), ("nodes/status",)): ["patch"],
         (("",), ("pods",)): ["list"],  # this node's pods: a second DCGM engine
         (("resource.k8s.io",), ("resourceslices",)): ["list", "watch"],  # node.isolation: the DRA slices
-        (("resource.k8s.io",), ("devicetaintrules",)): ["create", "delete", "list", "patch"],
+        (("resource.k8s.io",), ("devicetaintrules",)): ["create", "delete", "get", "list", "patch"],
         (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
     events = find("Role", "gpu-healthcheck-agent-events")

@@ -23,8 +23,8 @@ import yaml
 from kubernetes import client as k8s
 
 from agent.config import load_config_dir
+from agent.core.history_annotation import MAX_ENTRIES, TAINT_ON, Entry, encode, parse, parse_counts
 from agent.core.marks import Marks
-from agent.core.node_history import MAX_ENTRIES, TAINT_ON, Entry, encode, parse, parse_counts
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.node_risk import HIGH, NORMAL, RiskPolicy, add, risk, risk_now, tally
 from agent.core.severity import Severity, Status
@@ -32,7 +32,7 @@ from agent.engine.engine import Engine
 from agent.engine.write_policy import fingerprint
 from agent.probes.node_object import node_from_dict
 from agent.probes.snapshot import SnapshotSource
-from agent.reporters.history import History
+from agent.reporters.history_entry import History
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.taint_gate import TaintDecision
 

@@ -87,6 +87,7 @@ OTHER: dict[str, Any] = {
     "remediation": (RemediationMark(AHR, "False", True, "GPUHealthcheckFailed", "fail (reboot)"),),
     "validating": True,
     "scope": Scope(node_wide=False, gpus=("0000:97:00.0",)),
+    "warn_scope": Scope(node_wide=False, gpus=("0000:a8:00.0",)),
     "testing": True,
     "risk": "high",
     "events": (NodeEvent("GPUHealthChanged", "pass → fail"),),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.checks import CheckSpec, gpu_finding, input_gap
+from agent.checks import CheckSpec, gpu_finding, input_gap, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence
@@ -87,11 +87,9 @@ def check_suspect(facts: NodeFacts, cfg: Config) -> CheckResult:
         if gap is not None:  # not polled, or unreachable: nothing answered slowly, nothing to name
             return CheckResult(NAME, skipped=f"no wedged DCGM engine to attribute ({health})")
         return CheckResult(NAME, note="the DCGM engine answers")
-    gap = input_gap(NAME, facts.gpus)
-    if gap is not None:
-        return CheckResult(NAME, unknown=f"the DCGM engine does not answer ({health.message}); {gap.message}")
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
+    inv = typed_input(NAME, facts.gpus, GpuInventory)
+    if isinstance(inv, CheckResult):
+        return CheckResult(NAME, unknown=f"the DCGM engine does not answer ({health.message}); {inv.message}")
     limit = cfg.thresholds.dcgm_wedge_ecc_per_sec
     findings = []
     for g in inv.gpus:

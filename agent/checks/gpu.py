@@ -1,24 +1,28 @@
 """GPU checks on the NVML / nvidia-smi inventory. Each is a pure function of NodeFacts and Config.
-The memory-health family (ECC, row remapping, retired pages) is in gpu_memory; CHECKS lists both,
-in report order."""
+The memory-health family (ECC, row remapping, retired pages) is in gpu_memory, gpu.allocatable in
+gpu_allocatable; CHECKS lists them all, in report order."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
-from agent.checks import CheckSpec, gpu_finding, gpu_memory, input_gap, per_gpu, readable, rule_finding
+from agent.checks import (
+    CheckSpec,
+    gpu_allocatable,
+    gpu_finding,
+    gpu_memory,
+    partial_input,
+    per_gpu,
+    rule_finding,
+    typed_input,
+)
 from agent.config import Config
 from agent.core.actions import Action
-from agent.core.device_scope import DRIVER
-from agent.core.dra import DraSlices, PublishedGpu
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.gpu import Gpu, GpuInventory
-from agent.core.node import NodeObject
 from agent.core.pci import short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
-from agent.core.profile import InstanceProfile
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 
@@ -71,29 +75,6 @@ FABRIC_INCOMPLETE = Rule(
     "NVSwitch fabric registration not completed/successful",
     Action.RESTART_FABRIC_MANAGER,
 )
-ALLOCATABLE_BELOW_VISIBLE = Rule(
-    "gpu.allocatable.below-visible",
-    Severity.MONITOR,
-    "the device plugin advertises fewer GPUs than are visible",
-)
-# NVIDIA's DRA driver (no device plugin): what it publishes against what NVML/nvidia-smi see. A
-# publication fault, not a broken GPU (gpu.count, pci.inventory and gpu.responsive judge those).
-DRA_UNPUBLISHED = Rule(
-    "gpu.allocatable.dra-unpublished",
-    Severity.MONITOR,
-    "a visible GPU is missing from the DRA driver's ResourceSlices",
-)
-DRA_UNSEEN = Rule(
-    "gpu.allocatable.dra-unseen",
-    Severity.MONITOR,
-    "the DRA driver publishes a GPU that NVML/nvidia-smi do not list",
-)
-DRA_COUNT = Rule(
-    "gpu.allocatable.dra-count",
-    Severity.MONITOR,
-    "the DRA driver publishes other than the instance profile's GPU count (the GPUs unreadable)",
-)
-
 
 # The Gpu.where key of the lines each rule's finding rests on (`check --explain`).
 WHERE = {
@@ -115,11 +96,9 @@ WHERE = {
 
 def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
     name = "gpu.count"
-    gap = input_gap(name, facts.gpus)
-    if gap is not None:
-        return gap
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
+    inv = typed_input(name, facts.gpus, GpuInventory)
+    if isinstance(inv, CheckResult):
+        return inv
     visible = inv.visible
     if facts.profile is None:
         why = (
@@ -176,25 +155,24 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
         return CheckResult(
             name, findings=(gpu_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),)
         )
-    inv, unreadable = readable(probed, GpuInventory)
-    if inv is None:
-        gap = input_gap(name, probed)
-        assert gap is not None
-        return gap
+    got = partial_input(name, probed, GpuInventory)
+    if isinstance(got, CheckResult):
+        return got
+    inv, unreadable = got
     # nvidia-smi saying a GPU is lost is a fault, also in a capture that is otherwise unreadable. A
     # GPU announced ("Attached GPUs") but not described is not: the parsers call that unreadable.
     findings = []
     for lost in inv.lost:
         where = f"GPU {short_pci(lost.pci_bus_id)}" if lost.pci_bus_id else "a GPU"
         findings.append(
-            Finding(
-                check=name,
-                rule=RESPONSIVE_LOST.name,
-                severity=cfg.severity(RESPONSIVE_LOST),
-                message=f"{where} does not answer: {lost.message}",
-                entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
-                key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
-                evidence=Evidence.of(inv.source, (lost.where,))
+            rule_finding(
+                cfg,
+                name,
+                RESPONSIVE_LOST,
+                f"{where} does not answer: {lost.message}",
+                (short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
+                lost.pci_bus_id or "?",
+                Evidence.of(inv.source, (lost.where,))
                 if lost.where is not None
                 else (Evidence(inv.source, None, lost.message),),
             )
@@ -351,133 +329,6 @@ def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-# --------------------------------------------------------------------------- node allocatable
-# What the scheduler can allocate vs the GPUs seen: the device plugin's `nvidia.com/gpu` on the Node,
-# and the devices NVIDIA's DRA driver publishes for this node (core/dra). A DRA-only node (the GPU
-# Operator without a device plugin) has no such resource, or 0: its driver's devices are compared.
-
-NVIDIA_DRA = "NVIDIA's DRA driver"
-
-
-def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
-    name = "gpu.allocatable"
-    node = facts.node if isinstance(facts.node, NodeObject) else None
-    plugin = node.plugin_gpus if node is not None else 0
-    dra = facts.dra if isinstance(facts.dra, DraSlices) else None
-    if plugin == 0 and (dra is None or not dra.devices):
-        return _nothing_published(name, facts)
-    inv = facts.gpus
-    if not isinstance(inv, GpuInventory):  # a damaged capture's part could only miscount
-        gap = input_gap(name, inv)
-        assert gap is not None
-        if dra is None or not dra.devices or dra.incomplete or facts.profile is None:
-            return gap
-        counted = _published_vs_profile(cfg, name, dra, facts.profile)
-        return replace(counted, unknown=gap.unknown)
-    findings: list[Finding] = []
-    notes: list[str] = []
-    visible = inv.visible
-    if plugin:
-        alloc = (node.allocatable_gpus or 0) if node is not None else 0
-        if alloc < visible:
-            msg = (
-                f"the device plugin advertises {alloc} of {visible} visible GPU(s) as allocatable: "
-                f"it marked {visible - alloc} GPU(s) unhealthy"
-            )
-            findings.append(gpu_finding(cfg, name, ALLOCATABLE_BELOW_VISIBLE, msg))
-        else:
-            notes.append(f"{alloc} GPU(s) allocatable")
-    unknown = None
-    if dra is not None and dra.devices:
-        if dra.incomplete:
-            unknown = f"could not compare with {NVIDIA_DRA}'s devices: {dra.incomplete}"
-        else:
-            found, said = _seen_vs_published(cfg, name, inv, dra)
-            findings += found
-            notes.append(said)
-    return CheckResult(name, findings=tuple(findings), unknown=unknown, note="; ".join(notes))
-
-
-def _nothing_published(name: str, facts: NodeFacts) -> CheckResult:
-    """Neither a device plugin nor the DRA driver publishes a GPU here: why, as unknown when we
-    could not look, else skipped. Not a fail: no evidence says the GPUs are not used (and the
-    driver's kubelet plugin, which tolerates only nvidia.com/gpu by default, may wait for the
-    validating taint to lift before it publishes)."""
-    node, dra = facts.node, facts.dra
-    for probed in (node, dra):
-        if isinstance(probed, ProbeError):
-            return CheckResult(name, unknown=f"could not read {probed.source}: {probed.message}")
-    if isinstance(dra, DraSlices) and dra.incomplete:
-        return CheckResult(name, unknown=f"could not read {NVIDIA_DRA}'s devices: {dra.incomplete}")
-    plugin = "no nvidia.com/gpu on the Node" if isinstance(node, NodeObject) else f"{node} (device plugin)"
-    driver = (
-        f"no {DRIVER} device for this node in its ResourceSlices"
-        if isinstance(dra, DraSlices)
-        else f"{dra} ({NVIDIA_DRA})"
-    )
-    return CheckResult(
-        name, skipped=f"nothing publishes this node's GPUs to compare with: {plugin}, {driver}"
-    )
-
-
-def _seen_vs_published(
-    cfg: Config, name: str, inv: GpuInventory, dra: DraSlices
-) -> tuple[list[Finding], str]:
-    """Each GPU seen against the driver's devices, and each GPU the driver publishes against the
-    GPUs seen (by PCI address, else UUID)."""
-    findings: list[Finding] = []
-    seen: set[PublishedGpu] = set()
-    mig: list[str] = []
-    for g in inv.gpus:
-        p = dra.published(g.pci_bus_id, g.uuid)
-        if p is not None:
-            seen.add(p)
-        elif g.mig_mode:
-            mig.append(g.label)  # MIG on and no MIG device made: nothing to publish, no fault
-        else:
-            msg = (
-                f"{g.label}: {NVIDIA_DRA} does not publish it (no {DRIVER} device with its PCI address "
-                f"or UUID {g.uuid or '?'} in this node's ResourceSlices): the scheduler cannot allocate it"
-            )
-            findings.append(gpu_finding(cfg, name, DRA_UNPUBLISHED, msg, g))
-    # Lost or hung: the driver cannot talk to it, gpu.responsive judges it, not this check.
-    silent = [(x.pci_bus_id, None) for x in inv.lost] + [(h.pci_bus_id, h.uuid) for h in inv.hung]
-    for pci, uuid in silent:
-        p = dra.published(pci, uuid)
-        if p is not None:
-            seen.add(p)
-    passthrough: list[str] = []
-    for p in dra.gpus():
-        if p in seen:
-            continue
-        if p.passthrough_only:
-            passthrough.append(p.label)  # bound to vfio-pci for a VM: NVML does not see it
-            continue
-        uuid = f" {p.uuid}" if p.uuid else ""
-        msg = (
-            f"{NVIDIA_DRA} publishes {p.label}{uuid} that NVML/nvidia-smi do not list: "
-            "the scheduler may allocate a GPU that is not there"
-        )
-        key = short_pci(p.pci) if p.pci else p.uuid or p.label
-        findings.append(rule_finding(cfg, name, DRA_UNSEEN, msg, (p.label,), key))
-    said = f"{NVIDIA_DRA} publishes the {len(seen)} GPU(s) seen"
-    if mig:
-        said += f"; MIG mode on with no MIG device published: {', '.join(mig)}"
-    if passthrough:
-        said += f"; passthrough (vfio) only, not seen by NVML: {', '.join(passthrough)}"
-    return findings, said
-
-
-def _published_vs_profile(cfg: Config, name: str, dra: DraSlices, profile: InstanceProfile) -> CheckResult:
-    """The GPUs could not be read: the driver's count against the instance profile."""
-    published = [p for p in dra.gpus() if not p.passthrough_only]
-    if len(published) == profile.gpu_count:
-        note = f"{NVIDIA_DRA} publishes {len(published)} GPU(s), as {profile.instance_type} has"
-        return CheckResult(name, note=note)
-    msg = f"{NVIDIA_DRA} publishes {len(published)} GPU(s), {profile.instance_type} has {profile.gpu_count}"
-    return CheckResult(name, findings=(gpu_finding(cfg, name, DRA_COUNT, msg),))
-
-
 CHECKS = (
     CheckSpec(
         "gpu.responsive",
@@ -505,11 +356,5 @@ CHECKS = (
     CheckSpec("gpu.pcie", check_pcie, (Input.GPUS,), "gpu", (PCIE_WIDTH,)),
     CheckSpec("gpu.persistence", check_persistence, (Input.GPUS,), "gpu", (PERSISTENCE_DISABLED,)),
     CheckSpec("gpu.fabric", check_fabric, (Input.GPUS,), "gpu", (FABRIC_INCOMPLETE,)),
-    CheckSpec(
-        "gpu.allocatable",
-        check_allocatable,
-        (Input.GPUS, Input.NODE, Input.DRA),
-        "gpu",
-        (ALLOCATABLE_BELOW_VISIBLE, DRA_UNPUBLISHED, DRA_UNSEEN, DRA_COUNT),
-    ),
+    *gpu_allocatable.CHECKS,  # what the scheduler can allocate: checks/gpu_allocatable.py
 )

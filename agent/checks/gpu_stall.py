@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from agent.checks import CheckSpec, gpu_finding, input_gap, readable
+from agent.checks import CheckSpec, gpu_finding, partial_input
 from agent.config import Config
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
@@ -38,11 +38,10 @@ def _when(at: int) -> str:
 
 
 def check_stalled(facts: NodeFacts, cfg: Config) -> CheckResult:
-    inv, unreadable = readable(facts.gpus, GpuInventory)
-    if inv is None:
-        gap = input_gap(NAME, facts.gpus)
-        assert gap is not None
-        return gap
+    got = partial_input(NAME, facts.gpus, GpuInventory)
+    if isinstance(got, CheckResult):
+        return got
+    inv, unreadable = got
     if not facts.activity.gpus:
         return CheckResult(NAME, skipped="one look: a stall is judged over the agent's reads of minutes")
     policy = cfg.stall

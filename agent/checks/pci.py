@@ -15,7 +15,7 @@ their speed is judged always, against the slower end.
 
 from __future__ import annotations
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -53,14 +53,6 @@ LINK_SPEED = Rule(
 AER_FATAL = Rule("pci.aer.fatal", Severity.REBOOT, "a fatal uncorrectable PCIe error was counted this boot")
 AER_NONFATAL = Rule("pci.aer.nonfatal", Severity.MONITOR, "non-fatal uncorrectable PCIe errors grew")
 AER_CORRECTABLE = Rule("pci.aer.correctable", Severity.MONITOR, "correctable PCIe errors grow > 8 a minute")
-
-
-def _pci_gap(name: str, facts: NodeFacts) -> tuple[PciSample | None, CheckResult | None]:
-    gap = input_gap(name, facts.pci)
-    if gap is not None:
-        return None, gap
-    assert isinstance(facts.pci, PciSample)
-    return facts.pci, None
 
 
 def _finding(cfg: Config, check: str, rule: Rule, msg: str, dev: PciDevice | str | None = None) -> Finding:
@@ -172,10 +164,9 @@ def _vanished(cfg: Config, facts: NodeFacts, sample: PciSample) -> list[Finding]
 
 
 def check_inventory(facts: NodeFacts, cfg: Config) -> CheckResult:
-    sample, gap = _pci_gap(INVENTORY, facts)
-    if gap is not None:
-        return gap
-    assert sample is not None
+    sample = typed_input(INVENTORY, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     gpu_f, gpu_n = _gpu_findings(cfg, facts, sample)
     nic_f, nic_n = _nic_findings(cfg, facts, sample)
     seen = {f.key for f in gpu_f + nic_f}
@@ -238,10 +229,9 @@ def _link_findings(
 
 
 def check_link(facts: NodeFacts, cfg: Config) -> CheckResult:
-    sample, gap = _pci_gap(LINK, facts)
-    if gap is not None:
-        return gap
-    assert sample is not None
+    sample = typed_input(LINK, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     by_addr = sample.by_address()
     judged = [
         d
@@ -320,10 +310,9 @@ def _aer_findings(cfg: Config, dev: PciDevice, prev: PciDevice | None, dt: float
 
 
 def check_aer(facts: NodeFacts, cfg: Config) -> CheckResult:
-    sample, gap = _pci_gap(AER, facts)
-    if gap is not None:
-        return gap
-    assert sample is not None
+    sample = typed_input(AER, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     by_addr = sample.by_address()
     watched: dict[str, PciDevice] = {}
     for dev in sample.devices:

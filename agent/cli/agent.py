@@ -279,10 +279,15 @@ def isolating_writer(
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
-    if brake is not None:
-        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
+    if brake is not None:  # the brake counts device taints, in the version the writer discovered
+        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix, api=taints.served)
     return IsolatingWriter(
-        writer, slices or SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
+        writer,
+        slices or SliceWatch(core, node_name),
+        taints,
+        lambda: cfg.node.isolation,
+        brake=brake,
+        metrics=metrics,
     )
 
 
@@ -369,9 +374,10 @@ def main(args: Any) -> int:
             on_state=metrics.record_node_state,
             repair=repair,
         )
-        from agent.reporters.published_slices import PublishedSlices, SliceInput
+        from agent.reporters.published_slices import SliceInput
+        from agent.reporters.resource_slices import SliceWatch
 
-        slices = PublishedSlices(core, node_name)  # one watch: per-GPU isolation and the DRA input
+        slices = SliceWatch(core, node_name)  # one watch: per-GPU isolation and the DRA input
         isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run, slices)
         guarded = GuardedWriter(isolating, guard)
         vet = reproving(vet, guard)
@@ -436,7 +442,14 @@ def main(args: Any) -> int:
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     if guarded is not None:
-        guarded.writer.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+        isolating = guarded.writer
+        isolating.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+
+        def reconfigure(old: Config, new: Config) -> None:
+            live.reconfigure(agent.engine, old, new)
+            isolating.rediscover()  # the DeviceTaintRule version is asked again at the next apply
+
+        agent.on_config = reconfigure
     live.wanted_level = lambda: validation_diag_level(agent.engine)
     live.diag_done = lambda: read_diag_now(agent)
     live.cfg = lambda: agent.engine.cfg

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,6 +25,7 @@ import yaml
 
 from agent.cli import status_rollout as rollout_view
 from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
+from agent.cli.status_node import AGENT_UNKNOWN, NO_AGENT, NOT_READY, READY, NodeStatus
 from agent.cli.status_time import age, human, seconds_since
 from agent.cli.status_validating import validating, validating_lines
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
@@ -50,53 +51,6 @@ PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessP
 # 2 a node could not be judged (unknown, unmarked, or no Ready agent) and none fails; 64 usage;
 # 69 (EX_UNAVAILABLE) the cluster could not be read.
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN, EXIT_UNAVAILABLE = 0, 1, 2, 69
-
-READY, NOT_READY, NO_AGENT, AGENT_UNKNOWN = "ready", "not-ready", "none", "?"
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One node as `status` shows it (also its JSON/YAML form)."""
-
-    node: str
-    status: str
-    severity: str
-    worstFinding: str  # the JSON field names are camelCase, like the annotation's
-    nextStep: str  # the worst finding's action and escalation (core/actions.py), or "-"
-    lastCheck: str  # "<3m": checked less than that ago (Ready agent); "≤2d": at most that
-    lastCheckMaxSeconds: int | None  # the bound behind lastCheck (None: unknown)
-    agent: str  # ready | not-ready | none | ? (pods not readable)
-    agentPod: str | None
-    changedAt: str | None  # the results annotation's checkedAt: the last change
-    taint: str | None
-    instanceType: str | None
-    agentVersion: str | None
-    warnGpus: int = 0  # GPUs with a warning before a fault (the annotation's gpus[].warnings)
-    gpus: int = 0  # GPUs in the annotation's verdict per GPU
-    warnings: dict[str, int] | None = None  # trend rule → GPUs warned by it (None: none)
-    # The last clear-latched request the agent acted on, when within CLEARED_WINDOW_S:
-    # {at, by, reason, latches, requested[, force, failing]} (the results annotation's lastClear).
-    clearedByHand: dict[str, Any] | None = None
-    clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
-    rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
-    marked: str | None = None  # a node that would be marked: marked | held | pending (status_rollout)
-    # While the Node carries the startup taint: {since, seconds, waitingFor} (status_validating)
-    validating: dict[str, Any] | None = None
-    track: str | None = None  # the agent pod's gpu-healthcheck/track label: "canary" on the image canary
-
-    @property
-    def version(self) -> str:
-        """The VERSION column: the version the agent wrote, and its track ("0.2.1 (canary)")."""
-        return (self.agentVersion or "-") + (f" ({self.track})" if self.track else "")
-
-    @property
-    def warn(self) -> str:
-        """The WARN column: "2/8" GPUs with a warning before a fault, "-" when none."""
-        return f"{self.warnGpus}/{self.gpus}" if self.warnGpus else "-"
-
-    @property
-    def fresh(self) -> bool:
-        return self.agent in (READY, AGENT_UNKNOWN)
 
 
 def _severity(text: Any) -> Severity:
@@ -414,4 +368,10 @@ def render_status(
         from agent.cli.brake import brake_footer
 
         out += brake_footer(core, nodes, namespace, prefix, now)
+    if fmt in ("table", "wide") and node is not None:  # its per-GPU DeviceTaintRules (cli/status_devices.py)
+        from agent.cli.status_devices import device_taint_lines
+
+        lines = device_taint_lines(core, node, prefix, wide=fmt == "wide")
+        out += "".join(f"\n{line}" for line in lines[:1]) + "".join(f"\n  {line}" for line in lines[1:])
+        out += "\n" if lines else ""
     return out, exit_code(statuses)

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agent.cli.status_node import NodeStatus
 from agent.cli.status_time import human, seconds_since
 from agent.core.node_keys import Keys
 from agent.core.results_doc import VALIDATING_FIELD
-
-if TYPE_CHECKING:
-    from agent.cli.status import NodeStatus
 
 NO_REPORT = "no report from an agent in this boot"
 

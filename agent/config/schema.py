@@ -121,7 +121,7 @@ SCHEMA: dict[str, Any] = {
             "perLabel": Spec(str, ""),
         },
         # A node failing again on the same key after `count` repairs within `windowDays`: replace
-        # (agent/core/repair_history.py).
+        # (agent/core/repair_escalation.py).
         "repairHistory": {"count": Spec(int, 2, 0, 5), "windowDays": _num(7, 0.01, 90)},
         # The risk label (agent/core/node_risk.py): episodes or repairs within windowDays; 0 = off.
         "risk": {

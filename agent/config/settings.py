@@ -17,7 +17,7 @@ from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUB
 from agent.core.node_risk import RiskPolicy
 from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
-from agent.core.repair_history import DAY_S, RepairPolicy
+from agent.core.repair_escalation import DAY_S, RepairPolicy
 from agent.core.severity import Severity
 
 

@@ -120,7 +120,7 @@ class Keys:
 
     @property
     def history(self) -> str:
-        """Annotation: the Node's last transitions, what was done and by whom (core/node_history.py);
+        """Annotation: the Node's last transitions, what was done and by whom (core/history_annotation.py);
         apart from `results`, whose size it never crowds."""
         return f"{self.prefix}/history"
 
@@ -195,6 +195,7 @@ class Reason:
     ACTIVE_CHECK_STARTED = "ActiveCheckStarted"  # a diag an operator asked for started (who, why)
     ACTIVE_CHECK_ABORTED = "ActiveCheckAborted"  # a pod arrived during a diag: aborted, unknown
     GPU_STALLED = "GPUStalled"  # a GPU held by a pod, busy at its idle power (checks/gpu_stall.py)
+    DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"  # no DeviceTaintRule API: the node taint
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts

@@ -2,13 +2,13 @@
 lately is a lemon. In a 504-GPU cluster 3 of 63 nodes caused over half of all exclusions (Lablup/SKT,
 anchors-4.md (b)); jobs that cannot afford a restart avoid such nodes by affinity (README).
 
-What counts, per UTC day, kept in the Node's history annotation (core/node_history.py) beside its last
+What counts, per UTC day, kept in the Node's history annotation (core/history_annotation.py) beside its last
 transitions, so the counts outlive the 20-transition list, an agent restart and a replaced agent (a new
 Node object starts at 0):
 - a failure episode: a transition into `fail` (confirmed: `fail` is written only after
   node.confirmAfter) whose last judged status before it (`unknown` is no judgement) was not `fail`;
 - a repair: a transition that shows a new boot or an operator's `clear` while our taint or a
-  remediation mark was on (as the repair history counts one, core/repair_history.py).
+  remediation mark was on (as the repair history counts one, core/repair_escalation.py).
 A node is `high` with at least `failures` episodes or `repairs` repairs within the last `window_days`
 days (today included), `normal` otherwise: it decays as the days pass. Pure.
 """
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
-from agent.core.node_history import MAX_DAYS, Entry, parse_counts, short_boot
+from agent.core.history_annotation import MAX_DAYS, Entry, parse_counts, short_boot
 
 HIGH, NORMAL = "high", "normal"
 RETAIN_DAYS = MAX_DAYS  # days of counts kept (windowDays may be at most this)

@@ -18,7 +18,7 @@ RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
-HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
+HISTORY_FIELD = "history"  # failing findings per GPU, the boots each was seen in: engine/reboot_escalation.py
 # TRENDS_FIELD ("trends", core/trend_history.py): the kept reads the trend warnings judge
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy

@@ -27,12 +27,12 @@ from agent.core.node_keys import MODE_TAINT, Keys
 from agent.core.probed import Probed
 from agent.core.results_doc import VALIDATED_FIELD, now_iso
 from agent.core.telemetry import NoTelemetry, Telemetry
-from agent.engine import active, history, series, stalls
+from agent.engine import active, reboot_escalation, series, stalls
 from agent.engine.gpu_verdicts import gpu_verdicts
+from agent.engine.history_annotation_reads import repair_escalation
 from agent.engine.input_reads import InputReads
 from agent.engine.marks_builder import Decided, build
 from agent.engine.remediation import describe
-from agent.engine.repairs import repair_escalation
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
 from agent.engine.validation import CLEAR, REBOOT, Validation, step
@@ -196,8 +196,10 @@ class Engine:
         results = self.state.current_results(self.results, [s.name for s in CHECKS])
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
-        self.state.history = history.record(self.state.history, results, self.boot_id, gpus_seen, after + 1)
-        results = history.escalate(results, self.state.history, gpus_seen, after)
+        self.state.history = reboot_escalation.record(
+            self.state.history, results, self.boot_id, gpus_seen, after + 1
+        )
+        results = reboot_escalation.escalate(results, self.state.history, gpus_seen, after)
         cleared = clear_event is not None
         results = repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared)
         verdict = decide(results)

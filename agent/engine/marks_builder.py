@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.core import trend_history
-from agent.core.device_scope import confined_scope
+from agent.core.device_scope import confined_scope, warn_scope
 from agent.core.findings import CheckResult, Verdict
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
@@ -23,8 +23,8 @@ from agent.core.results_doc import encode, results_document, stale_after_s
 from agent.core.severity import Severity, Status
 from agent.engine.active import ActiveStep
 from agent.engine.gpu_verdicts import pods_text
+from agent.engine.history_annotation_reads import history_key, risk_label
 from agent.engine.remediation import remediation_marks
-from agent.engine.repairs import history_key, risk_label
 from agent.engine.rollout import rollout_fields
 from agent.engine.state import EngineState, Latch
 from agent.engine.validation import Step, Validation
@@ -102,6 +102,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         worst_key=history_key(verdict),
         boot_id=boot_id or "",
         scope=confined_scope(d.results, d.inventory, policy.taint_min_severity),
+        warn_scope=warn_scope(d.results, d.inventory) if policy.mode == MODE_TAINT else None,
         validating=d.gate.wish,
         testing=d.hold.testing,
         risk=risk_label(d.node, cfg, verdict.status, boot_id, d.checked_at, d.cleared),

@@ -6,7 +6,7 @@ driver; nvidia-smi is a separate process that can be killed), within what is lef
 `timeouts.check`, so the whole read never takes longer than before. Each GPU inventory read is
 timed (Telemetry.record_tool_read), so a read that slows down shows before it times out; the other
 tools' timeouts only make their checks unknown (counted in probe errors) and are not timed, to keep
-an agent's series few (issue 18)."""
+an agent's series few (bench/metrics_size.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ answered the input is a ProbeError (the check is `unknown`, so the validating ta
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from agent.core.dra import DraSlices
 from agent.core.node import NodeObject
@@ -24,24 +23,13 @@ SOURCE = "ResourceSlices"
 WAIT_S = 5.0  # the first read waits this long for the watch's first list
 
 
-class PublishedSlices(SliceWatch):
-    """The SliceWatch whose copy also reaches the checks (one watch for isolation and the checks)."""
-
-    def objects(self) -> list[dict[str, Any]] | None:
-        """The slices as listed and watched (API JSON); None until the first list answered."""
-        if not self.synced.is_set():
-            return None
-        with self._lock:
-            return list(self._slices.values())
-
-
 class SliceInput:
     """The DRA input's reader (an extra input of the engine): the watch's copy, parsed once per
     change of it."""
 
     def __init__(
         self,
-        watch: PublishedSlices,
+        watch: SliceWatch,
         node: Callable[[], Probed[NodeObject]],
         wait_s: float = WAIT_S,
     ) -> None:
@@ -78,4 +66,4 @@ class SliceInput:
         return parsed
 
 
-__all__ = ["PublishedSlices", "SliceInput"]
+__all__ = ["SliceInput"]

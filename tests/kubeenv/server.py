@@ -311,6 +311,9 @@ class ControlPlane:
                 "--allow-privileged=true",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--profiling=false",
+                # 1.37 refuses a loopback advertise address with the endpoint reconciler; no Service
+                # of the API server is needed here (nothing reaches it through a Service).
+                "--endpoint-reconciler-type=none",
                 *self.extra_apiserver_args,
             ],
             self.workdir / "kube-apiserver.log",

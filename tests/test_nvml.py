@@ -1,4 +1,5 @@
-"""Live NVML probe, tested against a fake `pynvml` module put in sys.modules (there is no GPU here).
+"""Live NVML probe (probes/nvml.py), tested against a fake `pynvml` module put in sys.modules (there
+is no GPU here).
 
 The fake has the real call surface (names and argument counts are checked against the installed
 nvidia-ml-py) and the real error classes' shape: NVMLError with `.value`, NVMLError_<Name> subclasses.

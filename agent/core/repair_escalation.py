@@ -2,7 +2,7 @@
 repairs within `windowDays` (default 2 in 7 days) will not be fixed by one more: the finding's
 recommendation becomes `service` (replace), "failed again after repair".
 
-What counts, read from the Node's own history (core/node_history.py), so that it survives a
+What counts, read from the Node's own history (core/history_annotation.py), so that it survives a
 restart or replacement of the agent and starts afresh with a new Node object:
 - a *marked fail* on key K: an entry failing on K while our taint or a remediation mark was on
   (an engine or a human had reason to repair it);
@@ -21,7 +21,7 @@ from datetime import datetime
 
 from agent.core.actions import Action
 from agent.core.findings import CheckResult, Finding
-from agent.core.node_history import KEY_MAX, Entry, parse, short_boot
+from agent.core.history_annotation import KEY_MAX, Entry, parse, short_boot
 from agent.core.repair_budget import finding_key
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten

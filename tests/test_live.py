@@ -1,4 +1,5 @@
-"""The live source: NVML first, nvidia-smi when NVML cannot be loaded; hung and failing tools."""
+"""The live source (probes/live.py): NVML first, nvidia-smi when NVML cannot be loaded; hung and
+failing tools."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The engine's side of the Node's history (core/node_history.py, core/repair_history.py): the key a
-verdict is recorded under, and the replace escalation of a finding that failed again after repairs,
-read from the Node as the engine sees it (the writer's watched copy: no request of its own)."""
+"""What the engine reads of the Node's history annotation (core/history_annotation.py): the key a
+verdict is recorded under, the replace escalation of a finding that failed again after repairs
+(core/repair_escalation.py) and the risk label (core/node_risk.py), read from the Node as the engine
+sees it (the writer's watched copy: no request of its own)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections.abc import Sequence
 
 from agent.config import Config
 from agent.core.findings import CheckResult, Verdict
+from agent.core.history_annotation import parse
 from agent.core.node import NodeObject
-from agent.core.node_history import parse
 from agent.core.node_keys import Keys
 from agent.core.node_risk import risk_now
 from agent.core.probed import Probed
-from agent.core.repair_history import escalate, key_of
+from agent.core.repair_escalation import escalate, key_of
 from agent.core.severity import Severity, Status
 
 
@@ -34,7 +35,7 @@ def repair_escalation(
     now_s: float,
     cleared_now: bool,
 ) -> list[CheckResult]:
-    """node.repairHistory over the Node's `<prefix>/history` (core/repair_history.escalate)."""
+    """node.repairHistory over the Node's `<prefix>/history` (core/repair_escalation.escalate)."""
     raw = node.annotations.get(Keys(cfg.prefix).history) if isinstance(node, NodeObject) else None
     policy = cfg.node.repair_history
     return escalate(results, raw, policy, boot=boot, now_s=now_s, cleared_now=cleared_now)

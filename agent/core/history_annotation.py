@@ -9,7 +9,7 @@ and never crowds the results annotation's 16 KiB.
 
 Why it costs no write: an entry is added only when the state it records (status, key, boot, taint,
 mark) differs from the last entry's, or a `clear` was acted on, and the writer sends it in the Node
-PATCH of that change (reporters/history.py). Bounded: MAX_ENTRIES entries, each field shortened,
+PATCH of that change (reporters/history_entry.py). Bounded: MAX_ENTRIES entries, each field shortened,
 the whole under MAX_BYTES.
 
 Beside the entries, first in the list, one element counts failure episodes and repairs per UTC day

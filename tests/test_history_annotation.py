@@ -1,5 +1,5 @@
-"""The Node's own history (`<prefix>/history`, core/node_history.py) and the repair history's replace
-escalation (core/repair_history.py, node.repairHistory), issue 31 item 2.
+"""The Node's own history (`<prefix>/history`, core/history_annotation.py) and the repair history's
+replace escalation (core/repair_escalation.py, node.repairHistory), issue 31 item 2.
 
 Pure: what an entry records, when one is added, its bounds, what counts as a repair, the `status
 --history` table. On the real API server (tests/kubeenv): the entries ride in the Node PATCH of
@@ -27,8 +27,7 @@ from agent.cli.main import main as cli
 from agent.cli.status_history import HISTORY_HEADER, history_of, render_history
 from agent.config import load_config_dir
 from agent.core.findings import CheckResult, Finding, Verdict
-from agent.core.marks import Marks
-from agent.core.node_history import (
+from agent.core.history_annotation import (
     MAX_BYTES,
     MAX_ENTRIES,
     TAINT_HELD,
@@ -38,15 +37,16 @@ from agent.core.node_history import (
     parse,
     transition,
 )
+from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.remediation_types import RemediationMark, RemediationReason
-from agent.core.repair_history import FAILED_AGAIN, RepairPolicy, escalate, repairs
+from agent.core.repair_escalation import FAILED_AGAIN, RepairPolicy, escalate, repairs
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.engine.write_policy import fingerprint
 from agent.probes.node_object import node_from_dict
 from agent.probes.snapshot import SnapshotSource
-from agent.reporters.history import History
+from agent.reporters.history_entry import History
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.taint_gate import TaintDecision
 
@@ -252,7 +252,7 @@ def test_a_new_agent_on_the_node_keeps_the_history(
 
 def config_dir(tmp_path: Path) -> Path:
     """The shipped config with node.escalateAfterReboots off: the per-GPU reboot history
-    (engine/history.py) would escalate the same Xid after 2 reboots on its own."""
+    (engine/reboot_escalation.py) would escalate the same Xid after 2 reboots on its own."""
     out = tmp_path / "config"
     shutil.copytree(ROOT / "config", out)
     text = (out / "config.yaml").read_text()

@@ -1,4 +1,4 @@
-"""The writer's side of the Node's history (core/node_history.py): the entry a change adds, sent in
+"""The writer's side of the Node's history (core/history_annotation.py): the entry a change adds, sent in
 the Node PATCH of that change, and the one correction a repair hold can need afterwards.
 
 The entry records the Marks (status, worst key, boot), the taint as decided for this PATCH (on,
@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from agent.core.marks import ClearRequest, Marks
-from agent.core.node_history import (
+from agent.core.history_annotation import (
     MARK_BUDGET,
     MARK_ON,
     MARK_WAVE,
@@ -32,6 +31,7 @@ from agent.core.node_history import (
     parse_counts,
     transition,
 )
+from agent.core.marks import ClearRequest, Marks
 from agent.core.node_keys import Keys
 from agent.core.node_risk import add, day_of, tally
 from agent.core.remediation_types import RemediationReason
