@@ -88,10 +88,10 @@ def test_unreadable_kernel_log_makes_the_node_unknown_not_failed(snap: Path) -> 
 def test_a_shorter_interval_takes_effect_at_once(snap: Path) -> None:
     eng = engine_for(snap)
     run_all(eng)
-    due_before = eng.next_due["gpu"]
+    due_before = eng.schedule.next_due["gpu"]
     eng.cfg = engine_for(snap, intervals={"gpu": 5}).cfg
-    eng.reschedule_all()
-    assert eng.next_due["gpu"] <= eng.last_run["gpu"] + 5 < due_before
+    eng.schedule.reschedule_all()
+    assert eng.schedule.next_due["gpu"] <= eng.schedule.last_run["gpu"] + 5 < due_before
 
 
 def test_config_watcher_accepts_good_and_rejects_bad_edits(tmp_path: Path) -> None:

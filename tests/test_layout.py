@@ -55,7 +55,6 @@ MAX_LINES = 400  # a module a reader takes in at once; past it, it holds more th
 # Being split: each leaves this list once it is under MAX_LINES (the test says so). Nothing else may
 # join it: a module past MAX_LINES is split, not listed.
 OVER_MAX_LINES = {
-    "agent/engine/engine.py",  # the Marks' building leaves it for a module of its own
     "agent/cli/agent.py",  # the reload protocol reworks its wiring
 }
 
@@ -70,3 +69,10 @@ def test_no_module_is_over_max_lines() -> None:
     assert set(over) == OVER_MAX_LINES, (
         f"under {MAX_LINES} lines now: drop from OVER_MAX_LINES {OVER_MAX_LINES - set(over)}"
     )
+
+
+def test_the_engine_runs_tiers_and_decides_the_verdict_in_under_250_lines() -> None:
+    """Building the Marks lives in engine/marks_builder.py, reading inputs in engine/input_reads.py:
+    the module every feature used to edit stays small enough to read at once."""
+    lines = len((ROOT / "agent" / "engine" / "engine.py").read_text().splitlines())
+    assert lines < 250, f"agent/engine/engine.py has {lines} lines"

@@ -136,7 +136,7 @@ def test_latches_are_restored_from_the_node_annotation_of_the_same_boot(snap: Pa
     fresh = engine_for(snap)
     fresh.restore(other_boot)
     assert fresh.latches == {}
-    assert fresh.taint_wanted  # the Node was failing: untaint only after recoverAfter passes
+    assert fresh.state.taint_wanted  # the Node was failing: untaint only after recoverAfter passes
 
 
 # ------------------------------------------------------------------------------- taint hysteresis

@@ -180,7 +180,7 @@ def test_a_clear_starts_validation_over_and_runs_every_tier_at_once(tmp_path: Pa
     (snap / "node.json").write_text(json.dumps(node))
     _, marks = eng.evaluate()
     assert marks.validating is None and not eng.validation.complete
-    assert sorted(eng.due_tiers(time.monotonic())) == sorted(TIER_INPUTS)
+    assert sorted(eng.schedule.due_tiers(time.monotonic())) == sorted(TIER_INPUTS)
 
 
 # -- the DCGM diag -----------------------------------------------------------------------------------
@@ -304,7 +304,7 @@ def test_the_taint_back_on_the_node_after_the_lift_starts_over(tmp_path: Path) -
     (snap / "node.json").write_text(with_taint)  # back
     _, marks = eng.evaluate()
     assert marks.validating is None and not eng.validation.complete
-    assert sorted(eng.due_tiers(time.monotonic())) == sorted(TIER_INPUTS)
+    assert sorted(eng.schedule.due_tiers(time.monotonic())) == sorted(TIER_INPUTS)
     run_every_tier(eng)
     _, marks = eng.evaluate()
     passed = [e.message for e in marks.events if e.reason == Reason.VALIDATION_PASSED]

@@ -1,5 +1,6 @@
-"""What the engine hands the Node writer: the desired state of our keys (Marks), the Events to post, and an
-operator's clear request as the CLI writes it."""
+"""What the engine hands the Node writer: the desired state of our keys (NodeWrite), the Events to post
+and the other context of a write (WriteContext), both as one (Marks), and an operator's clear request
+as the CLI writes it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from agent.core.node_keys import (
     NORMAL,
 )
 from agent.core.remediation_types import RemediationMark
-from agent.core.results_doc import decode_results, encode
+from agent.core.results_doc import decode_results, encode, steady_results
 from agent.core.severity import Severity, Status
 
 
@@ -27,9 +28,28 @@ class NodeEvent:
     type: str = NORMAL  # or WARNING
 
 
+TERM = "term"  # field metadata: the field's value as the fingerprint sees it
+EXEMPT = "exempt"  # field metadata: why the field is not in the fingerprint
+
+
+def _remediation_term(marks: tuple[RemediationMark, ...]) -> str:
+    """Each condition's wish, reason and message (the unhealthy status comes from the config with the
+    type; the key only counts a new mark)."""
+    return repr([(m.type, m.unhealthy, m.reason, m.message) for m in marks])
+
+
+def _scope_term(scope: Scope | None) -> str:
+    return scope.as_text() if scope is not None else ""
+
+
 @dataclass(frozen=True)
-class Marks:
-    """The desired state of this agent's keys on its own Node.
+class NodeWrite:
+    """What the Node PATCHes carry: the desired state of this agent's keys on its own Node.
+
+    Every field is in the write's fingerprint (engine/write_policy.py: a change of any of them makes
+    a write necessary), as str(value) or as its `term`, unless `exempt` says why not; the
+    fingerprint is derived from these fields, and tests/test_write_policy.py fails for a field of
+    Marks that is neither.
 
     `taint` is the engine's wish (status fail at taintMinSeverity or above, after hysteresis, mode
     `taint`); the writer still honours the `<prefix>/taint=disabled` label and the cluster-wide brake
@@ -38,11 +58,11 @@ class Marks:
 
     status: Status
     severity: Severity
-    results_json: str  # the compact `<prefix>/results` annotation value
+    # the compact `<prefix>/results` annotation value; in the fingerprint without its timestamps,
+    # durations and trend reads (those stand as trends_digest)
+    results_json: str = field(metadata={TERM: steady_results})
     taint: bool
     condition_message: str
-    events: tuple[NodeEvent, ...] = field(default=())
-    drop_annotations: tuple[str, ...] = field(default=())  # our annotations to remove (consumed requests)
     # The taint's value: the last failing severity, kept while a tainted node recovers or is unknown
     # (None: the verdict's severity).
     taint_severity: Severity | None = None
@@ -51,20 +71,17 @@ class Marks:
     config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
     # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
     trends_digest: str = ""
-    remediation: tuple[RemediationMark, ...] = field(default=())  # node.remediationConditions
+    # node.remediationConditions
+    remediation: tuple[RemediationMark, ...] = field(default=(), metadata={TERM: _remediation_term})
     # The validating taint (Keys.validating): True = put it on, False = lift it where it is (a
     # complete pass), None = leave it as it is (engine/validation.py).
     validating: bool | None = None
     # Where the failing findings lie (core/device_scope; None: none at taintMinSeverity now): the
     # device-taint writer turns a taint confined to GPUs into DRA device taints (node.isolation).
-    scope: Scope | None = None
+    scope: Scope | None = field(default=None, metadata={TERM: _scope_term})
     # Where the warnings lie (core/device_scope.warn_scope; mode taint only): a warning confined to
     # GPUs shows on those DRA devices as a taint of effect None, which moves no pod.
-    warn_scope: Scope | None = None
-    # For the `<prefix>/history` annotation (core/history_annotation.py): the worst finding's key of a
-    # fail or warn ("" otherwise) and the boot the verdict is of.
-    worst_key: str = ""
-    boot_id: str = ""
+    warn_scope: Scope | None = field(default=None, metadata={TERM: _scope_term})
     # The testing taint (Keys.testing): True while an active check holds the node, False = lift it
     # where it is, None = leave it (core/active_checks.py).
     testing: bool | None = None
@@ -85,6 +102,38 @@ class Marks:
         """The status's reason, or ConfigRejected while the agent runs on a config it fell back to
         (the status still tells health; the message says which config is in force and why)."""
         return CONFIG_REJECTED_REASON if self.config_rejected else CONDITIONS[self.status].reason
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteContext:
+    """What goes with a write but is not the Node's desired state: no field makes a write necessary
+    by itself, and each says why (its EXEMPT metadata)."""
+
+    events: tuple[NodeEvent, ...] = field(
+        default=(),
+        metadata={EXEMPT: "posted once; the loop writes whenever there are Events, whatever the fingerprint"},
+    )
+    # our annotations to remove (consumed requests)
+    drop_annotations: tuple[str, ...] = field(
+        default=(),
+        metadata={EXEMPT: "removed with the next write; a clear's comes with its LatchesCleared Event"},
+    )
+    # For the `<prefix>/history` annotation (core/history_annotation.py): the worst finding's key of a
+    # fail or warn ("" otherwise) and the boot the verdict is of.
+    worst_key: str = field(
+        default="",
+        metadata={EXEMPT: "read by the history entry a write adds; the worst finding is in the results"},
+    )
+    boot_id: str = field(
+        default="",
+        metadata={EXEMPT: "read by the history entry a write adds; the results annotation's bootId has it"},
+    )
+
+
+@dataclass(frozen=True)
+class Marks(NodeWrite, WriteContext):
+    """What the engine hands the Node writer: the write and its context, read as one (marks.taint,
+    marks.events)."""
 
 
 @dataclass(frozen=True)

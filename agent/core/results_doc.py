@@ -133,6 +133,19 @@ def encode(doc: dict[str, Any]) -> str:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
+def steady_results(raw: str) -> str:
+    """What of the annotation makes a write necessary: all but its timestamps, durations and trend
+    reads (those stand as Marks.trends_digest: a read whose counters did not move rides along with
+    the next write)."""
+    doc = json.loads(raw)
+    doc.pop("checkedAt", None)
+    doc.pop(TRENDS_FIELD, None)
+    for c in doc.get("checks", []):
+        c.pop("at", None)
+        c.pop("durationMs", None)
+    return encode(doc)
+
+
 def decode_results(raw: str | None) -> dict[str, Any] | None:
     """The parsed results annotation; None when absent or not a JSON object."""
     if not raw:

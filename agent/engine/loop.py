@@ -135,7 +135,7 @@ class Agent:
                     self.xid_pending.clear()
                     self.engine.run_tier("xid")
                     ran = True
-                for tier in self.engine.due_tiers(now):
+                for tier in self.engine.schedule.due_tiers(now):
                     if self.stop_event.is_set():
                         break
                     self.engine.run_tier(tier)
@@ -149,7 +149,7 @@ class Agent:
                     self._publish()
                 if once:
                     return
-                waits = [self.engine.seconds_to_next(time.monotonic()), 1.0]
+                waits = [self.engine.schedule.seconds_to_next(time.monotonic()), 1.0]
                 if self.watcher is not None:
                     waits.append(max(0.0, next_reload - time.monotonic()))
                 if self.retry_at:
@@ -191,7 +191,7 @@ class Agent:
             self.metrics.record_config_rejected(False)
         old, self.cfg = self.cfg, outcome.config
         self.engine.cfg = outcome.config
-        self.engine.reschedule_all()
+        self.engine.schedule.reschedule_all()
         if self.on_config is not None:
             try:
                 self.on_config(old, outcome.config)

@@ -1,7 +1,7 @@
-"""Whether the agent writes its Marks at all (fingerprint: what makes a write necessary), and what it
-does after writing them: back off after a failed write (1, 2, 4 … 30 s; no write at all until the
-wait the log states is over, whatever the tiers find meanwhile: a refusal fleet-wide must not cost
-the API server a request per tier result), and
+"""Whether the agent writes its Marks at all (fingerprint: what makes a write necessary, derived from
+the fields of core/marks.NodeWrite), and what it does after writing them: back off after a failed
+write (1, 2, 4 … 30 s; no write at all until the wait the log states is over, whatever the tiers
+find meanwhile: a refusal fleet-wide must not cost the API server a request per tier result), and
 ask again while the brake holds its taint back, or the repair budget or a wave hold a new remediation
 mark (every min(30 s, intervals.gpu): they open by themselves, and only held nodes pay that list).
 The agent loop and bench/fleet.py use this one object, so the fleet benchmark measures the agent's
@@ -9,14 +9,12 @@ own policy, not a copy of it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import fields
+from typing import Any, Protocol
 
 from agent.config import Config
-from agent.core import trend_history
-from agent.core.marks import Marks
-from agent.core.results_doc import encode
+from agent.core.marks import EXEMPT, TERM, NodeWrite
 
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 30.0
@@ -58,33 +56,24 @@ class WritePolicy:
         return self.reask_s() if outcome.brake_open or outcome.remediation_held else None
 
 
-def fingerprint(marks: Marks) -> str:
-    """What makes a write necessary: everything but timestamps, durations and the trend reads whose
-    counters did not move (core/trend_history.counters_digest: they ride along with the next write)."""
-    doc = json.loads(marks.results_json)
-    doc.pop("checkedAt", None)
-    doc.pop(trend_history.TRENDS_FIELD, None)  # stands as marks.trends_digest
-    for c in doc.get("checks", []):
-        c.pop("at", None)
-        c.pop("durationMs", None)
-    return "|".join(
-        (
-            marks.status.value,
-            marks.severity.label,
-            str(marks.taint),
-            marks.taint_value,
-            marks.taint_effect,
-            str(marks.unhealthy_label),
-            marks.condition_status,
-            marks.condition_reason,
-            marks.condition_message,
-            marks.trends_digest,
-            str(marks.validating),
-            str(marks.testing),
-            marks.risk,
-            *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
-            marks.scope.as_text() if marks.scope is not None else "",
-            marks.warn_scope.as_text() if marks.warn_scope is not None else "",
-            encode(doc),
-        )
-    )
+def _terms(write: type[NodeWrite]) -> tuple[tuple[str, Callable[[Any], str]], ...]:
+    """(name, how its value stands) of every field of the write that is not exempt."""
+    return tuple((f.name, f.metadata.get(TERM, str)) for f in fields(write) if EXEMPT not in f.metadata)
+
+
+TERMS = _terms(NodeWrite)
+
+
+def fingerprint(write: NodeWrite) -> str:
+    """What makes a write necessary: every field of the write (core/marks.NodeWrite), each as its
+    term says (the results annotation without timestamps, durations and trend reads, whose counters
+    stand as trends_digest); a Marks' context (Events, annotations to drop, the history entry's key
+    and boot) is not in it."""
+    return "|".join(text(getattr(write, name)) for name, text in TERMS)
+
+
+def unaccounted(marks: type[Any]) -> list[str]:
+    """The fields of a Marks type that are neither in the fingerprint nor exempt with a reason: a
+    field the Node would never see once the node is steady."""
+    terms = {name for name, _ in TERMS}
+    return [f.name for f in fields(marks) if f.name not in terms and not f.metadata.get(EXEMPT)]
