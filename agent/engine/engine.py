@@ -87,6 +87,7 @@ class Engine:
         self._readers: dict[Input, Callable[[], Any]] = {}
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
         self.active: ActiveState | None = None  # active checks (engine/active.py); the wiring sets it
+        self.last_diag: dict[str, Any] | None = None  # the last `diag` request's record (lastDiag)
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
         self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
         self.set_inputs(self.extra_inputs, progress)
@@ -127,6 +128,7 @@ class Engine:
         from the Node's results annotation (latches: same boot only)."""
         self.state.restore(doc, self.cfg.node.remediation_conditions)
         self.validation.restore(doc, self.boot_id, VALIDATED_FIELD)
+        self.last_diag = active.restored(doc)
 
     # ------------------------------------------------------------------ scheduling (agent.engine.scheduler)
 
@@ -275,6 +277,7 @@ class Engine:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
         hold = active.step(self.active, node, self.cfg.prefix, self.cfg.node.mode, self.schedule.next_due)
+        self.last_diag = hold.record or self.last_diag
         if clear_event is not None:
             self.validate_again(CLEAR)
         results = self.current_results()
@@ -329,6 +332,7 @@ class Engine:
             trends=trend_history.to_doc(self.state.trends),
             remediation=self.state.remediation_document(),
             last_clear=self.state.last_clear,
+            last_diag=self.last_diag,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
             validated=self.validation.record,
             validating=self.validation.document(self.boot_id),
