@@ -10,7 +10,8 @@ several GPU Nodes, the fleet slots counted through Leases in the test's namespac
   (never fail), the taint lifts, an ActiveCheckAborted Event says who came;
 - `gpu-healthcheck diag NODE` as the admin: before the node's agent runs, `status` lists it pending;
   then the diag starts, the annotation goes, an ActiveCheckStarted Event and the results annotation's
-  lastDiag (completed) name who asked and why, and `status` lists it completed; asked again with
+  lastDiag (completed) and the history annotation's `diag` entry name who asked and why, and
+  `status` lists it completed; asked again with
   --wait, it starts at the next idle window;
 - in-process: slots taken at the same instant by 10 nodes with a bound of 2: exactly 2 granted; and
   the admission policy lets a fenced agent hold only its own node's slot.
@@ -36,6 +37,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from agent.core.active_checks import ActivePolicy
+from agent.core.history_annotation import parse
 from agent.core.node_keys import Keys, Reason
 from agent.reporters.active_checks import FleetSlots, slot_name
 from agent.reporters.brake import Brake
@@ -353,6 +355,8 @@ def test_diag_on_demand_is_pending_then_starts_at_the_next_idle_window_audited(
         assert K.diag_requested not in (core.read_node(node).metadata.annotations or {})
         (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_STARTED), 30, "the Event")
         assert "level 3" in said and f"{admin} (reason: INC-7: after a reseat)" in said
+        history = parse(core.read_node(node).metadata.annotations.get(K.history))
+        assert [(e.did, e.by) for e in history if e.diagnosed] == [("diag", admin)]
         mine, table = status_of(kube.kubeconfig, node)
         assert mine["diagPending"] is None and mine["lastDiag"] == done
         assert f"by {admin}: INC-7: after a reseat [level 3]: completed " in table
