@@ -1,19 +1,28 @@
 """Active checks, the pure parts (core/active_checks.py, engine/active.py, the testing taint in the Node
-PATCH, what counts as a pod that came for the GPUs). On the real API server: test_active_checks_kube.py."""
+PATCH, what counts as a pod that came for the GPUs, the record of the last request in the results
+annotation and what `status` shows of requests). The window with the diag runner:
+test_dcgm_window.py. On the real API server: test_active_checks_kube.py."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.checks.registry import RULE_BOOK
+from agent.cli.status import node_status, render
 from agent.config import ConfigError, parse_config
 from agent.core.active_checks import (
+    RESTARTED,
     ActivePolicy,
     ActiveState,
     DiagRequest,
     parse_max_concurrent,
+    restored_record,
     slots_before,
 )
 from agent.core.marks import Marks
@@ -21,12 +30,20 @@ from agent.core.node_keys import Keys
 from agent.core.repair_budget import Record
 from agent.core.severity import Severity, Status
 from agent.engine.active import step
+from agent.engine.engine import Engine
 from agent.probes.node_object import node_from_dict
+from agent.probes.snapshot import SnapshotSource
 from agent.reporters.active_checks import wants_gpu
 from agent.reporters.node_patch import plan_node_patch
 from tests.conftest import cfg
 
 K = Keys()
+ROOT = Path(__file__).resolve().parent.parent
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=timezone.utc)
+
+
+def stamp(ago: timedelta) -> str:
+    return (NOW - ago).isoformat().replace("+00:00", "Z")
 
 
 def test_the_bound_is_a_count_or_a_share_of_the_gpu_nodes_at_least_one() -> None:
@@ -128,3 +145,110 @@ def test_the_fence_lists_the_testing_taint_and_the_slot_policy() -> None:
     docs = list(yaml.safe_load_all((root / "manifests" / "30-admission-policy.yaml").read_text()))
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("ValidatingAdmissionPolicyBinding", "gpu-healthcheck-own-slots") in names
+
+
+def test_the_last_request_is_recorded_started_then_ended_and_a_restart_aborts_it() -> None:
+    request = DiagRequest("alice@example.com", "after a reseat", "2026-11-28T10:00:00Z", None)
+    state = ActiveState()
+    state.end("completed", "2026-11-28T10:09:00Z")  # no request started: nothing to end
+    assert state.record is None
+    state.ask(request)
+    state.hold(True)
+    assert state.start() == request
+    state.began(request, 2, "2026-11-28T10:05:00Z")
+    started = state.record
+    assert started == {
+        "by": "alice@example.com",
+        "reason": "after a reseat",
+        "requestedAt": "2026-11-28T10:00:00Z",
+        "level": 2,
+        "outcome": "started",
+        "startedAt": "2026-11-28T10:05:00Z",
+    }
+    node = node_from_dict(
+        {"metadata": {"name": "n", "annotations": {K.diag_requested: request.encode()}}, "spec": {}}
+    )
+    assert step(state, node, K.prefix, "taint", {}).record == started  # the engine writes it
+    state.end("aborted", "2026-11-28T10:06:00Z", "level 2 diag aborted: pod a/b arrived" + "x" * 500)
+    state.end("completed", "2026-11-28T10:09:00Z")  # ended once: a later end changes nothing
+    done = state.record
+    assert done is not None and done["outcome"] == "aborted" and done["endedAt"] == "2026-11-28T10:06:00Z"
+    assert len(done["abortReason"]) == 200 and done["abortReason"].startswith("level 2 diag aborted")
+    # A restarted agent finds a diag `started`: it died with the agent that ran it.
+    died = restored_record(started)
+    assert died == {
+        **started,
+        "outcome": "aborted",
+        "endedAt": started["startedAt"],
+        "abortReason": RESTARTED,
+    }
+    assert restored_record(done) == done
+    assert restored_record({"outcome": "exploded"}) is None and restored_record("x") is None
+    unnamed = ActiveState()
+    unnamed.began(DiagRequest.decode("now"), 2, "2026-11-28T10:05:00Z")
+    assert (unnamed.record or {})["by"] is None  # a `kubectl annotate`: no one named
+
+
+def test_the_results_annotation_keeps_the_last_request_across_a_restart(tmp_path: Path) -> None:
+    snap = tmp_path / "snap"
+    shutil.copytree(ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy", snap, symlinks=True)
+    eng = Engine(SnapshotSource(snap), cfg())
+    started = {
+        "by": "alice",
+        "reason": "r",
+        "level": 3,
+        "outcome": "started",
+        "startedAt": stamp(timedelta()),
+    }
+    eng.restore({"status": "pass", "lastDiag": started})
+    eng.run_tier("gpu")
+    _, marks = eng.evaluate()
+    kept = json.loads(marks.results_json)["lastDiag"]
+    assert kept["outcome"] == "aborted" and kept["abortReason"] == RESTARTED and kept["by"] == "alice"
+    # This agent's own record, once it has one, replaces the restored one.
+    eng.active = ActiveState()
+    eng.active.began(DiagRequest("bob", "again", "", 2), 2, stamp(timedelta(0)))
+    _, marks = eng.evaluate()
+    assert json.loads(marks.results_json)["lastDiag"]["by"] == "bob"
+    fresh = Engine(SnapshotSource(snap), cfg())
+    fresh.run_tier("gpu")
+    assert "lastDiag" not in json.loads(fresh.evaluate()[1].results_json)  # none asked: no field
+
+
+def test_status_lists_a_pending_request_and_the_last_one_started_for_24_hours() -> None:
+    def node(results: dict[str, Any] | None = None, **ann: str) -> dict[str, Any]:
+        if results is not None:
+            ann[K.results] = json.dumps({"status": "pass", "checks": [], **results})
+        return {"metadata": {"name": "n1", "annotations": ann, "labels": {}}}
+
+    def status_of(n: dict[str, Any]) -> Any:
+        return node_status(n, None, prefix=K.prefix, now=NOW, pods_known=True)
+
+    request = DiagRequest("alice@example.com", "INC-7", stamp(timedelta(minutes=3)), 3)
+    pending = status_of(node({}, **{K.diag_requested: request.encode()}))
+    assert pending.diagPending == {"by": "alice@example.com", "reason": "INC-7", "at": request.at, "level": 3}
+    out = render([pending], "table", NOW)
+    assert "DIAGS ASKED FOR" in out
+    said = "n1  asked 3m ago by alice@example.com: INC-7 [level 3]: pending (the diag has not started yet)"
+    assert said in out
+    unnamed = status_of(node(None, **{K.diag_requested: "now"}))
+    assert "asked at an unknown time by an unnamed requester (kubectl annotate) [the configured level]" in (
+        render([unnamed], "table", NOW)
+    )
+    done = {
+        "by": "alice@example.com",
+        "reason": "INC-7",
+        "requestedAt": stamp(timedelta(hours=3)),
+        "level": 3,
+        "outcome": "aborted",
+        "startedAt": stamp(timedelta(hours=2)),
+        "endedAt": stamp(timedelta(minutes=90)),
+        "abortReason": "level 3 diag aborted: pod a/b arrived asking for nvidia.com/gpu; result unknown",
+    }
+    ran = status_of(node({"lastDiag": done}))
+    assert ran.lastDiag == done and ran.diagPending is None
+    said = "n1  asked 3h ago by alice@example.com: INC-7 [level 3]: aborted 90m ago: level 3 diag aborted"
+    assert said in render([ran], "table", NOW)
+    assert json.loads(render([ran], "json", NOW))[0]["lastDiag"]["by"] == "alice@example.com"
+    old = status_of(node({"lastDiag": {**done, "startedAt": stamp(timedelta(hours=25))}}))
+    assert old.lastDiag is None and "DIAGS ASKED FOR" not in render([old], "table", NOW)

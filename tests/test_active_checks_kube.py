@@ -8,8 +8,11 @@ several GPU Nodes, the fleet slots counted through Leases in the test's namespac
   lifted and its slot given back;
 - a pod that arrives mid-diag (it tolerates the taint): the diag is aborted, its result is unknown
   (never fail), the taint lifts, an ActiveCheckAborted Event says who came;
-- `gpu-healthcheck diag NODE`: the diag starts at the next idle window, the annotation goes, an
-  ActiveCheckStarted Event names who asked and why;
+- `gpu-healthcheck diag NODE` as the admin: before the node's agent runs, `status` lists it pending;
+  then the diag starts, the annotation goes, an ActiveCheckStarted Event and the results annotation's
+  lastDiag (completed) and the history annotation's `diag` entry name who asked and why, and
+  `status` lists it completed; asked again with
+  --wait, it starts at the next idle window;
 - in-process: slots taken at the same instant by 10 nodes with a bound of 2: exactly 2 granted; and
   the admission policy lets a fenced agent hold only its own node's slot.
 """
@@ -34,6 +37,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from agent.core.active_checks import ActivePolicy
+from agent.core.history_annotation import parse
 from agent.core.node_keys import Keys, Reason
 from agent.reporters.active_checks import FleetSlots, slot_name
 from agent.reporters.brake import Brake
@@ -300,8 +304,24 @@ def test_a_pod_arriving_mid_diag_aborts_it_the_result_is_unknown_and_the_taint_l
         worker.stop()
 
 
-@pytest.mark.timeout(300)
-def test_diag_on_demand_starts_at_the_next_idle_window_audited(
+def cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`gpu-healthcheck ARGS` as the admin (the test's kubeconfig: gpuhc-test-admin, system:masters)."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", *args, "--kubeconfig", str(kubeconfig)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+
+
+def status_of(kubeconfig: Path, node: str) -> tuple[dict[str, Any], str]:
+    """`status NODE` as JSON (that node's entry) and as the table."""
+    as_json = cli(kubeconfig, "status", node, "-o", "json")
+    assert as_json.returncode in (0, 2), as_json.stdout + as_json.stderr  # 2: no Ready agent there
+    (mine,) = json.loads(as_json.stdout)
+    return mine, cli(kubeconfig, "status", node).stdout
+
+
+@pytest.mark.timeout(420)
+def test_diag_on_demand_is_pending_then_starts_at_the_next_idle_window_audited(
     kube: Any,
     core: k8s.CoreV1Api,
     gpu_node: Any,
@@ -310,25 +330,54 @@ def test_diag_on_demand_starts_at_the_next_idle_window_audited(
     libs: tuple[Path, Path],
 ) -> None:
     node = gpu_node().metadata.name
+    admin = "gpuhc-test-admin"  # the admin's certificate CN, as SelfSubjectReview names it
+    # Asked before the node's agent runs: the request waits on the Node, and `status` lists it.
+    asked = cli(kube.kubeconfig, "diag", node, "--reason", "INC-7: after a reseat", "--level", "3")
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    assert f"as {admin}: INC-7: after a reseat" in asked.stdout
+    mine, table = status_of(kube.kubeconfig, node)
+    assert mine["diagPending"]["by"] == admin and mine["diagPending"]["reason"] == "INC-7: after a reseat"
+    assert mine["diagPending"]["level"] == 3 and mine["lastDiag"] is None
+    assert f"{node}  asked " in table and f"by {admin}: INC-7: after a reseat [level 3]: pending" in table
     worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=1.0)
     try:
-        wait_for(
-            lambda: worker.alive() and check(core, node, "dcgm-diag").get("status") == "pass",
-            180,
-            "the first diag",
+        done = wait_for(
+            lambda: (
+                worker.alive()
+                and (d := results(core, node).get("lastDiag") or {}).get("outcome") == "completed"
+                and d
+            ),
+            240,
+            "the requested diag recorded completed in the results annotation",
         )
+        assert done["by"] == admin and done["reason"] == "INC-7: after a reseat" and done["level"] == 3
+        assert done["requestedAt"] <= done["startedAt"] <= done["endedAt"]
+        assert K.diag_requested not in (core.read_node(node).metadata.annotations or {})
+        (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_STARTED), 30, "the Event")
+        assert "level 3" in said and f"{admin} (reason: INC-7: after a reseat)" in said
+        history = parse(core.read_node(node).metadata.annotations.get(K.history))
+        assert [(e.did, e.by) for e in history if e.diagnosed] == [("diag", admin)]
+        mine, table = status_of(kube.kubeconfig, node)
+        assert mine["diagPending"] is None and mine["lastDiag"] == done
+        assert f"by {admin}: INC-7: after a reseat [level 3]: completed " in table
+        wait_for(lambda: check(core, node, "dcgm-diag").get("status") == "pass", 60, "the diag judged")
+        # Asked again while the agent runs: it starts at the next idle window.
         before = len(worker.diags())
-        run = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "diag", node, "--reason", "INC-7: after a reseat",
-             "--level", "3", "--wait", "120", "--kubeconfig", str(kube.kubeconfig)],
-            cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
+        run = cli(kube.kubeconfig, "diag", node, "--reason", "INC-8", "--wait", "120")
         assert run.returncode == 0, run.stdout + run.stderr
         assert "the diag started" in run.stdout
         assert K.diag_requested not in (core.read_node(node).metadata.annotations or {})
-        (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_STARTED), 30, "the Event")
-        assert "level 3" in said and "INC-7: after a reseat" in said and "unnamed" not in said
         wait_for(lambda: len(worker.diags()) > before, 30, "the second diag on the engine")
+        again = wait_for(
+            lambda: (
+                (d := results(core, node).get("lastDiag") or {}).get("reason") == "INC-8"
+                and d.get("outcome") == "completed"
+                and d
+            ),
+            60,
+            "the second request recorded",
+        )
+        assert again["by"] == admin
     finally:
         worker.stop()
 

@@ -26,6 +26,7 @@ from kubernetes import client as k8s
 from agent.cli.main import main as cli
 from agent.cli.status_history import HISTORY_HEADER, history_of, render_history
 from agent.config import load_config_dir
+from agent.core.active_checks import DiagRequest
 from agent.core.findings import CheckResult, Finding, Verdict
 from agent.core.history_annotation import (
     MAX_BYTES,
@@ -90,6 +91,31 @@ def test_an_entry_is_added_only_when_what_it_records_changes() -> None:
     assert reboot is not None and (reboot.did, reboot.by) == ("reboot+untaint", "agent")
     held = transition(None, at="t4", status="fail", key=KEY, boot="b", taint=TAINT_HELD, mark="")
     assert held is not None and (held.did, held.by) == ("brake-held", "brake")
+
+
+def test_an_operators_diag_is_recorded_with_its_requester_when_it_starts() -> None:
+    first = transition(None, at="t1", status="pass", key="", boot="boot-a-1234", taint="", mark="")
+    same = dict(status="pass", key="", boot="boot-a-1234", taint="", mark="")
+    diag = transition(first, at="t2", **same, diag_by="alice@example.com")
+    assert diag is not None and (diag.did, diag.by) == ("diag", "alice@example.com") and diag.diagnosed
+    unnamed = transition(first, at="t2", **same, diag_by="")
+    assert unnamed is not None and unnamed.by == "unnamed (kubectl annotate)"
+    both = transition(first, at="t2", **same, cleared_by="bob", diag_by="alice")
+    assert both is not None and (both.did, both.by) == ("clear+diag", "bob")
+    # The writer's side: the entry rides in the Node PATCH that removes the started request.
+    request = DiagRequest("alice@example.com", "INC-7", "2026-11-28T10:00:00Z", 3)
+    node: dict[str, Any] = {"metadata": {"annotations": {K.diag_requested: request.encode()}}}
+    h = History(DEFAULT_PREFIX)
+    waiting = h.annotation(node, marks(Status.PASS), TaintDecision())  # pending: nothing dropped
+    [entry] = parse(waiting[K.history])
+    assert entry.did == "" and not entry.diagnosed
+    node["metadata"]["annotations"][K.history] = waiting[K.history]
+    started = marks(Status.PASS, drop_annotations=(K.diag_requested,))
+    ann = h.annotation(node, started, TaintDecision())
+    [_, entry] = parse(ann[K.history])
+    assert (entry.status, entry.did, entry.by) == ("pass", "diag", "alice@example.com")
+    node["metadata"]["annotations"] = {K.history: ann[K.history]}  # the request removed
+    assert h.annotation(node, marks(Status.PASS), TaintDecision()) == {}  # steady: nothing added
 
 
 def test_the_annotation_keeps_the_last_20_under_its_byte_bound() -> None:

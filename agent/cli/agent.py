@@ -253,7 +253,8 @@ def active_window(
         node=lambda: writer.node,
         poke=live.diag_done_now,
     )
-    return state, DiagWindow(state, slots, hold, PodArrivals(core, node_name, live.pods or gpu_pods()))
+    arrivals = PodArrivals(core, node_name, live.pods or gpu_pods())
+    return state, DiagWindow(state, slots, hold, arrivals, metrics=live.metrics)
 
 
 def isolating_writer(

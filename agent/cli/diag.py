@@ -5,7 +5,10 @@ by SelfSubjectReview; else the kubeconfig's user), why, when, and the level (--l
 agent's dcgm.diagLevel). The agent makes the diag due at once; it still runs only in an idle window
 (no GPU held, a fleet slot free, the testing taint on: README "Active checks"). When it starts the
 agent removes the annotation and posts an ActiveCheckStarted Event naming who asked and why, as it
-answers a `clear` with LatchesCleared; the diag's result is the dcgm-diag check's, as any.
+answers a `clear` with LatchesCleared, adds a `diag` entry by the requester to the history annotation,
+and keeps the request as `lastDiag` in its results annotation with its outcome (started, completed,
+aborted), which `gpu-healthcheck status` lists for 24 h beside requests not started yet
+(cli/status_diag.py); the diag's result is the dcgm-diag check's, as any.
 
 Exit codes, as `clear`'s: 0 requested (with --wait: the diag started); 2 no agent started it within
 --wait (the request stays until one does); 64 usage (unknown node, no reason, a bad level); 69 the

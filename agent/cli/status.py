@@ -25,6 +25,7 @@ import yaml
 
 from agent.cli import status_rollout as rollout_view
 from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
+from agent.cli.status_diag import diag_lines, diag_pending, last_diag
 from agent.cli.status_node import AGENT_UNKNOWN, NO_AGENT, NOT_READY, READY, NodeStatus
 from agent.cli.status_time import age, human, seconds_since
 from agent.cli.status_validating import validating, validating_lines
@@ -196,6 +197,8 @@ def node_status(
         warnings=per_rule or None,
         clearedByHand=cleared_by_hand(results, now),
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
+        diagPending=diag_pending(meta.get("annotations") or {}, keys),
+        lastDiag=last_diag(results, now),
         rollout=rollout,
         marked=rollout_view.mark_state(rollout, (node.get("status") or {}).get("conditions") or ()),
         validating=validating(node, results, keys, now),
@@ -343,6 +346,9 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     cleared = clear_lines(statuses, now)
     if cleared:
         out += "\nLATCHES CLEARED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in cleared)
+    diags = diag_lines(statuses, now)
+    if diags:
+        out += "\nDIAGS ASKED FOR (pending; started in the last 24 h)\n" + "".join(f"  {x}\n" for x in diags)
     return out
 
 

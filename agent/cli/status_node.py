@@ -35,6 +35,10 @@ class NodeStatus:
     # {at, by, reason, latches, requested[, force, failing]} (the results annotation's lastClear).
     clearedByHand: dict[str, Any] | None = None
     clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
+    # `gpu-healthcheck diag` (cli/status_diag.py): a request whose diag has not started, {by, reason,
+    # at, level}; the last one an agent started, in the last 24 h (the results annotation's lastDiag).
+    diagPending: dict[str, Any] | None = None
+    lastDiag: dict[str, Any] | None = None
     rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
     marked: str | None = None  # a node that would be marked: marked | held | pending (status_rollout)
     # While the Node carries the startup taint: {since, seconds, waitingFor} (status_validating)

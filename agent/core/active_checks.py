@@ -12,10 +12,13 @@ apart from work:
 - a pod that arrives anyway (tolerating the taint) aborts the diag: its result is `unknown`.
 
 An operator asks for a diag at the next idle window with `gpu-healthcheck diag NODE` (the annotation
-`<prefix>/diag-requested`: who, why, when; audited as `clear` is).
+`<prefix>/diag-requested`: who, why, when; audited as `clear` is: the ActiveCheckStarted Event names
+them, and the results annotation's `lastDiag` keeps the request with its outcome: started, then
+completed or aborted).
 
-This module holds the pure parts (the bound, the count, the request) and ActiveState, the one place
-the diag thread and the engine share (a lock, no I/O).
+This module holds the pure parts (the bound, the count, the request, the record of the last request,
+the states and abort reasons the metrics count) and ActiveState, the one place the diag thread and
+the engine share (a lock, no I/O).
 """
 
 from __future__ import annotations
@@ -25,14 +28,43 @@ import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.core.marks import NodeEvent
+from agent.core.node_keys import DIAG_ABORTED, DIAG_OUTCOMES, DIAG_STARTED
 from agent.core.repair_budget import Record
 from agent.core.results_doc import decode_results, encode
+from agent.core.text import shorten
 
 SLOT = "slot"  # the record kind (label `<prefix>/record=slot`)
 PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
+
+# This node's active-check state (metric gpu_healthcheck_active_check_state{state}): no diag due; due
+# and waiting for an idle window (GPUs held, or the testing taint not on in time); due and waiting
+# for a fleet slot (the bound reached, or the slots could not be counted); a slot taken and the
+# testing taint going on; the diag running.
+IDLE, WAITING, NO_SLOT, HOLDING, RUNNING = "idle", "waiting", "no-slot", "holding", "running"
+STATES = (IDLE, WAITING, NO_SLOT, HOLDING, RUNNING)
+# Why a diag ended without a result (metric gpu_healthcheck_active_check_aborts_total{reason}): a pod
+# the API server shows arriving for the GPUs; a pod the kubelet shows holding an NVIDIA device; the
+# kubelet could not say; the diag itself ended without one (past its timeout, the engine lost).
+POD_ARRIVED, GPU_HELD, KUBELET_UNREADABLE, UNFINISHED = (
+    "pod-arrived",
+    "gpu-held",
+    "kubelet-unreadable",
+    "unfinished",
+)
+ABORT_REASONS = (POD_ARRIVED, GPU_HELD, KUBELET_UNREADABLE, UNFINISHED)
+RECORD_TEXT_MAX = 200  # each text of lastDiag (the results annotation stays under its 16 KiB)
+RESTARTED = "the agent restarted during the diag"
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Why to stop a running diag: one of ABORT_REASONS, and in words (the result, the Event)."""
+
+    reason: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -115,15 +147,48 @@ class DiagRequest:
         return f"{named} (reason: {self.reason})" if self.reason else named
 
 
+def diag_record(request: DiagRequest, level: int, at: str) -> dict[str, Any]:
+    """The results annotation's `lastDiag` for a request whose diag started at *at*: who asked (None:
+    unnamed, a `kubectl annotate`), why, when they asked, the level run, the outcome."""
+    return {
+        "by": shorten(request.by, RECORD_TEXT_MAX) or None,
+        "reason": shorten(request.reason, RECORD_TEXT_MAX) or None,
+        "requestedAt": shorten(request.at, RECORD_TEXT_MAX) or None,
+        "level": level,
+        "outcome": DIAG_STARTED,
+        "startedAt": at,
+    }
+
+
+def ended(record: dict[str, Any], outcome: str, at: str, why: str = "") -> dict[str, Any]:
+    """*record* once its diag ended (*outcome* completed or aborted, *why* aborted)."""
+    done = {**record, "outcome": outcome, "endedAt": at}
+    if why:
+        done["abortReason"] = shorten(why, RECORD_TEXT_MAX)
+    return done
+
+
+def restored_record(raw: object) -> dict[str, Any] | None:
+    """`lastDiag` as a restarting agent finds it in its results annotation; a diag still `started`
+    there died with the agent that ran it (the engine stops a diag whose heartbeats stop): aborted."""
+    if not isinstance(raw, dict) or raw.get("outcome") not in DIAG_OUTCOMES:
+        return None
+    if raw["outcome"] == DIAG_STARTED:
+        return ended(raw, DIAG_ABORTED, str(raw.get("startedAt") or ""), RESTARTED)
+    return dict(raw)
+
+
 class ActiveState:
     """What the diag thread and the engine share: whether the node is held (the testing taint is
-    wanted), the operator's request (seen on the Node, then started), and Events to post."""
+    wanted), the operator's request (seen on the Node, then started), the record of the last one
+    (lastDiag), and Events to post."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holding = False
         self._pending: DiagRequest | None = None  # seen on the Node, not started yet
         self._started: DiagRequest | None = None  # started: its annotation may go
+        self._record: dict[str, Any] | None = None  # the last started request and its outcome
         self._events: list[NodeEvent] = []
 
     @property
@@ -161,6 +226,23 @@ class ActiveState:
         with self._lock:
             return request == self._started
 
+    def began(self, request: DiagRequest, level: int, at: str) -> None:
+        """The requested diag started at *at* (lastDiag: started)."""
+        with self._lock:
+            self._record = diag_record(request, level, at)
+
+    def end(self, outcome: str, at: str, why: str = "") -> None:
+        """The requested diag ended; nothing when none is started (a routine diag, or already ended)."""
+        with self._lock:
+            if self._record is not None and self._record.get("outcome") == DIAG_STARTED:
+                self._record = ended(self._record, outcome, at, why)
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """lastDiag as this agent made it (None: no request started since the agent started)."""
+        with self._lock:
+            return dict(self._record) if self._record is not None else None
+
     def say(self, event: NodeEvent) -> None:
         with self._lock:
             self._events.append(event)
@@ -181,11 +263,17 @@ class Slots(Protocol):
 
 
 __all__ = [
+    "ABORT_REASONS",
     "SLOT",
+    "STATES",
+    "Abort",
     "ActivePolicy",
     "ActiveState",
     "DiagRequest",
     "Slots",
+    "diag_record",
+    "ended",
     "parse_max_concurrent",
+    "restored_record",
     "slots_before",
 ]

@@ -47,6 +47,7 @@ MARK_ON, MARK_BUDGET, MARK_WAVE = "on", "budget", "wave"
 TAINT, UNTAINT, BRAKE_HELD, TAINT_OFF_BY_LABEL = "taint", "untaint", "brake-held", "taint-disabled"
 MARK, UNMARK, BUDGET_HELD, WAVE_HELD = "mark", "unmark", "budget-held", "wave-held"
 CLEAR, REBOOT = "clear", "reboot"
+DIAG = "diag"  # an operator's `gpu-healthcheck diag` started (its requester in `by`)
 AGENT, BRAKE, BUDGET, WAVE, LABEL = "agent", "brake", "repair budget", "wave hold", "label"
 
 _TAINT_DID = {TAINT_ON: TAINT, TAINT_HELD: BRAKE_HELD, TAINT_DISABLED: TAINT_OFF_BY_LABEL}
@@ -65,8 +66,8 @@ class Entry:
     boot: str = ""  # the boot id's first BOOT_CHARS characters
     taint: str = ""  # TAINT_ON | TAINT_HELD | TAINT_DISABLED | ""
     mark: str = ""  # MARK_ON | MARK_BUDGET | MARK_WAVE | ""
-    did: str = ""  # "taint+mark", "untaint", "clear", "reboot", ... ("" = the status changed alone)
-    by: str = ""  # agent | brake | repair budget | wave hold | label | the clear's requester | "-"
+    did: str = ""  # "taint+mark", "untaint", "clear", "diag", "reboot", ... ("" = the status changed alone)
+    by: str = ""  # agent | brake | repair budget | wave hold | label | the clear's or diag's requester | "-"
 
     @property
     def state(self) -> tuple[str, str, str, str, str]:
@@ -80,6 +81,11 @@ class Entry:
     @property
     def cleared(self) -> bool:
         return CLEAR in self.did.split("+")
+
+    @property
+    def diagnosed(self) -> bool:
+        """An operator's diag started here (`by` names who asked)."""
+        return DIAG in self.did.split("+")
 
     def as_dict(self) -> dict[str, str]:
         """Compact: empty fields are left out (at and status never are)."""
@@ -151,17 +157,21 @@ def transition(
     taint: str,
     mark: str,
     cleared_by: str | None = None,
+    diag_by: str | None = None,
 ) -> Entry | None:
     """The entry to add after *last*, or None when nothing it records changed and no clear was
-    acted on (*cleared_by*: its requester, "" when unnamed)."""
+    acted on (*cleared_by*: its requester, "" when unnamed) nor an operator's diag started
+    (*diag_by*: likewise)."""
     boot = short_boot(boot)
     new = (status, shorten(key, KEY_MAX), boot, taint, mark)
-    if last is not None and last.state == new and cleared_by is None:
+    if last is not None and last.state == new and cleared_by is None and diag_by is None:
         return None
     before = last or Entry(at="", status="", boot=boot)
     did = []
     if cleared_by is not None:
         did.append(CLEAR)
+    if diag_by is not None:
+        did.append(DIAG)
     if before.boot and boot and before.boot != boot:
         did.append(REBOOT)
     if taint != before.taint:
@@ -169,8 +179,9 @@ def transition(
     if mark != before.mark:
         did.append(_MARK_DID.get(mark) or (UNMARK if before.mark == MARK_ON else ""))
     did = [d for d in did if d]
-    if cleared_by is not None:
-        by = cleared_by or "unnamed (kubectl annotate)"
+    asked = cleared_by if cleared_by is not None else diag_by
+    if asked is not None:
+        by = asked or "unnamed (kubectl annotate)"
     else:
         by = next((_BY[d] for d in did if d in _BY), "-" if did == [REBOOT] else AGENT)
     return Entry(

@@ -34,6 +34,11 @@ CANARY = "canary"  # <prefix>/config=canary: an operator's "run the canary Confi
 # `status`, from the agent pods' labels. The install's key, not under `prefix`; the agent never writes it.
 TRACK_LABEL = "gpu-healthcheck/track"
 CLEAR_ALL = "all"  # <prefix>/clear-latched=all
+# The outcome of the last diag an operator asked for (`gpu-healthcheck diag NODE`), as the results
+# annotation's `lastDiag` records it: started, then completed (the diag gave a result: the dcgm-diag
+# check judges it) or aborted (a pod came for the GPUs, or the diag ended without a result).
+DIAG_STARTED, DIAG_COMPLETED, DIAG_ABORTED = "started", "completed", "aborted"
+DIAG_OUTCOMES = (DIAG_STARTED, DIAG_COMPLETED, DIAG_ABORTED)
 # Condition types others own: the kubelet's. node.conditionType and node.remediationConditions may not
 # name one (the agent would fight the kubelet over the Node's readiness).
 KUBELET_CONDITION_TYPES = ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")

@@ -23,6 +23,9 @@ HISTORY_FIELD = "history"  # failing findings per GPU, the boots each was seen i
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)
+# The last `gpu-healthcheck diag` request whose diag started: {by, reason, requestedAt, level,
+# outcome (started | completed | aborted), startedAt[, endedAt, abortReason]} (core/active_checks.py)
+LAST_DIAG_FIELD = "lastDiag"
 CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
 WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
 VALIDATED_FIELD = "validated"  # {"bootId", "at"}: the last complete pass (engine/validation.py)
@@ -56,6 +59,7 @@ def results_document(
     trends: dict[str, Any] | None = None,
     remediation: dict[str, Any] | None = None,
     last_clear: dict[str, Any] | None = None,
+    last_diag: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
     validated: dict[str, Any] | None = None,
     validating: dict[str, Any] | None = None,
@@ -113,6 +117,8 @@ def results_document(
         doc[REMEDIATION_FIELD] = remediation
     if last_clear:
         doc[LAST_CLEAR_FIELD] = last_clear
+    if last_diag:
+        doc[LAST_DIAG_FIELD] = last_diag
     doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD
     if validated:
         doc[VALIDATED_FIELD] = validated

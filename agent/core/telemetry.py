@@ -21,6 +21,10 @@ class Telemetry(Protocol):
     def record_brake_open(self, is_open: bool) -> None: ...
     def record_remediation_held(self, why: str, key: str) -> None: ...
     def record_diag_running(self, running: bool) -> None: ...
+    # This node's active-check state (core/active_checks.STATES), and a diag ended without a result
+    # by why (core/active_checks.ABORT_REASONS).
+    def record_active_check(self, state: str) -> None: ...
+    def record_active_check_abort(self, reason: str) -> None: ...
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
     # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None: ...
@@ -61,6 +65,12 @@ class NoTelemetry:
         pass
 
     def record_diag_running(self, running: bool) -> None:
+        pass
+
+    def record_active_check(self, state: str) -> None:
+        pass
+
+    def record_active_check_abort(self, reason: str) -> None:
         pass
 
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:

@@ -1,28 +1,38 @@
 """The engine's side of active checks (core/active_checks.py): an operator's diag request seen on the
 Node makes the DCGM diag due now; once the diag started, the request's annotation goes; the testing
 taint is wanted while the diag thread holds the node (mode taint only: observe and label never taint)
-and lifted otherwise, so a taint left by an agent that died mid-diag goes at the next write."""
+and lifted otherwise, so a taint left by an agent that died mid-diag goes at the next write. The
+record of the last request (the results annotation's `lastDiag`) is the diag thread's once it has
+one, else the one a restarted agent found on the Node (restored)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.active_checks import ActiveState, DiagRequest
+from agent.core.active_checks import ActiveState, DiagRequest, restored_record
 from agent.core.marks import NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import MODE_TAINT, Keys
+from agent.core.results_doc import LAST_DIAG_FIELD
 
 DIAG_TIER = "dcgm-diag"
 
 
 @dataclass(frozen=True)
 class ActiveStep:
-    """Marks.testing, our annotations to remove, the Events to post."""
+    """Marks.testing, our annotations to remove, the Events to post, the last request's record
+    (None: this agent started none)."""
 
     testing: bool | None = None
     drop: tuple[str, ...] = ()
     events: tuple[NodeEvent, ...] = ()
+    record: dict[str, Any] | None = None
+
+
+def restored(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """lastDiag from the results annotation a restarted agent read (core/active_checks.restored_record)."""
+    return restored_record((doc or {}).get(LAST_DIAG_FIELD)) if isinstance(doc, dict) else None
 
 
 def step(
@@ -41,7 +51,7 @@ def step(
             next_due[DIAG_TIER] = 0.0  # at the next idle window: now, if it is one
         elif state.done_with(request):
             drop = (keys.diag_requested,)
-    return ActiveStep(state.holding and mode == MODE_TAINT, drop, state.take_events())
+    return ActiveStep(state.holding and mode == MODE_TAINT, drop, state.take_events(), state.record)
 
 
-__all__ = ["ActiveStep", "step"]
+__all__ = ["ActiveStep", "restored", "step"]

@@ -80,6 +80,7 @@ class Engine:
         self.holders = self.reads.holders(workloads, lambda: self.inputs.get(Input.GPUS))
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
         self.active: ActiveState | None = None  # active checks (engine/active.py); the wiring sets it
+        self.last_diag: dict[str, Any] | None = None  # the last `diag` request's record (lastDiag)
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
         self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
         self.set_inputs(extra_inputs or {}, progress)
@@ -114,6 +115,7 @@ class Engine:
         from the Node's results annotation (latches: same boot only)."""
         self.state.restore(doc, self.cfg.node.remediation_conditions)
         self.validation.restore(doc, self.boot_id, VALIDATED_FIELD)
+        self.last_diag = active.restored(doc)
 
     def run_tier(self, tier: str) -> list[CheckResult]:
         started = self.clock()
@@ -182,18 +184,17 @@ class Engine:
         self.schedule.next_due.update(dict.fromkeys(self.schedule.next_due, 0.0))
 
     def evaluate(self) -> tuple[Verdict, Marks]:
-        """The verdict over the current results, its state settled, written down as Marks
-        (engine/marks_builder.py)."""
+        """The verdict over the current results, settled, written down as Marks (marks_builder)."""
         node = self._node()
         keys = Keys(self.cfg.prefix)  # an operator's clear request: the keys it consumes, its Event
         drop, clear_event = self.state.take_clear_request(
             node, keys.clear_latched, self.results, keys.clear_latched_by, now_iso()
         )
         hold = active.step(self.active, node, self.cfg.prefix, self.cfg.node.mode, self.schedule.next_due)
+        self.last_diag = hold.record or self.last_diag
         if clear_event is not None:
             self.validate_again(CLEAR)
-        # the latest results, with latched findings whose evidence is gone kept in their check
-        results = self.state.current_results(self.results, [s.name for s in CHECKS])
+        results = self.state.current_results(self.results, [s.name for s in CHECKS])  # latches kept
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
         self.state.history = reboot_escalation.record(
@@ -241,6 +242,7 @@ class Engine:
             checked_at=now_iso(),
             doing=self.progress() if self.progress else "",
             cleared=cleared,
+            last_diag=self.last_diag,
         )
         marks = build(decided, self.state, self.validation, self.cfg)
         self.metrics.record_validating(self.validation.since, self.validation.waiting)

@@ -51,6 +51,7 @@ class Decided:
     checked_at: str  # now, RFC 3339
     doing: str  # what runs now (a DCGM diag in progress; "" or "idle": nothing)
     cleared: bool  # an operator's clear was acted on now
+    last_diag: dict[str, Any] | None  # the last `diag` request's record (lastDiag)
 
 
 def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -> Marks:
@@ -70,6 +71,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         trends=trend_history.to_doc(state.trends),
         remediation=state.remediation_document(),
         last_clear=state.last_clear,
+        last_diag=d.last_diag,
         rollout=rollout_fields(cfg, state.taint, state.remediation),
         validated=validation.record,
         validating=validation.document(boot_id),

@@ -26,7 +26,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.core.active_checks import SLOT, ActivePolicy, ActiveState, slots_before
+from agent.core.active_checks import (
+    GPU_HELD,
+    KUBELET_UNREADABLE,
+    POD_ARRIVED,
+    SLOT,
+    Abort,
+    ActivePolicy,
+    ActiveState,
+    slots_before,
+)
 from agent.core.node_keys import MODE_TAINT, Keys
 from agent.core.repair_budget import Record, RecordKeys
 from agent.core.workloads import NVIDIA_RESOURCE
@@ -212,14 +221,14 @@ class PodArrivals:
             except Exception as exc:  # then every GPU pod listed later counts as arrived
                 log.warning("node %s: listing its pods failed: %s", self.node_name, describe_error(exc))
 
-    def poll(self) -> str | None:
+    def poll(self) -> Abort | None:
         if self.kubelet_pods is not None:
             try:
                 holding = self.kubelet_pods()
             except Exception as exc:
-                return f"the kubelet cannot say which pods hold GPUs ({exc})"
+                return Abort(KUBELET_UNREADABLE, f"the kubelet cannot say which pods hold GPUs ({exc})")
             if holding:
-                return f"pod {', '.join(holding[:3])} holds an NVIDIA device (kubelet)"
+                return Abort(GPU_HELD, f"pod {', '.join(holding[:3])} holds an NVIDIA device (kubelet)")
         if self.rest is None or self._clock() - self._asked < self.api_poll_s:
             return None
         self._asked = self._clock()
@@ -234,7 +243,8 @@ class PodArrivals:
                 continue
             what = wants_gpu(p)
             if what is not None:
-                return f"pod {meta.get('namespace')}/{meta.get('name')} arrived asking for {what}"
+                text = f"pod {meta.get('namespace')}/{meta.get('name')} arrived asking for {what}"
+                return Abort(POD_ARRIVED, text)
         return None
 
 

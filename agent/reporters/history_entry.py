@@ -3,7 +3,8 @@ the Node PATCH of that change, and the one correction a repair hold can need aft
 
 The entry records the Marks (status, worst key, boot), the taint as decided for this PATCH (on,
 held by the brake, refused by the `<prefix>/taint=disabled` label), a `clear` the Marks consume
-(its requester from `<prefix>/clear-latched-by`), and the remediation marks. Those turn unhealthy
+(its requester from `<prefix>/clear-latched-by`), an operator's diag whose request the Marks remove
+(it started; its requester from `<prefix>/diag-requested`), and the remediation marks. Those turn unhealthy
 in the status PATCH after the Node PATCH, once the repair budget and the wave hold are asked, so the
 entry says what they will show: a mark newly wanted with our taint is `on`, one the Node shows held
 stays held. `settle` compares the last entry with the Node after the apply and, only where a hold
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from agent.core.active_checks import DiagRequest
 from agent.core.history_annotation import (
     MARK_BUDGET,
     MARK_ON,
@@ -75,6 +77,15 @@ def cleared_by(node: Mapping[str, Any], marks: Marks, keys: Keys) -> str | None:
     return request.by if request is not None else ""
 
 
+def diag_by(node: Mapping[str, Any], marks: Marks, keys: Keys) -> str | None:
+    """The requester of a diag whose request these Marks remove, as it started ("" unnamed); None
+    when they remove none."""
+    ann = annotations_of(node)
+    if keys.diag_requested not in marks.drop_annotations or keys.diag_requested not in ann:
+        return None
+    return DiagRequest.decode(ann.get(keys.diag_requested)).by
+
+
 class History:
     """One writer's history keeping (see the module docstring)."""
 
@@ -98,6 +109,7 @@ class History:
             taint=taint_state(decided),
             mark=shown_mark(node, marks, planned=True) if decided.taint_on else "",
             cleared_by=cleared_by(node, marks, self.keys),
+            diag_by=diag_by(node, marks, self.keys),
         )
         if self.added is None:
             return {}
@@ -131,6 +143,7 @@ class History:
                 taint=last.taint,
                 mark=mark,
                 cleared_by=last.by if last.cleared else None,
+                diag_by=last.by if last.diagnosed else None,
             )
             entries = [*entries[:-1], fixed or replace(last, mark=mark)]
         else:
@@ -148,4 +161,4 @@ class History:
         return {"metadata": {"annotations": {self.keys.history: encode(entries, self._counts(node))}}}
 
 
-__all__ = ["History", "cleared_by", "shown_mark", "taint_state"]
+__all__ = ["History", "cleared_by", "diag_by", "shown_mark", "taint_state"]

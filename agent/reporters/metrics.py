@@ -81,6 +81,23 @@ class Metrics:
         self.dcgm_diag_running = Gauge(
             f"{NS}_dcgm_diag_running", "1 while a DCGM diagnostic runs", registry=r
         )
+        # Active checks (core/active_checks.py): no series on a node that runs none (no live DCGM
+        # with an API server); the counter has no series before the first.
+        self.active_check_state = Gauge(
+            f"{NS}_active_check_state",
+            "1 for this node's active-check (DCGM diag) state: idle, waiting (due, no idle window), "
+            "no-slot (due, no fleet slot free), holding (a slot taken, the testing taint going on), "
+            "running",
+            ["state"],
+            registry=r,
+        )
+        self.active_check_aborts = Counter(
+            f"{NS}_active_check_aborts_total",
+            "DCGM diags that ended without a result, by reason (pod-arrived, gpu-held, "
+            "kubelet-unreadable: aborted for work; unfinished: past its timeout or the engine lost)",
+            ["reason"],
+            registry=r,
+        )
         self.tainted = Gauge(
             f"{NS}_node_tainted",
             "1 while this agent's taint is on its Node (the Node as last read or written)",
@@ -261,6 +278,12 @@ class Metrics:
 
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)
+
+    def record_active_check(self, state: str) -> None:
+        _only(self.active_check_state, {(state,): 1}, self._shown)
+
+    def record_active_check_abort(self, reason: str) -> None:
+        self.active_check_aborts.labels(reason).inc()
 
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
         """A read of nvidia-smi or NVML, so that one slowing down shows before it times out."""

@@ -3,6 +3,10 @@ the node held by the testing taint, GPUs still idle once it is on; while the dia
 arrives anyway aborts it (its result: `unknown`, never `fail`); afterwards the taint is lifted and the
 slot given back, whatever happened. A window that is not there now is waited for by the caller
 (tiers.py) and tried again every `node.activeChecks.retrySeconds`.
+
+It reports where it stands (Telemetry.record_active_check: idle, waiting, no-slot, holding, running),
+counts a diag that ended without a result by why (record_active_check_abort), and records the
+outcome of an operator's request in the shared state (lastDiag: started, completed, aborted).
 """
 
 from __future__ import annotations
@@ -12,10 +16,22 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from agent.core.active_checks import ActiveState, Slots
+from agent.core.active_checks import (
+    HOLDING,
+    IDLE,
+    NO_SLOT,
+    RUNNING,
+    UNFINISHED,
+    WAITING,
+    Abort,
+    ActiveState,
+    Slots,
+)
 from agent.core.marks import NodeEvent
-from agent.core.node_keys import NORMAL, WARNING, Reason
+from agent.core.node_keys import DIAG_ABORTED, DIAG_COMPLETED, NORMAL, WARNING, Reason
 from agent.core.probed import ProbeError
+from agent.core.results_doc import now_iso
+from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.probes.dcgm.diag import DiagRunner
 
 log = logging.getLogger(__name__)
@@ -38,7 +54,7 @@ class Arrivals(Protocol):
     with the kubelet's view): why to abort, or None."""
 
     def start(self) -> None: ...
-    def poll(self) -> str | None: ...
+    def poll(self) -> Abort | None: ...
 
 
 class DiagWindow:
@@ -53,11 +69,16 @@ class DiagWindow:
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        metrics: Telemetry | None = None,
+        now: Callable[[], str] = now_iso,
     ) -> None:
         self.state, self.slots, self.hold, self.arrivals = state, slots, hold, arrivals
         self.hold_wait_s, self.poll_s = hold_wait_s, poll_s
-        self._clock, self._sleep = clock, sleep
+        self._clock, self._sleep, self._now = clock, sleep, now
         self._said = ""
+        self._abort: Abort | None = None  # why the running diag was stopped
+        self.metrics: Telemetry = metrics or NoTelemetry()
+        self.metrics.record_active_check(IDLE)
 
     def run(self, runner: DiagRunner) -> bool:
         """One try: True when a diag ran (finished, failed or aborted: its result is latched),
@@ -67,8 +88,10 @@ class DiagWindow:
             return self._postponed(runner, verdict.reason)
         why = self.slots.acquire()
         if why is not None:
-            return self._postponed(runner, why)
+            return self._postponed(runner, why, NO_SLOT)
+        running = False
         try:
+            self.metrics.record_active_check(HOLDING)
             self.hold.hold(True)
             if not self._wait(self.hold.held):
                 return self._postponed(
@@ -84,6 +107,7 @@ class DiagWindow:
             self._said = runner.last_skip = ""
             log.info("DCGM diag level %d starting: GPUs idle, fleet slot taken, node held", runner.level)
             if request is not None:
+                self.state.began(request, runner.level, self._now())
                 self.state.say(
                     NodeEvent(
                         Reason.ACTIVE_CHECK_STARTED,
@@ -91,12 +115,22 @@ class DiagWindow:
                         NORMAL,
                     )
                 )
-            result = runner.run(abort=self.arrivals.poll, poll_s=self.poll_s)
+            self.metrics.record_active_check(RUNNING)
+            running, self._abort = True, None
+            result = runner.run(abort=self._poll, poll_s=self.poll_s)
             runner.latest = result
-            if isinstance(result, ProbeError) and runner.aborted:
-                self.state.say(NodeEvent(Reason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
+            if isinstance(result, ProbeError):
+                stopped = self._abort if runner.aborted else None
+                self.metrics.record_active_check_abort(stopped.reason if stopped else UNFINISHED)
+                if runner.aborted:
+                    self.state.say(NodeEvent(Reason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
+                self.state.end(DIAG_ABORTED, self._now(), result.message)
+            else:
+                self.state.end(DIAG_COMPLETED, self._now())
             return True
         finally:
+            # A requested diag still `started` here did not end as a diag does (the run raised).
+            self.state.end(DIAG_ABORTED, self._now(), "the diag failed in the agent (its log says why)")
             self.hold.hold(False)
             # The slot is given back once the Node no longer shows the taint, so that a node that
             # takes it next never stands tainted beside this one (within hold_wait_s; after that it
@@ -107,6 +141,16 @@ class DiagWindow:
                     self.hold_wait_s,
                 )
             self.slots.release()
+            if running:  # a postponed diag stays waiting (or no-slot) until its next try
+                self.metrics.record_active_check(IDLE)
+
+    def _poll(self) -> str | None:
+        """The arrivals' answer in words, for the runner; why (its reason) kept for the count."""
+        abort = self.arrivals.poll()
+        if abort is None:
+            return None
+        self._abort = abort
+        return abort.text
 
     def _wait(self, done: Callable[[], bool]) -> bool:
         deadline = self._clock() + self.hold_wait_s
@@ -116,7 +160,8 @@ class DiagWindow:
             self._sleep(0.2)
         return True
 
-    def _postponed(self, runner: DiagRunner, why: str) -> bool:
+    def _postponed(self, runner: DiagRunner, why: str, state: str = WAITING) -> bool:
+        self.metrics.record_active_check(state)
         runner.last_skip = f"DCGM diag postponed: {why}"
         if why != self._said:  # once per reason, not at every retry
             self._said = why
