@@ -4,9 +4,10 @@ the layers below only call it, so they need no metrics library and no reporter i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from agent.core.findings import CheckResult
+from agent.core.repair_budget import HoldReason
 from agent.core.severity import Status
 
 
@@ -19,7 +20,7 @@ class Telemetry(Protocol):
     def record_config_reload(self, result: str) -> None: ...
     def record_config_rejected(self, rejected: bool) -> None: ...
     def record_brake_open(self, is_open: bool) -> None: ...
-    def record_remediation_held(self, why: str, key: str) -> None: ...
+    def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None: ...
     def record_diag_running(self, running: bool) -> None: ...
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
     # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
@@ -57,7 +58,7 @@ class NoTelemetry:
     def record_brake_open(self, is_open: bool) -> None:
         pass
 
-    def record_remediation_held(self, why: str, key: str) -> None:
+    def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None:
         pass
 
     def record_diag_running(self, running: bool) -> None:

@@ -26,7 +26,15 @@ from agent.core.gpu import GpuInventory
 from agent.core.gpu_stall import GpuActivity
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
-from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Keys, Reason
+from agent.core.node_keys import (
+    CONDITION_MESSAGE_MAX,
+    MODE_LABEL,
+    MODE_TAINT,
+    NORMAL,
+    WARNING,
+    EventReason,
+    Keys,
+)
 from agent.core.probed import Probed, ProbeError, ProbeErrorKind
 from agent.core.results_doc import VALIDATED_FIELD, encode, now_iso, results_document, stale_after_s
 from agent.core.severity import Severity, Status
@@ -403,14 +411,16 @@ class Engine:
             was = last_status.value if last_status else "none"
             kind = WARNING if verdict.status in (Status.FAIL, Status.UNKNOWN) else NORMAL
             events.append(
-                NodeEvent(Reason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
+                NodeEvent(EventReason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
             )
         for latch in self.state.take_new_latches():
             then = f" → {latch.next_step.describe()}" if latch.next_step else ""
             pods = pods_text(gpus, latch.key)
             events.append(
                 NodeEvent(
-                    Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}{then}{pods}", WARNING
+                    EventReason.LATCHED_FINDING,
+                    f"{latch.severity.label}: {latch.message}{then}{pods}",
+                    WARNING,
                 )
             )
         return tuple(events)

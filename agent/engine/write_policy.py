@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
 from agent.config import Config
 from agent.core import trend_history
 from agent.core.marks import Marks
+from agent.core.repair_budget import HoldReason
 from agent.core.results_doc import encode
 
 FIRST_RETRY_S = 1.0
@@ -33,7 +34,7 @@ class WriteOutcome(Protocol):
     @property
     def error(self) -> str | None: ...
     @property
-    def remediation_held(self) -> str: ...
+    def remediation_held(self) -> HoldReason | Literal[""]: ...
     @property
     def held_key(self) -> str: ...
 

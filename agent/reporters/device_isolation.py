@@ -39,7 +39,7 @@ from typing import Any
 
 from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
 from agent.core.marks import Marks, NodeEvent
-from agent.core.node_keys import WARNING, Reason
+from agent.core.node_keys import WARNING, EventReason
 from agent.reporters.device_taints import (
     NONE_EFFECT,
     DeviceTaints,
@@ -259,7 +259,7 @@ class IsolatingWriter:
             '--runtime-config=resource.k8s.io/v1beta2=true (README "Per-GPU isolation")'
         )
         log.warning("node %s: %s", self.taints.node_name, message)
-        events.append(NodeEvent(Reason.DEVICE_TAINTS_UNAVAILABLE, message, WARNING))
+        events.append(NodeEvent(EventReason.DEVICE_TAINTS_UNAVAILABLE, message, WARNING))
         if self.metrics is not None:
             self.metrics.record_device_taint_fallback("unavailable")
 

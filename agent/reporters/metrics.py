@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from agent.core.findings import CheckResult
+from agent.core.repair_budget import HoldReason
 from agent.core.severity import Severity, Status
 from agent.core.trend_history import CHECK_PREFIX
 from agent.reporters.node_story import NodeState
@@ -286,7 +288,7 @@ class Metrics:
     def record_device_taint_fallback(self, reason: str) -> None:
         self.device_taint_fallbacks.labels(reason).inc()
 
-    def record_remediation_held(self, why: str, key: str) -> None:
+    def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
         remediation mark back, labelled with the finding key; no series otherwise."""
         _only(self.remediation_held, {(why, key): 1} if why else {}, self._shown)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from agent.core.active_checks import ActiveState, Slots
 from agent.core.marks import NodeEvent
-from agent.core.node_keys import NORMAL, WARNING, Reason
+from agent.core.node_keys import NORMAL, WARNING, EventReason
 from agent.core.probed import ProbeError
 from agent.probes.dcgm.diag import DiagRunner
 
@@ -86,7 +86,7 @@ class DiagWindow:
             if request is not None:
                 self.state.say(
                     NodeEvent(
-                        Reason.ACTIVE_CHECK_STARTED,
+                        EventReason.ACTIVE_CHECK_STARTED,
                         f"DCGM diag level {runner.level} started, asked by {request.who()}",
                         NORMAL,
                     )
@@ -94,7 +94,7 @@ class DiagWindow:
             result = runner.run(abort=self.arrivals.poll, poll_s=self.poll_s)
             runner.latest = result
             if isinstance(result, ProbeError) and runner.aborted:
-                self.state.say(NodeEvent(Reason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
+                self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
             return True
         finally:
             self.hold.hold(False)
