@@ -55,10 +55,10 @@ class HistoryTaint(Vocabulary):
 class HistoryMark(Vocabulary):
     """The remediation marks as an entry records them (its `mark`)."""
 
-    MARKED = "on"
+    MARK_ON = "on"
     HELD_BY_BUDGET = "budget"
     HELD_BY_WAVE = "wave"
-    UNMARKED = ""  # none wanted, or wanted without our taint
+    MARK_OFF = ""  # none wanted, or wanted without our taint
 
 
 @unique
@@ -94,7 +94,7 @@ _TAINT_DID: dict[str, HistoryAction] = {
     HistoryTaint.DISABLED: HistoryAction.TAINT_OFF_BY_LABEL,
 }
 _MARK_DID: dict[str, HistoryAction] = {
-    HistoryMark.MARKED: HistoryAction.MARK,
+    HistoryMark.MARK_ON: HistoryAction.MARK,
     HistoryMark.HELD_BY_BUDGET: HistoryAction.MARK_HELD_BY_BUDGET,
     HistoryMark.HELD_BY_WAVE: HistoryAction.MARK_HELD_BY_WAVE,
 }
@@ -127,7 +127,7 @@ class Entry:
     @property
     def marked(self) -> bool:
         """Our taint or a remediation mark was on: an engine or a human had reason to repair."""
-        return self.taint == HistoryTaint.ON or self.mark == HistoryMark.MARKED
+        return self.taint == HistoryTaint.ON or self.mark == HistoryMark.MARK_ON
 
     @property
     def cleared(self) -> bool:
@@ -222,7 +222,7 @@ def transition(
         )
     if mark != before.mark:
         did.append(
-            _MARK_DID.get(mark) or (HistoryAction.UNMARK if before.mark == HistoryMark.MARKED else None)
+            _MARK_DID.get(mark) or (HistoryAction.UNMARK if before.mark == HistoryMark.MARK_ON else None)
         )
     done = [d for d in did if d is not None]
     by: str

@@ -18,6 +18,7 @@ from agent.config.canary import MAIN
 from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input
 from agent.core.marks import Marks, NodeEvent
+from agent.core.metric_labels import ConfigReloadResult
 from agent.core.node import NodeObject
 from agent.core.node_keys import CANARY, CONDITION_MESSAGE_MAX, WARNING, EventReason, Keys
 from agent.core.probed import Probed
@@ -202,7 +203,7 @@ class Agent:
                         EventReason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING
                     )
                 )
-        self.metrics.record_config_reload("applied")
+        self.metrics.record_config_reload(ConfigReloadResult.APPLIED)
         applied = ", ".join(outcome.changed) or "no key changed"
         where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
         if outcome.switched and outcome.previous != outcome.source:
@@ -213,7 +214,7 @@ class Agent:
         )
         if outcome.needs_restart:
             kept = "; ".join(outcome.needs_restart)
-            self.metrics.record_config_reload("restart_required")
+            self.metrics.record_config_reload(ConfigReloadResult.RESTART_REQUIRED)
             log.warning(f"config not applied until the agent restarts: {kept}", extra={"event": "config"})
             self.pending_events.append(
                 NodeEvent(
@@ -228,7 +229,7 @@ class Agent:
         """The mounted config is invalid (at start or on an edit): say so in an Event, the log, the
         metrics and the condition until a valid one is mounted."""
         self.config_problem = problem
-        self.metrics.record_config_reload("rejected")
+        self.metrics.record_config_reload(ConfigReloadResult.REJECTED)
         self.metrics.record_config_rejected(True)
         log.error(f"config rejected: {problem}", extra={"event": "config"})
         self.pending_events.append(NodeEvent(EventReason.CONFIG_REJECTED, problem, WARNING))

@@ -53,16 +53,16 @@ def shown_mark(node: Mapping[str, Any], marks: Marks, *, planned: bool = False) 
     """The remediation marks as the Node shows them: `on` when one is at its unhealthy status, else
     the hold one of them names (budget, wave), else "". *planned* (our taint is on): a mark the
     engine wants that the Node does not show held counts as `on`, as the status PATCH will show it."""
-    state = HistoryMark.UNMARKED
+    state = HistoryMark.MARK_OFF
     for m in marks.remediation:
         cond = find_condition(node, m.type) or {}
         if cond.get("status") == m.unhealthy_status:
-            return HistoryMark.MARKED
+            return HistoryMark.MARK_ON
         held = (
-            HELD.get(str(cond.get("reason")), HistoryMark.UNMARKED) if m.unhealthy else HistoryMark.UNMARKED
+            HELD.get(str(cond.get("reason")), HistoryMark.MARK_OFF) if m.unhealthy else HistoryMark.MARK_OFF
         )
         if planned and m.unhealthy and not held:
-            return HistoryMark.MARKED
+            return HistoryMark.MARK_ON
         state = state or held
     return state
 
@@ -97,7 +97,7 @@ class History:
             key=marks.worst_key,
             boot=marks.boot_id,
             taint=taint_state(decided),
-            mark=shown_mark(node, marks, planned=True) if decided.taint_on else HistoryMark.UNMARKED,
+            mark=shown_mark(node, marks, planned=True) if decided.taint_on else HistoryMark.MARK_OFF,
             cleared_by=cleared_by(node, marks, self.keys),
         )
         if self.added is None:
@@ -118,7 +118,7 @@ class History:
         if not entries:
             return None
         last = entries[-1]
-        mark = shown_mark(node, marks) if last.taint == HistoryTaint.ON else HistoryMark.UNMARKED
+        mark = shown_mark(node, marks) if last.taint == HistoryTaint.ON else HistoryMark.MARK_OFF
         if mark == last.mark:
             return None
         if self.added is not None and self.added == last:
