@@ -1,6 +1,6 @@
-"""The base of every closed vocabulary the agent writes (an Event's reason, a condition's reason, a
-history entry's action, a hold's reason, a metric's label value): each is its own enum, so that
-handing one vocabulary's word to a function that takes another's fails `mypy`.
+"""The base of every closed vocabulary the agent writes (DESIGN.md §4.1): an Event's reason, a
+condition's reason, a history entry's action, a hold's reason, a metric's label value. Each is its
+own enum, so that handing one vocabulary's word to a function that takes another's fails `mypy`.
 
 A member is its value on the wire: it is a `str`, compares and hashes as its value, and JSON, f-strings,
 `str()` and `%s` give the value (not `Name.MEMBER`, the default of a `(str, Enum)` since Python 3.11;
