@@ -38,7 +38,7 @@ from kubernetes import watch as k8s_watch
 
 from agent.core.active_checks import ActivePolicy
 from agent.core.history_annotation import parse
-from agent.core.node_keys import Keys, Reason
+from agent.core.node_keys import EventReason, Keys
 from agent.reporters.active_checks import FleetSlots, slot_name
 from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import KubeRest
@@ -294,7 +294,7 @@ def test_a_pod_arriving_mid_diag_aborts_it_the_result_is_unknown_and_the_taint_l
         )
         assert "aborted" in res["message"] and f"{kube_namespace}/train-0" in res["message"]
         assert results(core, node)["status"] != "fail"
-        (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_ABORTED), 30, "the Event")
+        (said,) = wait_for(lambda: events(core, node, EventReason.ACTIVE_CHECK_ABORTED), 30, "the Event")
         assert f"{kube_namespace}/train-0" in said
         # The slot is given back once the agent's watch shows the taint lifted.
         wait_for(lambda: slots(kube, kube_namespace) == [], 30, "the slot given back")
@@ -353,7 +353,7 @@ def test_diag_on_demand_is_pending_then_starts_at_the_next_idle_window_audited(
         assert done["by"] == admin and done["reason"] == "INC-7: after a reseat" and done["level"] == 3
         assert done["requestedAt"] <= done["startedAt"] <= done["endedAt"]
         assert K.diag_requested not in (core.read_node(node).metadata.annotations or {})
-        (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_STARTED), 30, "the Event")
+        (said,) = wait_for(lambda: events(core, node, EventReason.ACTIVE_CHECK_STARTED), 30, "the Event")
         assert "level 3" in said and f"{admin} (reason: INC-7: after a reseat)" in said
         history = parse(core.read_node(node).metadata.annotations.get(K.history))
         assert [(e.did, e.by) for e in history if e.diagnosed] == [("diag", admin)]

@@ -11,7 +11,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from agent.core.marks import Marks
-from agent.core.node_keys import TRUE, Keys, Reason
+from agent.core.node_keys import TRUE, EventReason, Keys
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import Brake, names_in_list
 from agent.reporters.brake_rule import brake_cap, brake_decision, must_back_off, rank_decision
@@ -104,7 +104,7 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, gpu_node: 
             e.reason
             for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
         ]
-        assert reasons.count(Reason.BRAKE_OPEN) == 1  # said once, not every cycle
+        assert reasons.count(EventReason.BRAKE_OPEN) == 1  # said once, not every cycle
     st = writers[held[0]].brake.state  # type: ignore[union-attr]
     assert st is not None and st.open and (st.tainted, st.total) == (2, 10)
 
@@ -120,7 +120,7 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, gpu_node: 
             e.reason
             for e in core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
         ]
-        assert Reason.BRAKE_CLOSED in reasons and Reason.TAINT_ADDED in reasons
+        assert EventReason.BRAKE_CLOSED in reasons and EventReason.TAINT_ADDED in reasons
 
 
 @pytest.mark.kube

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.core.active_checks import POD_ARRIVED, Abort, ActiveState, DiagRequest
-from agent.core.node_keys import Reason
+from agent.core.node_keys import EventReason
 from agent.probes.dcgm.idle import IdleGate
 from agent.probes.dcgm.tiers import DcgmTiers
 from agent.probes.dcgm.window import DiagWindow
@@ -116,7 +116,7 @@ def test_a_requested_diag_that_completes_is_recorded_with_who_asked(fake_dcgm: A
     assert metrics.sample("active_check_state", state="idle") == 1.0
     assert metrics.sample("active_check_state", state="running") is None  # one series: the state now
     (started,) = state.take_events()
-    assert started.reason == Reason.ACTIVE_CHECK_STARTED and "alice@example.com" in started.message
+    assert started.reason == EventReason.ACTIVE_CHECK_STARTED and "alice@example.com" in started.message
 
 
 def test_a_pod_arriving_aborts_a_requested_diag_counted_by_why(fake_dcgm: Any) -> None:
@@ -131,7 +131,7 @@ def test_a_pod_arriving_aborts_a_requested_diag_counted_by_why(fake_dcgm: Any) -
     assert metrics.sample("active_check_aborts_total", reason="unfinished") is None
     assert metrics.states[-1] == "idle"
     reasons = [e.reason for e in state.take_events()]
-    assert reasons == [Reason.ACTIVE_CHECK_STARTED, Reason.ACTIVE_CHECK_ABORTED]
+    assert reasons == [EventReason.ACTIVE_CHECK_STARTED, EventReason.ACTIVE_CHECK_ABORTED]
 
 
 def test_a_diag_past_its_timeout_is_unfinished_and_a_routine_one_records_nothing(fake_dcgm: Any) -> None:

@@ -22,7 +22,7 @@ from agent.checks.registry import RULE_BOOK
 from agent.config import ConfigError, parse_config
 from agent.core.facts import NodeFacts
 from agent.core.gpu_stall import StallPolicy
-from agent.core.node_keys import Reason
+from agent.core.node_keys import EventReason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.probes.nvsmi_text import parse_nvsmi_text
@@ -77,7 +77,7 @@ class Node:
 
 
 def stalled_events(marks: Any) -> list[str]:
-    return [e.message for e in marks.events if e.reason == Reason.GPU_STALLED]
+    return [e.message for e in marks.events if e.reason == EventReason.GPU_STALLED]
 
 
 def test_the_recordings_read_as_their_case() -> None:

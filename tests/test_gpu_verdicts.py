@@ -16,7 +16,7 @@ from agent.config import load_config_dir
 from agent.core.actions import Action, escalation, from_nvidia_bucket, recommend
 from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import Gpu, GpuInventory
-from agent.core.node_keys import Reason
+from agent.core.node_keys import EventReason
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.engine.gpu_verdicts import MAX_PODS, gpu_verdicts
@@ -148,10 +148,10 @@ def test_the_pods_on_a_failing_gpu_are_named_in_the_event_and_the_annotation(
     assert gpu2["findings"] == ["xid/48/0000:75:00.0"] and gpu2["pods"] == ["ml/train-0/main"]
     assert (gpu2["action"], gpu2["escalation"]) == ("reset-gpu", ["reboot", "service"])
     assert all("pods" not in g for g in doc["gpus"] if g["index"] != 2)  # GPU 5's pod is not hit
-    latched = next(e for e in marks.events if e.reason == Reason.LATCHED_FINDING)
+    latched = next(e for e in marks.events if e.reason == EventReason.LATCHED_FINDING)
     assert "→ reset-gpu (then: reboot, service)" in latched.message
     assert latched.message.endswith("; pods: ml/train-0/main")
-    changed = next(e for e in marks.events if e.reason == Reason.GPU_HEALTH_CHANGED)
+    changed = next(e for e in marks.events if e.reason == EventReason.GPU_HEALTH_CHANGED)
     assert "pods: ml/train-0/main" in changed.message
     (latch,) = doc["latched"]  # a latch carries its step in a check's shape, and keeps it on restore
     assert (latch["action"], latch["escalation"]) == ("reset-gpu", ["reboot", "service"])

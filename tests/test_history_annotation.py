@@ -31,9 +31,8 @@ from agent.core.findings import CheckResult, Finding, Verdict
 from agent.core.history_annotation import (
     MAX_BYTES,
     MAX_ENTRIES,
-    TAINT_HELD,
-    TAINT_ON,
     Entry,
+    HistoryTaint,
     encode,
     parse,
     transition,
@@ -81,15 +80,17 @@ def marks(status: Status, key: str = "", boot: str = "boot-a-1234", **kw: Any) -
 
 
 def test_an_entry_is_added_only_when_what_it_records_changes() -> None:
-    first = transition(None, at="t1", status="fail", key=KEY, boot="boot-a-1234", taint=TAINT_ON, mark="")
-    assert first == Entry("t1", "fail", KEY, "boot-a-1", TAINT_ON, "", "taint", "agent")
-    same = dict(status="fail", key=KEY, boot="boot-a-1234", taint=TAINT_ON, mark="")
+    first = transition(
+        None, at="t1", status="fail", key=KEY, boot="boot-a-1234", taint=HistoryTaint.ON, mark=""
+    )
+    assert first == Entry("t1", "fail", KEY, "boot-a-1", HistoryTaint.ON, "", "taint", "agent")
+    same = dict(status="fail", key=KEY, boot="boot-a-1234", taint=HistoryTaint.ON, mark="")
     assert transition(first, at="t2", **same) is None  # the steady state adds nothing
     cleared = transition(first, at="t2", **same, cleared_by="alice@example.com")
     assert cleared is not None and (cleared.did, cleared.by) == ("clear", "alice@example.com")
     reboot = transition(first, at="t3", status="pass", key="", boot="boot-b-5678", taint="", mark="")
     assert reboot is not None and (reboot.did, reboot.by) == ("reboot+untaint", "agent")
-    held = transition(None, at="t4", status="fail", key=KEY, boot="b", taint=TAINT_HELD, mark="")
+    held = transition(None, at="t4", status="fail", key=KEY, boot="b", taint=HistoryTaint.HELD, mark="")
     assert held is not None and (held.did, held.by) == ("brake-held", "brake")
 
 
@@ -120,7 +121,7 @@ def test_an_operators_diag_is_recorded_with_its_requester_when_it_starts() -> No
 
 def test_the_annotation_keeps_the_last_20_under_its_byte_bound() -> None:
     long = "x" * 500
-    big = dict(status="fail", key=long, boot=long, taint=TAINT_ON, mark="on", cleared_by=long)
+    big = dict(status="fail", key=long, boot=long, taint=HistoryTaint.ON, mark="on", cleared_by=long)
     entries = [transition(None, at=stamp(i), **big) for i in range(25)]
     text = encode([e for e in entries if e is not None])
     kept = parse(text)
@@ -130,7 +131,7 @@ def test_the_annotation_keeps_the_last_20_under_its_byte_bound() -> None:
 
 
 def fail_entry(t: float, boot: str, *, marked: bool = True, did: str = "") -> Entry:
-    return Entry(stamp(t), "fail", KEY, boot, TAINT_ON if marked else "", "", did, "agent")
+    return Entry(stamp(t), "fail", KEY, boot, HistoryTaint.ON if marked else "", "", did, "agent")
 
 
 NOW = 1_800_000_000.0
@@ -149,7 +150,7 @@ def test_what_counts_as_a_repair() -> None:
     assert count(hist[:1], "a") == 0  # an agent restart (same boot, no clear) is no repair
     unmarked = [fail_entry(NOW - 3 * DAY, "a", marked=False)]
     assert count(unmarked, "c") == 0  # a fail nobody was told to repair: its reboot is no repair
-    other = [Entry(stamp(NOW - 3 * DAY), "fail", "xid/48/x", "a", TAINT_ON, "", "taint", "agent")]
+    other = [Entry(stamp(NOW - 3 * DAY), "fail", "xid/48/x", "a", HistoryTaint.ON, "", "taint", "agent")]
     assert count(other, "c") == 0  # another key
     old = [fail_entry(NOW - 10 * DAY, "a"), fail_entry(NOW - 9 * DAY, "b", did="reboot")]
     assert count(old, "c") == 1  # the repair to b is older than 7 days; the one to c is now
@@ -193,8 +194,8 @@ def test_a_held_mark_is_recorded_as_held_and_corrected_when_unforeseen() -> None
 def test_the_history_table() -> None:
     at = "2026-11-20T10:00:00Z"
     entries = [
-        Entry(at, "fail", KEY, "a", TAINT_ON, "on", "taint+mark", "agent"),
-        Entry(at, "fail", KEY, "a", TAINT_ON, "on", "clear", "alice@example.com"),
+        Entry(at, "fail", KEY, "a", HistoryTaint.ON, "on", "taint+mark", "agent"),
+        Entry(at, "fail", KEY, "a", HistoryTaint.ON, "on", "clear", "alice@example.com"),
     ]
     node = {"metadata": {"name": "n1", "annotations": {K.history: encode(entries)}}}
     assert history_of(node) == entries
@@ -359,8 +360,8 @@ def test_repairs_older_than_the_window_do_not_escalate(
     # Backdate that failure and add a repair 8.5 days ago, as an agent then would have written them.
     now = time.time()
     old = [
-        Entry(stamp(now - 9 * DAY), "fail", first.key, "0a0a0a0a", TAINT_ON, "", "taint", "agent"),
-        Entry(stamp(now - 8.5 * DAY), "fail", first.key, "1b1b1b1b", TAINT_ON, "", "reboot", "agent"),
+        Entry(stamp(now - 9 * DAY), "fail", first.key, "0a0a0a0a", HistoryTaint.ON, "", "taint", "agent"),
+        Entry(stamp(now - 8.5 * DAY), "fail", first.key, "1b1b1b1b", HistoryTaint.ON, "", "reboot", "agent"),
     ]
     core.patch_node(kube_node_name, {"metadata": {"annotations": {K.history: encode(old)}}})
     verdict, m = boot_engine(snap, "2c2c2c2c-boot-3", writer).evaluate()
@@ -531,7 +532,9 @@ def test_node_repair_history_is_validated_and_live(tmp_path: Path) -> None:
     shutil.copytree(XID79, snap, symlinks=True)
     (snap / "boot_id").write_text("1b1b1b1b-boot-2\n")
     key = "gpu.responsive.lost/00000000:97:00.0"
-    hist = encode([Entry(stamp(time.time() - DAY), "fail", key, "0a0a0a0a", TAINT_ON, "", "taint", "agent")])
+    hist = encode(
+        [Entry(stamp(time.time() - DAY), "fail", key, "0a0a0a0a", HistoryTaint.ON, "", "taint", "agent")]
+    )
     node = NodeObject("n1", {}, 8, 8, annotations={K.history: hist})
     cfg_dir = config_dir(tmp_path)
     eng = Engine(SnapshotSource(snap), load_config_dir(cfg_dir), node_getter=lambda: node)

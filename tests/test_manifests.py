@@ -23,7 +23,7 @@ import yaml
 import agent
 from agent.config import load_config_dir
 from agent.core.gpu_nodes import node_selector_terms
-from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRACK_LABEL, TRUE, Keys, Reason
+from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRACK_LABEL, TRUE, EventReason, Keys
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -447,7 +447,7 @@ def test_agent_full_cycle_under_the_manifests_token(agent_token: dict[str, Any],
         )
     )
     reasons = {e["reason"] for e in ev["items"]}
-    assert Reason.TAINT_ADDED in reasons, reasons
+    assert EventReason.TAINT_ADDED in reasons, reasons
 
 
 @pytest.mark.kube

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.config import load_config_dir
 from agent.core.marks import Marks
-from agent.core.node_keys import CANARY, CONDITIONS, DISABLED, TRUE, Keys, Reason
+from agent.core.node_keys import CANARY, CONDITIONS, DISABLED, TRUE, EventReason, Keys
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.probes.snapshot import SnapshotSource
@@ -52,7 +52,7 @@ def test_the_readme_names_every_condition_reason_and_event_reason() -> None:
     for status, cond in CONDITIONS.items():
         assert f"`{cond.status}`" in rows["GPUHealthy"], status
         assert f"`{cond.reason}`" in rows["GPUHealthy"], status
-    reasons = {v for k, v in vars(Reason).items() if k.isupper()}
+    reasons = {r.value for r in EventReason}
     assert reasons == set(re.findall(r"`(\w+)`", rows["on the Node"]))
 
 

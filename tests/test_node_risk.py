@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client as k8s
 
 from agent.config import load_config_dir
-from agent.core.history_annotation import MAX_ENTRIES, TAINT_ON, Entry, encode, parse, parse_counts
+from agent.core.history_annotation import MAX_ENTRIES, Entry, HistoryTaint, encode, parse, parse_counts
 from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.node_risk import HIGH, NORMAL, RiskPolicy, add, risk, risk_now, tally
@@ -48,13 +48,13 @@ def e(status: str, boot: str = "a", taint: str = "", did: str = "") -> Entry:
 
 
 def test_what_a_transition_counts() -> None:
-    marked = e("fail", taint=TAINT_ON)
+    marked = e("fail", taint=HistoryTaint.ON)
     assert tally([], e("fail")) == (1, 0)  # the first failure of a new Node
     assert tally([e("pass")], e("fail")) == (1, 0)
-    assert tally([marked], e("fail", boot="b", taint=TAINT_ON, did="reboot")) == (0, 1)  # a repair
-    assert tally([marked, e("unknown")], e("fail", taint=TAINT_ON)) == (0, 0)  # unknown judges nothing
+    assert tally([marked], e("fail", boot="b", taint=HistoryTaint.ON, did="reboot")) == (0, 1)  # a repair
+    assert tally([marked, e("unknown")], e("fail", taint=HistoryTaint.ON)) == (0, 0)  # unknown judges nothing
     assert tally([marked], e("pass", boot="b", did="reboot+untaint")) == (0, 1)
-    assert tally([marked], e("fail", taint=TAINT_ON, did="clear")) == (0, 1)  # an operator's clear
+    assert tally([marked], e("fail", taint=HistoryTaint.ON, did="clear")) == (0, 1)  # an operator's clear
     assert tally([e("fail")], e("pass", boot="b")) == (0, 0)  # unmarked (observe): no repair asked
     assert tally([e("pass")], e("pass", boot="b")) == (0, 0)  # a healthy node rebooted
 

@@ -21,8 +21,8 @@ from agent.core.node_keys import (
     DISABLED,
     TRUE,
     WARNING,
+    EventReason,
     Keys,
-    Reason,
 )
 from agent.core.severity import Severity, Status
 from agent.reporters.kube_rest import KubeRest, node_path
@@ -313,7 +313,7 @@ def test_contract_is_written(
         assert [(t.value, t.effect) for t in got] == [(taint_value, "NoSchedule")]
         assert labels[K.tainted] == TRUE and res.tainted is True
     assert "StatusChanged" in reasons(core, kube_node_name)
-    assert (Reason.TAINT_ADDED in reasons(core, kube_node_name)) is (taint_value is not None)
+    assert (EventReason.TAINT_ADDED in reasons(core, kube_node_name)) is (taint_value is not None)
     assert node.spec.unschedulable is not True  # never cordons
 
 
@@ -358,7 +358,7 @@ def test_status_change_moves_transition_time_and_removes_taint(
     assert condition(node).last_transition_time == t0  # still False: no transition
     assert [t.value for t in our_taints(node)] == ["isolate"]
     res = w.apply(PASS)
-    assert res.ok and not res.tainted and Reason.TAINT_REMOVED in res.events
+    assert res.ok and not res.tainted and EventReason.TAINT_REMOVED in res.events
     node = core.read_node(kube_node_name)
     assert our_taints(node) == [] and K.tainted not in node.metadata.labels
     assert condition(node).last_transition_time > t0
@@ -472,13 +472,13 @@ def test_taint_disabled_label_is_honoured(core: k8s.CoreV1Api, gpu_node: Any, ku
     assert w.apply(FAIL).tainted
     core.patch_node(kube_node_name, {"metadata": {"labels": {K.taint_opt_out: DISABLED}}})
     res = w.apply(FAIL)
-    assert res.ok and res.taint_disabled and not res.tainted and Reason.TAINT_DISABLED in res.events
+    assert res.ok and res.taint_disabled and not res.tainted and EventReason.TAINT_OPTED_OUT in res.events
     node = core.read_node(kube_node_name)
     assert our_taints(node) == [] and K.tainted not in node.metadata.labels
     assert node.metadata.labels[K.status] == "fail"  # labels keep being written
     assert node.metadata.labels[K.taint_opt_out] == DISABLED  # the operator's label stays
     again = w.apply(make_marks(Status.FAIL, Severity.ISOLATE, message="worse"))
-    assert again.ok and not again.tainted and Reason.TAINT_DISABLED not in again.events  # said once
+    assert again.ok and not again.tainted and EventReason.TAINT_OPTED_OUT not in again.events  # said once
     assert our_taints(core.read_node(kube_node_name)) == []
     assert core.read_node(kube_node_name).metadata.labels[K.severity] == "isolate"
 
@@ -498,10 +498,10 @@ def test_removed_taint_is_restored_by_the_watch(
         core.replace_node(kube_node_name, n)
         wait_for(lambda: bool(our_taints(core.read_node(kube_node_name))), "the taint to come back")
         wait_for(
-            lambda: Reason.TAINT_RESTORED in reasons(core, kube_node_name),
-            f"the {Reason.TAINT_RESTORED} Event",
+            lambda: EventReason.TAINT_RESTORED in reasons(core, kube_node_name),
+            f"the {EventReason.TAINT_RESTORED} Event",
         )
-        ev = next(e for e in events_for(core, kube_node_name) if e.reason == Reason.TAINT_RESTORED)
+        ev = next(e for e in events_for(core, kube_node_name) if e.reason == EventReason.TAINT_RESTORED)
         assert ev.type == WARNING
         node = core.read_node(kube_node_name)
         assert [t.key for t in node.spec.taints].count("nvidia.com/gpu") == 1
@@ -556,7 +556,7 @@ def test_dry_run_writes_nothing(core: k8s.CoreV1Api, gpu_node: Any, kube_node_na
     res = NodeWriter(core, kube_node_name, dry_run=True, on_write=writes).apply(
         make_marks(Status.FAIL, Severity.RESET, events=(NodeEvent("X", "y"),))
     )
-    assert res.ok and res.dry_run and not res.wrote and Reason.TAINT_ADDED in res.events
+    assert res.ok and res.dry_run and not res.wrote and EventReason.TAINT_ADDED in res.events
     assert writes.c[("node", "skipped")] == 1 and writes.c[("status", "skipped")] == 1
     assert core.read_node(kube_node_name).metadata.resource_version == rv
     assert reasons(core, kube_node_name) == []

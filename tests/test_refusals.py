@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import generate_latest
 
 from agent.core.marks import NodeEvent
-from agent.core.node_keys import CONDITIONS, DEFAULT_CONDITION_TYPE, DEFAULT_PREFIX, TRUE, Keys, Reason
+from agent.core.node_keys import CONDITIONS, DEFAULT_CONDITION_TYPE, DEFAULT_PREFIX, TRUE, EventReason, Keys
 from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.severity import Severity, Status
 from agent.reporters.kube_rest import API_MESSAGE_MAX, describe_error
@@ -101,7 +101,7 @@ def test_one_event_per_distinct_refusal_and_episode() -> None:
     notices = RefusalNotices(clock=lambda: now[0])
     a = Refusal("status", 403, "Forbidden", "denied: type AcceleratedHardwareReady")
     first = notices.notice(a, kept="Nothing written", wanted="fail/reboot, taint reboot:NoSchedule")
-    assert first is not None and first.reason == Reason.NODE_WRITE_REFUSED and first.type == "Warning"
+    assert first is not None and first.reason == EventReason.NODE_WRITE_REFUSED and first.type == "Warning"
     assert "denied: type AcceleratedHardwareReady" in first.message and "403 Forbidden" in first.message
     assert "wanted: fail/reboot" in first.message and "Nothing written" in first.message
     assert notices.notice(a, kept="k", wanted="w") is None  # a retry: said already
@@ -355,7 +355,7 @@ def refused_events(kube: Any, node: str) -> list[dict[str, Any]]:
     status, body = kube.request(
         "GET",
         "/api/v1/namespaces/default/events",
-        query={"fieldSelector": f"involvedObject.name={node},reason={Reason.NODE_WRITE_REFUSED}"},
+        query={"fieldSelector": f"involvedObject.name={node},reason={EventReason.NODE_WRITE_REFUSED}"},
     )
     assert status == 200, body
     return list(body["items"])
@@ -399,7 +399,7 @@ def writer_for(ident: Identity, node: str, hooks: Hooks) -> Iterator[NodeWriter]
         w.stop()
 
 
-GPU_EVENT = NodeEvent(Reason.GPU_HEALTH_CHANGED, "pass → fail: GPU 3: Xid 79 → reboot", "Warning")
+GPU_EVENT = NodeEvent(EventReason.GPU_HEALTH_CHANGED, "pass → fail: GPU 3: Xid 79 → reboot", "Warning")
 
 
 @pytest.mark.kube
@@ -447,7 +447,7 @@ def test_a_refused_status_write_leaves_the_old_story_whole_and_says_so(
         )
         events = refused_events(kube, kube_node_name)
         assert len(events) == 1 and refuser.message in events[0]["message"] and events[0]["type"] == "Warning"
-        assert reasons_of(kube, kube_node_name).count(Reason.GPU_HEALTH_CHANGED) == 1  # not held back
+        assert reasons_of(kube, kube_node_name).count(EventReason.GPU_HEALTH_CHANGED) == 1  # not held back
 
         for _ in range(3):  # the agent's retries: counted, not one Event each
             assert w.apply(FAIL).refused is not None
@@ -461,7 +461,7 @@ def test_a_refused_status_write_leaves_the_old_story_whole_and_says_so(
         assert node["metadata"]["labels"][K.status] == "fail" and our_taint(node) is not None
         assert conds(node)[COND]["status"] == CONDITIONS[Status.FAIL].status and story(node) == []
         assert hooks.states[-1].tainted  # the metric follows the Node
-        assert reasons_of(kube, kube_node_name).count(Reason.GPU_HEALTH_CHANGED) == 1  # posted once
+        assert reasons_of(kube, kube_node_name).count(EventReason.GPU_HEALTH_CHANGED) == 1  # posted once
 
 
 @pytest.mark.kube
@@ -517,7 +517,7 @@ def test_a_refused_remediation_type_leaves_the_node_tainted_and_unmarked(
         refuser.on()
         res = w.apply(failing)
         assert not res.ok and res.refused is not None and res.refused.kind == "status" and res.tainted
-        assert Reason.TAINT_ADDED in res.events and Reason.NODE_WRITE_REFUSED in res.events
+        assert EventReason.TAINT_ADDED in res.events and EventReason.NODE_WRITE_REFUSED in res.events
         node = node_of(kube, kube_node_name)
         assert node["metadata"]["labels"][K.status] == "fail" and our_taint(node) is not None
         assert conds(node)[COND]["status"] == "False"

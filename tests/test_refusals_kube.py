@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.node_keys import CONDITIONS, Reason
+from agent.core.node_keys import CONDITIONS, EventReason
 from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.severity import Status
 from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, free_port, wait_for
@@ -159,7 +159,7 @@ def test_the_agent_says_a_refused_status_write_keeps_one_story_and_retries(
         assert sample(port, TAINTED) == 0
         events = refused_events(kube, node)
         assert len(events) == 1 and refuser.message in events[0]["message"], events
-        assert Reason.LATCHED_FINDING in reasons_of(kube, node)  # the finding is said meanwhile
+        assert EventReason.LATCHED_FINDING in reasons_of(kube, node)  # the finding is said meanwhile
 
         refuser.off()
         wait_for(

@@ -23,7 +23,13 @@ from agent.core.remediation_reasons import (
     our_reasons,
     reason_for,
 )
-from agent.core.remediation_types import OUR_CONDITION_REASONS, RemediationCondition, RemediationReason
+from agent.core.remediation_types import (
+    OUR_CONDITION_REASONS,
+    OUR_REMEDIATION_REASONS,
+    UNHEALTHY_REMEDIATION_REASONS,
+    RemediationCondition,
+    RemediationReason,
+)
 from agent.core.severity import Severity, Status
 from agent.engine.remediation import remediation_marks
 from agent.engine.state import Recovery
@@ -90,7 +96,11 @@ def test_the_reason_names_the_fault_and_the_action(
 ) -> None:
     assert reason_for(rule, key, action) == ours
     assert reason_for(rule, key, action, STYLE_EKS) == (eks or ours)  # no EKS name: ours
-    assert ours in R.ALL and ours in R.UNHEALTHY and ours in OUR_CONDITION_REASONS
+    assert (
+        ours in OUR_REMEDIATION_REASONS
+        and ours in UNHEALTHY_REMEDIATION_REASONS
+        and ours in OUR_CONDITION_REASONS
+    )
     if eks:
         assert is_eks_reason(eks)
         # never ours: the fence must not let us remove the EKS agent's own condition
@@ -194,4 +204,4 @@ def test_the_readme_renders_the_action_table() -> None:
 def test_the_readme_names_no_reason_of_ours_that_the_code_does_not_write() -> None:
     section = README[README.index("### Node repair") : README.index("### Repair budget and wave hold")]
     named = set(re.findall(r"`(GPUHealthcheck[A-Za-z]+)`", section))
-    assert named <= set(R.ALL), named - set(R.ALL)
+    assert named <= set(OUR_REMEDIATION_REASONS), named - set(OUR_REMEDIATION_REASONS)

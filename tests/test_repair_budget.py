@@ -13,13 +13,12 @@ from agent.core.findings import Finding
 from agent.core.marks import Marks
 from agent.core.remediation_types import OUR_CONDITION_REASONS, RemediationMark, RemediationReason
 from agent.core.repair_budget import (
-    BUDGET_HELD,
     FAIL,
     MARK,
     RELEASE,
-    WAVE_HELD,
     BudgetPolicy,
     Hold,
+    HoldReason,
     Record,
     WavePolicy,
     budget_count,
@@ -86,7 +85,7 @@ def test_the_budget_counts_marks_written_before_ours_within_the_window() -> None
     # c is third by resourceVersion: over a limit of 2; b second: within it
     assert budget_hold(budget_count(records, records[1], 3600, None), 2, policy, "xid/79", None) is None
     held = budget_hold(budget_count(records, records[2], 3600, None), 2, policy, "xid/79", None)
-    assert held is not None and held.why == BUDGET_HELD and "limit is 2" in held.message
+    assert held is not None and held.why == HoldReason.BUDGET and "limit is 2" in held.message
     # a is more than a window older than d: it no longer counts against d
     late = mark("e", 1000 + 3601, 5)
     assert budget_count([*records, late], late, 3600, None) == 4  # b, c, d and e
@@ -119,7 +118,7 @@ def test_the_wave_holds_at_n_nodes_on_one_key_within_the_window_and_not_for_anot
     assert wave_decision(two, "xid/79", failing, 100, policy) is None
     three = [*two, fail("c", "xid/79", 800)]
     held = wave_decision(three, "xid/79", failing, 100, policy)
-    assert held is not None and held.why == WAVE_HELD and held.key == "xid/79"
+    assert held is not None and held.why == HoldReason.WAVE and held.key == "xid/79"
     assert "3 GPU nodes fail on xid/79" in held.message
     assert (
         wave_decision(
@@ -198,13 +197,13 @@ def test_only_a_new_mark_asks_the_budget() -> None:
 
 def test_a_held_node_keeps_its_taint_but_its_condition_stays_healthy_and_says_why() -> None:
     m = _marks("xid/79").remediation[0]
-    hold = Hold(WAVE_HELD, "xid/79", "40 GPU nodes fail on xid/79")
+    hold = Hold(HoldReason.WAVE, "xid/79", "40 GPU nodes fail on xid/79")
     status, reason, message = remediation_condition(
         m, taint_on=True, brake_open=False, disabled=False, prefix="gpu-healthcheck", hold=hold
     )
     assert (status, reason) == ("True", R.WAVE_HELD)
     assert message.startswith("not marked for remediation: 40 GPU nodes fail on xid/79")
-    budget = Hold(BUDGET_HELD, "xid/79", "the repair budget is spent")
+    budget = Hold(HoldReason.BUDGET, "xid/79", "the repair budget is spent")
     assert remediation_condition(
         m, taint_on=True, brake_open=False, disabled=False, prefix="gpu-healthcheck", hold=budget
     )[:2] == ("True", R.BUDGET_HELD)

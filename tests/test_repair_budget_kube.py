@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from agent.cli.brake import brake_footer, release
 from agent.cli.status import render_status
 from agent.core.marks import Marks
-from agent.core.node_keys import Reason
+from agent.core.node_keys import EventReason
 from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.repair_budget import FAIL, MARK, RELEASE, BudgetPolicy, WavePolicy
 from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
@@ -134,7 +134,7 @@ def test_budget_reached_holds_the_next_node_with_its_reason_and_the_taint_stays(
         assert "the repair budget is spent: 2 GPU nodes newly marked" in message
         assert fleet.tainted(n)  # the taint still applies within the brake
         assert results[n].ok and results[n].remediation_held == "budget" and results[n].held_key == "xid/79"
-        assert fleet.events(n).count(Reason.REMEDIATION_HELD) == 1
+        assert fleet.events(n).count(EventReason.REMEDIATION_HELD) == 1
     assert sum(r.kind == MARK for r in fleet.records()) == 2  # the held nodes' own marks were taken back
     # `gpu-healthcheck status` reads it from the Nodes: marked and held, not "4 would be marked"
     out, _ = render_status(core, selectors=[fleet.scope], namespace=kube_namespace)
@@ -223,7 +223,7 @@ def test_the_wave_holds_at_n_nodes_on_one_key_not_another_ends_when_they_recover
     assert [fleet.condition(n)[1] for n in (a, b, c, d)] == [R.FAILED, R.FAILED, R.WAVE_HELD, R.WAVE_HELD]
     assert "3 GPU nodes fail on xid/79" in fleet.condition(c)[2]
     assert fleet.tainted(c) and fleet.tainted(d)
-    assert Reason.REMEDIATION_HELD in fleet.events(c)
+    assert EventReason.REMEDIATION_HELD in fleet.events(c)
     # another key is no part of the wave
     assert not fleet.writers[e].apply(marks("gpu.responsive/timeout")).remediation_held
     assert fleet.condition(e)[:2] == ("False", R.FAILED)

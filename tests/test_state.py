@@ -15,7 +15,7 @@ import pytest
 from agent.config import load_config_dir, parse_config
 from agent.core.marks import Marks
 from agent.core.node import NodeObject
-from agent.core.node_keys import Keys, Reason
+from agent.core.node_keys import EventReason, Keys
 from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry
@@ -92,7 +92,7 @@ def test_an_appended_xid_latches_until_reboot(snap: Path) -> None:
     eng.run_tier("xid")
     verdict, marks = eng.evaluate()
     assert verdict.status is Status.FAIL and verdict.severity is Severity.REBOOT and marks.taint
-    assert [e.reason for e in marks.events] == [Reason.GPU_HEALTH_CHANGED, Reason.LATCHED_FINDING]
+    assert [e.reason for e in marks.events] == [EventReason.GPU_HEALTH_CHANGED, EventReason.LATCHED_FINDING]
     assert marks.condition_status == "False" and "Xid 79" in marks.condition_message
     doc = json.loads(marks.results_json)
     assert [item["key"] for item in doc["latched"]] == ["xid/79/0000:97:00.0"]

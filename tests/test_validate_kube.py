@@ -25,7 +25,7 @@ import yaml
 from kubernetes import client as k8s
 
 from agent.config import parse_config
-from agent.core.node_keys import Keys, Reason
+from agent.core.node_keys import EventReason, Keys
 from agent.core.probed import NotCaptured
 from agent.engine.loop import Agent
 from agent.probes.node_object import node_from_dict
@@ -104,15 +104,15 @@ def test_the_real_agent_lifts_the_taint_only_after_a_pass_and_never_on_fail_or_u
             logs[kind] = agent.log.read_text()[-3000:]
     # only ours went, NVIDIA's (and admission's not-ready) stay, in place
     assert taints(kube, nodes["passes"]) == [t for t in before["passes"] if t != VALIDATING], logs["passes"]
-    assert Reason.VALIDATION_PASSED in reasons(kube, nodes["passes"])
+    assert EventReason.VALIDATION_PASSED in reasons(kube, nodes["passes"])
     failing = taints(kube, nodes["fails"])
     assert VALIDATING in failing and NVIDIA in failing, logs["fails"]
     assert any(t["key"] == KEYS.taint and t["value"] == "reboot" for t in failing), failing
     assert label(kube, nodes["fails"], KEYS.tainted) == "true"
     assert taints(kube, nodes["blind"]) == before["blind"], logs["blind"]  # unknown never lifts it
     assert taints(kube, nodes["adds"]) == [*before["adds"], VALIDATING], logs["adds"]  # kept while unknown
-    assert Reason.VALIDATION_STARTED in reasons(kube, nodes["adds"])
-    assert Reason.VALIDATION_PASSED not in reasons(kube, nodes["blind"]) | reasons(kube, nodes["fails"])
+    assert EventReason.VALIDATION_STARTED in reasons(kube, nodes["adds"])
+    assert EventReason.VALIDATION_PASSED not in reasons(kube, nodes["blind"]) | reasons(kube, nodes["fails"])
 
 
 @pytest.mark.kube

@@ -19,7 +19,7 @@ from agent.config import load_config_dir
 from agent.core.dcgm_report import DiagReport, DiagResult, DiagStatus
 from agent.core.facts import Input
 from agent.core.findings import CheckResult, Finding
-from agent.core.node_keys import Keys, Reason
+from agent.core.node_keys import EventReason, Keys
 from agent.core.results_doc import VALIDATED_FIELD
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
@@ -84,8 +84,8 @@ def test_a_healthy_node_lifts_the_taint_once_every_tier_has_passed_and_not_befor
     eng.run_tier("topology")
     verdict, marks = eng.evaluate()
     assert verdict.status is Status.PASS and marks.validating is False
-    assert [e.reason for e in marks.events if e.reason == Reason.VALIDATION_PASSED] == [
-        Reason.VALIDATION_PASSED
+    assert [e.reason for e in marks.events if e.reason == EventReason.VALIDATION_PASSED] == [
+        EventReason.VALIDATION_PASSED
     ]
     assert json.loads(marks.results_json)[VALIDATED_FIELD]["bootId"] == eng.boot_id
     # Steady state: the same Marks again, nothing to write (the writer finds no taint to lift).
@@ -139,7 +139,7 @@ def test_the_agent_adds_the_taint_where_configured_until_it_has_landed(tmp_path:
     _, marks = eng.evaluate()
     assert marks.validating is True
     assert [e.reason for e in marks.events if e.reason.startswith("Validation")] == [
-        Reason.VALIDATION_STARTED
+        EventReason.VALIDATION_STARTED
     ]
     # mode observe never taints, this one neither
     observe = engine(
@@ -215,7 +215,7 @@ def test_where_the_agent_runs_diags_the_pass_waits_for_one(tmp_path: Path) -> No
     eng.run_tier("dcgm-diag")
     verdict, marks = eng.evaluate()
     assert verdict.status is Status.PASS and marks.validating is False
-    passed = [e for e in marks.events if e.reason == Reason.VALIDATION_PASSED]
+    passed = [e for e in marks.events if e.reason == EventReason.VALIDATION_PASSED]
     assert passed and "DCGM diag at level 3" in passed[0].message
     # A diag that fails: the node fails (the finding latches) and keeps the taint, a later pass too.
     box["diag"] = report(3, time.time(), DiagStatus.FAIL)
@@ -307,7 +307,7 @@ def test_the_taint_back_on_the_node_after_the_lift_starts_over(tmp_path: Path) -
     assert sorted(eng.schedule.due_tiers(time.monotonic())) == sorted(TIER_INPUTS)
     run_every_tier(eng)
     _, marks = eng.evaluate()
-    passed = [e.message for e in marks.events if e.reason == Reason.VALIDATION_PASSED]
+    passed = [e.message for e in marks.events if e.reason == EventReason.VALIDATION_PASSED]
     assert marks.validating is False and passed and "since the taint's return" in passed[0]
 
 

@@ -23,9 +23,11 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import unique
 from typing import Any
 
 from agent.core.text import shorten
+from agent.core.vocabulary import Vocabulary
 
 MAX_ENTRIES = 20
 KEY_MAX, BY_MAX, DID_MAX = 96, 64, 64  # the longest entry is under ENTRY_MAX_BYTES
@@ -38,21 +40,71 @@ DAYS = "days"
 MAX_DAYS = 90
 DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-# Our taint as an entry records it ("" = off).
-TAINT_ON, TAINT_HELD, TAINT_DISABLED = "on", "held", "disabled"
-# The remediation marks ("" = none wanted, or wanted without our taint).
-MARK_ON, MARK_BUDGET, MARK_WAVE = "on", "budget", "wave"
 
-# What was done (an entry's `did`, joined with "+") and by whom.
-TAINT, UNTAINT, BRAKE_HELD, TAINT_OFF_BY_LABEL = "taint", "untaint", "brake-held", "taint-disabled"
-MARK, UNMARK, BUDGET_HELD, WAVE_HELD = "mark", "unmark", "budget-held", "wave-held"
-CLEAR, REBOOT = "clear", "reboot"
-DIAG = "diag"  # an operator's `gpu-healthcheck diag` started (its requester in `by`)
-AGENT, BRAKE, BUDGET, WAVE, LABEL = "agent", "brake", "repair budget", "wave hold", "label"
+@unique
+class HistoryTaint(Vocabulary):
+    """Our taint as an entry records it (its `taint`)."""
 
-_TAINT_DID = {TAINT_ON: TAINT, TAINT_HELD: BRAKE_HELD, TAINT_DISABLED: TAINT_OFF_BY_LABEL}
-_MARK_DID = {MARK_ON: MARK, MARK_BUDGET: BUDGET_HELD, MARK_WAVE: WAVE_HELD}
-_BY = {BRAKE_HELD: BRAKE, BUDGET_HELD: BUDGET, WAVE_HELD: WAVE, TAINT_OFF_BY_LABEL: LABEL}
+    ON = "on"
+    HELD = "held"  # wanted, the brake holds it back
+    DISABLED = "disabled"  # wanted, the label <prefix>/taint=disabled refuses it
+    OFF = ""
+
+
+@unique
+class HistoryMark(Vocabulary):
+    """The remediation marks as an entry records them (its `mark`)."""
+
+    MARK_ON = "on"
+    HELD_BY_BUDGET = "budget"
+    HELD_BY_WAVE = "wave"
+    MARK_OFF = ""  # none wanted, or wanted without our taint
+
+
+@unique
+class HistoryAction(Vocabulary):
+    """What was done (an entry's `did`, joined with "+")."""
+
+    TAINT = "taint"
+    UNTAINT = "untaint"
+    TAINT_HELD_BY_BRAKE = "brake-held"
+    TAINT_OFF_BY_LABEL = "taint-disabled"
+    MARK = "mark"
+    UNMARK = "unmark"
+    MARK_HELD_BY_BUDGET = "budget-held"
+    MARK_HELD_BY_WAVE = "wave-held"
+    CLEAR = "clear"
+    DIAG = "diag"  # an operator's `gpu-healthcheck diag` started (its requester in `by`)
+    REBOOT = "reboot"
+
+
+@unique
+class HistoryActor(Vocabulary):
+    """Who did it (an entry's `by`), but for a clear's requester, who is named as they asked."""
+
+    AGENT = "agent"
+    BRAKE = "brake"
+    REPAIR_BUDGET = "repair budget"
+    WAVE_HOLD = "wave hold"
+    LABEL = "label"
+
+
+_TAINT_DID: dict[str, HistoryAction] = {
+    HistoryTaint.ON: HistoryAction.TAINT,
+    HistoryTaint.HELD: HistoryAction.TAINT_HELD_BY_BRAKE,
+    HistoryTaint.DISABLED: HistoryAction.TAINT_OFF_BY_LABEL,
+}
+_MARK_DID: dict[str, HistoryAction] = {
+    HistoryMark.MARK_ON: HistoryAction.MARK,
+    HistoryMark.HELD_BY_BUDGET: HistoryAction.MARK_HELD_BY_BUDGET,
+    HistoryMark.HELD_BY_WAVE: HistoryAction.MARK_HELD_BY_WAVE,
+}
+_BY = {
+    HistoryAction.TAINT_HELD_BY_BRAKE: HistoryActor.BRAKE,
+    HistoryAction.MARK_HELD_BY_BUDGET: HistoryActor.REPAIR_BUDGET,
+    HistoryAction.MARK_HELD_BY_WAVE: HistoryActor.WAVE_HOLD,
+    HistoryAction.TAINT_OFF_BY_LABEL: HistoryActor.LABEL,
+}
 FIELDS = ("at", "status", "key", "boot", "taint", "mark", "did", "by")
 
 
@@ -64,10 +116,10 @@ class Entry:
     status: str  # pass | warn | fail | unknown
     key: str = ""  # the worst finding's key (fail, warn)
     boot: str = ""  # the boot id's first BOOT_CHARS characters
-    taint: str = ""  # TAINT_ON | TAINT_HELD | TAINT_DISABLED | ""
-    mark: str = ""  # MARK_ON | MARK_BUDGET | MARK_WAVE | ""
+    taint: str = ""  # a HistoryTaint (as read: an older or newer agent's word stays a str)
+    mark: str = ""  # a HistoryMark
     did: str = ""  # "taint+mark", "untaint", "clear", "diag", "reboot", ... ("" = the status changed alone)
-    by: str = ""  # agent | brake | repair budget | wave hold | label | the clear's or diag's requester | "-"
+    by: str = ""  # a HistoryActor, the clear's or diag's requester, or "-"
 
     @property
     def state(self) -> tuple[str, str, str, str, str]:
@@ -76,16 +128,16 @@ class Entry:
     @property
     def marked(self) -> bool:
         """Our taint or a remediation mark was on: an engine or a human had reason to repair."""
-        return self.taint == TAINT_ON or self.mark == MARK_ON
+        return self.taint == HistoryTaint.ON or self.mark == HistoryMark.MARK_ON
 
     @property
     def cleared(self) -> bool:
-        return CLEAR in self.did.split("+")
+        return HistoryAction.CLEAR in self.did.split("+")
 
     @property
     def diagnosed(self) -> bool:
         """An operator's diag started here (`by` names who asked)."""
-        return DIAG in self.did.split("+")
+        return HistoryAction.DIAG in self.did.split("+")
 
     def as_dict(self) -> dict[str, str]:
         """Compact: empty fields are left out (at and status never are)."""
@@ -154,8 +206,8 @@ def transition(
     status: str,
     key: str,
     boot: str,
-    taint: str,
-    mark: str,
+    taint: HistoryTaint | str,
+    mark: HistoryMark | str,
     cleared_by: str | None = None,
     diag_by: str | None = None,
 ) -> Entry | None:
@@ -163,36 +215,43 @@ def transition(
     acted on (*cleared_by*: its requester, "" when unnamed) nor an operator's diag started
     (*diag_by*: likewise)."""
     boot = short_boot(boot)
-    new = (status, shorten(key, KEY_MAX), boot, taint, mark)
+    new = (status, shorten(key, KEY_MAX), boot, str(taint), str(mark))  # as parse() reads them back
     if last is not None and last.state == new and cleared_by is None and diag_by is None:
         return None
     before = last or Entry(at="", status="", boot=boot)
-    did = []
+    did: list[HistoryAction | None] = []
     if cleared_by is not None:
-        did.append(CLEAR)
+        did.append(HistoryAction.CLEAR)
     if diag_by is not None:
-        did.append(DIAG)
+        did.append(HistoryAction.DIAG)
     if before.boot and boot and before.boot != boot:
-        did.append(REBOOT)
+        did.append(HistoryAction.REBOOT)
     if taint != before.taint:
-        did.append(_TAINT_DID.get(taint) or (UNTAINT if before.taint == TAINT_ON else ""))
+        did.append(
+            _TAINT_DID.get(taint) or (HistoryAction.UNTAINT if before.taint == HistoryTaint.ON else None)
+        )
     if mark != before.mark:
-        did.append(_MARK_DID.get(mark) or (UNMARK if before.mark == MARK_ON else ""))
-    did = [d for d in did if d]
+        did.append(
+            _MARK_DID.get(mark) or (HistoryAction.UNMARK if before.mark == HistoryMark.MARK_ON else None)
+        )
+    done = [d for d in did if d is not None]
+    by: str
     asked = cleared_by if cleared_by is not None else diag_by
     if asked is not None:
         by = asked or "unnamed (kubectl annotate)"
     else:
-        by = next((_BY[d] for d in did if d in _BY), "-" if did == [REBOOT] else AGENT)
+        by = next(
+            (_BY[d] for d in done if d in _BY), "-" if done == [HistoryAction.REBOOT] else HistoryActor.AGENT
+        )
     return Entry(
         at=at,
         status=status,
         key=new[1],
         boot=boot,
-        taint=taint,
-        mark=mark,
-        did=shorten("+".join(did), DID_MAX),
-        by=shorten(by, BY_MAX),
+        taint=new[3],
+        mark=new[4],
+        did=shorten("+".join(done), DID_MAX),
+        by=shorten(str(by), BY_MAX),
     )
 
 
@@ -204,6 +263,10 @@ __all__ = [
     "MAX_BYTES",
     "MAX_ENTRIES",
     "Entry",
+    "HistoryAction",
+    "HistoryActor",
+    "HistoryMark",
+    "HistoryTaint",
     "append",
     "encode",
     "parse",

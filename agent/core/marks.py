@@ -10,9 +10,10 @@ from typing import Any
 from agent.core.device_scope import Scope
 from agent.core.node_keys import (
     CONDITIONS,
-    CONFIG_REJECTED_REASON,
     DEFAULT_TAINT_EFFECT,
     NORMAL,
+    ConditionReason,
+    EventReason,
 )
 from agent.core.remediation_types import RemediationMark
 from agent.core.results_doc import decode_results, encode, steady_results
@@ -21,9 +22,9 @@ from agent.core.severity import Severity, Status
 
 @dataclass(frozen=True)
 class NodeEvent:
-    """An Event on the Node (reason from Reason)."""
+    """An Event on the Node."""
 
-    reason: str
+    reason: EventReason
     message: str
     type: str = NORMAL  # or WARNING
 
@@ -98,10 +99,10 @@ class NodeWrite:
         return CONDITIONS[self.status].status
 
     @property
-    def condition_reason(self) -> str:
+    def condition_reason(self) -> ConditionReason:
         """The status's reason, or ConfigRejected while the agent runs on a config it fell back to
         (the status still tells health; the message says which config is in force and why)."""
-        return CONFIG_REJECTED_REASON if self.config_rejected else CONDITIONS[self.status].reason
+        return ConditionReason.CONFIG_REJECTED if self.config_rejected else CONDITIONS[self.status].reason
 
 
 @dataclass(frozen=True, kw_only=True)

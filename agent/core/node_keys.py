@@ -5,8 +5,10 @@ brake, status table, engine and tests import them from here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import unique
 
 from agent.core.severity import Status
+from agent.core.vocabulary import Vocabulary
 
 DEFAULT_PREFIX = "gpu-healthcheck"
 DEFAULT_CONDITION_TYPE = "GPUHealthy"
@@ -164,22 +166,35 @@ class Keys:
         return self.selector(base, own)
 
 
+@unique
+class ConditionReason(Vocabulary):
+    """The reasons of the node.conditionType condition (GPUHealthy), one per status, and the fallback
+    config's (CamelCase, as `kubectl describe node` shows them)."""
+
+    ALL_CHECKS_PASSED = "AllChecksPassed"
+    CHECKS_WARN = "ChecksWarn"
+    CHECKS_FAILED = "ChecksFailed"
+    CHECKS_UNKNOWN = "CouldNotCheck"
+    CONFIG_REJECTED = "ConfigRejected"  # the mounted config is invalid; the same word as its Event's
+
+
 @dataclass(frozen=True)
 class Condition:
     status: str  # "True" | "False" | "Unknown"
-    reason: str  # CamelCase, as `kubectl describe node` shows it
+    reason: ConditionReason
 
 
 CONDITIONS: dict[Status, Condition] = {
-    Status.PASS: Condition("True", "AllChecksPassed"),
-    Status.WARN: Condition("True", "ChecksWarn"),
-    Status.FAIL: Condition("False", "ChecksFailed"),
-    Status.UNKNOWN: Condition("Unknown", "CouldNotCheck"),
+    Status.PASS: Condition("True", ConditionReason.ALL_CHECKS_PASSED),
+    Status.WARN: Condition("True", ConditionReason.CHECKS_WARN),
+    Status.FAIL: Condition("False", ConditionReason.CHECKS_FAILED),
+    Status.UNKNOWN: Condition("Unknown", ConditionReason.CHECKS_UNKNOWN),
 }
 
 
-class Reason:
-    """The Events the agent posts on its Node."""
+@unique
+class EventReason(Vocabulary):
+    """The reasons of the Events the agent posts on its Node."""
 
     GPU_HEALTH_CHANGED = "GPUHealthChanged"
     LATCHED_FINDING = "LatchedFinding"
@@ -187,11 +202,11 @@ class Reason:
     TAINT_ADDED = "TaintAdded"
     TAINT_REMOVED = "TaintRemoved"
     TAINT_RESTORED = "TaintRestored"
-    TAINT_DISABLED = "TaintDisabled"
+    TAINT_OPTED_OUT = "TaintDisabled"  # the label <prefix>/taint=disabled keeps our taint off
     BRAKE_OPEN = "BrakeOpen"
     BRAKE_CLOSED = "BrakeClosed"
     CONFIG_RELOADED = "ConfigReloaded"
-    CONFIG_REJECTED = "ConfigRejected"
+    CONFIG_REJECTED = "ConfigRejected"  # the condition's reason too, while it lasts
     CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
     NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
@@ -203,7 +218,6 @@ class Reason:
     DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"  # no DeviceTaintRule API: the node taint
 
 
-CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts
 NORMAL, WARNING = "Normal", "Warning"
 EVENT_MESSAGE_MAX = 1024
 CONDITION_MESSAGE_MAX = 1024

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
-from agent.core.history_annotation import MAX_DAYS, Entry, parse_counts, short_boot
+from agent.core.history_annotation import MAX_DAYS, Entry, HistoryAction, parse_counts, short_boot
 
 HIGH, NORMAL = "high", "normal"
 RETAIN_DAYS = MAX_DAYS  # days of counts kept (windowDays may be at most this)
@@ -89,7 +89,7 @@ def risk_now(
 ) -> str:
     """The label this verdict gives the node: the counts on the Node, plus what the transition it
     is about to record counts (the writer adds that entry, and its counts, in the same PATCH)."""
-    new = Entry(at=now, status=status, boot=short_boot(boot), did="clear" if cleared else "")
+    new = Entry(at=now, status=status, boot=short_boot(boot), did=HistoryAction.CLEAR if cleared else "")
     counts = add(parse_counts(annotation), day_of(now), tally(entries, new))
     today = day_of(now)
     return risk(counts, policy, today) if today is not None else NORMAL

@@ -11,14 +11,19 @@ finding the EKS node monitoring agent also names gets that agent's reason
 overrides written for that agent work unchanged; any other finding keeps ours.
 
 The README renders these two tables ("The reason vocabulary"); tests/test_remediation_reasons.py
-holds them equal. Healthy-side and hold reasons stay in core/contract.RemediationReason.
+holds them equal. Healthy-side and hold reasons are core/remediation_types.py's RemediationReason.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NewType
 
 from agent.core.actions import Action
+
+# An unhealthy remediation condition's reason as this table makes it ("GPUHealthcheckXidReboot", or the
+# EKS agent's "NvidiaXID79Error"): its own type, so that no other vocabulary's word passes for one.
+FaultReason = NewType("FaultReason", str)
 
 REASON_PREFIX = "GPUHealthcheck"
 STYLE_OURS, STYLE_EKS = "gpu-healthcheck", "eks"
@@ -109,7 +114,7 @@ def fault_class(rule: str) -> str:
     return row.fault if row is not None else OTHER
 
 
-def reason_for(rule: str, key: str, action: Action, style: str = STYLE_OURS) -> str:
+def reason_for(rule: str, key: str, action: Action, style: str = STYLE_OURS) -> FaultReason:
     """The reason of an unhealthy remediation condition whose worst finding has *rule*, *key* (an
     Xid's "xid/79/…") and next step *action*, in *style*."""
     row = fault_row(rule)
@@ -117,8 +122,8 @@ def reason_for(rule: str, key: str, action: Action, style: str = STYLE_OURS) -> 
         parts = key.split("/")
         code = parts[1] if len(parts) > 1 and parts[0] == "xid" and parts[1].isdigit() else ""
         if "{code}" not in row.eks or code:
-            return row.eks.replace("{code}", code)
-    return f"{REASON_PREFIX}{row.fault if row is not None else OTHER}{ACTIONS[action]}"
+            return FaultReason(row.eks.replace("{code}", code))
+    return FaultReason(f"{REASON_PREFIX}{row.fault if row is not None else OTHER}{ACTIONS[action]}")
 
 
 def is_eks_reason(reason: str) -> bool:
@@ -135,12 +140,12 @@ def is_eks_reason(reason: str) -> bool:
     return False
 
 
-def our_reasons() -> tuple[str, ...]:
+def our_reasons() -> tuple[FaultReason, ...]:
     """Every reason of our style, in table order: a condition of ours carries one of them (the
     admission fence lets the agent remove a condition no longer configured only with one of ours)."""
     faults = dict.fromkeys([*(r.fault for r in FAULT_CLASSES), OTHER])
     actions = dict.fromkeys(ACTIONS.values())
-    return tuple(f"{REASON_PREFIX}{f}{a}" for f in faults for a in actions)
+    return tuple(FaultReason(f"{REASON_PREFIX}{f}{a}") for f in faults for a in actions)
 
 
 __all__ = [
@@ -151,6 +156,7 @@ __all__ = [
     "REASON_STYLES",
     "STYLE_EKS",
     "STYLE_OURS",
+    "FaultReason",
     "FaultRow",
     "fault_class",
     "fault_row",

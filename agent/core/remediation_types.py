@@ -4,10 +4,12 @@ carry, and what the engine wants each to say."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import unique
 
-from agent.core.node_keys import CONDITIONS, CONFIG_REJECTED_REASON
-from agent.core.remediation_reasons import STYLE_OURS, our_reasons
+from agent.core.node_keys import ConditionReason
+from agent.core.remediation_reasons import STYLE_OURS, FaultReason, our_reasons
 from agent.core.severity import Severity
+from agent.core.vocabulary import Vocabulary
 
 TRUE_FALSE = ("True", "False")
 
@@ -29,11 +31,12 @@ class RemediationCondition:
         return TRUE_FALSE[1] if self.unhealthy_status == TRUE_FALSE[0] else TRUE_FALSE[0]
 
 
-class RemediationReason:
+@unique
+class RemediationReason(Vocabulary):
     """The reasons of the remediation conditions: distinct from every other component's, so that the
     agent (and the admission fence) can tell a condition it wrote from one it must never touch.
-    The unhealthy status's reason while it fails names the fault and the action (UNHEALTHY, from
-    core/remediation_reasons.py); those of `reasonStyle: eks` are the EKS agent's, never in ALL."""
+    The unhealthy status's reason while it fails names the fault and the action (a FaultReason, from
+    core/remediation_reasons.py); those of `reasonStyle: eks` are the EKS agent's, never ours."""
 
     FAILED = "GPUHealthcheckFailed"  # unhealthy, written before the vocabulary: still ours to remove
     RECOVERING = "GPUHealthcheckRecovering"  # unhealthy still: recovering, or paused by an unknown cycle
@@ -46,30 +49,20 @@ class RemediationReason:
     BUDGET_HELD = "GPUHealthcheckBudgetHeld"  # healthy: node.repairBudget is spent for this window
     WAVE_HELD = "GPUHealthcheckWaveHeld"  # healthy: a correlated wave on this finding key (node.waveHold)
 
-    ALL = (
-        FAILED,
-        RECOVERING,
-        PASSED,
-        BELOW_MIN_SEVERITY,
-        COULD_NOT_CHECK,
-        BRAKE_HELD,
-        TAINT_DISABLED,
-        NOT_ENFORCED,
-        BUDGET_HELD,
-        WAVE_HELD,
-        *our_reasons(),
-    )
-    # Ours with the unhealthy status: the vocabulary, RECOVERING, and FAILED of older versions.
-    UNHEALTHY = (FAILED, RECOVERING, *our_reasons())
+
+# Every reason of ours a remediation condition can carry: the fixed ones and the fault-class ones.
+OUR_REMEDIATION_REASONS: tuple[str, ...] = (*RemediationReason, *our_reasons())
+# Ours with the unhealthy status: the vocabulary, RECOVERING, and FAILED of older versions.
+UNHEALTHY_REMEDIATION_REASONS: tuple[str, ...] = (
+    RemediationReason.FAILED,
+    RemediationReason.RECOVERING,
+    *our_reasons(),
+)
 
 
 # Every reason a condition of ours can carry: the admission fence lets the agent delete a condition of
 # a type no longer configured only when it carries one of these (it was ours).
-OUR_CONDITION_REASONS: tuple[str, ...] = (
-    *dict.fromkeys(c.reason for c in CONDITIONS.values()),
-    CONFIG_REJECTED_REASON,
-    *RemediationReason.ALL,
-)
+OUR_CONDITION_REASONS: tuple[str, ...] = (*ConditionReason, *OUR_REMEDIATION_REASONS)
 
 
 @dataclass(frozen=True)
@@ -81,7 +74,8 @@ class RemediationMark:
     type: str
     unhealthy_status: str
     unhealthy: bool
-    reason: str  # while the wish stands (FAILED/RECOVERING), or why the node is not unhealthy
+    # while the wish stands (a FaultReason, or RECOVERING), or why the node is not unhealthy
+    reason: RemediationReason | FaultReason
     message: str
     key: str = ""  # the finding key a new mark is counted under (core/repair_budget.finding_key)
 

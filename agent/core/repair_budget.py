@@ -23,15 +23,24 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import unique
 from fractions import Fraction
 
 from agent.core.findings import Finding
+from agent.core.vocabulary import Vocabulary
 
 FAIL, MARK, RELEASE = "fail", "mark", "release"  # the kinds of record
 RELEASE_ALL = ""  # a release without --key: every wave hold, and the budget's window
-BUDGET_HELD, WAVE_HELD = "budget", "wave"  # why a node is held (metrics label values)
 # creationTimestamp has whole seconds: a mark counts one second longer than its window (safe side).
 RESOLUTION_S = 1.0
+
+
+@unique
+class HoldReason(Vocabulary):
+    """Why a new remediation mark is held (the remediation_held metric's `reason` label)."""
+
+    BUDGET = "budget"
+    WAVE = "wave"
 
 
 @dataclass(frozen=True)
@@ -111,9 +120,9 @@ class Record:
 
 @dataclass(frozen=True)
 class Hold:
-    """A new mark held back: why (BUDGET_HELD or WAVE_HELD), for which key, in words."""
+    """A new mark held back: why, for which key, in words."""
 
-    why: str
+    why: HoldReason
     key: str
     message: str
 
@@ -181,7 +190,7 @@ def wave_decision(
     for i in range(len(times) - need + 1):
         if times[i + need - 1] - times[i] <= policy.window_s:
             return Hold(
-                WAVE_HELD,
+                HoldReason.WAVE,
                 key,
                 f"{len(nodes)} GPU nodes fail on {key} (at least {need} of {total} newly failed within "
                 f"{policy.window_s / 60:g} min): a correlated wave, new remediation marks for it are "
@@ -220,7 +229,7 @@ def budget_hold(count: int, limit: int, policy: BudgetPolicy, key: str, pool: st
         return None
     where = f" in {policy.per_label}={pool}" if pool is not None else ""
     return Hold(
-        BUDGET_HELD,
+        HoldReason.BUDGET,
         key,
         f"the repair budget is spent: {count - 1} GPU nodes{where} newly marked for remediation in the "
         f"last {policy.window_s / 60:g} min, the limit is {limit} (node.repairBudget)",
@@ -233,14 +242,13 @@ def expired(records: Iterable[Record], now: float, keep_s: float) -> list[Record
 
 
 __all__ = [
-    "BUDGET_HELD",
     "FAIL",
     "MARK",
     "RELEASE",
     "RELEASE_ALL",
-    "WAVE_HELD",
     "BudgetPolicy",
     "Hold",
+    "HoldReason",
     "Record",
     "RecordKeys",
     "WavePolicy",

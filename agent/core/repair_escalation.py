@@ -21,7 +21,7 @@ from datetime import datetime
 
 from agent.core.actions import Action
 from agent.core.findings import CheckResult, Finding
-from agent.core.history_annotation import KEY_MAX, Entry, parse, short_boot
+from agent.core.history_annotation import KEY_MAX, Entry, HistoryAction, parse, short_boot
 from agent.core.repair_budget import finding_key
 from agent.core.severity import Severity, Status
 from agent.core.text import shorten
@@ -56,7 +56,13 @@ def repairs(
     """How many repairs of *key* within the window the node failed again after, counting the failure
     now (on *boot*, after a clear acted on now when *cleared_now*)."""
     key = shorten(key, KEY_MAX)
-    now = Entry(at="", status=Status.FAIL.value, key=key, boot=short_boot(boot), did="clear" * cleared_now)
+    now = Entry(
+        at="",
+        status=Status.FAIL.value,
+        key=key,
+        boot=short_boot(boot),
+        did=HistoryAction.CLEAR if cleared_now else "",
+    )
     last = entries[-1] if entries else None
     seq = list(entries)
     if cleared_now or last is None or (last.status, last.key, last.boot) != (now.status, now.key, now.boot):

@@ -4,9 +4,11 @@ the layers below only call it, so they need no metrics library and no reporter i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from agent.core.findings import CheckResult
+from agent.core.metric_labels import ConfigReloadResult, ToolOutcome
+from agent.core.repair_budget import HoldReason
 from agent.core.severity import Status
 
 
@@ -16,10 +18,10 @@ class Telemetry(Protocol):
     def record_tier_run(self, tier: str, seconds: float) -> None: ...
     def record_xid(self, code: str) -> None: ...
     def record_taint_wanted(self, wanted: bool) -> None: ...
-    def record_config_reload(self, result: str) -> None: ...
+    def record_config_reload(self, result: ConfigReloadResult) -> None: ...
     def record_config_rejected(self, rejected: bool) -> None: ...
     def record_brake_open(self, is_open: bool) -> None: ...
-    def record_remediation_held(self, why: str, key: str) -> None: ...
+    def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None: ...
     def record_diag_running(self, running: bool) -> None: ...
     # This node's active-check state (core/active_checks.STATES), and a diag ended without a result
     # by why (core/active_checks.ABORT_REASONS).
@@ -27,7 +29,7 @@ class Telemetry(Protocol):
     def record_active_check_abort(self, reason: str) -> None: ...
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
     # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
-    def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None: ...
+    def record_tool_read(self, tool: str, outcome: ToolOutcome, seconds: float) -> None: ...
     # A DCGM call that did not return within dcgm.callTimeout (op: its C function, dcgmHealthCheck).
     def record_dcgm_call_hang(self, op: str) -> None: ...
     # The validating taint: on the Node since *since* (wall seconds; None: not on it), waiting for *waiting*.
@@ -52,7 +54,7 @@ class NoTelemetry:
     def record_taint_wanted(self, wanted: bool) -> None:
         pass
 
-    def record_config_reload(self, result: str) -> None:
+    def record_config_reload(self, result: ConfigReloadResult) -> None:
         pass
 
     def record_config_rejected(self, rejected: bool) -> None:
@@ -61,7 +63,7 @@ class NoTelemetry:
     def record_brake_open(self, is_open: bool) -> None:
         pass
 
-    def record_remediation_held(self, why: str, key: str) -> None:
+    def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None:
         pass
 
     def record_diag_running(self, running: bool) -> None:
@@ -76,7 +78,7 @@ class NoTelemetry:
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:
         pass
 
-    def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
+    def record_tool_read(self, tool: str, outcome: ToolOutcome, seconds: float) -> None:
         pass
 
     def record_dcgm_call_hang(self, op: str) -> None:

@@ -18,8 +18,9 @@ from agent.config.canary import MAIN
 from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input
 from agent.core.marks import Marks, NodeEvent
+from agent.core.metric_labels import ConfigReloadResult
 from agent.core.node import NodeObject
-from agent.core.node_keys import CANARY, CONDITION_MESSAGE_MAX, WARNING, Keys, Reason
+from agent.core.node_keys import CANARY, CONDITION_MESSAGE_MAX, WARNING, EventReason, Keys
 from agent.core.probed import Probed
 from agent.core.results_doc import stale_after_s
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -198,24 +199,26 @@ class Agent:
             except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
                 log.exception("applying the reloaded config failed", extra={"event": "config"})
                 self.pending_events.append(
-                    NodeEvent(Reason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING)
+                    NodeEvent(
+                        EventReason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING
+                    )
                 )
-        self.metrics.record_config_reload("applied")
+        self.metrics.record_config_reload(ConfigReloadResult.APPLIED)
         applied = ", ".join(outcome.changed) or "no key changed"
         where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
         if outcome.switched and outcome.previous != outcome.source:
             where += f"; was {outcome.previous.describe()}"
         log.info(f"config reloaded from {where}, applied: {applied}", extra={"event": "config"})
         self.pending_events.append(
-            NodeEvent(Reason.CONFIG_RELOADED, f"configuration reloaded and applied ({where}): {applied}")
+            NodeEvent(EventReason.CONFIG_RELOADED, f"configuration reloaded and applied ({where}): {applied}")
         )
         if outcome.needs_restart:
             kept = "; ".join(outcome.needs_restart)
-            self.metrics.record_config_reload("restart_required")
+            self.metrics.record_config_reload(ConfigReloadResult.RESTART_REQUIRED)
             log.warning(f"config not applied until the agent restarts: {kept}", extra={"event": "config"})
             self.pending_events.append(
                 NodeEvent(
-                    Reason.CONFIG_RESTART_REQUIRED,
+                    EventReason.CONFIG_RESTART_REQUIRED,
                     f"not applied until the agent restarts (old value kept): {kept}",
                     WARNING,
                 )
@@ -226,10 +229,10 @@ class Agent:
         """The mounted config is invalid (at start or on an edit): say so in an Event, the log, the
         metrics and the condition until a valid one is mounted."""
         self.config_problem = problem
-        self.metrics.record_config_reload("rejected")
+        self.metrics.record_config_reload(ConfigReloadResult.REJECTED)
         self.metrics.record_config_rejected(True)
         log.error(f"config rejected: {problem}", extra={"event": "config"})
-        self.pending_events.append(NodeEvent(Reason.CONFIG_REJECTED, problem, WARNING))
+        self.pending_events.append(NodeEvent(EventReason.CONFIG_REJECTED, problem, WARNING))
 
     def _backing_off(self, now: float) -> bool:
         """A write failed and its retry is not due: the tiers' results wait for it (write_policy)."""

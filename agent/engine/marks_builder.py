@@ -17,7 +17,7 @@ from agent.core.device_scope import confined_scope, warn_scope
 from agent.core.findings import CheckResult, Verdict
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
-from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Reason
+from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, EventReason
 from agent.core.probed import Probed
 from agent.core.results_doc import encode, results_document, stale_after_s
 from agent.core.severity import Severity, Status
@@ -147,12 +147,16 @@ def transition_events(
                 detail += f" → {worst.recommendation.describe()}{pods}"
         was = last_status.value if last_status else "none"
         kind = WARNING if verdict.status in (Status.FAIL, Status.UNKNOWN) else NORMAL
-        events.append(NodeEvent(Reason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind))
+        events.append(
+            NodeEvent(EventReason.GPU_HEALTH_CHANGED, f"{was} → {verdict.status.value}{detail}", kind)
+        )
     for latch in new_latches:
         then = f" → {latch.next_step.describe()}" if latch.next_step else ""
         pods = pods_text(gpus, latch.key)
         events.append(
-            NodeEvent(Reason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}{then}{pods}", WARNING)
+            NodeEvent(
+                EventReason.LATCHED_FINDING, f"{latch.severity.label}: {latch.message}{then}{pods}", WARNING
+            )
         )
     return tuple(events)
 

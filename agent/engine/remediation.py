@@ -27,9 +27,9 @@ from collections.abc import Sequence
 
 from agent.core.findings import Verdict
 from agent.core.node_keys import CONDITION_MESSAGE_MAX, DISABLED, MODE_TAINT, Keys
-from agent.core.remediation_reasons import reason_for
+from agent.core.remediation_reasons import FaultReason, reason_for
 from agent.core.remediation_types import RemediationCondition, RemediationMark, RemediationReason
-from agent.core.repair_budget import WAVE_HELD, Hold, finding_key
+from agent.core.repair_budget import Hold, HoldReason, finding_key
 from agent.core.severity import Severity, Status
 from agent.engine.state import Recovery
 
@@ -58,6 +58,7 @@ def remediation_marks(
     now = describe(verdict)
     key = finding_key(verdict.worst) if verdict.status is Status.FAIL else "unknown"
     out = []
+    reason: RemediationReason | FaultReason
     for entry in entries:
         rec = recoveries.get(entry.type) or Recovery()
         failing = verdict.status is Status.FAIL and verdict.severity >= entry.min_severity
@@ -98,7 +99,7 @@ def _recovering(rec: Recovery, recover_after: int) -> str:
     return f"{rec.note(recover_after)}; last failure: {rec.cause or '-'}"
 
 
-def _not_marked(why: str, cause: str) -> tuple[str, str]:
+def _not_marked(why: str, cause: str) -> tuple[RemediationReason, str]:
     """NotEnforced: the wish stands, but nothing enforces it (mode observe or label, or no taint)."""
     return RemediationReason.NOT_ENFORCED, f"{why}: {cause}"
 
@@ -111,7 +112,7 @@ def remediation_condition(
     disabled: bool,
     prefix: str,
     hold: Hold | None = None,
-) -> tuple[str, str, str]:
+) -> tuple[str, RemediationReason | FaultReason, str]:
     """(status, reason, message) of one remediation condition, once the taint is decided: the wish
     for the unhealthy status holds only where our taint is on; a node the brake holds back (or that
     refuses our taint, or is not tainted) is not marked for the engines either, and says why. A
@@ -119,7 +120,7 @@ def remediation_condition(
     if not mark.unhealthy:
         return mark.healthy_status, mark.reason, mark.message
     if taint_on and hold is not None:
-        reason = RemediationReason.WAVE_HELD if hold.why == WAVE_HELD else RemediationReason.BUDGET_HELD
+        reason = RemediationReason.WAVE_HELD if hold.why is HoldReason.WAVE else RemediationReason.BUDGET_HELD
         text = f"not marked for remediation: {hold.message}; {mark.message}"
         return mark.healthy_status, reason, text[:CONDITION_MESSAGE_MAX]
     if taint_on:

@@ -14,7 +14,7 @@ from agent.core.findings import CheckResult
 from agent.core.gpu import GpuInventory
 from agent.core.gpu_stall import GpuActivity, Sample, advance
 from agent.core.marks import NodeEvent
-from agent.core.node_keys import WARNING, Reason
+from agent.core.node_keys import WARNING, EventReason
 from agent.core.severity import Severity
 
 log = logging.getLogger("gpu-healthcheck.engine")
@@ -57,7 +57,7 @@ def stall_events(results: Iterable[CheckResult], before: set[str]) -> tuple[tupl
     """A GPUStalled Event for each stall finding not there at the last verdict, and the keys now."""
     found = {f.key: f for r in results if r.name == NAME for f in r.findings if f.severity > Severity.NONE}
     events = tuple(
-        NodeEvent(Reason.GPU_STALLED, found[key].message, WARNING)
+        NodeEvent(EventReason.GPU_STALLED, found[key].message, WARNING)
         for key in sorted(found)
         if key not in before
     )

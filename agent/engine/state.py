@@ -16,7 +16,7 @@ from agent.core.actions import Recommendation
 from agent.core.findings import CheckResult, Finding
 from agent.core.marks import ClearRequest, NodeEvent
 from agent.core.node import NodeObject
-from agent.core.node_keys import CLEAR_ALL, Reason
+from agent.core.node_keys import CLEAR_ALL, EventReason
 from agent.core.probed import Probed
 from agent.core.remediation_types import RemediationCondition
 from agent.core.results_doc import LAST_CLEAR_FIELD, REMEDIATION_FIELD, TAINT_FIELD
@@ -304,7 +304,7 @@ class EngineState:
             **({"force": True, "failing": list(request.failing)} if request and request.force else {}),
         }
         drop = (annotation,) + ((by_annotation,) if by_annotation in node.annotations else ())
-        return drop, NodeEvent(Reason.LATCHES_CLEARED, msg)
+        return drop, NodeEvent(EventReason.LATCHES_CLEARED, msg)
 
     def current_results(self, latest: Mapping[str, CheckResult], order: list[str]) -> list[CheckResult]:
         """Latest results, with latched findings whose evidence is gone kept in their check."""

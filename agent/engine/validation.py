@@ -36,7 +36,7 @@ from agent.core.facts import Input
 from agent.core.findings import CheckResult
 from agent.core.marks import NodeEvent
 from agent.core.node import NodeObject
-from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, Keys, Reason
+from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, EventReason, Keys
 from agent.core.results_doc import VALIDATING_FIELD, now_iso
 from agent.core.severity import Status
 
@@ -217,7 +217,7 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
         diag = f" and a DCGM diag at level {policy.diag_level}" if diag_needed else ""
         events.append(
             NodeEvent(
-                Reason.VALIDATION_PASSED,
+                EventReason.VALIDATION_PASSED,
                 f"passed every tier ({', '.join(sorted(tiers))}){diag} since the {v.why}: "
                 f"lifting the taint {key}",
             )
@@ -228,7 +228,7 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
         v.announced = True
         events.append(
             NodeEvent(
-                Reason.VALIDATION_STARTED,
+                EventReason.VALIDATION_STARTED,
                 f"not validated since the {v.why}: adding the taint {key}:{VALIDATING_EFFECT} "
                 "until every check has passed (node.validate.addTaint)",
             )

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from agent.config import Config
 from agent.core.marks import EXEMPT, TERM, NodeWrite
+from agent.core.repair_budget import HoldReason
 
 FIRST_RETRY_S = 1.0
 MAX_RETRY_S = 30.0
@@ -31,7 +32,7 @@ class WriteOutcome(Protocol):
     @property
     def error(self) -> str | None: ...
     @property
-    def remediation_held(self) -> str: ...
+    def remediation_held(self) -> HoldReason | Literal[""]: ...
     @property
     def held_key(self) -> str: ...
 

@@ -23,6 +23,7 @@ from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
+from agent.core.metric_labels import ToolOutcome
 from agent.core.node import NodeObject
 from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
 from agent.core.pci import PciSample
@@ -152,11 +153,13 @@ class LiveSource:
         kind = got.kind if isinstance(got, ProbeError) else None
         if kind is None:  # a read that waited for a hung GPU was given up on at its limit there
             waited = isinstance(got, GpuInventory) and any(h.waited_s is not None for h in got.hung)
-            self.telemetry.record_tool_read(tool, "timeout" if waited else "ok", seconds)
+            self.telemetry.record_tool_read(
+                tool, ToolOutcome.READ_TIMEOUT if waited else ToolOutcome.READ_OK, seconds
+            )
         elif kind is ProbeErrorKind.TOOL_FAILED:
-            self.telemetry.record_tool_read(tool, "failed", seconds)
+            self.telemetry.record_tool_read(tool, ToolOutcome.READ_FAILED, seconds)
         elif kind is ProbeErrorKind.TIMEOUT and seconds >= timeout_s:
-            self.telemetry.record_tool_read(tool, "timeout", seconds)
+            self.telemetry.record_tool_read(tool, ToolOutcome.READ_TIMEOUT, seconds)
         return got
 
     def topo(self) -> Probed[TopoMatrix]:

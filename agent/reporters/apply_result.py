@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from agent.core.node_keys import EventReason
+from agent.core.repair_budget import HoldReason
 from agent.reporters.refusals import Refusal
 
 
@@ -18,8 +21,8 @@ class ApplyResult:
     tainted: bool = False  # our taint is on the Node after this apply
     brake_open: bool = False  # marks.taint, but the brake refused the taint
     taint_disabled: bool = False  # marks.taint, but `<prefix>/taint=disabled` is set
-    events: tuple[str, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
-    remediation_held: str = ""  # a new remediation mark held back: "budget" or "wave" (repair_budget)
+    events: tuple[EventReason, ...] = ()  # reasons of the Events posted (or, dry run, that would be)
+    remediation_held: HoldReason | Literal[""] = ""  # a new remediation mark held back, and why
     held_key: str = ""  # the finding key of that hold
     error: str | None = None
     dry_run: bool = False

@@ -39,7 +39,8 @@ from typing import Any
 
 from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
 from agent.core.marks import Marks, NodeEvent
-from agent.core.node_keys import WARNING, Reason
+from agent.core.metric_labels import DeviceTaintFallback
+from agent.core.node_keys import WARNING, EventReason
 from agent.reporters.device_taint_rules import (
     NONE_EFFECT,
     Unavailable,
@@ -57,14 +58,14 @@ log = logging.getLogger(__name__)
 SLICE_WAIT_S = 5.0  # the first apply waits this long for the slice watch's first list
 
 
-def fallback_reason(exc: BaseException) -> str:
-    """Why a rule is not in place, for the metric: unavailable | refused | failed | unanswered."""
+def fallback_reason(exc: BaseException) -> DeviceTaintFallback:
+    """Why a rule is not in place, for the metric."""
     if isinstance(exc, Unavailable):
-        return "unavailable"
+        return DeviceTaintFallback.API_UNAVAILABLE
     code = api_status(exc)
     if code is None:
-        return "unanswered"
-    return "refused" if 400 <= code < 500 else "failed"
+        return DeviceTaintFallback.RULE_UNANSWERED
+    return DeviceTaintFallback.RULE_REFUSED if 400 <= code < 500 else DeviceTaintFallback.RULE_FAILED
 
 
 class IsolatingWriter:
@@ -259,14 +260,14 @@ class IsolatingWriter:
             '--runtime-config=resource.k8s.io/v1beta2=true (README "Per-GPU isolation")'
         )
         log.warning("node %s: %s", self.taints.node_name, message)
-        events.append(NodeEvent(Reason.DEVICE_TAINTS_UNAVAILABLE, message, WARNING))
+        events.append(NodeEvent(EventReason.DEVICE_TAINTS_UNAVAILABLE, message, WARNING))
         if self.metrics is not None:
-            self.metrics.record_device_taint_fallback("unavailable")
+            self.metrics.record_device_taint_fallback(DeviceTaintFallback.API_UNAVAILABLE)
 
     def _cover(self, exc: BaseException, events: list[NodeEvent]) -> None:
         """A rule the server did not accept: the Node taint stands in for it, from this apply on."""
         reason = fallback_reason(exc)
-        if reason == "unavailable":
+        if reason is DeviceTaintFallback.API_UNAVAILABLE:
             self._unavailable(tuple(w.device.name for w in self.wanted.values()), events)
         if not self.covering:
             log.warning(
@@ -277,7 +278,7 @@ class IsolatingWriter:
                 reason,
                 describe(exc),
             )
-            if self.metrics is not None and reason != "unavailable":
+            if self.metrics is not None and reason is not DeviceTaintFallback.API_UNAVAILABLE:
                 self.metrics.record_device_taint_fallback(reason)
         self.covering = reason
 
@@ -297,7 +298,7 @@ class IsolatingWriter:
             self.taints.node_name,
         )
         if self.metrics is not None:
-            self.metrics.record_device_taint_fallback("not-counted")
+            self.metrics.record_device_taint_fallback(DeviceTaintFallback.RULE_NOT_COUNTED)
         self.covering = ""
         self.node_wide = True
 

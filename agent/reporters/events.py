@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.core.marks import Marks, NodeEvent
-from agent.core.node_keys import DISABLED, EVENT_MESSAGE_MAX, WARNING, Keys, Reason
+from agent.core.node_keys import DISABLED, EVENT_MESSAGE_MAX, WARNING, EventReason, Keys
 from agent.core.results_doc import now_iso
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.taint_gate import TaintDecision, TaintState
@@ -44,7 +44,7 @@ def transition_events(
         if prev.taint_on:
             out.append(
                 NodeEvent(
-                    Reason.TAINT_RESTORED,
+                    EventReason.TAINT_RESTORED,
                     f"Taint {taint} was removed while the node fails; "
                     f"put it back (to stop tainting this node, label it {disable_label})",
                     WARNING,
@@ -54,36 +54,40 @@ def transition_events(
             if prev.brake_open:
                 out.append(
                     NodeEvent(
-                        Reason.BRAKE_CLOSED,
+                        EventReason.BRAKE_CLOSED,
                         "Tainted GPU nodes are below the brake limit again; tainting this node",
                     )
                 )
-            out.append(NodeEvent(Reason.TAINT_ADDED, f"Tainted {taint}: {marks.condition_message}", WARNING))
+            out.append(
+                NodeEvent(EventReason.TAINT_ADDED, f"Tainted {taint}: {marks.condition_message}", WARNING)
+            )
     elif not taint_on and had_taint:
         if disabled:
             out.append(
                 NodeEvent(
-                    Reason.TAINT_DISABLED,
+                    EventReason.TAINT_OPTED_OUT,
                     f"Removed taint {keys.taint}: label {disable_label} is set",
                 )
             )
         else:
             out.append(
-                NodeEvent(Reason.TAINT_REMOVED, f"Removed taint {keys.taint}: {marks.condition_message}")
+                NodeEvent(EventReason.TAINT_REMOVED, f"Removed taint {keys.taint}: {marks.condition_message}")
             )
     elif disabled and not prev.disabled:
         out.append(
             NodeEvent(
-                Reason.TAINT_DISABLED,
+                EventReason.TAINT_OPTED_OUT,
                 f"Not tainting although the node fails: label {disable_label} is set",
             )
         )
     if brake_open and not prev.brake_open:
         out.append(
-            NodeEvent(Reason.BRAKE_OPEN, f"Not tainting although the node fails: {brake_reason}", WARNING)
+            NodeEvent(
+                EventReason.BRAKE_OPEN, f"Not tainting although the node fails: {brake_reason}", WARNING
+            )
         )
     elif prev.brake_open and not brake_open and not taint_on:
-        out.append(NodeEvent(Reason.BRAKE_CLOSED, "The node no longer needs a taint"))
+        out.append(NodeEvent(EventReason.BRAKE_CLOSED, "The node no longer needs a taint"))
     return out
 
 
@@ -107,10 +111,12 @@ class EventPoster:
         self.request_timeout = request_timeout
         self._note = note
 
-    def post(self, events: Sequence[NodeEvent], node: Mapping[str, Any], *, dry_run: bool) -> tuple[str, ...]:
+    def post(
+        self, events: Sequence[NodeEvent], node: Mapping[str, Any], *, dry_run: bool
+    ) -> tuple[EventReason, ...]:
         """Post *events* about *node* (its uid from this copy); the reasons of those posted (or, dry
         run, that would be). A failed POST is logged and dropped: Events are best effort."""
-        posted: list[str] = []
+        posted: list[EventReason] = []
         uid = (node.get("metadata") or {}).get("uid")
         for ev in events:
             if dry_run:

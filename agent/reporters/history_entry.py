@@ -20,13 +20,9 @@ from typing import Any
 
 from agent.core.active_checks import DiagRequest
 from agent.core.history_annotation import (
-    MARK_BUDGET,
-    MARK_ON,
-    MARK_WAVE,
-    TAINT_DISABLED,
-    TAINT_HELD,
-    TAINT_ON,
     Entry,
+    HistoryMark,
+    HistoryTaint,
     append,
     encode,
     parse,
@@ -41,29 +37,34 @@ from agent.core.results_doc import now_iso
 from agent.reporters.node_patch import annotations_of, find_condition
 from agent.reporters.taint_gate import TaintDecision
 
-HELD = {RemediationReason.BUDGET_HELD: MARK_BUDGET, RemediationReason.WAVE_HELD: MARK_WAVE}
+HELD: dict[str, HistoryMark] = {
+    RemediationReason.BUDGET_HELD: HistoryMark.HELD_BY_BUDGET,
+    RemediationReason.WAVE_HELD: HistoryMark.HELD_BY_WAVE,
+}
 
 
-def taint_state(decided: TaintDecision) -> str:
+def taint_state(decided: TaintDecision) -> HistoryTaint:
     if decided.taint_on:
-        return TAINT_ON
+        return HistoryTaint.ON
     if decided.brake_open:
-        return TAINT_HELD
-    return TAINT_DISABLED if decided.disabled else ""
+        return HistoryTaint.HELD
+    return HistoryTaint.DISABLED if decided.disabled else HistoryTaint.OFF
 
 
-def shown_mark(node: Mapping[str, Any], marks: Marks, *, planned: bool = False) -> str:
+def shown_mark(node: Mapping[str, Any], marks: Marks, *, planned: bool = False) -> HistoryMark:
     """The remediation marks as the Node shows them: `on` when one is at its unhealthy status, else
     the hold one of them names (budget, wave), else "". *planned* (our taint is on): a mark the
     engine wants that the Node does not show held counts as `on`, as the status PATCH will show it."""
-    state = ""
+    state = HistoryMark.MARK_OFF
     for m in marks.remediation:
         cond = find_condition(node, m.type) or {}
         if cond.get("status") == m.unhealthy_status:
-            return MARK_ON
-        held = HELD.get(str(cond.get("reason")), "") if m.unhealthy else ""
+            return HistoryMark.MARK_ON
+        held = (
+            HELD.get(str(cond.get("reason")), HistoryMark.MARK_OFF) if m.unhealthy else HistoryMark.MARK_OFF
+        )
         if planned and m.unhealthy and not held:
-            return MARK_ON
+            return HistoryMark.MARK_ON
         state = state or held
     return state
 
@@ -107,7 +108,7 @@ class History:
             key=marks.worst_key,
             boot=marks.boot_id,
             taint=taint_state(decided),
-            mark=shown_mark(node, marks, planned=True) if decided.taint_on else "",
+            mark=shown_mark(node, marks, planned=True) if decided.taint_on else HistoryMark.MARK_OFF,
             cleared_by=cleared_by(node, marks, self.keys),
             diag_by=diag_by(node, marks, self.keys),
         )
@@ -129,7 +130,7 @@ class History:
         if not entries:
             return None
         last = entries[-1]
-        mark = shown_mark(node, marks) if last.taint == TAINT_ON else ""
+        mark = shown_mark(node, marks) if last.taint == HistoryTaint.ON else HistoryMark.MARK_OFF
         if mark == last.mark:
             return None
         if self.added is not None and self.added == last:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from agent.core.findings import CheckResult
+from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, ToolOutcome
+from agent.core.repair_budget import HoldReason
 from agent.core.severity import Severity, Status
 from agent.core.trend_history import CHECK_PREFIX
 from agent.reporters.node_story import NodeState
@@ -255,7 +258,7 @@ class Metrics:
     def record_write_refused(self, kind: str, code: int) -> None:
         self.write_refusals.labels(kind, str(code)).inc()
 
-    def record_config_reload(self, result: str) -> None:
+    def record_config_reload(self, result: ConfigReloadResult) -> None:
         self.config_reloads.labels(result).inc()
 
     def record_config_rejected(self, rejected: bool) -> None:
@@ -285,7 +288,7 @@ class Metrics:
     def record_active_check_abort(self, reason: str) -> None:
         self.active_check_aborts.labels(reason).inc()
 
-    def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
+    def record_tool_read(self, tool: str, outcome: ToolOutcome, seconds: float) -> None:
         """A read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
         self.tool_seconds.labels(tool, outcome).observe(seconds)
 
@@ -306,10 +309,10 @@ class Metrics:
     def record_device_taint_api(self, version: str) -> None:
         _only(self.device_taint_api, {(version,): 1}, self._shown)
 
-    def record_device_taint_fallback(self, reason: str) -> None:
+    def record_device_taint_fallback(self, reason: DeviceTaintFallback) -> None:
         self.device_taint_fallbacks.labels(reason).inc()
 
-    def record_remediation_held(self, why: str, key: str) -> None:
+    def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
         remediation mark back, labelled with the finding key; no series otherwise."""
         _only(self.remediation_held, {(why, key): 1} if why else {}, self._shown)

@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agent.core.marks import Marks
-from agent.core.node_keys import DISABLED, TRUE, Keys
-from agent.core.remediation_types import RemediationReason
+from agent.core.node_keys import DISABLED, TRUE, ConditionReason, Keys
+from agent.core.remediation_reasons import FaultReason
+from agent.core.remediation_types import OUR_REMEDIATION_REASONS, RemediationReason
 from agent.core.repair_budget import Hold
 from agent.engine.remediation import remediation_condition
 from agent.reporters.validating_taint import with_testing, with_validating
@@ -148,7 +149,13 @@ def plan_condition(
 
 
 def plan_entry(
-    node: Mapping[str, Any], condition_type: str, status: str, reason: str, message: str, *, now: str
+    node: Mapping[str, Any],
+    condition_type: str,
+    status: str,
+    reason: ConditionReason | RemediationReason | FaultReason,
+    message: str,
+    *,
+    now: str,
 ) -> dict[str, Any] | None:
     """One condition when its status, reason or message differ from the Node's, else None."""
     cur = find_condition(node, condition_type)
@@ -196,7 +203,7 @@ def plan_conditions(
             out.append(entry)
     gone = {t for t in retired if t not in wanted and find_condition(node, t) is not None}
     for c in (node.get("status") or {}).get("conditions") or ():
-        if c.get("type") not in wanted and c.get("reason") in RemediationReason.ALL:
+        if c.get("type") not in wanted and c.get("reason") in OUR_REMEDIATION_REASONS:
             gone.add(str(c.get("type")))
     out.extend({"type": t, "$patch": "delete"} for t in sorted(gone))
     return out

@@ -47,8 +47,8 @@ from agent.core.node_keys import (
     DEFAULT_CONDITION_TYPE,
     DEFAULT_PREFIX,
     EVENT_NAMESPACE,
+    EventReason,
     Keys,
-    Reason,
 )
 from agent.core.repair_budget import Hold
 from agent.core.results_doc import decode_results, now_iso
@@ -247,7 +247,7 @@ class NodeWriter:
 
     def _say_refused(
         self, marks: Marks, refusal: Refusal, kept: str, also: Sequence[NodeEvent]
-    ) -> tuple[str, ...]:
+    ) -> tuple[EventReason, ...]:
         """A refused write, out loud: the log line with the server's words, the metric by code, the
         `NodeWriteRefused` Event once per refusal, posted with the pending Events and *also*."""
         line = "node %s: the API server refused the %s: %s. %s; retrying"
@@ -332,7 +332,7 @@ class NodeWriter:
 
         events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)
         events += repair.events(hold) if repair is not None else []
-        self.restores += sum(ev.reason == Reason.TAINT_RESTORED for ev in events)
+        self.restores += sum(ev.reason == EventReason.TAINT_RESTORED for ev in events)
         self.gate.settle(decided, dry_run=self.dry_run)
         result = ApplyResult(
             ok=refused is None,

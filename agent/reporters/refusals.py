@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.core.marks import Marks, NodeEvent
-from agent.core.node_keys import WARNING, Reason
+from agent.core.node_keys import WARNING, EventReason
 from agent.reporters.kube_rest import api_message, api_status
 
 NOT_REFUSALS = frozenset({404, 408, 409, 429})
@@ -79,7 +79,7 @@ class RefusalNotices:
             return None
         self._said[key] = now
         return NodeEvent(
-            Reason.NODE_WRITE_REFUSED,
+            EventReason.NODE_WRITE_REFUSED,
             f"The API server refused the {WHAT.get(refusal.kind, refusal.kind)} ({refusal.summary}). "
             f"{kept}; wanted: {wanted}. Retrying with backoff.",
             WARNING,

@@ -30,16 +30,16 @@ from datetime import datetime
 from typing import Any
 
 from agent.core.marks import Marks, NodeEvent
-from agent.core.node_keys import WARNING, Keys, Reason
+from agent.core.node_keys import WARNING, EventReason, Keys
 from agent.core.remediation_reasons import is_eks_reason
-from agent.core.remediation_types import RemediationReason
+from agent.core.remediation_types import UNHEALTHY_REMEDIATION_REASONS
 from agent.core.repair_budget import (
-    BUDGET_HELD,
     FAIL,
     MARK,
     RELEASE,
     BudgetPolicy,
     Hold,
+    HoldReason,
     Record,
     RecordKeys,
     WavePolicy,
@@ -196,7 +196,9 @@ class RepairBudget:
         except Exception as exc:
             msg = describe_error(exc)
             log.warning("node %s: counting the repair budget failed: %s", self.node_name, msg)
-            return Hold(BUDGET_HELD, key, f"the repair budget could not be counted ({msg}); asking again")
+            return Hold(
+                HoldReason.BUDGET, key, f"the repair budget could not be counted ({msg}); asking again"
+            )
 
     def events(self, hold: Hold | None) -> list[NodeEvent]:
         """A RemediationHeld Event when a hold begins (or changes why or key), not every cycle."""
@@ -204,7 +206,9 @@ class RepairBudget:
         before, self._last_hold = self._last_hold, now
         if hold is None or now == before:
             return []
-        return [NodeEvent(Reason.REMEDIATION_HELD, f"Not marked for remediation: {hold.message}", WARNING)]
+        return [
+            NodeEvent(EventReason.REMEDIATION_HELD, f"Not marked for remediation: {hold.message}", WARNING)
+        ]
 
     # -- the decision --------------------------------------------------------------------------------
     def decide(self, node: Mapping[str, Any], key: str) -> Hold | None:
@@ -330,14 +334,14 @@ def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str 
     """Pure: the finding key when this apply would turn a remediation condition unhealthy on a Node
     that shows none of ours unhealthy yet (a new mark), else None (no wish, no taint, or marked
     already: a node already marked stays marked, the budget limits new marks only). Ours unhealthy:
-    any condition with a reason we write only with the unhealthy status (RemediationReason.UNHEALTHY),
+    any condition with a reason we write only with the unhealthy status (UNHEALTHY_REMEDIATION_REASONS),
     so that a renamed or an added entry on a marked node is no new mark; or, for the EKS agent's
     reasons (`reasonStyle: eks`, not ours alone), a configured entry at its unhealthy status with one."""
     wished = [m for m in marks.remediation if m.unhealthy]
     if not wished or not taint_on:
         return None
     conditions = (node.get("status") or {}).get("conditions") or ()
-    if any(c.get("reason") in RemediationReason.UNHEALTHY for c in conditions):
+    if any(c.get("reason") in UNHEALTHY_REMEDIATION_REASONS for c in conditions):
         return None
     unhealthy = {(m.type, m.unhealthy_status) for m in marks.remediation}
     if any(

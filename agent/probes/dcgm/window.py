@@ -28,7 +28,7 @@ from agent.core.active_checks import (
     Slots,
 )
 from agent.core.marks import NodeEvent
-from agent.core.node_keys import DIAG_ABORTED, DIAG_COMPLETED, NORMAL, WARNING, Reason
+from agent.core.node_keys import DIAG_ABORTED, DIAG_COMPLETED, NORMAL, WARNING, EventReason
 from agent.core.probed import ProbeError
 from agent.core.results_doc import now_iso
 from agent.core.telemetry import NoTelemetry, Telemetry
@@ -110,7 +110,7 @@ class DiagWindow:
                 self.state.began(request, runner.level, self._now())
                 self.state.say(
                     NodeEvent(
-                        Reason.ACTIVE_CHECK_STARTED,
+                        EventReason.ACTIVE_CHECK_STARTED,
                         f"DCGM diag level {runner.level} started, asked by {request.who()}",
                         NORMAL,
                     )
@@ -123,7 +123,7 @@ class DiagWindow:
                 stopped = self._abort if runner.aborted else None
                 self.metrics.record_active_check_abort(stopped.reason if stopped else UNFINISHED)
                 if runner.aborted:
-                    self.state.say(NodeEvent(Reason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
+                    self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
                 self.state.end(DIAG_ABORTED, self._now(), result.message)
             else:
                 self.state.end(DIAG_COMPLETED, self._now())

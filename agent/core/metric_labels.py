@@ -1,0 +1,42 @@
+"""The label values of the agent's metrics where they are a closed set (alerts and dashboards match
+them): each its own vocabulary, so that a value of one cannot be recorded under another's label.
+The hold's reason is core/repair_budget.py's HoldReason; a probe error's kind is ProbeErrorKind."""
+
+from __future__ import annotations
+
+from enum import unique
+
+from agent.core.vocabulary import Vocabulary
+
+
+@unique
+class ConfigReloadResult(Vocabulary):
+    """gpu_healthcheck_config_reloads_total{result}: what became of a changed mounted config."""
+
+    APPLIED = "applied"
+    RESTART_REQUIRED = "restart_required"  # a key that is not live changed
+    REJECTED = "rejected"  # invalid: the agent runs on its last good or the shipped config
+
+
+@unique
+class ToolOutcome(Vocabulary):
+    """gpu_healthcheck_tool_seconds{outcome}: how one read of a node tool ended."""
+
+    READ_OK = "ok"
+    READ_FAILED = "failed"  # it answered with an error
+    READ_TIMEOUT = "timeout"  # killed or abandoned at its limit
+
+
+@unique
+class DeviceTaintFallback(Vocabulary):
+    """gpu_healthcheck_device_taint_fallbacks_total{reason}: why the node taint stood in for a
+    per-GPU DeviceTaintRule."""
+
+    API_UNAVAILABLE = "unavailable"  # the API server serves no DeviceTaintRule version
+    RULE_REFUSED = "refused"  # the rule's write: a 4xx
+    RULE_FAILED = "failed"  # the rule's write: a 5xx
+    RULE_UNANSWERED = "unanswered"  # the rule's write: no answer
+    RULE_NOT_COUNTED = "not-counted"  # in place, but the brake does not count the rule
+
+
+__all__ = ["ConfigReloadResult", "DeviceTaintFallback", "ToolOutcome"]
