@@ -85,6 +85,7 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "MARK_HELD_BY_BUDGET": "budget-held",
         "MARK_HELD_BY_WAVE": "wave-held",
         "CLEAR": "clear",
+        "OPERATOR_DIAG": "diag",
         "REBOOT": "reboot",
     },
     HistoryActor: {

@@ -74,7 +74,7 @@ class HistoryAction(Vocabulary):
     MARK_HELD_BY_BUDGET = "budget-held"
     MARK_HELD_BY_WAVE = "wave-held"
     CLEAR = "clear"
-    DIAG = "diag"  # an operator's `gpu-healthcheck diag` started (its requester in `by`)
+    OPERATOR_DIAG = "diag"  # an operator's `gpu-healthcheck diag` started (its requester in `by`)
     REBOOT = "reboot"
 
 
@@ -137,7 +137,7 @@ class Entry:
     @property
     def diagnosed(self) -> bool:
         """An operator's diag started here (`by` names who asked)."""
-        return HistoryAction.DIAG in self.did.split("+")
+        return HistoryAction.OPERATOR_DIAG in self.did.split("+")
 
     def as_dict(self) -> dict[str, str]:
         """Compact: empty fields are left out (at and status never are)."""
@@ -223,7 +223,7 @@ def transition(
     if cleared_by is not None:
         did.append(HistoryAction.CLEAR)
     if diag_by is not None:
-        did.append(HistoryAction.DIAG)
+        did.append(HistoryAction.OPERATOR_DIAG)
     if before.boot and boot and before.boot != boot:
         did.append(HistoryAction.REBOOT)
     if taint != before.taint:
