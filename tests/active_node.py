@@ -16,6 +16,7 @@ The diag's start and end, as the fake engine sees them, are printed as `DIAG sta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -29,7 +30,10 @@ RECORDING = ROOT / "tests" / "fixtures" / "nvidia-smi-q" / "nvgpuexp-h100-80gb-h
 
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    """One write(2) for the line and its newline: the agent's threads log to the same stdout, and a
+    print (the text, then the newline) let a log line land between them."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
 def diag_clock(engine: Any, diag_seconds: float) -> None:
