@@ -102,6 +102,8 @@ FENCE_BEGIN = (
     "# BEGIN GENERATED prefix and condition types (scripts/gen-configmap.py, from config/config.yaml)"
 )
 FENCE_END = "# END GENERATED prefix and condition types"
+RECORDS_BEGIN = "# BEGIN GENERATED record keys (scripts/gen-configmap.py, from config/config.yaml)"
+RECORDS_END = "# END GENERATED record keys"
 # The chart's policy takes them from the config.yaml it renders (templates/_helpers.tpl).
 CHART_PREFIX = '{{ include "gpu-healthcheck.prefixCel" . }}'
 CHART_TYPES = '{{ include "gpu-healthcheck.conditionTypes" . }}'
@@ -149,6 +151,13 @@ def fence_variables(prefix: str, types: str) -> str:
     )
 
 
+def record_variables(prefix: str) -> str:
+    """The records policy's variable: the key prefix (*prefix*, a CEL string ending in /) of the
+    repair budget's record label and annotations (core/repair_budget.py RecordKeys)."""
+    lines = ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+    return "\n".join(lines) + "\n"
+
+
 def manifest_fence(config_dir: Path = CONFIG) -> str:
     """The policy's generated variables for config/config.yaml."""
     cfg = load_config_dir(config_dir)
@@ -187,12 +196,14 @@ def outputs() -> dict[Path, str]:
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
     chart = fence_variables(CHART_PREFIX, CHART_TYPES)
-    for path, block in (
-        (ROOT / "manifests" / POLICY, manifest_fence()),
-        (CHART / "templates" / POLICY, chart),
+    prefix = cel_string(load_config_dir(CONFIG).prefix + "/")
+    for path, block, records in (
+        (ROOT / "manifests" / POLICY, manifest_fence(), record_variables(prefix)),
+        (CHART / "templates" / POLICY, chart, record_variables(CHART_PREFIX)),
     ):
         text = path.read_text(encoding="utf-8")
-        out[path] = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        text = fill(text, block, str(path.relative_to(ROOT)), FENCE_BEGIN, FENCE_END)
+        out[path] = fill(text, records, str(path.relative_to(ROOT)), RECORDS_BEGIN, RECORDS_END)
     return out
 
 

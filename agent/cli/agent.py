@@ -38,9 +38,12 @@ if TYPE_CHECKING:
 BRAKE_WARM_JITTER_S = 30.0
 
 
-def fence_guard(core: Any, node_name: str, prefix: str, metrics: Metrics) -> FenceGuard:
-    """The admission fence's proof (reporters/fence.py) and the guard that holds every Node write of
-    an identity marked to be fenced that the fence does not hold (reporters/fence_guard.py)."""
+def fence_guard(
+    core: Any, node_name: str, prefix: str, metrics: Metrics, records_namespace: str = ""
+) -> FenceGuard:
+    """The admission fence's proof (reporters/fence.py; the repair budget's records in
+    *records_namespace* too) and the guard that holds every Node write of an identity marked to be
+    fenced that the fence does not hold (reporters/fence_guard.py)."""
     from agent.reporters.fence import prove_fence, report_fence
     from agent.reporters.fence_guard import FenceGuard
 
@@ -48,7 +51,7 @@ def fence_guard(core: Any, node_name: str, prefix: str, metrics: Metrics) -> Fen
         report_fence(proof)
         metrics.record_fence(proof.result.value)
 
-    return FenceGuard(lambda: prove_fence(core, node_name, prefix), reported)
+    return FenceGuard(lambda: prove_fence(core, node_name, prefix, records_namespace), reported)
 
 
 log = logging.getLogger("gpu-healthcheck.agent")
@@ -277,9 +280,9 @@ def main(args: Any) -> int:
         if not getattr(args, "once", False):
             # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
             brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
-        guard = fence_guard(core, node_name, cfg.prefix, metrics)
-        fence = guard.start()
         sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
+        guard = fence_guard(core, node_name, cfg.prefix, metrics, agent_namespace(sa_dir))
+        fence = guard.start()
         repair = RepairBudget(
             core,
             node_name,

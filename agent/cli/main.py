@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -158,6 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--namespace", default="gpu-healthcheck", help="the agents' namespace")
     rel.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     rel.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+    sw = br_sub.add_parser(
+        "sweep",
+        help="delete the records no agent may delete: old marks and releases, fail records of gone Nodes",
+    )
+    sw.add_argument(
+        "--older-than-hours",
+        type=float,
+        default=24.0,
+        help="delete marks older than this (at least node.repairBudget.windowMinutes; default 24)",
+    )
+    sw.add_argument("--namespace", default="gpu-healthcheck", help="the agents' namespace")
+    sw.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    sw.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
 
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
@@ -306,9 +320,25 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 def cmd_brake(args: argparse.Namespace) -> int:
     from agent.cli.agent import kube_core
-    from agent.cli.brake import release
+    from agent.cli.brake import release, sweep
     from agent.cli.clear import kubeconfig_user, whoami
 
+    if args.action == "sweep":
+        if args.older_than_hours <= 0:
+            raise UsageError("--older-than-hours: more than 0")
+        try:
+            said = sweep(
+                kube_core(args.kubeconfig),
+                namespace=args.namespace,
+                prefix=args.prefix,
+                older_than_s=args.older_than_hours * 3600,
+                now=time.time(),
+            )
+        except Exception as exc:  # no cluster, no permission: one clear line
+            print(f"gpu-healthcheck: cannot sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        print(said)
+        return 0
     if not args.reason.strip():
         raise UsageError("--reason: say why (it is kept with who asked)")
     try:

@@ -6,13 +6,22 @@ the node, key and pool in annotations, the time is the server's creationTimestam
 when a node is about to newly mark a remediation condition and listed then, from the API server's
 watch cache. Steady state costs nothing: a node that is already marked, or wants no mark, never asks.
 
+Each record is its owner's alone: the admission policy gpu-healthcheck-own-records lets an agent
+create `fail` and `mark` records of its own node only (its token's node claim), never a `release`,
+and never change or delete another node's record. So stale records go away by their owner or the
+garbage collector, never by another agent:
+
 - fail: one per node and finding key (a fixed name: a retry or a restarted agent finds it there),
-  written before the node asks; it counts toward the key's wave while the Node carries
-  `<prefix>/status=fail`, and the next lister deletes it once the Node does not (recovered or gone).
+  written before the node asks, owned by its Node (the garbage collector deletes it with the Node);
+  it counts toward the key's wave while the Node carries `<prefix>/status=fail`, and its agent
+  deletes it once its node no longer wants a mark.
 - mark: one per new mark, written, then counted with every record written before it (the list not
   older than its own resourceVersion): beyond the limit, it deletes itself and the node is held.
-  Marks count for the window whether or not their Node still exists; then the next lister deletes them.
-- release: `gpu-healthcheck brake release` (cli/brake.py): records before it no longer count.
+  Marks count for the window whether or not their Node still exists (no owner: a repaired Node
+  must not free budget); past the window they no longer count, and their agent deletes them when
+  it lists them; those of Nodes that are gone are deleted by `gpu-healthcheck brake sweep`.
+- release: `gpu-healthcheck brake release` (cli/brake.py), an operator's: records before it no
+  longer count.
 
 A held answer is kept for `hold_cache_s` (a held node asks again every reask period; the records
 change slowly); an allowed answer never is. API errors propagate: the writer keeps the condition as
@@ -55,10 +64,7 @@ from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 30)
-RELEASE_KEEP_S = 7 * 86400  # a release is kept this long (the records it voids may outlive it)
-FAIL_GRACE_S = 120.0  # a fail record of a node not (yet) seen failing is left alone this long
-GC_PER_LIST = 20  # deletes at most this many expired records per list ...
-GC_SHARE = 0.05  # ... each with this chance: hundreds of held agents list the same expired records
+GC_PER_LIST = 20  # an agent deletes at most this many of its own expired records per list
 
 
 def leases_path(namespace: str, name: str = "") -> str:
@@ -119,10 +125,16 @@ def create_record(
     *,
     name: str = "",
     holder: str = "",
+    owner: Mapping[str, Any] | None = None,
 ) -> Record:
-    """Write one record (a fixed *name*, else a generated one); a fixed name already there is
+    """Write one record (a fixed *name*, else a generated one), owned by the Node *owner* when given
+    (its metadata: the garbage collector deletes the record with it); a fixed name already there is
     answered by ApiException 409."""
     meta: dict[str, Any] = {"labels": {RecordKeys(prefix).kind: kind}, "annotations": dict(annotations)}
+    owner_meta = (owner or {}).get("metadata") or {}
+    if owner_meta.get("name") and owner_meta.get("uid"):
+        ref = {"apiVersion": "v1", "kind": "Node", "name": owner_meta["name"], "uid": owner_meta["uid"]}
+        meta["ownerReferences"] = [ref]
     if name:
         meta["name"] = name
     else:
@@ -165,6 +177,7 @@ class RepairBudget:
         self.hold_cache_s = hold_cache_s
         self._clock = clock
         self._failed: set[str] = set()  # keys this node's fail record was written for (this episode)
+        self._own_fails: set[str] = set()  # names of this node's fail records written or listed
         self._held: tuple[float, Hold] | None = None
         self._pool_totals: dict[str, tuple[float, int]] = {}
         self._last_hold: tuple[str, str] | None = None  # (why, key) of the hold the last Event named
@@ -182,6 +195,16 @@ class RepairBudget:
         self._failed.clear()
         self._held = None
 
+    def recovered(self) -> None:
+        """The node wants no remediation mark at all: its fail records no longer count toward a
+        wave; delete those this agent knows of (once: steady state sends nothing). Others, left
+        by an agent that restarted in between, no longer count either (the wave counts failing
+        Nodes only) and go with the Node (owner reference)."""
+        self.settled()
+        names, self._own_fails = self._own_fails, set()
+        for name in sorted(names):
+            self._delete(name)
+
     # -- the writer's questions ----------------------------------------------------------------------
     def ask(self, node: Mapping[str, Any], marks: Marks, taint_on: bool) -> Hold | None:
         """Asked by the Node writer on every apply, answered from memory unless a remediation
@@ -189,7 +212,10 @@ class RepairBudget:
         holds the mark: an unreadable count never marks a node blindly; the next ask tries again."""
         key = newly_marking(node, marks, taint_on) if self.on else None
         if key is None:
-            self.settled()
+            if any(m.unhealthy for m in marks.remediation):
+                self.settled()
+            else:
+                self.recovered()
             return None
         try:
             return self.decide(node, key)
@@ -213,12 +239,12 @@ class RepairBudget:
         now = self._clock()
         if self._held is not None and now - self._held[0] < self.hold_cache_s and self._held[1].key == key:
             return self._held[1]
-        min_rv = self._record_failure(key)
+        min_rv = self._record_failure(key, node)
         node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
         records = list_records(self.rest, self.namespace, self.prefix, min_rv)
         total = len(self.brake.gpu_node_names() | {self.node_name})
         failing = self._failing(node_rv) if self.wave.on else set()
-        self._collect(records, failing, now)
+        self._collect(records, now)
         hold = wave_decision(records, key, failing, total, self.wave)
         if hold is None and self.budget.on:
             hold = self._spend(node, key, records, now)
@@ -258,13 +284,15 @@ class RepairBudget:
         return hold
 
     # -- records -------------------------------------------------------------------------------------
-    def _record_failure(self, key: str) -> str | None:
-        """Write this node's fail record for *key* once per episode; its resourceVersion (None when
-        it was there already: then the cache as it is)."""
+    def _record_failure(self, key: str, node: Mapping[str, Any]) -> str | None:
+        """Write this node's fail record for *key* once per episode, owned by its Node; its
+        resourceVersion (None when it was there already: then the cache as it is)."""
         if key in self._failed or not self.wave.on:
             return None
         keys = RecordKeys(self.prefix)
         digest = hashlib.sha256(f"{self.node_name}\0{key}".encode()).hexdigest()[:20]
+        name = f"{self.prefix}-fail-{digest}"
+        self._own_fails.add(name)
         try:
             rec = create_record(
                 self.rest,
@@ -272,8 +300,9 @@ class RepairBudget:
                 self.prefix,
                 FAIL,
                 {keys.node: self.node_name, keys.key: key},
-                name=f"{self.prefix}-fail-{digest}",
+                name=name,
                 holder=self.node_name,
+                owner=node,
             )
         except Exception as exc:
             if api_status(exc) != 409:
@@ -301,20 +330,13 @@ class RepairBudget:
         self._pool_totals[pool] = (self._clock(), total)
         return total
 
-    def _collect(self, records: list[Record], failing: set[str], now: float) -> None:
-        """Delete a few records that no longer count: marks past the window, releases past a week,
-        fail records of Nodes no longer failing (when the failing Nodes were listed). Each lister
-        takes a random share: a record that no longer counts may linger, never count again."""
-        gone = [
-            r
-            for r in records
-            if (
-                (r.kind == MARK and now - r.at > self.budget.window_s + 60)
-                or (r.kind == RELEASE and now - r.at > RELEASE_KEEP_S)
-                or (r.kind == FAIL and failing and r.node not in failing and now - r.at > FAIL_GRACE_S)
-            )
-            and random.random() < GC_SHARE
-        ]
+    def _collect(self, records: list[Record], now: float) -> None:
+        """Delete this node's own marks past the window (never another node's record: the admission
+        policy refuses that, and a record that no longer counts may linger, never count again), and
+        remember its own fail records (deleted when the node recovers)."""
+        own = [r for r in records if r.node == self.node_name]
+        self._own_fails.update(r.name for r in own if r.kind == FAIL)
+        gone = [r for r in own if r.kind == MARK and now - r.at > self.budget.window_s + 60]
         for r in gone[:GC_PER_LIST]:
             self._delete(r.name)
 
