@@ -236,7 +236,8 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     verbs = ["create", "list", "delete"]
     leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}
     mark = {"apiGroups": ["fence.gpu-healthcheck.io"], "resources": ["nodes"], "verbs": ["fenced"]}
-    assert records["rules"] == [leases, mark]  # the records policy fences whoever holds this Role
+    daemonsets = {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]}  # the brake's total
+    assert records["rules"] == [leases, daemonsets, mark]  # the records policy fences whoever holds it
 
 
 def test_prometheus_rules_name_metrics_the_agent_exports() -> None:

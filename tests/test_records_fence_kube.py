@@ -92,7 +92,7 @@ def test_an_agent_writes_only_its_own_nodes_fail_and_mark_records(agent: dict[st
     # a record of another node, and a Lease that is no record
     denied(kube.request("POST", LEASES, lease(MARK, other), token=tok), "only the records of its own node")
     denied(kube.request("POST", LEASES, lease(FAIL, other), token=tok), "only the records of its own node")
-    denied(kube.request("POST", LEASES, lease(None, node), token=tok), "only fail and mark records")
+    denied(kube.request("POST", LEASES, lease(None, node), token=tok), "only fail, mark and taint records")
     # a `by` that is not the writer
     denied(
         kube.request("POST", LEASES, lease(MARK, node, by="alice@example.com"), token=tok),
@@ -247,3 +247,42 @@ def test_brake_sweep_deletes_what_no_agent_may(agent: dict[str, Any]) -> None:
     left = {r.name for r in list_records(rest, NS, PREFIX)}
     assert made[(FAIL, node)] in left
     assert made[(MARK, node)] not in left and made[(FAIL, gone)] not in left
+
+
+def test_an_agent_takes_and_frees_only_its_own_nodes_brake_slot(agent: dict[str, Any]) -> None:
+    """The brake's slots are records too: under its token the agent's Brake takes a slot for its
+    own node (owned by its Node) and frees it; a slot named for another node is refused, and so is
+    freeing another node's slot."""
+    from agent.reporters.brake_slots import Slots
+
+    kube, node, other, tok = agent["kube"], agent["node"], agent["other"], agent["token"]
+    scope = f"kubernetes.io/hostname in ({node},{other})"
+    with kube.api_client_for_token(tok) as api:
+        rest = KubeRest.of(api)
+        brake = Brake(rest, scope=scope, node_name=node, namespace=NS, max_fraction=1.0, max_nodes=1)
+        ok, reason = brake.allows_new_taint(node)
+        assert ok and brake.holds(node), reason
+        mine = Slots(rest, NS, PREFIX, scope)
+        status, body = kube.request(
+            "POST",
+            LEASES,
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": mine.name(7),
+                    "labels": {f"{PREFIX}/record": "taint"},
+                    "annotations": {f"{PREFIX}/node": other},
+                },
+            },
+            token=tok,
+        )
+        denied((status, body), "only the records of its own node")
+        admin = Slots(KubeRest.of(kube.api_client()), NS, PREFIX, scope)
+        assert admin.take(5, other)  # the other node's agent (here: the admin for it) takes one
+        denied(
+            kube.request("DELETE", f"{LEASES}/{admin.name(5)}", token=tok), "only the records of its own node"
+        )
+        brake.release(node)
+        assert not brake.holds(node) and mine.held_by(node, consistent=True) == []
+        admin.free(admin.name(5))

@@ -192,7 +192,7 @@ def test_budget_races_never_mark_more_than_the_limit(
         return repair.decide({"metadata": {"name": repair.node_name}}, "xid/79")
 
     for r in repairs:
-        r.brake.gpu_node_names()  # the GPU-node total read ahead, as the agent does at start
+        r.brake.gpu_node_total()  # the GPU-node total read before the race (cached)
     with ThreadPoolExecutor(len(repairs)) as pool:
         holds = list(pool.map(ask, repairs))
     for c in clients:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import threading
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from agent.probes.live import LiveSource
 from agent.probes.node_object import node_from_dict
 from agent.probes.snapshot import KMSG, SnapshotSource
 from agent.probes.source import Source
+from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT
 from agent.reporters.http import serve_http
 from agent.reporters.kube_rest import KubeRest, client_modules
 from agent.reporters.metrics import Metrics
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from agent.reporters.fence import FenceProof
     from agent.reporters.fence_guard import FenceGuard, GuardedWriter
     from agent.reporters.node_writer import NodeWriter
-
-BRAKE_WARM_JITTER_S = 30.0
 
 
 def fence_guard(
@@ -205,7 +203,7 @@ def isolating_writer(
 ) -> Any:
     """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation)."""
     from agent.reporters.device_isolation import IsolatingWriter
-    from agent.reporters.device_taints import DeviceTaints, tainted_nodes
+    from agent.reporters.device_taints import DeviceTaints
     from agent.reporters.resource_slices import SliceWatch
 
     taints = DeviceTaints(
@@ -215,8 +213,7 @@ def isolating_writer(
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
-    if brake is not None:
-        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
+    # (a node whose GPUs are isolated takes a brake slot as a tainted one does: IsolatingWriter asks)
     return IsolatingWriter(
         writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
     )
@@ -267,6 +264,9 @@ def main(args: Any) -> int:
         from agent.reporters.node_writer import NodeWriter
         from agent.reporters.repair_budget import RepairBudget
 
+        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
+        # Its slots and the total (the agent DaemonSets' desired count) are in the agents' namespace;
+        # nothing is read before a first taint: a DaemonSet rollout costs no count of the fleet.
         brake = Brake(
             core,
             selectors=cfg.gpu_node_selection,
@@ -276,11 +276,9 @@ def main(args: Any) -> int:
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,
             min_severity=cfg.node.taint_min_severity.label,
+            namespace=agent_namespace(sa_dir),
+            service_account=os.environ.get("POD_SERVICE_ACCOUNT", "").strip() or DEFAULT_SERVICE_ACCOUNT,
         )
-        if not getattr(args, "once", False):
-            # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
-            brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
-        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
         guard = fence_guard(core, node_name, cfg.prefix, metrics, agent_namespace(sa_dir))
         fence = guard.start()
         repair = RepairBudget(

@@ -242,7 +242,7 @@ class RepairBudget:
         min_rv = self._record_failure(key, node)
         node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
         records = list_records(self.rest, self.namespace, self.prefix, min_rv)
-        total = len(self.brake.gpu_node_names() | {self.node_name})
+        total = self.brake.gpu_node_total()
         failing = self._failing(node_rv) if self.wave.on else set()
         self._collect(records, now)
         hold = wave_decision(records, key, failing, total, self.wave)
@@ -276,9 +276,7 @@ class RepairBudget:
         )
         if hold is None and self.wave.on:  # a wave that landed while we counted holds us too
             failing = self._failing(None)
-            hold = wave_decision(
-                after, key, failing, len(self.brake.gpu_node_names() | {self.node_name}), self.wave
-            )
+            hold = wave_decision(after, key, failing, self.brake.gpu_node_total(), self.wave)
         if hold is not None:
             self._delete(own.name)
         return hold
@@ -318,15 +316,14 @@ class RepairBudget:
         return set(names_in_list(self.brake.list_doc(selector, min_rv=min_rv))) | {self.node_name}
 
     def _pool_total(self, pool: str | None) -> int:
-        """GPU nodes in this node's pool (the perLabel value), read at most every 5 minutes."""
-        gpu = self.brake.gpu_node_names() | {self.node_name}
+        """GPU nodes in this node's pool (the perLabel value: the GPU nodes with that value, listed by
+        name, at most every 5 minutes)."""
         if pool is None:
-            return len(gpu)
+            return self.brake.gpu_node_total()
         cached = self._pool_totals.get(pool)
         if cached is not None and self._clock() - cached[0] < 300:
             return cached[1]
-        selector = Keys.selector(self.brake.scope, f"{self.budget.per_label}={pool}")
-        total = len((set(names_in_list(self.brake.list_doc(selector))) & gpu) | {self.node_name})
+        total = max(self.brake.count_selected(f"{self.budget.per_label}={pool}"), 1)
         self._pool_totals[pool] = (self._clock(), total)
         return total
 
