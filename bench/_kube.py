@@ -146,7 +146,7 @@ ServedKey = tuple[str, str]  # (resource[/subresource], verb)
 
 
 def apiserver_served(
-    env: Any, resources: tuple[str, ...] = ("nodes", "events", "leases")
+    env: Any, resources: tuple[str, ...] = ("nodes", "events", "leases", "daemonsets")
 ) -> dict[ServedKey, tuple[float, float]]:
     """What the API server served for *resources*, from its own /metrics: per (resource, verb) the
     requests (`apiserver_request_total`, every code) and the response bytes (`apiserver_response_sizes`,

@@ -813,7 +813,7 @@ def print_phases(fleet: Fleet, figs: Figures) -> None:
     """Issue 37's figures: per phase what the API server served (requests, bytes; its own /metrics),
     per agent and per failing node, and its CPU and peak RSS per 1,000 agents."""
     n, failing = fleet.run.n, len(fleet.bad)
-    print("per phase, as the API server counted it (nodes, events, leases; watch streams apart):")
+    print("per phase, as the API server counted it (nodes, events, leases, daemonsets; watch streams apart):")
     for name, phase in figs.phases.items():
         for line in phase_lines(name, phase, n, failing if name == "wave" else 0):
             print(f"  {line}")

@@ -397,7 +397,10 @@ def main() -> None:
     for (_, verb, code), v in lease.items():
         by_verb[f"{verb} {code}"] = by_verb.get(f"{verb} {code}", 0) + v
     print("lease requests: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_verb.items())))
-    print("per phase, as the API server counted it (nodes, events, leases; the engine's polls included):")
+    print(
+        "per phase, as the API server counted it (nodes, events, leases, daemonsets; the engine's polls "
+        "taken out):"
+    )
     for name, phase in phases.items():
         for line in phase_lines(name, phase, len(bad), len(bad) if name == "wave" else 0):
             print(f"  {line}")

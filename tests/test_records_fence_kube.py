@@ -92,7 +92,8 @@ def test_an_agent_writes_only_its_own_nodes_fail_and_mark_records(agent: dict[st
     # a record of another node, and a Lease that is no record
     denied(kube.request("POST", LEASES, lease(MARK, other), token=tok), "only the records of its own node")
     denied(kube.request("POST", LEASES, lease(FAIL, other), token=tok), "only the records of its own node")
-    denied(kube.request("POST", LEASES, lease(None, node), token=tok), "only fail, mark and taint records")
+    no_record = lease(None, node)
+    denied(kube.request("POST", LEASES, no_record, token=tok), "only fail, mark, taint and wave records")
     # a `by` that is not the writer
     denied(
         kube.request("POST", LEASES, lease(MARK, node, by="alice@example.com"), token=tok),

@@ -28,6 +28,7 @@ from fractions import Fraction
 from agent.core.findings import Finding
 
 FAIL, MARK, RELEASE = "fail", "mark", "release"  # the kinds of record
+WAVE = "wave"  # a marker: a full count found this key's wave (reporters/repair_budget.py)
 RELEASE_ALL = ""  # a release without --key: every wave hold, and the budget's window
 BUDGET_HELD, WAVE_HELD = "budget", "wave"  # why a node is held (metrics label values)
 # creationTimestamp has whole seconds: a mark counts one second longer than its window (safe side).
@@ -43,6 +44,11 @@ class RecordKeys:
     @property
     def kind(self) -> str:
         return f"{self.prefix}/record"
+
+    @property
+    def key_label(self) -> str:
+        """The finding key's slug as a label (fail records, wave markers): one key's records listed alone."""
+        return f"{self.prefix}/record-key"
 
     @property
     def node(self) -> str:
@@ -238,6 +244,7 @@ __all__ = [
     "MARK",
     "RELEASE",
     "RELEASE_ALL",
+    "WAVE",
     "WAVE_HELD",
     "BudgetPolicy",
     "Hold",

@@ -6,7 +6,8 @@ status.desiredNumberScheduled, kept by the DaemonSet controller, is the number o
 read of the agents' own namespace, whatever the fleet's size, and nothing an agent can write (RBAC
 gives it no write on DaemonSets). Every DaemonSet there whose pods run as the agent's
 ServiceAccount counts (an image canary's DaemonSet beside the main one: they share the nodes
-between them). None when there is none or it cannot be read: the caller lists the Nodes instead.
+between them). None when there is none, it cannot be read, or its count is 0 (not counted yet: this
+agent is one of its pods): the caller lists the Nodes instead.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ def daemonset_total(rest: KubeRest, namespace: str, service_account: str) -> int
         if ((d.get("spec") or {}).get("template") or {}).get("spec", {}).get("serviceAccountName")
         == service_account
     ]
-    if not ours:
-        return None
-    return sum(int((d.get("status") or {}).get("desiredNumberScheduled") or 0) for d in ours)
+    total = sum(int((d.get("status") or {}).get("desiredNumberScheduled") or 0) for d in ours)
+    return total or None  # 0: the controller has not counted yet (this agent is one of its pods)
 
 
 __all__ = ["DEFAULT_SERVICE_ACCOUNT", "daemonset_total"]

@@ -34,7 +34,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +47,8 @@ from agent.core.repair_budget import (
     FAIL,
     MARK,
     RELEASE,
+    WAVE,
+    WAVE_HELD,
     BudgetPolicy,
     Hold,
     Record,
@@ -56,6 +58,8 @@ from agent.core.repair_budget import (
     budget_hold,
     budget_limit,
     budget_spent,
+    key_slug,
+    released_rv,
     wave_decision,
 )
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake, names_in_list
@@ -84,7 +88,7 @@ def record_of(item: Mapping[str, Any], prefix: str) -> Record | None:
     keys = RecordKeys(prefix)
     meta = item.get("metadata") or {}
     kind = (meta.get("labels") or {}).get(keys.kind)
-    if kind not in (FAIL, MARK, RELEASE):
+    if kind not in (FAIL, MARK, RELEASE, WAVE):
         return None
     ann = meta.get("annotations") or {}
     try:
@@ -104,10 +108,20 @@ def record_of(item: Mapping[str, Any], prefix: str) -> Record | None:
     )
 
 
-def list_records(rest: KubeRest, namespace: str, prefix: str, min_rv: str | None = None) -> list[Record]:
-    """Every record in *namespace*, metadata only, from the watch cache (not older than *min_rv*
-    when given: every record written before it is seen)."""
-    query = {"labelSelector": RecordKeys(prefix).kind, "resourceVersion": min_rv or "0"}
+def list_records(
+    rest: KubeRest,
+    namespace: str,
+    prefix: str,
+    min_rv: str | None = None,
+    kinds: Sequence[str] = (FAIL, MARK, RELEASE),
+    key: str | None = None,
+) -> list[Record]:
+    """The records of *kinds* in *namespace* (of the finding *key* alone, when given: fail records
+    and wave markers carry its slug as a label), metadata only, from the watch cache (not older
+    than *min_rv* when given: every record written before it is seen)."""
+    keys = RecordKeys(prefix)
+    selector = f"{keys.kind} in ({','.join(kinds)})" + (f",{keys.key_label}={key_slug(key)}" if key else "")
+    query = {"labelSelector": selector, "resourceVersion": min_rv or "0"}
     if min_rv:
         query["resourceVersionMatch"] = "NotOlderThan"
     doc = rest.json(
@@ -130,7 +144,11 @@ def create_record(
     """Write one record (a fixed *name*, else a generated one), owned by the Node *owner* when given
     (its metadata: the garbage collector deletes the record with it); a fixed name already there is
     answered by ApiException 409."""
-    meta: dict[str, Any] = {"labels": {RecordKeys(prefix).kind: kind}, "annotations": dict(annotations)}
+    keys = RecordKeys(prefix)
+    labels = {keys.kind: kind}
+    if annotations.get(keys.key) and kind in (FAIL, WAVE):
+        labels[keys.key_label] = key_slug(annotations[keys.key])  # lists of one key's records
+    meta: dict[str, Any] = {"labels": labels, "annotations": dict(annotations)}
     owner_meta = (owner or {}).get("metadata") or {}
     if owner_meta.get("name") and owner_meta.get("uid"):
         ref = {"apiVersion": "v1", "kind": "Node", "name": owner_meta["name"], "uid": owner_meta["uid"]}
@@ -167,6 +185,7 @@ class RepairBudget:
         prefix: str,
         hold_cache_s: float = 30.0,
         clock: Any = time.time,
+        marker_recheck_s: float | None = None,
     ) -> None:
         self.rest = KubeRest.of(core)
         self.node_name = node_name
@@ -175,9 +194,11 @@ class RepairBudget:
         self.budget, self.wave = budget, wave
         self.prefix = prefix
         self.hold_cache_s = hold_cache_s
+        self._marker_recheck_s = marker_recheck_s  # None: a third of the wave's window, at most 5 min
         self._clock = clock
         self._failed: set[str] = set()  # keys this node's fail record was written for (this episode)
-        self._own_fails: set[str] = set()  # names of this node's fail records written or listed
+        self._own_records: set[str] = set()  # this node's fail records and wave markers, written or listed
+        self._markers: dict[str, tuple[str, float]] = {}  # key -> (its marker's name, when counted)
         self._held: tuple[float, Hold] | None = None
         self._pool_totals: dict[str, tuple[float, int]] = {}
         self._last_hold: tuple[str, str] | None = None  # (why, key) of the hold the last Event named
@@ -197,11 +218,12 @@ class RepairBudget:
 
     def recovered(self) -> None:
         """The node wants no remediation mark at all: its fail records no longer count toward a
-        wave; delete those this agent knows of (once: steady state sends nothing). Others, left
-        by an agent that restarted in between, no longer count either (the wave counts failing
-        Nodes only) and go with the Node (owner reference)."""
+        wave, its wave markers hold no more; delete those this agent knows of (once: steady state
+        sends nothing). Others, left by an agent that restarted in between, no longer count either
+        (the wave counts failing Nodes only) and go with the Node (owner reference)."""
         self.settled()
-        names, self._own_fails = self._own_fails, set()
+        names, self._own_records = self._own_records, set()
+        self._markers.clear()
         for name in sorted(names):
             self._delete(name)
 
@@ -235,19 +257,30 @@ class RepairBudget:
     # -- the decision --------------------------------------------------------------------------------
     def decide(self, node: Mapping[str, Any], key: str) -> Hold | None:
         """This node is about to newly mark a remediation condition for *key*: None to go ahead,
-        else why not. API errors propagate."""
+        else why not. API errors propagate.
+
+        What it reads stays small whatever the fleet: the budget's marks and the releases (at most
+        the budget's limit per window), and the key's wave markers. Only a node that finds no
+        marker counts the wave in full (the key's fail records and the failing Nodes): at its first
+        ask of an episode, or when the budget would let it mark. A full count that finds a wave
+        leaves a marker (its node's own record), so that the other nodes of the wave are held by
+        one small list; a marker's owner counts again every `marker_recheck_s` and takes its marker
+        away when the wave has ended (a marker left by a node that recovered goes with it)."""
         now = self._clock()
         if self._held is not None and now - self._held[0] < self.hold_cache_s and self._held[1].key == key:
             return self._held[1]
+        first = key not in self._failed
         min_rv = self._record_failure(key, node)
-        node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
-        records = list_records(self.rest, self.namespace, self.prefix, min_rv)
-        total = self.brake.gpu_node_total()
-        failing = self._failing(node_rv) if self.wave.on else set()
-        self._collect(records, now)
-        hold = wave_decision(records, key, failing, total, self.wave)
+        ledger = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK, RELEASE))
+        self._collect(ledger, now)
+        hold = self._marked_wave(key, ledger, now) if self.wave.on else None
+        spent = self._budget_spent(node, key, ledger, now) if hold is None and self.budget.on else None
+        if hold is None and self.wave.on and (first or spent is None) and not self._marker_fresh(key, now):
+            node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
+            hold = self._count_wave(key, ledger, node, node_rv, min_rv, now)
+        hold = hold or spent
         if hold is None and self.budget.on:
-            hold = self._spend(node, key, records, now)
+            hold = self._spend(node, key, now)
         if hold is not None:
             # kept a random share of hold_cache_s longer: the held nodes of a fleet do not all ask
             # again in the same instant when the budget's window moves or a release comes
@@ -257,26 +290,110 @@ class RepairBudget:
             self._held = None
         return hold
 
-    def _spend(self, node: Mapping[str, Any], key: str, records: list[Record], now: float) -> Hold | None:
-        """Take one of the budget's marks: look, write ours, count what was written before it."""
-        per = self.budget.per_label
-        pool = ((node.get("metadata") or {}).get("labels") or {}).get(per, "") if per else None
-        limit = budget_limit(self.budget, self._pool_total(pool))
-        hold = budget_hold(
-            budget_spent(records, now, self.budget.window_s, pool) + 1, limit, self.budget, key, pool
-        )
+    @property
+    def marker_recheck_s(self) -> float:
+        """How often a wave marker's owner counts the wave again (a third of its window, at most 5 min)."""
+        if self._marker_recheck_s is not None:
+            return self._marker_recheck_s
+        return min(300.0, self.wave.window_s / 3)
+
+    def _marker_fresh(self, key: str, now: float) -> bool:
+        """This node's own marker for *key* stands and was counted within marker_recheck_s."""
+        own = self._markers.get(key)
+        return own is not None and now - own[1] < self.marker_recheck_s
+
+    def _marked_wave(self, key: str, ledger: list[Record], now: float) -> Hold | None:
+        """A wave marker of *key* written after its last release: held, without counting (unless it
+        is this node's own and due to be counted again)."""
+        markers = list_records(self.rest, self.namespace, self.prefix, kinds=(WAVE,), key=key)
+        after = released_rv(ledger, key)
+        standing = [m for m in markers if m.rv > after and m.kind == WAVE and m.key == key]
+        mine = next((m for m in standing if m.node == self.node_name), None)
+        if mine is not None and key not in self._markers:  # left by this node's last life: count it again
+            self._markers[key] = (mine.name, float("-inf"))
+            self._own_records.add(mine.name)
+        own = self._markers.get(key)
+        if own is not None and now - own[1] >= self.marker_recheck_s:
+            return None  # ours and due: the caller counts again
+        if not standing:
+            return None
+        why = standing[0].reason or f"a correlated wave on {key} (node.waveHold)"
+        return Hold(WAVE_HELD, key, why)
+
+    def _count_wave(
+        self,
+        key: str,
+        ledger: list[Record],
+        node: Mapping[str, Any],
+        node_rv: str | None,
+        min_rv: str | None,
+        now: float,
+    ) -> Hold | None:
+        """The wave counted in full: the key's fail records and the failing Nodes. Leaves (or keeps)
+        this node's marker when it holds, takes it away when it does not."""
+        fails = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(FAIL,), key=key)
+        self._own_records.update(r.name for r in fails if r.node == self.node_name)
+        failing = self._failing(node_rv)
+        hold = wave_decision([*fails, *ledger], key, failing, self.brake.gpu_node_total(), self.wave)
+        own = self._markers.get(key)
         if hold is not None:
-            return hold
+            if own is None:
+                self._markers[key] = (self._write_marker(key, hold, node), now)
+            else:
+                self._markers[key] = (own[0], now)
+        elif own is not None:
+            del self._markers[key]
+            self._delete(own[0])
+        return hold
+
+    def _write_marker(self, key: str, hold: Hold, node: Mapping[str, Any]) -> str:
+        keys = RecordKeys(self.prefix)
+        digest = hashlib.sha256(f"{self.node_name}\0{key}\0wave".encode()).hexdigest()[:20]
+        name = f"{self.prefix}-wave-{digest}"
+        ann = {keys.node: self.node_name, keys.key: key, keys.reason: hold.message}
+        try:
+            create_record(
+                self.rest,
+                self.namespace,
+                self.prefix,
+                WAVE,
+                ann,
+                name=name,
+                holder=self.node_name,
+                owner=node,
+            )
+        except Exception as exc:
+            if api_status(exc) != 409:
+                raise
+        self._own_records.add(name)
+        return name
+
+    def _budget_spent(
+        self, node: Mapping[str, Any], key: str, ledger: list[Record], now: float
+    ) -> Hold | None:
+        """The cheap look before writing a mark: held when the window's marks are at the limit."""
+        pool = self._pool(node)
+        limit = budget_limit(self.budget, self._pool_total(pool))
+        spent = budget_spent(ledger, now, self.budget.window_s, pool)
+        return budget_hold(spent + 1, limit, self.budget, key, pool)
+
+    def _pool(self, node: Mapping[str, Any]) -> str | None:
+        per = self.budget.per_label
+        return ((node.get("metadata") or {}).get("labels") or {}).get(per, "") if per else None
+
+    def _spend(self, node: Mapping[str, Any], key: str, now: float) -> Hold | None:
+        """Take one of the budget's marks: write ours, count what was written before it."""
+        pool = self._pool(node)
+        limit = budget_limit(self.budget, self._pool_total(pool))
         keys = RecordKeys(self.prefix)
         ann = {keys.node: self.node_name, keys.key: key, keys.pool: pool or ""}
         own = create_record(self.rest, self.namespace, self.prefix, MARK, ann, holder=self.node_name)
-        after = list_records(self.rest, self.namespace, self.prefix, str(own.rv))
+        after = list_records(self.rest, self.namespace, self.prefix, str(own.rv), kinds=(MARK, RELEASE))
         hold = budget_hold(
             budget_count(after, own, self.budget.window_s, pool), limit, self.budget, key, pool
         )
         if hold is None and self.wave.on:  # a wave that landed while we counted holds us too
-            failing = self._failing(None)
-            hold = wave_decision(after, key, failing, self.brake.gpu_node_total(), self.wave)
+            hold = self._count_wave(key, after, node, None, str(own.rv), now)
         if hold is not None:
             self._delete(own.name)
         return hold
@@ -290,7 +407,7 @@ class RepairBudget:
         keys = RecordKeys(self.prefix)
         digest = hashlib.sha256(f"{self.node_name}\0{key}".encode()).hexdigest()[:20]
         name = f"{self.prefix}-fail-{digest}"
-        self._own_fails.add(name)
+        self._own_records.add(name)
         try:
             rec = create_record(
                 self.rest,
@@ -332,7 +449,7 @@ class RepairBudget:
         policy refuses that, and a record that no longer counts may linger, never count again), and
         remember its own fail records (deleted when the node recovers)."""
         own = [r for r in records if r.node == self.node_name]
-        self._own_fails.update(r.name for r in own if r.kind == FAIL)
+        self._own_records.update(r.name for r in own if r.kind in (FAIL, WAVE))
         gone = [r for r in own if r.kind == MARK and now - r.at > self.budget.window_s + 60]
         for r in gone[:GC_PER_LIST]:
             self._delete(r.name)
