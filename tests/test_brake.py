@@ -408,3 +408,18 @@ def test_slots_are_named_by_number_and_owned_by_their_node(core: k8s.CoreV1Api, 
     assert not slots.take(0, "someone-else")  # held: 409
     brake.release(a)
     assert slots.held_by(a, consistent=True) == []
+
+
+@pytest.mark.kube
+def test_a_slot_whose_node_is_gone_is_freed_by_an_unfenced_brake(
+    core: k8s.CoreV1Api, pool: Any, kube: Any
+) -> None:
+    """Without the garbage collector (or before it acts), the slot of a deleted Node stays: a
+    refused brake whose identity may delete it (not a fenced agent: tests/test_records_fence_kube)
+    checks the holders of the slots it tried and frees the one whose Node is gone."""
+    a, b = pool(2)
+    assert pool.brake(core, max_fraction=1.0, max_nodes=1).allows_new_taint(a)[0]
+    kube.delete_node(a)
+    ok, reason = pool.brake(core, max_fraction=1.0, max_nodes=1).allows_new_taint(b)
+    assert ok, reason
+    assert len(pool.slots(core)) == 1

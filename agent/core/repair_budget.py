@@ -51,6 +51,12 @@ class RecordKeys:
         return f"{self.prefix}/record-key"
 
     @property
+    def window_label(self) -> str:
+        """A mark's window bucket (its writer's clock // the window): lists return the marks that
+        can still count, not every mark a repaired Node left behind."""
+        return f"{self.prefix}/window"
+
+    @property
     def node(self) -> str:
         return f"{self.prefix}/node"
 

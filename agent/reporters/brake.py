@@ -18,7 +18,9 @@ lost is "could not count" (the node is not tainted this time, and looks for its 
 a free slot. The total is the agent DaemonSets' desired count (gpu_total.py), else (no DaemonSet: a
 tool, a test scope) the GPU nodes listed by name (Table rows, from the watch cache); it is read
 when first needed and again when older than `total_cache_seconds`, never in steady state. A refusal
-is cached for `cache_seconds`, an "allowed" never. What each rule fixed: bench/README.md ("The brake").
+is cached for `cache_seconds`, an "allowed" never. Outside its install (no namespace for the slots:
+a tool, a developer's agent) it counts the Nodes that carry our taint instead, and says that racing
+agents can pass the cap then. What each rule fixed: bench/README.md ("The brake").
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
 from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT, daemonset_total
-from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.kube_rest import KubeRest, api_message, api_status, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
 REQUEST_TIMEOUT = (5, 30)
 DEFAULT_NAMESPACE = "gpu-healthcheck"  # where the slots live: the agents' own namespace
+REAP_PERIOD_S = 300.0  # a refused node checks the holders of the slots it tried at most this often
 
 
 def names_in_list(doc: Mapping[str, Any]) -> list[str]:
@@ -132,6 +135,8 @@ class Brake:
         self._slots = Slots(self._rest, namespace, prefix, scope)
         self._held: dict[str, str] = {}  # node -> the name of the slot it holds
         self._looked: set[str] = set()  # nodes whose slots were looked for since the last doubt
+        self._outside = False  # no namespace for the slots: tainted Nodes are counted instead
+        self._reaped_at = float("-inf")  # when held slots were last checked for a Node that is gone
 
     @property
     def state(self) -> BrakeState | None:
@@ -253,6 +258,7 @@ class Brake:
         Owned by its Node (read when the asker did not pass it), so that a deleted Node frees it."""
         if node is None:
             node = self._rest.json("GET", f"/api/v1/nodes/{node_name}", timeout=REQUEST_TIMEOUT)
+        held = []
         for i in random.sample(range(cap), min(self.probes, cap)):
             try:
                 if self._slots.take(i, node_name, node):
@@ -261,7 +267,37 @@ class Brake:
             except Exception:
                 self._looked.discard(node_name)  # it may have landed: look again next time
                 raise
+            held.append(i)
+        if self._clock() - self._reaped_at >= REAP_PERIOD_S:
+            self._reaped_at = self._clock()
+            for i in held:
+                if self._reap(i) and self._slots.take(i, node_name, node):
+                    self._held[node_name] = self._slots.name(i)
+                    return self._held[node_name]
         return None
+
+    def _reap(self, i: int) -> bool:
+        """Free slot *i* when the Node that holds it is gone and the garbage collector has not freed
+        it yet (or does not run): only an identity the records policy does not fence may, a fenced
+        agent's delete is refused and it leaves the slot to the collector. True when it is free."""
+        try:
+            holder = self._slots.holder(i)
+            if holder is None:
+                return True
+            if not holder:
+                return False  # a slot that names no node: left as it is
+            self._rest.json("GET", f"/api/v1/nodes/{holder}", timeout=REQUEST_TIMEOUT)
+            return False  # its Node is there: the slot is held
+        except Exception as exc:
+            if api_status(exc) != 404:
+                return False
+        try:
+            self._slots.free(self._slots.name(i))
+        except Exception as exc:
+            log.info("brake: slot %s of a Node that is gone is left to the garbage collector: %s", i, exc)
+            return False
+        log.warning("brake: freed slot %s, held for Node %s which is gone", i, holder)
+        return True
 
     def allows_new_taint(
         self, node_name: str | None = None, min_rv: str | None = None, node: Mapping[str, Any] | None = None
@@ -271,7 +307,6 @@ class Brake:
         is accepted for the Node writer's sake and not needed (a create of a fixed name is exact).
         API errors propagate (the caller retries next cycle; a transient error neither opens the
         brake nor taints blindly)."""
-        del min_rv
         name = node_name or self.node_name or ""
         with self._lock:
             now = self._clock()
@@ -286,11 +321,25 @@ class Brake:
             if cap <= 0:
                 why = f"maxTaintedFraction={self.max_fraction} allows no taint among {total} GPU nodes"
                 return self._refuse(name, cap, total, why, now)
-            if name and name not in self._looked:
-                self._look(name, cap, consistent=False)
-                if name in self._held:
-                    return self._answer(True, cap, total, f"this node holds {self._held[name]}", now)
-            slot = self._take(name, cap, node) if name else None
+            if self._outside:
+                return self._count_tainted(name, cap, total, min_rv, now)
+            try:
+                if name and name not in self._looked:
+                    self._look(name, cap, consistent=False)
+                    if name in self._held:
+                        return self._answer(True, cap, total, f"this node holds {self._held[name]}", now)
+                slot = self._take(name, cap, node) if name else None
+            except Exception as exc:
+                if not (api_status(exc) == 404 and "namespaces" in api_message(exc)):
+                    raise
+                self._outside = True
+                log.warning(
+                    "brake: no namespace %s for its slots (an agent or tool outside its install): counting "
+                    "tainted Nodes instead, which racing agents can pass: %s",
+                    self.namespace,
+                    describe_error(exc),
+                )
+                return self._count_tainted(name, cap, total, min_rv, now)
             if slot is not None:
                 return self._answer(True, cap, total, f"slot {slot} of {cap} for {total} GPU nodes", now)
             tried = min(self.probes, cap)
@@ -304,6 +353,19 @@ class Brake:
                 "node tried are held: at or above the limit"
             )
             return self._refuse(name, cap, total, why, now)
+
+    def _count_tainted(
+        self, name: str, cap: int, total: int, min_rv: str | None, now: float
+    ) -> tuple[bool, str]:
+        """Outside the install (no namespace for slots): the Nodes that carry our taint, by name,
+        not older than this node's last write. Exact for one asker; racing askers can pass the cap."""
+        tainted = set(self.names(Keys(self.prefix).tainted_selector(self.scope), min_rv=min_rv)) - {name}
+        if len(tainted) < cap:
+            return self._answer(
+                True, cap, total, f"{len(tainted)}/{total} GPU nodes tainted, below {cap}", now
+            )
+        why = f"{len(tainted)}/{total} GPU nodes already tainted, at or above the limit of {cap}"
+        return self._refuse(name, cap, total, why, now)
 
     def _answer(self, ok: bool, cap: int, total: int, reason: str, now: float) -> tuple[bool, str]:
         self._state = BrakeState(open=not ok, cap=cap, total=total, reason=reason, at=now)

@@ -89,6 +89,16 @@ class Slots:
         names = [str((i.get("metadata") or {}).get("name") or "") for i in doc.get("items") or ()]
         return sorted((n for n in names if n), key=self.index)
 
+    def holder(self, i: int) -> str | None:
+        """The node that holds slot *i* (None: nobody, it is free now)."""
+        try:
+            doc = self.rest.json("GET", leases(self.namespace, self.name(i)), timeout=TIMEOUT)
+        except Exception as exc:
+            if api_status(exc) == 404:
+                return None
+            raise
+        return str(((doc.get("metadata") or {}).get("annotations") or {}).get(f"{self.prefix}/node") or "")
+
     def free(self, name: str) -> None:
         """Delete a slot of ours (gone already: nothing to do)."""
         try:

@@ -115,12 +115,14 @@ def list_records(
     min_rv: str | None = None,
     kinds: Sequence[str] = (FAIL, MARK, RELEASE),
     key: str | None = None,
+    extra: str = "",
 ) -> list[Record]:
     """The records of *kinds* in *namespace* (of the finding *key* alone, when given: fail records
     and wave markers carry its slug as a label), metadata only, from the watch cache (not older
     than *min_rv* when given: every record written before it is seen)."""
     keys = RecordKeys(prefix)
     selector = f"{keys.kind} in ({','.join(kinds)})" + (f",{keys.key_label}={key_slug(key)}" if key else "")
+    selector += f",{extra}" if extra else ""
     query = {"labelSelector": selector, "resourceVersion": min_rv or "0"}
     if min_rv:
         query["resourceVersionMatch"] = "NotOlderThan"
@@ -140,12 +142,13 @@ def create_record(
     name: str = "",
     holder: str = "",
     owner: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Record:
     """Write one record (a fixed *name*, else a generated one), owned by the Node *owner* when given
     (its metadata: the garbage collector deletes the record with it); a fixed name already there is
     answered by ApiException 409."""
     keys = RecordKeys(prefix)
-    labels = {keys.kind: kind}
+    labels = {keys.kind: kind, **(labels or {})}
     if annotations.get(keys.key) and kind in (FAIL, WAVE):
         labels[keys.key_label] = key_slug(annotations[keys.key])  # lists of one key's records
     meta: dict[str, Any] = {"labels": labels, "annotations": dict(annotations)}
@@ -199,6 +202,7 @@ class RepairBudget:
         self._failed: set[str] = set()  # keys this node's fail record was written for (this episode)
         self._own_records: set[str] = set()  # this node's fail records and wave markers, written or listed
         self._markers: dict[str, tuple[str, float]] = {}  # key -> (its marker's name, when counted)
+        self._own_marks: dict[str, float] = {}  # this node's marks: name -> when (deleted past the window)
         self._held: tuple[float, Hold] | None = None
         self._pool_totals: dict[str, tuple[float, int]] = {}
         self._last_hold: tuple[str, str] | None = None  # (why, key) of the hold the last Event named
@@ -271,7 +275,7 @@ class RepairBudget:
             return self._held[1]
         first = key not in self._failed
         min_rv = self._record_failure(key, node)
-        ledger = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK, RELEASE))
+        ledger = self._ledger(min_rv, now)
         self._collect(ledger, now)
         hold = self._marked_wave(key, ledger, now) if self.wave.on else None
         spent = self._budget_spent(node, key, ledger, now) if hold is None and self.budget.on else None
@@ -313,11 +317,17 @@ class RepairBudget:
             self._markers[key] = (mine.name, float("-inf"))
             self._own_records.add(mine.name)
         own = self._markers.get(key)
+        older = [m for m in standing if m.node != self.node_name and (mine is None or m.rv < mine.rv)]
+        if own is not None and older:  # another node's marker came first: it counts, ours goes
+            del self._markers[key]
+            self._delete(own[0])
+            own = None
         if own is not None and now - own[1] >= self.marker_recheck_s:
             return None  # ours and due: the caller counts again
         if not standing:
             return None
-        why = standing[0].reason or f"a correlated wave on {key} (node.waveHold)"
+        first = min(standing, key=lambda m: m.rv)
+        why = first.reason or f"a correlated wave on {key} (node.waveHold)"
         return Hold(WAVE_HELD, key, why)
 
     def _count_wave(
@@ -368,6 +378,21 @@ class RepairBudget:
         self._own_records.add(name)
         return name
 
+    def _ledger(self, min_rv: str | None, now: float) -> list[Record]:
+        """The marks that can count now (those labelled with this window's bucket or its neighbours:
+        a writer's clock may be off by less than a window; and any without a bucket) and the
+        releases: bounded by the budget's limit and the releases of a week, whatever the fleet and
+        however many marked Nodes are gone."""
+        b = int(now // self.budget.window_s)
+        label = RecordKeys(self.prefix).window_label
+        buckets = f"{label} in ({b - 1},{b},{b + 1})"
+        marks = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK,), extra=buckets)
+        # marks written without a bucket (an agent from before buckets, during a rollout) count
+        # too: only within the window, as any mark, and their nodes delete them at their next ask
+        unbucketed = f"!{label}"
+        marks += list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK,), extra=unbucketed)
+        return marks + list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(RELEASE,))
+
     def _budget_spent(
         self, node: Mapping[str, Any], key: str, ledger: list[Record], now: float
     ) -> Hold | None:
@@ -387,8 +412,12 @@ class RepairBudget:
         limit = budget_limit(self.budget, self._pool_total(pool))
         keys = RecordKeys(self.prefix)
         ann = {keys.node: self.node_name, keys.key: key, keys.pool: pool or ""}
-        own = create_record(self.rest, self.namespace, self.prefix, MARK, ann, holder=self.node_name)
-        after = list_records(self.rest, self.namespace, self.prefix, str(own.rv), kinds=(MARK, RELEASE))
+        bucket = {keys.window_label: str(int(now // self.budget.window_s))}
+        own = create_record(
+            self.rest, self.namespace, self.prefix, MARK, ann, holder=self.node_name, labels=bucket
+        )
+        self._own_marks[own.name] = own.at or now
+        after = self._ledger(str(own.rv), now)
         hold = budget_hold(
             budget_count(after, own, self.budget.window_s, pool), limit, self.budget, key, pool
         )
@@ -450,9 +479,11 @@ class RepairBudget:
         remember its own fail records (deleted when the node recovers)."""
         own = [r for r in records if r.node == self.node_name]
         self._own_records.update(r.name for r in own if r.kind in (FAIL, WAVE))
-        gone = [r for r in own if r.kind == MARK and now - r.at > self.budget.window_s + 60]
-        for r in gone[:GC_PER_LIST]:
-            self._delete(r.name)
+        self._own_marks.update({r.name: r.at for r in own if r.kind == MARK})
+        gone = [n for n, at in self._own_marks.items() if now - at > self.budget.window_s + 60]
+        for name in gone[:GC_PER_LIST]:
+            del self._own_marks[name]
+            self._delete(name)
 
     def _delete(self, name: str) -> None:
         try:
