@@ -810,7 +810,7 @@ def phase_doc(phase: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_phases(fleet: Fleet, figs: Figures) -> None:
-    """Issue 37's figures: per phase what the API server served (requests, bytes; its own /metrics),
+    """The fleet-cost figures: per phase what the API server served (requests, bytes; its own /metrics),
     per agent and per failing node, and its CPU and peak RSS per 1,000 agents."""
     n, failing = fleet.run.n, len(fleet.bad)
     print("per phase, as the API server counted it (nodes, events, leases, daemonsets; watch streams apart):")

@@ -1,4 +1,4 @@
-"""The repair budget and the correlated-wave hold (issue 28): pure decisions over records.
+"""The repair budget and the correlated-wave hold (DESIGN.md §6.2, §6.3): pure decisions over records.
 
 The brake caps how many nodes carry our taint at once; a repair engine deletes a marked node and
 frees its slot. These two rules bound what the engines may *newly* be asked to repair:
@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from agent.core.findings import Finding
+from agent.core.marks import Marks
+from agent.core.remediation_reasons import is_eks_reason
+from agent.core.remediation_types import RemediationReason
 
 FAIL, MARK, RELEASE = "fail", "mark", "release"  # the kinds of record
 WAVE = "wave"  # a marker: a full count found this key's wave (reporters/repair_budget.py)
@@ -244,6 +248,28 @@ def expired(records: Iterable[Record], now: float, keep_s: float) -> list[Record
     return [r for r in records if r.kind in (MARK, RELEASE) and now - r.at > keep_s]
 
 
+def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str | None:
+    """Pure: the finding key when this apply would turn a remediation condition unhealthy on a Node
+    that shows none of ours unhealthy yet (a new mark), else None (no wish, no taint, or marked
+    already: a node already marked stays marked, the budget limits new marks only). Ours unhealthy:
+    any condition with a reason we write only with the unhealthy status (RemediationReason.UNHEALTHY),
+    so that a renamed or an added entry on a marked node is no new mark; or, for the EKS agent's
+    reasons (`reasonStyle: eks`, not ours alone), a configured entry at its unhealthy status with one."""
+    wished = [m for m in marks.remediation if m.unhealthy]
+    if not wished or not taint_on:
+        return None
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    if any(c.get("reason") in RemediationReason.UNHEALTHY for c in conditions):
+        return None
+    unhealthy = {(m.type, m.unhealthy_status) for m in marks.remediation}
+    if any(
+        (c.get("type"), c.get("status")) in unhealthy and is_eks_reason(str(c.get("reason") or ""))
+        for c in conditions
+    ):
+        return None
+    return wished[0].key or "unknown"
+
+
 __all__ = [
     "BUDGET_HELD",
     "FAIL",
@@ -264,6 +290,7 @@ __all__ = [
     "expired",
     "finding_key",
     "key_slug",
+    "newly_marking",
     "released_rv",
     "wave_decision",
     "wave_nodes",

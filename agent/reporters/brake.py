@@ -1,4 +1,4 @@
-"""The cluster-wide brake (DESIGN.md §3): stop adding taints when too many GPU nodes are already tainted.
+"""The cluster-wide brake (DESIGN.md §6.1): stop adding taints when too many GPU nodes are already tainted.
 
 A bad driver push or a false positive must not taint a whole GPU fleet: the brake bounds the blast
 radius by a fraction of the GPU nodes and, optionally, an absolute count. It is asked only when a
@@ -39,39 +39,15 @@ from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT, daemonset_total
 from agent.reporters.kube_rest import KubeRest, api_message, api_status, describe_error
+from agent.reporters.node_names import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
+from agent.reporters.node_names import list_names_doc
+from agent.reporters.node_names import names_in_list as names_in_list
 
 log = logging.getLogger(__name__)
 
-METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
 REQUEST_TIMEOUT = (5, 30)
 DEFAULT_NAMESPACE = "gpu-healthcheck"  # where the slots live: the agents' own namespace
 REAP_PERIOD_S = 300.0  # a refused node checks the holders of the slots it tried at most this often
-
-
-def names_in_list(doc: Mapping[str, Any]) -> list[str]:
-    """Pure: the object names in a list response, whichever form the server chose: a Table (the
-    column whose format is "name", else the first; or a row's object when one was included), a
-    PartialObjectMetadataList or a plain list. Raises ValueError on anything else, so that a proxy
-    answering with something unexpected is "could not count", never "0 tainted"."""
-    kind = doc.get("kind")
-    if kind == "Table":
-        cols = doc.get("columnDefinitions") or []
-        idx = next((i for i, c in enumerate(cols) if c.get("format") == "name"), 0)
-        names = []
-        for row in doc.get("rows") or ():
-            obj = row.get("object") or {}
-            name = (obj.get("metadata") or {}).get("name")
-            if not name:
-                cells = row.get("cells") or []
-                name = cells[idx] if idx < len(cells) else None
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"a Table row without a name: {str(row)[:200]}")
-            names.append(name)
-        return names
-    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items") or [], list):
-        return [str((i.get("metadata") or {}).get("name", "")) for i in doc.get("items") or ()]
-    raise ValueError(f"not a list response: kind={kind!r}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +113,10 @@ class Brake:
         self._looked: set[str] = set()  # nodes whose slots were looked for since the last doubt
         self._outside = False  # no namespace for the slots: tainted Nodes are counted instead
         self._reaped_at = float("-inf")  # when held slots were last checked for a Node that is gone
+        # who the brake counts besides Nodes carrying our taint: a node whose GPUs are isolated by
+        # DeviceTaintRules instead (reporters/device_isolation.py lifts its node taint only when
+        # this names it). With slots: the nodes holding one, which a failing node keeps.
+        self.also_tainted: Callable[[], set[str]] | None = self.holders
 
     @property
     def state(self) -> BrakeState | None:
@@ -215,21 +195,7 @@ class Brake:
         cache has it. Never a consistent read: under a fleet-wide burst those fall back to etcd,
         each a range over every Node. A cache more than ~3 s behind our write answers 504: then the
         cache as it is (the caller's next ask looks again)."""
-        query = {"labelSelector": label_selector, "includeObject": "None", "resourceVersion": "0"}
-        if min_rv:
-            fresh = {**query, "resourceVersion": min_rv, "resourceVersionMatch": "NotOlderThan"}
-            try:
-                return self._list(fresh)
-            except Exception as exc:
-                if api_status(exc) != 504:
-                    raise
-                log.info("brake: the API server's cache is behind our write (%s); listing it as is", exc)
-        return self._list(query)
-
-    def _list(self, query: dict[str, str]) -> dict[str, Any]:
-        return self._rest.json(
-            "GET", "/api/v1/nodes", query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
-        )
+        return list_names_doc(self._rest, "/api/v1/nodes", label_selector, min_rv=min_rv)
 
     # -- the slots ----------------------------------------------------------------------------------
     def cap(self, node: Mapping[str, Any] | None = None) -> tuple[int, int]:
@@ -271,33 +237,10 @@ class Brake:
         if self._clock() - self._reaped_at >= REAP_PERIOD_S:
             self._reaped_at = self._clock()
             for i in held:
-                if self._reap(i) and self._slots.take(i, node_name, node):
+                if self._slots.reap(i) and self._slots.take(i, node_name, node):
                     self._held[node_name] = self._slots.name(i)
                     return self._held[node_name]
         return None
-
-    def _reap(self, i: int) -> bool:
-        """Free slot *i* when the Node that holds it is gone and the garbage collector has not freed
-        it yet (or does not run): only an identity the records policy does not fence may, a fenced
-        agent's delete is refused and it leaves the slot to the collector. True when it is free."""
-        try:
-            holder = self._slots.holder(i)
-            if holder is None:
-                return True
-            if not holder:
-                return False  # a slot that names no node: left as it is
-            self._rest.json("GET", f"/api/v1/nodes/{holder}", timeout=REQUEST_TIMEOUT)
-            return False  # its Node is there: the slot is held
-        except Exception as exc:
-            if api_status(exc) != 404:
-                return False
-        try:
-            self._slots.free(self._slots.name(i))
-        except Exception as exc:
-            log.info("brake: slot %s of a Node that is gone is left to the garbage collector: %s", i, exc)
-            return False
-        log.warning("brake: freed slot %s, held for Node %s which is gone", i, holder)
-        return True
 
     def allows_new_taint(
         self, node_name: str | None = None, min_rv: str | None = None, node: Mapping[str, Any] | None = None
@@ -394,6 +337,12 @@ class Brake:
                     log.warning("brake: %s carries our taint but every slot tried is held", node_name)
             except Exception as exc:
                 log.warning("brake: looking for the slot of %s failed: %s", node_name, describe_error(exc))
+
+    def holders(self) -> set[str]:
+        """The nodes this brake holds a slot for (counted against its cap whatever carries their
+        taint)."""
+        with self._lock:
+            return set(self._held)
 
     def release(self, node_name: str) -> None:
         """*node_name*'s taint is off and wanted no more: free its slot. A failure is logged; the

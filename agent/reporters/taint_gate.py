@@ -1,4 +1,4 @@
-"""Whether our taint goes on (DESIGN.md §3, §4): the writer's taint decision and its brake slot.
+"""Whether our taint goes on (DESIGN.md §4, §6.1): the writer's taint decision and its brake slot.
 
 The rules:
 - A taint we do not hold yet asks the brake, which grants it with a slot of its own (reporters/
