@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent.reporters.kube_rest import KubeRest, api_status
+from agent.reporters.node_names import list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
@@ -92,31 +93,39 @@ class Slots:
         names = [str((i.get("metadata") or {}).get("name") or "") for i in doc.get("items") or ()]
         return sorted((n for n in names if n), key=self.index)
 
-    def holder(self, i: int) -> str | None:
-        """The node that holds slot *i* (None: nobody, it is free now)."""
+    def holder(self, i: int) -> tuple[str, str] | None:
+        """The node that holds slot *i* and the slot's resourceVersion (None: nobody, it is free)."""
         try:
             doc = self.rest.json("GET", leases(self.namespace, self.name(i)), timeout=TIMEOUT)
         except Exception as exc:
             if api_status(exc) == 404:
                 return None
             raise
-        return str(((doc.get("metadata") or {}).get("annotations") or {}).get(f"{self.prefix}/node") or "")
+        meta = doc.get("metadata") or {}
+        return str((meta.get("annotations") or {}).get(f"{self.prefix}/node") or ""), str(
+            meta.get("resourceVersion") or ""
+        )
 
     def reap(self, i: int) -> bool:
         """Free slot *i* when the Node that holds it is gone and the garbage collector has not freed
         it yet (or does not run): only an identity the records policy does not fence may, a fenced
         agent's delete is refused and it leaves the slot to the collector. True when it is free."""
         try:
-            holder = self.holder(i)
-            if holder is None:
+            held = self.holder(i)
+            if held is None:
                 return True
+            holder, rv = held
             if not holder:
                 return False  # a slot that names no node: left as it is
-            self.rest.json("GET", f"/api/v1/nodes/{holder}", timeout=TIMEOUT)
-            return False  # its Node is there: the slot is held
-        except Exception as exc:
-            if api_status(exc) != 404:
-                return False
+            # its name alone, from the watch cache not older than the slot (its Node came before it);
+            # a Node's body is kilobytes of our annotations
+            doc = list_names_doc(
+                self.rest, "/api/v1/nodes", "", min_rv=rv or None, field_selector=f"metadata.name={holder}"
+            )
+            if names_in_list(doc):
+                return False  # its Node is there: the slot is held
+        except Exception:
+            return False
         try:
             self.free(self.name(i))
         except Exception as exc:

@@ -46,13 +46,15 @@ def names_in_list(doc: Mapping[str, Any]) -> list[str]:
 
 
 def list_names_doc(
-    rest: KubeRest, path: str, label_selector: str, *, min_rv: str | None = None
+    rest: KubeRest, path: str, label_selector: str, *, min_rv: str | None = None, field_selector: str = ""
 ) -> dict[str, Any]:
     """The raw names-only list of *path*'s objects matching *label_selector*. Always from the watch
     cache: not older than *min_rv* (our own last write: every write that landed before it is seen),
     else as the cache has it. A cache more than ~3 s behind our write answers 504: then the cache as
     it is (the caller's next ask looks again)."""
     query = {"labelSelector": label_selector, "includeObject": "None", "resourceVersion": "0"}
+    if field_selector:
+        query["fieldSelector"] = field_selector
     if min_rv:
         fresh = {**query, "resourceVersion": min_rv, "resourceVersionMatch": "NotOlderThan"}
         try:
