@@ -142,6 +142,109 @@ def diff(after: dict[RequestKey, float], before: dict[RequestKey, float]) -> dic
     return {k: v for k, v in d.items() if v}
 
 
+ServedKey = tuple[str, str]  # (resource[/subresource], verb)
+
+
+def apiserver_served(
+    env: Any, resources: tuple[str, ...] = ("nodes", "events", "leases", "daemonsets")
+) -> dict[ServedKey, tuple[float, float]]:
+    """What the API server served for *resources*, from its own /metrics: per (resource, verb) the
+    requests (`apiserver_request_total`, every code) and the response bytes (`apiserver_response_sizes`,
+    its sum: what a LIST, GET, PATCH ... answered; a WATCH's stream is not in it, see
+    watch_event_bytes)."""
+    reqs: dict[ServedKey, float] = defaultdict(float)
+    sizes: dict[ServedKey, float] = defaultdict(float)
+    for s in apiserver_metrics(env, ("apiserver_request", "apiserver_response_sizes")):
+        res = s.labels.get("resource", "")
+        if res not in resources:
+            continue
+        sub = s.labels.get("subresource")
+        key = (f"{res}/{sub}" if sub else res, s.labels.get("verb", ""))
+        if key == ("leases", "PUT"):
+            continue  # the API server's own identity Lease, every 10 s (no agent updates a Lease)
+        if s.name == "apiserver_request_total":
+            reqs[key] += s.value
+        elif s.name == "apiserver_response_sizes_sum":
+            sizes[key] += s.value
+    return {k: (reqs.get(k, 0.0), sizes.get(k, 0.0)) for k in set(reqs) | set(sizes)}
+
+
+def watch_event_bytes(
+    env: Any, resources: tuple[str, ...] = ("nodes", "events", "leases")
+) -> dict[str, float]:
+    """Bytes of watch events the API server sent, by resource (`apiserver_watch_events_sizes` sum)."""
+    out: dict[str, float] = defaultdict(float)
+    for s in apiserver_metrics(env, ("apiserver_watch_events_sizes",)):
+        if s.name.endswith("_sum") and s.labels.get("resource", "") in resources:
+            out[s.labels["resource"]] += s.value
+    return dict(out)
+
+
+class Meter:
+    """The API server's load between two marks: requests and bytes served (by resource and verb),
+    watch event bytes, and its CPU seconds; peak RSS per mark from a MemoryGuard's samples."""
+
+    def __init__(
+        self, env: Any, pid: int, guard: MemoryGuard | None = None, name: str = "kube-apiserver"
+    ) -> None:
+        self.env, self.pid, self.guard, self.name = env, pid, guard, name
+        self._last = self._sample()
+
+    def _sample(self) -> dict[str, Any]:
+        return {
+            "served": apiserver_served(self.env),
+            "watch": watch_event_bytes(self.env),
+            "cpu": proc_cpu_s(self.pid),
+            "t": time.monotonic(),
+        }
+
+    def mark(self) -> dict[str, Any]:
+        """The load since the last mark: {"served": {(res, verb): (requests, bytes)}, "watch_bytes",
+        "cpu_s", "seconds", "peak_rss_kb"}."""
+        now = self._sample()
+        before = self._last
+        self._last = now
+        served = {}
+        for key in set(now["served"]) | set(before["served"]):
+            r1, b1 = now["served"].get(key, (0.0, 0.0))
+            r0, b0 = before["served"].get(key, (0.0, 0.0))
+            if r1 - r0 or b1 - b0:
+                served[key] = (r1 - r0, b1 - b0)
+        watch = {k: v - before["watch"].get(k, 0.0) for k, v in now["watch"].items()}
+        peak = self.guard.take_phase_peak(self.name) if self.guard is not None else proc_rss_kb(self.pid)
+        return {
+            "served": served,
+            "watch_bytes": {k: v for k, v in watch.items() if v},
+            "cpu_s": now["cpu"] - before["cpu"],
+            "seconds": now["t"] - before["t"],
+            "peak_rss_kb": peak,
+        }
+
+
+def phase_lines(name: str, phase: dict[str, Any], agents: int, failing: int = 0) -> list[str]:
+    """A phase's load as printed lines: requests and bytes per agent (and per failing node), the
+    API server's CPU and peak RSS per 1,000 agents. Watches apart: a WATCH's count is its opening,
+    its bytes are its stream (a timed-out watch re-opens whenever its timeout says, not per fault)."""
+    served = phase["served"]
+    reqs = sum(r for (_, verb), (r, _) in served.items() if verb != "WATCH")
+    body = sum(b for (_, verb), (_, b) in served.items() if verb != "WATCH")
+    watches = sum(r for (_, verb), (r, _) in served.items() if verb == "WATCH")
+    watch = sum(phase["watch_bytes"].values())
+    cpu, rss = phase["cpu_s"], phase["peak_rss_kb"] / 1024
+    per = f"per agent {reqs / agents:.2f} requests, {body / agents / 1024:.2f} KiB"
+    if failing:
+        per += f"; per failing node {reqs / failing:.2f} requests, {body / failing / 1024:.2f} KiB"
+    lines = [
+        f"{name} ({phase['seconds']:.0f} s): {reqs:.0f} requests, {body / 1024:.0f} KiB served; "
+        f"{watches:.0f} watches (re)opened, watch events {watch / 1024:.0f} KiB; {per}",
+        f"  kube-apiserver CPU {cpu:.1f} s ({cpu / agents * 1000:.2f} s per 1,000 agents), "
+        f"peak RSS {rss:.0f} MiB ({rss / agents * 1000:.0f} MiB per 1,000 agents)",
+    ]
+    for (res, verb), (r, b) in sorted(served.items()):
+        lines.append(f"  {res:<14} {verb:<7} {r:>8.0f} requests {b / 1024:>10.1f} KiB")
+    return lines
+
+
 def longrunning_watches(env: Any, resource: str = "nodes") -> float:
     """Open WATCH requests on *resource* right now (`apiserver_longrunning_requests`)."""
     return sum(
@@ -234,6 +337,7 @@ class MemoryGuard:
         self.interval = interval
         self.pids: dict[str, list[int]] = {}
         self.peak_kb: dict[str, int] = {}
+        self.phase_peak_kb: dict[str, int] = {}  # since the last take_phase_peak (Meter's phases)
         self.min_available_kb = mem_available_kb()
         self.tripped = threading.Event()
         self._stop = threading.Event()
@@ -255,11 +359,20 @@ class MemoryGuard:
             for name, pids in list(self.pids.items()):
                 rss = sum(proc_rss_kb(p) for p in pids)
                 self.peak_kb[name] = max(self.peak_kb.get(name, 0), rss)
+                self.phase_peak_kb[name] = max(self.phase_peak_kb.get(name, 0), rss)
             avail = mem_available_kb()
             self.min_available_kb = min(self.min_available_kb, avail)
             if avail and avail < self.floor_kb and not self.tripped.is_set():
                 self.tripped.set()
                 self.on_trip()
+
+    def take_phase_peak(self, name: str) -> int:
+        """The peak RSS (kB) of *name* since the last call, then start a new phase."""
+        pids = self.pids.get(name, [])
+        now = sum(proc_rss_kb(p) for p in pids)
+        peak = max(self.phase_peak_kb.get(name, 0), now)
+        self.phase_peak_kb[name] = now
+        return peak
 
     def report(self) -> str:
         peaks = ", ".join(f"{n} {kb / 1024:.0f}" for n, kb in self.peak_kb.items())
@@ -267,6 +380,43 @@ class MemoryGuard:
 
 
 # ---------------------------------------------------------------------------------------- nodes / agent
+
+
+def agent_daemonset(env: Any, desired: int, namespace: str = "gpu-healthcheck") -> None:
+    """The agent DaemonSet as the simulated agents' brake reads it (reporters/gpu_total.py): its pods
+    run as gpu-healthcheck-agent, and its status says *desired* nodes, as the DaemonSet controller
+    would write it for *desired* GPU nodes (no controller runs: the agents are simulated, no pod is
+    made)."""
+    env.ensure_namespace(namespace)
+    labels = {"app.kubernetes.io/name": "gpu-healthcheck-agent"}
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "gpu-healthcheck-agent", "namespace": namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": "gpu-healthcheck-agent",
+                    "containers": [{"name": "agent", "image": "gpu-healthcheck:bench"}],
+                },
+            },
+        },
+    }
+    path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets"
+    status, doc = env.request("POST", path, body)
+    if status != 201:
+        raise RuntimeError(f"creating the agent DaemonSet: {status} {doc}")
+    doc["status"] = {
+        "desiredNumberScheduled": desired,
+        "currentNumberScheduled": desired,
+        "numberMisscheduled": 0,
+        "numberReady": desired,
+    }
+    status, doc = env.request("PUT", f"{path}/gpu-healthcheck-agent/status", doc)
+    if status != 200:
+        raise RuntimeError(f"writing the agent DaemonSet's status: {status} {doc}")
 
 
 def snapshot_copy(dest: Path, src: Path = HEALTHY) -> Path:

@@ -51,7 +51,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agent.cli.agent import BRAKE_WARM_JITTER_S
 from agent.config import Config, load_config_dir
 from agent.core.marks import Marks
 from agent.engine.engine import Engine
@@ -65,6 +64,8 @@ from bench._kube import (
     XID79,
     ApiserverTrace,
     MemoryGuard,
+    Meter,
+    agent_daemonset,
     apiserver_requests,
     bucket_quantile,
     core_api,
@@ -72,11 +73,13 @@ from bench._kube import (
     kube_env,
     machine,
     node_list_sources,
+    phase_lines,
     proc_cpu_s,
     proc_rss_kb,
     request_latency_buckets,
 )
 
+BRAKE_WARM_JITTER_S = 30.0  # the old agent read the GPU-node total at start after a delay this long
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 PREFIX = "gpu-healthcheck/"
 
@@ -305,7 +308,11 @@ def shard(
     # As each agent does at start: read the fleet's GPU-node total after a random delay (the brake
     # needs it before a first taint); done before "ready", so it is not in the steady-state window.
     warm_rng = random.Random(seed * 1000 + idx)
-    warming = [w.brake.warm(warm_rng.uniform(0, BRAKE_WARM_JITTER_S)) for w in writers if w.brake]
+    warming = [
+        w.brake.warm(warm_rng.uniform(0, BRAKE_WARM_JITTER_S))
+        for w in writers
+        if w.brake and hasattr(w.brake, "warm")  # (an agent that reads nothing at start has none)
+    ]
     for thread in warming:
         if thread is not None:
             thread.join(BRAKE_WARM_JITTER_S + 120)
@@ -416,6 +423,7 @@ class Fleet:
     results: Any = None
     go_mp: Any = None
     stop_mp: Any = None
+    meter: Any = None
 
 
 @dataclass
@@ -434,6 +442,7 @@ class Figures:
     lists: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     lat: dict[Any, float] = field(default_factory=dict)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)  # Meter.mark() per phase
     changes: MarksWatch | None = None
     t_fault: float = 0.0
     stable_s: float = 0.0
@@ -463,6 +472,14 @@ def parse_args() -> Run:
         "(a periodic check notices within its interval; 0: all at the same moment)",
     )
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--json", type=Path, help="append the per-phase figures here as one JSON line")
+    ap.add_argument("--label", default="", help="a name for this run in --json (e.g. the code measured)")
+    ap.add_argument(
+        "--agent-root",
+        type=Path,
+        help="run the simulated agents with the `agent` package of this checkout (the old code, beside "
+        "this one's benchmark); default: this checkout's",
+    )
     ap.add_argument("--trace", type=Path, help="append the API server's load metrics every 5 s here")
     ap.add_argument(
         "--heap-profile",
@@ -540,17 +557,36 @@ def create_nodes(fleet: Fleet, figs: Figures) -> None:
     with ThreadPoolExecutor(run.args.workers) as ex:
         list(ex.map(lambda name: create_node(fleet.core, name), fleet.names))
     figs.created = time.monotonic() - t0
+    agent_daemonset(fleet.env, run.n)  # the brake's GPU-node total, as the DaemonSet controller keeps it
 
     rng = random.Random(run.args.seed)
     fleet.bad = rng.sample(fleet.names, round(run.n * run.args.fault_fraction))
+
+
+def use_agent_root(root: Path | None) -> None:
+    """With --agent-root: the simulator processes (spawned: they take this process's sys.path)
+    import `agent` from a copy of that checkout's package, and `bench` from this one."""
+    if root is None:
+        return
+    import shutil
+    import sys
+    import tempfile
+
+    dest = Path(tempfile.mkdtemp(prefix="fleet-agent-"))
+    shutil.copytree(root / "agent", dest / "agent", symlinks=True)
+    shutil.copytree(root / "config", dest / "config")  # agent/config/defaults links to it
+    sys.path.insert(0, str(dest))
+    print(f"fleet: the simulated agents run the agent package of {root}", flush=True)
 
 
 def start_simulators(fleet: Fleet, figs: Figures) -> None:
     """Phase 1b: the K simulator processes, until each reports "ready" (first marks on all its Nodes)."""
     run, args, k, names = fleet.run, fleet.run.args, fleet.run.k, fleet.names
     mp = multiprocessing.get_context("spawn")
+    use_agent_root(args.agent_root)
     fleet.results, fleet.go_mp, fleet.stop_mp = mp.Queue(), mp.Event(), mp.Event()
     figs.a_start = apiserver_requests(fleet.env)
+    fleet.meter = Meter(fleet.env, fleet.plane["kube-apiserver"], fleet.guard)
     t0 = time.monotonic()
     fleet.procs[:] = [
         mp.Process(
@@ -579,12 +615,14 @@ def start_simulators(fleet: Fleet, figs: Figures) -> None:
     check_memory(fleet, "the start")
     figs.started = time.monotonic() - t0
     time.sleep(3)  # the watches of the last writes arrive
+    figs.phases["start-up"] = fleet.meter.mark()
 
 
 def steady_window(fleet: Fleet, figs: Figures) -> None:
     """Phase 2: --steady-seconds in which nothing changes; the requests in it (and in the start)."""
     a0 = apiserver_requests(fleet.env)
     time.sleep(fleet.run.args.steady_seconds)
+    figs.phases["steady"] = fleet.meter.mark()
     figs.a1 = apiserver_requests(fleet.env)
     figs.steady = diff(figs.a1, a0)
     figs.start_reqs = diff(a0, figs.a_start)
@@ -599,10 +637,12 @@ def fault_window(fleet: Fleet, figs: Figures) -> None:
     cpu_pids = {**fleet.plane, **{f"simulator {i}": p.pid for i, p in enumerate(fleet.procs)}}
     cpu0 = {name: proc_cpu_s(pid) for name, pid in cpu_pids.items()}
     lat0 = request_latency_buckets(env)
+    fleet.meter.mark()  # (the observer's own list of all Nodes is not the agents')
     figs.t_fault = time.perf_counter()
     fleet.go_mp.set()
     fleet.guard.tripped.wait(args.observe_seconds)
     check_memory(fleet, "the fault")
+    figs.phases["wave"] = fleet.meter.mark()
     a2 = apiserver_requests(env)
     save_heap(args, env, "end of the fault window")
     lists1 = node_list_sources(env)
@@ -751,6 +791,56 @@ def main() -> None:
         stop_monitors(fleet)
     print_start_and_steady(fleet, figs)
     print_fault(fleet, figs)
+    print_phases(fleet, figs)
+
+
+def phase_doc(phase: dict[str, Any]) -> dict[str, Any]:
+    """A Meter phase as JSON."""
+    served = phase["served"]
+    return {
+        "seconds": round(phase["seconds"], 1),
+        "requests": sum(r for (_, verb), (r, _) in served.items() if verb != "WATCH"),
+        "bytes": sum(b for (_, verb), (_, b) in served.items() if verb != "WATCH"),
+        "watches": sum(r for (_, verb), (r, _) in served.items() if verb == "WATCH"),
+        "watch_bytes": sum(phase["watch_bytes"].values()),
+        "cpu_s": round(phase["cpu_s"], 2),
+        "peak_rss_mib": round(phase["peak_rss_kb"] / 1024, 1),
+        "by_verb": {f"{res} {verb}": [r, b] for (res, verb), (r, b) in sorted(served.items())},
+    }
+
+
+def print_phases(fleet: Fleet, figs: Figures) -> None:
+    """The fleet-cost figures: per phase what the API server served (requests, bytes; its own /metrics),
+    per agent and per failing node, and its CPU and peak RSS per 1,000 agents."""
+    n, failing = fleet.run.n, len(fleet.bad)
+    print("per phase, as the API server counted it (nodes, events, leases, daemonsets; watch streams apart):")
+    for name, phase in figs.phases.items():
+        for line in phase_lines(name, phase, n, failing if name == "wave" else 0):
+            print(f"  {line}")
+    args = fleet.run.args
+    if args.json:
+        doc = {
+            "label": args.label,
+            "nodes": n,
+            "failing": failing,
+            "load": os.getloadavg(),
+            "spread_s": args.fault_spread_seconds,
+            "peak_tainted": figs.changes.peak_tainted if figs.changes else None,
+            "tainted": figs.tainted,
+            "limit": math.ceil(fleet.run.cfg.node.max_tainted_fraction * n),
+            "errors": {
+                k: sum(d.get(k, 0) for d in errors)
+                for errors in [
+                    [errors_of(figs.start_reqs), errors_of(figs.steady), errors_of(figs.fault_reqs)]
+                ]
+                for k in set().union(*errors)
+            },
+            "stable_s": round(figs.stable_s, 1),
+            "started_s": round(figs.started, 1),
+            "phases": {name: phase_doc(p) for name, p in figs.phases.items()},
+        }
+        with args.json.open("a") as f:
+            f.write(json.dumps(doc) + "\n")
 
 
 if __name__ == "__main__":

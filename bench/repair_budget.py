@@ -52,8 +52,19 @@ from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.repair_budget import RepairBudget, list_records
-from bench._kube import XID79, apiserver_requests, core_api, diff, kube_env, machine
-from bench.fleet import create_node
+from bench._kube import (
+    XID79,
+    MemoryGuard,
+    Meter,
+    agent_daemonset,
+    apiserver_requests,
+    core_api,
+    diff,
+    kube_env,
+    machine,
+    phase_lines,
+)
+from bench.fleet import create_node, phase_doc, use_agent_root
 
 AHR = "AcceleratedHardwareReady"
 NS = "gpu-healthcheck"
@@ -122,7 +133,8 @@ def shard(kubeconfig: str, cfg_dir: str, commands: Any, ready: Any, stop_mp: Any
         )
         writer = NodeWriter(core, name, brake=brake, repair=repair)
         writer.start()
-        brake.gpu_node_names()  # the agent reads the fleet's total at start (brake.warm)
+        if hasattr(brake, "warm"):
+            brake.gpu_node_names()  # the old agent read the fleet's total at start (brake.warm)
         ready.put(name)
         while not fault.wait(0.5):
             if stop.is_set() or stop_mp.is_set():
@@ -150,6 +162,25 @@ def shard(kubeconfig: str, cfg_dir: str, commands: Any, ready: Any, stop_mp: Any
             stops.pop(name).set()
 
 
+class CountedRest(KubeRest):
+    """The observer's own requests and response bytes (it is no agent: the report takes them out)."""
+
+    requests = 0
+    bytes = 0
+
+    def json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        resp = self.request(method, path, **kwargs)
+        try:
+            raw = resp.data
+        finally:
+            resp.release_conn()
+        CountedRest.requests += 1
+        CountedRest.bytes += len(raw or b"")
+        import json
+
+        return json.loads(raw) if raw else {}
+
+
 class Engineer:
     """The simulated repair engine and the observer: polls the failing Nodes."""
 
@@ -165,7 +196,7 @@ class Engineer:
         self.stop = threading.Event()
 
     def poll(self) -> None:
-        rest = KubeRest.of(self.core)
+        rest = CountedRest(self.core.api_client)
         for rec in list_records(rest, NS, "gpu-healthcheck"):
             self.records.setdefault(rec.name, rec)
         doc = rest.json("GET", "/api/v1/nodes", query={"labelSelector": "gpu-healthcheck/status=fail"})
@@ -213,6 +244,9 @@ def main() -> None:
         "--release-at", type=float, default=1.5, help="simulated hour of `brake release` (<0: never)"
     )
     ap.add_argument("--toleration-min", type=float, default=10.0, help="the engine's wait, simulated minutes")
+    ap.add_argument("--json", type=Path, help="append the per-phase figures here as one JSON line")
+    ap.add_argument("--label", default="", help="a name for this run in --json (e.g. the code measured)")
+    ap.add_argument("--agent-root", type=Path, help="run the simulated agents with this checkout's `agent`")
     args = ap.parse_args()
     speed = args.speed
     hour = 3600 / speed
@@ -228,6 +262,12 @@ def main() -> None:
         names = [f"gpu-{i:05d}" for i in range(args.nodes)]
         with ThreadPoolExecutor(32) as ex:
             list(ex.map(lambda n: create_node(core, n), names))
+        agent_daemonset(env, args.nodes)  # the brake's total, as the DaemonSet controller keeps it
+        guard = MemoryGuard(512, lambda: None)
+        guard.watch("kube-apiserver", env.plane.apiserver.pid)
+        guard.start()
+        meter = Meter(env, env.plane.apiserver.pid, guard)
+        phases: dict[str, Any] = {}
         limit = budget_limit(cfg.node.repair_budget, args.nodes)
         need = wave_threshold(cfg.node.wave_hold, args.nodes)
         per = cfg.node.repair_budget.window_s * speed / 60
@@ -237,6 +277,7 @@ def main() -> None:
             f"on one key within {within:g} min; time x{speed:g} (1 h = {hour:g} s)"
         )
         mp = multiprocessing.get_context("spawn")
+        use_agent_root(args.agent_root)
         stop_mp = mp.Event()
         queues = [mp.Queue() for _ in range(args.processes)]
         ready = mp.Queue()
@@ -253,6 +294,7 @@ def main() -> None:
         for _ in bad:
             ready.get(timeout=600)
         print(f"{len(bad)} agents started (watch, GPU-node total) in {time.monotonic() - t_start:.0f} s")
+        phases["start-up"] = meter.mark()
         counter = [0]
         lock = threading.Lock()
         fails: list[float] = []
@@ -307,6 +349,11 @@ def main() -> None:
                 rows.append((h + 1, *counts, held.count(R.WAVE_HELD), held.count(R.BUDGET_HELD)))
                 next_row += hour
             time.sleep(0.05)
+        phases["wave"] = meter.mark()
+        # the observer's (the simulated repair engine's) polls are not the agents': taken out
+        wave = phases["wave"]
+        wave["served"][("observer (taken out)", "")] = (-CountedRest.requests, -CountedRest.bytes)
+        guard.stop()
         engine.stop.set()
         stop_mp.set()
         for p in procs:
@@ -350,6 +397,30 @@ def main() -> None:
     for (_, verb, code), v in lease.items():
         by_verb[f"{verb} {code}"] = by_verb.get(f"{verb} {code}", 0) + v
     print("lease requests: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_verb.items())))
+    print(
+        "per phase, as the API server counted it (nodes, events, leases, daemonsets; the engine's polls "
+        "taken out):"
+    )
+    for name, phase in phases.items():
+        for line in phase_lines(name, phase, len(bad), len(bad) if name == "wave" else 0):
+            print(f"  {line}")
+    if args.json:
+        import json
+        import os
+
+        doc = {
+            "bench": "repair_budget",
+            "label": args.label,
+            "nodes": args.nodes,
+            "agents": len(bad),
+            "load": os.getloadavg(),
+            "most_marks": most,
+            "limit": limit,
+            "engaged_min": engaged,
+            "phases": {name: phase_doc(p) for name, p in phases.items()},
+        }
+        with args.json.open("a") as f:
+            f.write(json.dumps(doc) + "\n")
     ok = most <= limit and engaged is not None and engaged <= wave_s * speed / 60 and seen is not None
     print("PASS" if ok else "FAIL")
     raise SystemExit(0 if ok else 1)

@@ -163,6 +163,8 @@ FENCE_BEGIN = (
     "# BEGIN GENERATED prefix and condition types (scripts/gen-configmap.py, from config/config.yaml)"
 )
 FENCE_END = "# END GENERATED prefix and condition types"
+RECORDS_BEGIN = "# BEGIN GENERATED record keys (scripts/gen-configmap.py, from config/config.yaml)"
+RECORDS_END = "# END GENERATED record keys"
 # The chart's policy takes them from the config.yaml it renders (templates/_helpers.tpl).
 CHART_PREFIX = '{{ include "gpu-healthcheck.prefixCel" . }}'
 SLOT_BEGIN = "# BEGIN GENERATED slot prefix (scripts/gen-configmap.py, from config/config.yaml)"
@@ -224,6 +226,13 @@ def fence_variables(prefix: str, types: str) -> str:
     )
 
 
+def record_variables(prefix: str) -> str:
+    """The records policy's variable: the key prefix (*prefix*, a CEL string ending in /) of the
+    repair budget's record label and annotations (core/repair_budget.py RecordKeys)."""
+    lines = ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+    return "\n".join(lines) + "\n"
+
+
 DEVICE_FENCE_BEGIN = (
     "# BEGIN GENERATED device fence prefix (scripts/gen-configmap.py, from config/config.yaml)"
 )
@@ -280,23 +289,26 @@ def outputs() -> dict[Path, str]:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")
     chart = fence_variables(CHART_PREFIX, CHART_TYPES)
     prefix = cel_string(load_config_dir(CONFIG).prefix + "/")
-    for path, block, slot, devices in (
+    for path, block, slot, devices, records in (
         (
             ROOT / "manifests" / POLICY,
             manifest_fence(),
             slot_variables(prefix),
             device_fence_variables(prefix),
+            record_variables(prefix),
         ),
         (
             CHART / "templates" / POLICY,
             chart,
             slot_variables(CHART_PREFIX),
             device_fence_variables(CHART_PREFIX),
+            record_variables(CHART_PREFIX),
         ),
     ):
         rel = str(path.relative_to(ROOT))
         text = fill(path.read_text(encoding="utf-8"), block, rel, FENCE_BEGIN, FENCE_END)
         text = fill(text, slot, rel, SLOT_BEGIN, SLOT_END)
+        text = fill(text, records, rel, RECORDS_BEGIN, RECORDS_END)
         out[path] = fill(text, devices, rel, DEVICE_FENCE_BEGIN, DEVICE_FENCE_END)
     return out
 

@@ -402,7 +402,7 @@ def test_slots_taken_at_one_instant_grant_exactly_the_bound(
         for c, n in zip(clients, nodes, strict=True)
     ]
     for s in fleet:
-        s.brake.gpu_node_names()
+        s.brake.gpu_node_total()
     barrier = threading.Barrier(len(fleet))
 
     def take(s: FleetSlots) -> str | None:
@@ -485,11 +485,16 @@ def test_the_fence_lets_an_agent_hold_only_its_own_nodes_slot(
     code, body = kube.request("DELETE", f"{leases}/{slot_name(K.prefix, other)}", token=token)
     assert code == 403, body  # not another node's
     assert kube.request("DELETE", f"{leases}/{slot_name(K.prefix, mine)}", token=token)[0] == 200
-    # a Lease that is no slot record is not this policy's business (the repair budget's: another's)
+    # a Lease that is no slot record is not this policy's business (the repair budget's mark of its
+    # own node: gpu-healthcheck-own-records lets it through, tests/test_records_fence_kube.py)
     other_record = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
-        "metadata": {"generateName": "x-", "labels": {f"{K.prefix}/record": "mark"}},
+        "metadata": {
+            "generateName": "x-",
+            "labels": {f"{K.prefix}/record": "mark"},
+            "annotations": {f"{K.prefix}/node": mine},
+        },
         "spec": {"holderIdentity": mine},
     }
     code, made = kube.request("POST", leases, other_record, token=token)

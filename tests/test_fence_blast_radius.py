@@ -9,9 +9,13 @@ an operator or a half-done uninstall does. In each one:
   - a kubelet (`system:node:NAME` in `system:nodes`, a client certificate, the Node authorizer and
     NodeRestriction in force) PATCHes its `nodes/status`;
   - the node-lifecycle controller's identity (kube-system/node-controller, its bootstrap RBAC) taints;
+  - a kubelet renews its Node Lease, and a cluster-admin writes a release record of the repair
+    budget under their own name (the records policy, gpu-healthcheck-own-records, matches Leases);
   - the agent (its Node-bound token) is refused a foreign label on its own Node wherever the fence
     is installed; where it is half gone the API server would take it, and the agent's start-up
-    proof finds itself marked yet unfenced, so it holds every write (agent/reporters/fence_guard.py).
+    proof finds itself marked yet unfenced, so it holds every write (agent/reporters/fence_guard.py);
+  - the agent is refused a forged release record wherever the records policy is installed (its
+    Role in the namespace carries the mark: also where the ClusterRole is gone).
 Before this change, deleting the ConfigMap (or deleting and re-applying manifests/) refused every
 Node UPDATE in the cluster: "failed to configure binding: no params found for policy binding".
 """
@@ -43,7 +47,8 @@ JOB_RBAC = MANIFESTS / "jobs" / "quarantine-rbac.yaml"
 JOB_SA = "gpu-healthcheck-quarantine"  # the quarantine Job's identity, fenced like the agent's
 NS, SA, CM = "gpu-healthcheck", "gpu-healthcheck-agent", "gpu-healthcheck-config"
 MERGE = "application/merge-patch+json"
-BOTH = ("gpu-healthcheck-own-node", "gpu-healthcheck-own-events")  # our policies, and their bindings
+# our policies, and their bindings
+BOTH = ("gpu-healthcheck-own-node", "gpu-healthcheck-own-events", "gpu-healthcheck-own-records")
 SETTLE_S = 2.0  # the API server's informers see a change within moments: let them
 
 
@@ -166,9 +171,7 @@ def namespace_deleted(env: KubeEnv) -> None:
 
 def policy_gone(env: KubeEnv) -> None:
     """A half-done uninstall: the policies deleted, their bindings left."""
-    env.kubectl(
-        "delete", "validatingadmissionpolicy", "gpu-healthcheck-own-node", "gpu-healthcheck-own-events"
-    )
+    env.kubectl("delete", "validatingadmissionpolicy", *BOTH)
 
 
 def binding_gone(env: KubeEnv) -> None:
@@ -198,11 +201,61 @@ STATES: dict[str, tuple[Callable[[KubeEnv], None], str]] = {
 }
 
 
+def release_record(node: str, by: str) -> dict[str, Any]:
+    """A release record of the repair budget (as `gpu-healthcheck brake release` writes it)."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "generateName": "gpu-healthcheck-release-",
+            "labels": {"gpu-healthcheck/record": "release"},
+            "annotations": {
+                "gpu-healthcheck/node": node,
+                "gpu-healthcheck/by": by,
+                "gpu-healthcheck/key": "",
+            },
+        },
+        "spec": {"holderIdentity": "gpu-healthcheck"},
+    }
+
+
+def kubelet_lease(env: KubeEnv, cert: tuple[Path, Path], node: str) -> int:
+    """The kubelet writes its Node Lease in kube-node-lease (a dry-run create: 201, or 409 when
+    the Lease is there). The status."""
+    ctx = ssl.create_default_context(cafile=str(env.ca_cert))
+    ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": node, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40},
+    }
+    req = urllib.request.Request(
+        f"{env.url}/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases?dryRun=All",
+        data=json.dumps(body).encode(),
+        method="POST",
+    )
+    req.add_header("Content-Type", "application/json")
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+    )
+    try:
+        with opener.open(req, timeout=30) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 def wait_for_fence(env: KubeEnv, node: str, token: str) -> None:
     """The fence of a fresh install in force (the agent's foreign label refused)."""
     deadline = time.monotonic() + 30
     while (got := agent_foreign_label(env, node, token))[0] != 403:
         assert time.monotonic() < deadline, f"the fence never took effect: {got}"
+        time.sleep(0.3)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+    forged = release_record(node, "alice@example.com")
+    while (got := env.request("POST", leases, forged, query={"dryRun": "All"}, token=token))[0] != 403:
+        assert time.monotonic() < deadline, f"the records fence never took effect: {got}"
         time.sleep(0.3)
 
 
@@ -274,6 +327,18 @@ def test_no_one_else_is_refused_and_the_agent_fails_closed(state: dict[str, Any]
     env.kubectl("taint", "node", node, taint, kubeconfig=state["controller"])
     env.kubectl("taint", "node", node, f"{taint}-", kubeconfig=state["controller"])
 
+    # a kubelet's Node Lease, and a cluster-admin's release record under their own name (dry runs;
+    # with the namespace deleted there is nowhere to write one)
+    assert kubelet_lease(env, state["kubelet"], node) in (201, 409)
+    admin = env.request(
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )[1]["status"]["userInfo"]["username"]
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+    status, body = env.request("POST", leases, release_record("", admin), query={"dryRun": "All"})
+    assert status == 201 or (state["expect"] == NO_TOKEN and status == 404), body
+
     got = json.loads(env.kubectl("get", "node", node, "-o", "json").stdout)
     assert got["metadata"]["labels"]["blast-state"] == name and not got["spec"].get("unschedulable")
     assert next(c for c in got["status"]["conditions"] if c["type"] == "Ready")["message"] == ready["message"]
@@ -292,6 +357,16 @@ def test_no_one_else_is_refused_and_the_agent_fails_closed(state: dict[str, Any]
     else:
         assert expect == HELD and status == 200, body  # the API server would take it: the agent must not
         assert_agent_holds(env, node, state["token"])
+
+    # the agent's token forges a release (dry run): refused wherever the records policy is whole
+    forged = release_record(node, "alice@example.com")
+    status, body = env.request("POST", leases, forged, query={"dryRun": "All"}, token=state["token"])
+    if expect in (FENCED, NO_RBAC):
+        assert status == 403 and "a release is an operator" in json.dumps(body), body
+    elif expect == NO_TOKEN:
+        assert status in (401, 403, 404), body  # a dead token, or no Role and no namespace left
+    else:
+        assert expect == HELD and status == 201, body  # the policy or its binding is gone
 
     # the quarantine Job's token (its own RBAC, left in place by every state but the namespace's)
     status, body = agent_foreign_label(env, node, state["job"])

@@ -490,7 +490,9 @@ def test_the_agent_process_writes_it_and_a_restarted_one_keeps_it(
 
 
 @pytest.mark.kube
-def test_the_brake_holding_is_recorded_once(core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str) -> None:
+def test_the_brake_holding_is_recorded_once(
+    core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str, kube_namespace: str
+) -> None:
     """Two nodes of a pool, the brake at 1 tainted node: the second is held, its entry says so (by
     the brake), the held steady state adds nothing, and the taint granted later is a new entry."""
     from agent.reporters.brake import Brake
@@ -501,11 +503,14 @@ def test_the_brake_holding_is_recorded_once(core: k8s.CoreV1Api, gpu_node: Any, 
 
     def writer(name: str) -> NodeWriter:
         brake = Brake(
-            core, scope=f"nvidia.com/gpu.present=true,{pool}", node_name=name, max_nodes=1, cache_seconds=0
+            core,
+            scope=f"nvidia.com/gpu.present=true,{pool}",
+            node_name=name,
+            max_nodes=1,
+            cache_seconds=0,
+            namespace=kube_namespace,
         )
-        w = NodeWriter(core, name, brake=brake)
-        w.verify_delay_s = 0.05
-        return w
+        return NodeWriter(core, name, brake=brake)
 
     wa, wb = writer(a), writer(b)
     assert wa.apply(marks(Status.FAIL, KEY)).tainted

@@ -239,9 +239,11 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
     records = find("Role", "gpu-healthcheck-agent-records")  # the repair budget's, in its own namespace
     assert records["metadata"]["namespace"] == NS
-    assert records["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "list", "delete"]}
-    ]
+    verbs = ["create", "list", "delete"]
+    leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}
+    mark = {"apiGroups": ["fence.gpu-healthcheck.io"], "resources": ["nodes"], "verbs": ["fenced"]}
+    daemonsets = {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]}  # the brake's total
+    assert records["rules"] == [leases, daemonsets, mark]  # the records policy fences whoever holds it
 
 
 def test_prometheus_rules_name_metrics_the_agent_exports() -> None:

@@ -152,6 +152,22 @@ def fenced(installed: Any, gpu_node: Any) -> Iterator[dict[str, Any]]:
         403,
         "the fence in force",
     )
+    release = {  # and the records fence: the agent's start-up proof asks for a release too
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"generateName": "probe-", "labels": {"gpu-healthcheck/record": "release"}},
+    }
+    until_status(
+        lambda: kube.request(
+            "POST",
+            f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases",
+            release,
+            query={"dryRun": "All"},
+            token=token,
+        ),
+        403,
+        "the records fence in force",
+    )
     yield {"kube": kube, "node": node, "token": token}
     set_config(kube, NS, CM, CONFIG_YAML)
     set_policy_types(kube, ["GPUHealthy"])

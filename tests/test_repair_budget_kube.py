@@ -18,7 +18,7 @@ from agent.cli.status import render_status
 from agent.core.marks import Marks
 from agent.core.node_keys import EventReason
 from agent.core.remediation_types import RemediationMark, RemediationReason
-from agent.core.repair_budget import FAIL, MARK, RELEASE, BudgetPolicy, WavePolicy
+from agent.core.repair_budget import FAIL, MARK, RELEASE, WAVE, BudgetPolicy, WavePolicy
 from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import Brake
@@ -96,6 +96,7 @@ class Fleet:
             wave=wave,
             prefix="gpu-healthcheck",
             hold_cache_s=0,
+            marker_recheck_s=0,
         )
         return NodeWriter(self.core, name, brake=brake, repair=repair)
 
@@ -113,6 +114,9 @@ class Fleet:
 
     def records(self) -> list[Any]:
         return list_records(KubeRest.of(self.core), self.namespace, "gpu-healthcheck")
+
+    def records_of(self, kind: str) -> list[Any]:
+        return list_records(KubeRest.of(self.core), self.namespace, "gpu-healthcheck", kinds=(kind,))
 
 
 def test_budget_reached_holds_the_next_node_with_its_reason_and_the_taint_stays(
@@ -179,7 +183,7 @@ def test_budget_races_never_mark_more_than_the_limit(
     monkeypatch.setattr(
         rb,
         "list_records",
-        lambda rest, ns, prefix, min_rv=None: real(rest, ns, prefix, min_rv) if min_rv else [],
+        lambda rest, ns, prefix, min_rv=None, **kw: real(rest, ns, prefix, min_rv, **kw) if min_rv else [],
     )
 
     fleet = Fleet(core, gpu_node, kube_namespace, 8, BudgetPolicy(3, 1.0, 3600), NO_WAVE)
@@ -204,7 +208,7 @@ def test_budget_races_never_mark_more_than_the_limit(
         return repair.decide({"metadata": {"name": repair.node_name}}, "xid/79")
 
     for r in repairs:
-        r.brake.gpu_node_names()  # the GPU-node total read ahead, as the agent does at start
+        r.brake.gpu_node_total()  # the GPU-node total read before the race (cached)
     with ThreadPoolExecutor(len(repairs)) as pool:
         holds = list(pool.map(ask, repairs))
     for c in clients:
@@ -298,3 +302,35 @@ def test_a_reloaded_budget_counts_from_the_next_ask(
     assert fleet.condition(b)[:2] == ("False", R.FAILED)  # room for one more under the new budget
     status, reason, message = fleet.condition(c)
     assert (status, reason) == ("True", R.BUDGET_HELD) and "the limit is 2" in message, message
+
+
+def test_a_wave_is_counted_by_few_and_held_for_the_rest_by_a_marker(
+    core: k8s.CoreV1Api, gpu_node: Any, kube_namespace: str
+) -> None:
+    """The node that finds the wave leaves a marker (its own record); a node failing later on the key
+    is held by it with one small list, without listing the wave's fail records or the failing Nodes
+    (what one agent reads does not grow with the wave); the marker goes when its node recovers."""
+    fleet = Fleet(core, gpu_node, kube_namespace, 4, NO_BUDGET, WavePolicy(3, 0.0, 900))
+    a, b, c, d = fleet.names
+    for n in (a, b, c):
+        fleet.writers[n].apply(marks("xid/79"))
+    assert fleet.condition(c)[1] == R.WAVE_HELD
+    [marker] = [r for r in fleet.records_of(WAVE) if r.key == "xid/79"]
+    assert marker.node == c and "3 GPU nodes fail on xid/79" in marker.reason
+
+    repair = fleet.writers[d].repair
+    assert repair is not None
+    asked: list[str] = []
+
+    class Counting(KubeRest):
+        def json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            asked.append(f"{method} {path} {(kw.get('query') or {}).get('labelSelector', '')}")
+            return super().json(method, path, **kw)
+
+    repair.rest = Counting(core.api_client)
+    node_d = core.api_client.sanitize_for_serialization(core.read_node(d))
+    hold = repair.decide(node_d, "xid/79")
+    assert hold is not None and hold.why == "wave" and "3 GPU nodes fail on xid/79" in hold.message
+    assert not [q for q in asked if "record in (fail)" in q or "/api/v1/nodes" in q], asked
+    fleet.writers[c].apply(marks(fail=False))  # the marker's node recovers: its marker goes with it
+    assert not [r for r in fleet.records_of(WAVE) if r.node == c]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import threading
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from agent.probes.live import LiveSource
 from agent.probes.node_object import node_from_dict
 from agent.probes.snapshot import KMSG, SnapshotSource
 from agent.probes.source import Source
+from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT
 from agent.reporters.http import serve_http
 from agent.reporters.kube_rest import KubeRest, client_modules
 from agent.reporters.metrics import Metrics
@@ -37,12 +37,13 @@ if TYPE_CHECKING:
     from agent.reporters.fence_guard import FenceGuard, GuardedWriter
     from agent.reporters.node_writer import NodeWriter
 
-BRAKE_WARM_JITTER_S = 30.0
 
-
-def fence_guard(core: Any, node_name: str, prefix: str, metrics: Metrics) -> FenceGuard:
-    """The admission fence's proof (reporters/fence.py) and the guard that holds every Node write of
-    an identity marked to be fenced that the fence does not hold (reporters/fence_guard.py)."""
+def fence_guard(
+    core: Any, node_name: str, prefix: str, metrics: Metrics, records_namespace: str = ""
+) -> FenceGuard:
+    """The admission fence's proof (reporters/fence.py; the repair budget's records in
+    *records_namespace* too) and the guard that holds every Node write of an identity marked to be
+    fenced that the fence does not hold (reporters/fence_guard.py)."""
     from agent.reporters.fence import prove_fence, report_fence
     from agent.reporters.fence_guard import FenceGuard
 
@@ -50,7 +51,7 @@ def fence_guard(core: Any, node_name: str, prefix: str, metrics: Metrics) -> Fen
         report_fence(proof)
         metrics.record_fence(proof.result.value)
 
-    return FenceGuard(lambda: prove_fence(core, node_name, prefix), reported)
+    return FenceGuard(lambda: prove_fence(core, node_name, prefix, records_namespace), reported)
 
 
 log = logging.getLogger("gpu-healthcheck.agent")
@@ -270,7 +271,6 @@ def isolating_writer(
     """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation);
     *slices*: the node's ResourceSlice watch, shared with the checks' DRA input."""
     from agent.reporters.device_isolation import IsolatingWriter
-    from agent.reporters.device_taint_rules import tainted_nodes
     from agent.reporters.device_taints import DeviceTaints
     from agent.reporters.resource_slices import SliceWatch
 
@@ -281,8 +281,8 @@ def isolating_writer(
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
-    if brake is not None:  # the brake counts device taints, in the version the writer discovered
-        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix, api=taints.served)
+    # (a node whose GPUs are isolated takes a brake slot as a tainted one does, and is counted by it
+    # while it holds it: IsolatingWriter asks, Brake.also_tainted answers)
     return IsolatingWriter(
         writer,
         slices or SliceWatch(core, node_name),
@@ -339,6 +339,9 @@ def main(args: Any) -> int:
         from agent.reporters.node_writer import NodeWriter
         from agent.reporters.repair_budget import RepairBudget
 
+        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
+        # Its slots and the total (the agent DaemonSets' desired count) are in the agents' namespace;
+        # nothing is read before a first taint: a DaemonSet rollout costs no count of the fleet.
         brake = Brake(
             core,
             selectors=cfg.gpu_node_selection,
@@ -348,13 +351,11 @@ def main(args: Any) -> int:
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,
             min_severity=cfg.node.taint_min_severity.label,
+            namespace=agent_namespace(sa_dir),
+            service_account=os.environ.get("POD_SERVICE_ACCOUNT", "").strip() or DEFAULT_SERVICE_ACCOUNT,
         )
-        if not getattr(args, "once", False):
-            # The fleet's GPU-node total, read ahead of any taint; spread over a DaemonSet rollout.
-            brake.warm(random.uniform(0, BRAKE_WARM_JITTER_S))
-        guard = fence_guard(core, node_name, cfg.prefix, metrics)
+        guard = fence_guard(core, node_name, cfg.prefix, metrics, agent_namespace(sa_dir))
         fence = guard.start()
-        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
         repair = RepairBudget(
             core,
             node_name,

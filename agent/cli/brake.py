@@ -1,11 +1,14 @@
 """`gpu-healthcheck brake release [--key K] --reason TEXT`: lift a wave hold (or, without --key,
-every wave hold and the repair budget's window), audited as `clear` is.
+every wave hold and the repair budget's window), audited as `clear` is; `brake sweep`: delete the
+records no agent may delete.
 
 It writes a release record beside the agents' own (a Lease labelled `<prefix>/record=release` in
 the agents' namespace: agent/reporters/repair_budget.py) naming who asked (the Kubernetes identity
 the API server sees, by SelfSubjectReview; else the kubeconfig's user), why and when (the server's
-creationTimestamp). The agents honour it at their next ask: records written before it no longer
-count for that key (for every key and for the budget, without --key). A Normal Event on the record
+creationTimestamp). No agent can write one: the admission policy gpu-healthcheck-own-records refuses
+a release, and any record whose `by` is not its writer, to every identity it fences. The agents
+honour it at their next ask: records written before it no longer count for that key (for every key
+and for the budget, without --key). A Normal Event on the record
 says the same; `gpu-healthcheck status` lists the releases of the last 24 h and the held nodes.
 
 It does not mark any node by itself: each held node asks again within its re-ask period, and the
@@ -20,12 +23,13 @@ from typing import Any
 
 from agent.core.node_keys import COMPONENT
 from agent.core.remediation_types import RemediationReason
-from agent.core.repair_budget import RELEASE, RELEASE_ALL, Record, RecordKeys
+from agent.core.repair_budget import FAIL, MARK, RELEASE, RELEASE_ALL, Record, RecordKeys
 from agent.core.results_doc import now_iso
 from agent.reporters.kube_rest import KubeRest, api_status
-from agent.reporters.repair_budget import create_record, list_records
+from agent.reporters.repair_budget import create_record, leases_path, list_records
 
 RELEASES_SHOWN_S = 24 * 3600
+RELEASE_KEEP_S = 7 * 86400  # a release is kept a week by `sweep` (the records it voids may outlive it)
 HELD_REASONS = (RemediationReason.WAVE_HELD, RemediationReason.BUDGET_HELD)
 
 
@@ -61,6 +65,35 @@ def release(rest: KubeRest, *, namespace: str, prefix: str, key: str, reason: st
             raise
         said += f" (no Event: {api_status(exc)})"
     return said + "; held nodes mark at their next ask, within the repair budget"
+
+
+def sweep(rest: KubeRest, *, namespace: str, prefix: str, older_than_s: float, now: float) -> str:
+    """Delete the records no agent may delete (they are another node's): marks older than
+    *older_than_s* (at least the budget's window: a mark counts for its window even after its Node
+    is gone), releases older than a week, and fail records whose Node is gone (written before they
+    carried an owner reference). The sentence to print. API errors propagate."""
+    records = list_records(rest, namespace, prefix)
+    gone = [r for r in records if r.kind == MARK and now - r.at > older_than_s]
+    gone += [r for r in records if r.kind == RELEASE and now - r.at > RELEASE_KEEP_S]
+    for node in sorted({r.node for r in records if r.kind == FAIL}):
+        try:
+            rest.json("GET", f"/api/v1/nodes/{node}")
+        except Exception as exc:
+            if api_status(exc) != 404:
+                raise
+            gone += [r for r in records if r.kind == FAIL and r.node == node]
+    for r in gone:
+        try:
+            rest.json("DELETE", leases_path(namespace, r.name))
+        except Exception as exc:
+            if api_status(exc) != 404:
+                raise
+    kinds = {k: sum(r.kind == k for r in gone) for k in (MARK, RELEASE, FAIL)}
+    return (
+        f"deleted {len(gone)} of {len(records)} records in {namespace}: {kinds[MARK]} marks older than "
+        f"{older_than_s / 3600:g} h, {kinds[RELEASE]} releases older than a week, {kinds[FAIL]} fail "
+        "records of Nodes that are gone"
+    )
 
 
 def release_lines(records: Sequence[Record], now: datetime) -> list[str]:
@@ -108,4 +141,4 @@ def brake_footer(
     return out
 
 
-__all__ = ["brake_footer", "held_lines", "release", "release_lines"]
+__all__ = ["brake_footer", "held_lines", "release", "release_lines", "sweep"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 
 from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
@@ -194,9 +195,25 @@ def cmd_diag(args: argparse.Namespace) -> int:
 
 def cmd_brake(args: argparse.Namespace) -> int:
     from agent.cli.agent import kube_core
-    from agent.cli.brake import release
+    from agent.cli.brake import release, sweep
     from agent.cli.clear import kubeconfig_user, whoami
 
+    if args.action == "sweep":
+        if args.older_than_hours <= 0:
+            raise UsageError("--older-than-hours: more than 0")
+        try:
+            said = sweep(
+                kube_core(args.kubeconfig),
+                namespace=args.namespace,
+                prefix=args.prefix,
+                older_than_s=args.older_than_hours * 3600,
+                now=time.time(),
+            )
+        except Exception as exc:  # no cluster, no permission: one clear line
+            print(f"gpu-healthcheck: cannot sweep: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        print(said)
+        return 0
     if not args.reason.strip():
         raise UsageError("--reason: say why (it is kept with who asked)")
     try:

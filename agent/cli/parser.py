@@ -160,6 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--namespace", default="gpu-healthcheck", help="the agents' namespace")
     rel.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     rel.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
+    sw = br_sub.add_parser(
+        "sweep",
+        help="delete the records no agent may delete: old marks and releases, fail records of gone Nodes",
+    )
+    sw.add_argument(
+        "--older-than-hours",
+        type=float,
+        default=24.0,
+        help="delete marks older than this (at least node.repairBudget.windowMinutes; default 24)",
+    )
+    sw.add_argument("--namespace", default="gpu-healthcheck", help="the agents' namespace")
+    sw.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    sw.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
 
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)

@@ -10,7 +10,7 @@ ORed: the manifests carry the same list (tests/test_gpu_nodes.py holds them to i
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.core.node_keys import INSTANCE_TYPE_LABEL
@@ -77,6 +77,21 @@ def parse_selector(selector: str) -> tuple[Requirement, ...]:
         else:
             raise ValueError(f"{part.strip()!r} is not a label selector requirement")
     return tuple(reqs)
+
+
+def matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Pure: does a Node with *labels* match *selector*, as the API server would decide?"""
+    for r in parse_selector(selector):
+        have = r.key in labels
+        if r.operator == "Exists" and not have:
+            return False
+        if r.operator == "DoesNotExist" and have:
+            return False
+        if r.operator == "In" and labels.get(r.key) not in r.values:
+            return False
+        if r.operator == "NotIn" and have and labels[r.key] in r.values:
+            return False
+    return True
 
 
 def selection(base: Sequence[str], instance_types: Iterable[str] = ()) -> tuple[str, ...]:

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import unique
 from fractions import Fraction
+from typing import Any
 
 from agent.core.findings import Finding
+from agent.core.marks import Marks
+from agent.core.remediation_reasons import is_eks_reason
+from agent.core.remediation_types import UNHEALTHY_REMEDIATION_REASONS
 from agent.core.vocabulary import Vocabulary
 
 FAIL, MARK, RELEASE = "fail", "mark", "release"  # the kinds of record
+WAVE = "wave"  # a marker: a full count found this key's wave (reporters/repair_budget.py)
 RELEASE_ALL = ""  # a release without --key: every wave hold, and the budget's window
 # creationTimestamp has whole seconds: a mark counts one second longer than its window (safe side).
 RESOLUTION_S = 1.0
@@ -52,6 +57,17 @@ class RecordKeys:
     @property
     def kind(self) -> str:
         return f"{self.prefix}/record"
+
+    @property
+    def key_label(self) -> str:
+        """The finding key's slug as a label (fail records, wave markers): one key's records listed alone."""
+        return f"{self.prefix}/record-key"
+
+    @property
+    def window_label(self) -> str:
+        """A mark's window bucket (its writer's clock // the window): lists return the marks that
+        can still count, not every mark a repaired Node left behind."""
+        return f"{self.prefix}/window"
 
     @property
     def node(self) -> str:
@@ -241,6 +257,28 @@ def expired(records: Iterable[Record], now: float, keep_s: float) -> list[Record
     return [r for r in records if r.kind in (MARK, RELEASE) and now - r.at > keep_s]
 
 
+def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str | None:
+    """Pure: the finding key when this apply would turn a remediation condition unhealthy on a Node
+    that shows none of ours unhealthy yet (a new mark), else None (no wish, no taint, or marked
+    already: a node already marked stays marked, the budget limits new marks only). Ours unhealthy:
+    any condition with a reason we write only with the unhealthy status (UNHEALTHY_REMEDIATION_REASONS),
+    so that a renamed or an added entry on a marked node is no new mark; or, for the EKS agent's
+    reasons (`reasonStyle: eks`, not ours alone), a configured entry at its unhealthy status with one."""
+    wished = [m for m in marks.remediation if m.unhealthy]
+    if not wished or not taint_on:
+        return None
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    if any(c.get("reason") in UNHEALTHY_REMEDIATION_REASONS for c in conditions):
+        return None
+    unhealthy = {(m.type, m.unhealthy_status) for m in marks.remediation}
+    if any(
+        (c.get("type"), c.get("status")) in unhealthy and is_eks_reason(str(c.get("reason") or ""))
+        for c in conditions
+    ):
+        return None
+    return wished[0].key or "unknown"
+
+
 __all__ = [
     "FAIL",
     "MARK",
@@ -259,6 +297,7 @@ __all__ = [
     "expired",
     "finding_key",
     "key_slug",
+    "newly_marking",
     "released_rv",
     "wave_decision",
     "wave_nodes",

@@ -98,7 +98,7 @@ class FleetSlots:
         except Exception as exc:
             return f"the fleet's active-check slots could not be taken ({describe_error(exc)})"
         try:
-            total = len(self.brake.gpu_node_names() | {self.node_name})
+            total = self.brake.gpu_node_total()
             policy = self.policy()
             limit = policy.limit(total)
             before = slots_before(self._list(str(own.rv)), own, self._clock(), self.expire_s())

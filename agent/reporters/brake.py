@@ -2,19 +2,25 @@
 
 A bad driver push or a false positive must not taint a whole GPU fleet: the brake bounds the blast
 radius by a fraction of the GPU nodes and, optionally, an absolute count. It is asked only when a
-node is about to *gain* our taint, never to keep or remove one. It refuses, this node not counted,
+node is about to *gain* our taint, never to keep or remove one. At most
 
-    iff  tainted_now >= max_fraction * total  (exact)  or  (max_nodes > 0 and tainted_now >= max_nodes)
+    cap = ceil(max_fraction * total), and at most max_nodes when max_nodes > 0   (brake_rule.brake_cap)
 
-so on a small pool the first failing node can always be tainted; `max_fraction >= 1` turns the
-fraction off, `<= 0` forbids every new taint. Counting lists Node *names only* (Table rows without
-objects), always from the API server's watch cache, never from etcd: the GPU-node total as the cache
-has it, read ahead of need; the tainted and contender lists not older than our own last write, so
-every write that landed before ours is counted. Free slots go to the contenders (failing, untainted
-GPU nodes that want our taint) in name order, so racing agents agree without a lock; the writer's
-post-taint re-count (taint_gate) catches what a racer could not see. A refusal is cached for
-`cache_seconds`, an "allowed" never. What each rule fixed, measured: bench/README.md ("The brake").
-The rule itself, pure, is brake_rule.py; this module counts and asks it.
+nodes hold our taint at once: on a small pool the first failing node can always be tainted;
+`max_fraction >= 1` (with no max_nodes) turns the brake off, `<= 0` forbids every new taint.
+
+Exact without counting the fleet: a node takes our taint only while it holds one of `cap` numbered
+slots (brake_slots.py: a Lease whose creation is atomic), and frees its slot only after its taint is
+off. So at most `cap` nodes carry the taint at any time, whatever the races, and a node looks for a
+slot with a few creates (`probes`, at random numbers below the cap) instead of a list of the tainted
+nodes: what one agent costs the API server does not grow with the fleet. A create whose answer is
+lost is "could not count" (the node is not tainted this time, and looks for its slots again), never
+a free slot. The total is the agent DaemonSets' desired count (gpu_total.py), else (no DaemonSet: a
+tool, a test scope) the GPU nodes listed by name (Table rows, from the watch cache); it is read
+when first needed and again when older than `total_cache_seconds`, never in steady state. A refusal
+is cached for `cache_seconds`, an "allowed" never. Outside its install (no namespace for the slots:
+a tool, a developer's agent) it counts the Nodes that carry our taint instead, and says that racing
+agents can pass the cap then. What each rule fixed: bench/README.md ("The brake").
 """
 
 from __future__ import annotations
@@ -27,41 +33,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, matches
 from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
-from agent.reporters.brake_rule import brake_cap, brake_decision, must_back_off, rank_decision
-from agent.reporters.kube_rest import KubeRest, api_status
+from agent.reporters.brake_rule import brake_cap
+from agent.reporters.brake_slots import Slots
+from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT, daemonset_total
+from agent.reporters.kube_rest import KubeRest, api_message, api_status, describe_error
+from agent.reporters.node_names import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
+from agent.reporters.node_names import list_names_doc
+from agent.reporters.node_names import names_in_list as names_in_list
 
 log = logging.getLogger(__name__)
 
-METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
 REQUEST_TIMEOUT = (5, 30)
-
-
-def names_in_list(doc: Mapping[str, Any]) -> list[str]:
-    """Pure: the object names in a list response, whichever form the server chose: a Table (the
-    column whose format is "name", else the first; or a row's object when one was included), a
-    PartialObjectMetadataList or a plain list. Raises ValueError on anything else, so that a proxy
-    answering with something unexpected is "could not count", never "0 tainted"."""
-    kind = doc.get("kind")
-    if kind == "Table":
-        cols = doc.get("columnDefinitions") or []
-        idx = next((i for i, c in enumerate(cols) if c.get("format") == "name"), 0)
-        names = []
-        for row in doc.get("rows") or ():
-            obj = row.get("object") or {}
-            name = (obj.get("metadata") or {}).get("name")
-            if not name:
-                cells = row.get("cells") or []
-                name = cells[idx] if idx < len(cells) else None
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"a Table row without a name: {str(row)[:200]}")
-            names.append(name)
-        return names
-    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items") or [], list):
-        return [str((i.get("metadata") or {}).get("name", "")) for i in doc.get("items") or ()]
-    raise ValueError(f"not a list response: kind={kind!r}")
+DEFAULT_NAMESPACE = "gpu-healthcheck"  # where the slots live: the agents' own namespace
+REAP_PERIOD_S = 300.0  # a refused node checks the holders of the slots it tried at most this often
 
 
 @dataclass(frozen=True)
@@ -69,14 +55,15 @@ class BrakeState:
     """The last answer, for metrics and logs."""
 
     open: bool  # True = refusing new taints
-    tainted: int
-    total: int
+    cap: int  # the most nodes it lets hold our taint at once
+    total: int  # GPU nodes
     reason: str
-    at: float  # time.monotonic() of the count
+    at: float  # time.monotonic() of the answer
 
 
 class Brake:
-    """Counts our tainted GPU nodes cluster-wide; shared by nothing but its own Node writer."""
+    """Slots for our taint, cluster-wide (or within *scope*); one per agent, or shared by the
+    writers of a tool or a test (it keeps the slots of each node apart)."""
 
     def __init__(
         self,
@@ -92,253 +79,285 @@ class Brake:
         cache_seconds: float = 10,
         clock: Callable[[], float] = time.monotonic,
         total_cache_seconds: float = 300,
-        refresh_jitter_s: float = 60,
-        rank_patience_s: float = 90,
-        settle_s: float = 1.0,
-        settle_max_s: float = 6.0,
         min_severity: str = TAINT_SEVERITIES[0],
+        namespace: str = DEFAULT_NAMESPACE,
+        service_account: str = DEFAULT_SERVICE_ACCOUNT,
+        probes: int = 3,
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selectors = tuple(selectors)  # any one makes a GPU node (core/gpu_nodes.py)
         self.node_name = node_name  # this agent's Node: is it among the GPU nodes counted?
-        # A label selector ANDed into every list: a brake of its own for one pool of Nodes (tests
-        # use it to keep apart the Nodes of other tests on one API server). Empty: the cluster.
+        # A label selector ANDed into every list, and a brake of its own (slots apart): one pool of
+        # Nodes (tests use it to keep apart the Nodes of other tests on one API server). Empty: the
+        # cluster, its total from the agent DaemonSets.
         self.scope = scope
         self._on_count = on_count  # (GPU nodes counted, this Node among them) -> metrics
         self.selection_problem: str | None = None  # set while the selection does not hold
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
         self.prefix = prefix
-        self.min_severity = min_severity  # node.taintMinSeverity: who contends for a slot
+        self.min_severity = min_severity  # node.taintMinSeverity (reporters/taint_gate asks)
         self.cache_seconds = cache_seconds
+        self.total_cache_seconds = total_cache_seconds
+        self.namespace = namespace
+        self.service_account = service_account
+        self.probes = probes
         self._clock = clock
         self._lock = threading.Lock()
         self._state: BrakeState | None = None
-        self.total_cache_seconds = total_cache_seconds
-        self.refresh_jitter_s = refresh_jitter_s
-        self._lock_total = threading.Lock()
-        self._total_pending = False
-        self._total_cache: tuple[float, set[str]] | None = None
-        self.rank_patience_s = rank_patience_s
-        self._ranked_out_since: float | None = None
-        self.settle_s = settle_s
-        self.settle_max_s = settle_max_s
-        self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
-        # Nodes held back by our DRA device taints alone (reporters/device_taint_rules.tainted_nodes):
-        # counted as tainted, so that per-GPU isolation cannot pass the brake's limit.
-        self.also_tainted: Callable[[], set[str]] | None = None
+        self._refused: dict[str, BrakeState] = {}  # node -> its cached refusal
+        self._total: tuple[float, int] | None = None  # (when, GPU nodes counted)
+        self._listed_ours: bool | None = None  # this node among the listed ones (None: not listed)
+        self._slots = Slots(self._rest, namespace, prefix, scope)
+        self._held: dict[str, str] = {}  # node -> the name of the slot it holds
+        self._looked: set[str] = set()  # nodes whose slots were looked for since the last doubt
+        self._outside = False  # no namespace for the slots: tainted Nodes are counted instead
+        self._reaped_at = float("-inf")  # when held slots were last checked for a Node that is gone
+        # who the brake counts besides Nodes carrying our taint: a node whose GPUs are isolated by
+        # DeviceTaintRules instead (reporters/device_isolation.py lifts its node taint only when
+        # this names it). With slots: the nodes holding one, which a failing node keeps.
+        self.also_tainted: Callable[[], set[str]] | None = self.holders
 
     @property
     def state(self) -> BrakeState | None:
-        """The last count and decision (None before the first one)."""
+        """The last answer (None before the first one)."""
         return self._state
 
     @property
-    def contenders_selector(self) -> str:
-        """Failing nodes that want our taint (at node.taintMinSeverity or above) and do not have it
-        (nor refuse it). Only our agents write these labels, and they run only on GPU nodes, so no
-        GPU-node selector is needed."""
-        return Keys(self.prefix).contenders_selector(self.scope, self.min_severity)
+    def off(self) -> bool:
+        """No limit: a fraction of 1 or more and no absolute cap. No slot is taken then."""
+        return self.max_fraction >= 1 and self.max_nodes <= 0
 
-    @property
-    def tainted_selector(self) -> str:
-        """Nodes that carry our taint (counted in the total too: a taint is a GPU node held back)."""
-        return Keys(self.prefix).tainted_selector(self.scope)
+    # -- the total ----------------------------------------------------------------------------------
+    def total(self, node: Mapping[str, Any] | None = None) -> int:
+        """The GPU nodes (this one among them), as last read; read now when never read or older
+        than total_cache_seconds. API errors propagate. *node*: this agent's Node, when the asker has
+        it (is it among the GPU nodes? judged from its labels where the DaemonSet gave the total)."""
+        cached = self._total
+        if cached is None or self._clock() - cached[0] >= self.total_cache_seconds:
+            counted, listed = None, None
+            if not self.scope:
+                counted = daemonset_total(self._rest, self.namespace, self.service_account)
+            if counted is None:
+                names = self._selected()
+                listed = self.node_name in names if self.node_name else True
+                counted = len(names)
+            cached = (self._clock(), counted)
+            self._total, self._listed_ours = cached, listed
+            log.info("brake: %d GPU nodes", counted)
+        ours = self._listed_ours
+        if ours is None:
+            labels = ((node or {}).get("metadata") or {}).get("labels")
+            ours = labels is None or any(matches(s, labels) for s in self.selectors)
+        self._check_selection(cached[1], ours)
+        return max(cached[1] + (0 if ours else 1), 1)
 
-    def _selected(self, min_rv: str | None = None) -> set[str]:
-        """The GPU nodes: the union of one names-only list per selector (a selector cannot OR)."""
+    def gpu_node_total(self) -> int:
+        """The GPU nodes as last counted (read now when never read): the repair budget's total."""
+        return self.total()
+
+    def _selected(self, extra: str = "") -> set[str]:
+        """The GPU nodes (and *extra*): the union of one names-only list per selector (a selector
+        cannot OR)."""
         names: set[str] = set()
         for selector in self.selectors:
-            names.update(self._names(Keys.selector(selector, self.scope), min_rv=min_rv))
-        self._check_selection(names)
+            names.update(self.names(Keys.selector(Keys.selector(selector, self.scope), extra)))
         return names
 
-    def _check_selection(self, names: set[str]) -> None:
-        """A selection that misses this Node (or every Node) would shrink the brake's total to
-        "this node alone", i.e. one taint at most: say so in the log and the metrics."""
-        ours = self.node_name is None or self.node_name in names
+    def count_selected(self, extra: str) -> int:
+        """GPU nodes that also match *extra* (a node label's value: a pool), listed by name."""
+        return len(self._selected(extra))
+
+    def _check_selection(self, counted: int, ours: bool) -> None:
+        """A selection that misses this Node (or every Node) makes the total wrong: say so in the
+        log and the metrics."""
         problem = None
-        if not names:
+        if counted <= 0:
             problem = "node.gpuNodeSelector matches no Node"
         elif not ours:
-            problem = f"this Node is not among the {len(names)} Nodes node.gpuNodeSelector matches"
+            problem = f"this Node is not among the {counted} Nodes node.gpuNodeSelector matches"
         if problem and problem != self.selection_problem:
             log.warning("brake: %s; the brake's fraction counts only the Nodes it matches", problem)
         elif self.selection_problem and not problem:
-            log.info("brake: node.gpuNodeSelector matches this Node again (%d GPU nodes)", len(names))
+            log.info("brake: node.gpuNodeSelector matches this Node again (%d GPU nodes)", counted)
         self.selection_problem = problem
         if self._on_count is not None:
-            self._on_count(len(names), ours)
+            self._on_count(counted, ours)
 
-    def _names(self, label_selector: str, *, min_rv: str | None = None) -> list[str]:
-        """Names of the Nodes matching *label_selector* (Table rows, no objects; see the module doc)."""
+    def names(self, label_selector: str, *, min_rv: str | None = None) -> list[str]:
+        """Names of the Nodes matching *label_selector* (Table rows, no objects)."""
         return names_in_list(self.list_doc(label_selector, min_rv=min_rv))
 
     def list_doc(self, label_selector: str, *, min_rv: str | None = None) -> dict[str, Any]:
-        """The raw list response the count reads (public for tests and benchmarks). Always served
-        from the API server's watch cache: with *min_rv* once the cache has caught up with that
-        resourceVersion (our own last write: every write that landed before it is seen), else as
-        the cache has it (resourceVersion=0). Never a consistent read: under a fleet-wide burst
-        those fall back to etcd, where each one is a range over every Node. A cache more than ~3 s
-        behind our write answers 504 ("Too large resource version"): then the cache as it is, since
-        the settle loop and the post-taint re-count look again anyway, and a failed write retried
-        with backoff would only add load to a server that is already behind."""
-        query = {"labelSelector": label_selector, "includeObject": "None", "resourceVersion": "0"}
-        if min_rv:
-            fresh = {**query, "resourceVersion": min_rv, "resourceVersionMatch": "NotOlderThan"}
+        """The raw names-only list of Nodes matching *label_selector* (the repair budget's failing
+        nodes, a pool, the fallback total). Always from the API server's watch cache: not older
+        than *min_rv* (our own last write: every write that landed before it is seen), else as the
+        cache has it. Never a consistent read: under a fleet-wide burst those fall back to etcd,
+        each a range over every Node. A cache more than ~3 s behind our write answers 504: then the
+        cache as it is (the caller's next ask looks again)."""
+        return list_names_doc(self._rest, "/api/v1/nodes", label_selector, min_rv=min_rv)
+
+    # -- the slots ----------------------------------------------------------------------------------
+    def cap(self, node: Mapping[str, Any] | None = None) -> tuple[int, int]:
+        """(the most nodes that may hold our taint at once, the total it was taken of)."""
+        total = self.total(node)
+        return brake_cap(total, self.max_fraction, self.max_nodes), total
+
+    def holds(self, node_name: str) -> bool:
+        """Does *node_name* hold a slot (as far as this brake knows)?"""
+        return node_name in self._held
+
+    def _look(self, node_name: str, cap: int, *, consistent: bool = False) -> None:
+        """Find the slots *node_name* holds already (a restarted agent; a create whose answer was
+        lost): keep the lowest below the cap, free the others."""
+        names = self._slots.held_by(node_name, consistent=consistent)
+        keep = next((n for n in names if self._slots.index(n) < cap), None)
+        for extra in names:
+            if extra != keep:
+                self._slots.free(extra)
+        if keep is not None:
+            self._held[node_name] = keep
+        self._looked.add(node_name)
+
+    def _take(self, node_name: str, cap: int, node: Mapping[str, Any] | None) -> str | None:
+        """Try up to `probes` free numbers below *cap*; the slot taken, or None when all were held.
+        Owned by its Node (read when the asker did not pass it), so that a deleted Node frees it."""
+        if node is None:
+            node = self._rest.json("GET", f"/api/v1/nodes/{node_name}", timeout=REQUEST_TIMEOUT)
+        held = []
+        for i in random.sample(range(cap), min(self.probes, cap)):
             try:
-                return self._list(fresh)
-            except Exception as exc:
-                if api_status(exc) != 504:
-                    raise
-                self.stale_reads += 1
-                log.info(
-                    "brake: the API server's cache is behind our write (%s); counting from it as is", exc
-                )
-        return self._list(query)
+                if self._slots.take(i, node_name, node):
+                    self._held[node_name] = self._slots.name(i)
+                    return self._held[node_name]
+            except Exception:
+                self._looked.discard(node_name)  # it may have landed: look again next time
+                raise
+            held.append(i)
+        if self._clock() - self._reaped_at >= REAP_PERIOD_S:
+            self._reaped_at = self._clock()
+            for i in held:
+                if self._slots.reap(i) and self._slots.take(i, node_name, node):
+                    self._held[node_name] = self._slots.name(i)
+                    return self._held[node_name]
+        return None
 
-    def _list(self, query: dict[str, str]) -> dict[str, Any]:
-        return self._rest.json(
-            "GET", "/api/v1/nodes", query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
-        )
-
-    def _gpu_nodes(self, min_rv: str | None = None) -> set[str]:
-        """All GPU nodes. The one list of the whole fleet (11 ms of API server CPU for 2,000 Nodes,
-        ten times a filtered list), so it is kept off the path of a taint: read once ahead of need
-        (warm, at agent start), then served from here; when older than total_cache_seconds it is
-        still used and re-read in the background after a random delay, so that a fleet-wide fault
-        does not make every agent list every Node at the same moment. A fleet's size changes slowly."""
-        cached = self._total_cache
-        if cached is None:  # no total yet: read it now, not older than our write when we know it
-            names = self._selected(min_rv)
-            self._total_cache = (self._clock(), names)
-            return names
-        if self._clock() - cached[0] >= self.total_cache_seconds:
-            self._refresh_total_later(random.uniform(0, self.refresh_jitter_s))
-        return cached[1]
-
-    def gpu_node_names(self) -> set[str]:
-        """The GPU nodes as last counted (read now when never read): the repair budget's total."""
-        return self._gpu_nodes()
-
-    def warm(self, delay_s: float = 0.0) -> threading.Thread | None:
-        """Read the GPU-node total in the background after *delay_s* (the agent starts with a random
-        delay, so that a DaemonSet rollout spreads these lists). Returns the thread (None if a read
-        is already pending)."""
-        return self._refresh_total_later(delay_s)
-
-    def _refresh_total_later(self, delay_s: float) -> threading.Thread | None:
-        with self._lock_total:
-            if self._total_pending:
-                return None
-            self._total_pending = True
-        thread = threading.Thread(
-            target=self._refresh_total, args=(delay_s,), name="brake-total", daemon=True
-        )
-        thread.start()
-        return thread
-
-    def _refresh_total(self, delay_s: float) -> None:
-        try:
-            if delay_s > 0:
-                time.sleep(delay_s)
-            names = self._selected()
-            self._total_cache = (self._clock(), names)
-            log.info("brake: %d GPU nodes (%d selectors)", len(names), len(self.selectors))
-        except Exception as exc:  # the next need reads it (synchronously if there is no total yet)
-            log.warning("brake: reading the GPU-node total failed: %s", exc)
-        finally:
-            with self._lock_total:
-                self._total_pending = False
-
-    def _others_tainted(self, node_name: str | None, min_rv: str | None = None) -> set[str]:
-        devices = self.also_tainted() if self.also_tainted is not None else set()
-        return (set(self._names(self.tainted_selector, min_rv=min_rv)) | devices) - {node_name or ""}
-
-    def _total(self, node_name: str | None, min_rv: str | None = None, tainted: Sequence[str] = ()) -> int:
-        """GPU nodes, the asking one counted even when the total was read before it existed, and
-        every tainted one (ours are GPU nodes even where the selection misses their labels)."""
-        return len(self._gpu_nodes(min_rv) | set(tainted) | ({node_name} if node_name else set()))
-
-    def allows_new_taint(self, node_name: str | None = None, min_rv: str | None = None) -> tuple[bool, str]:
-        """May *node_name* gain our taint now? API errors propagate (the caller retries next cycle; a
-        transient error neither opens the brake nor taints blindly)."""
+    def allows_new_taint(
+        self, node_name: str | None = None, min_rv: str | None = None, node: Mapping[str, Any] | None = None
+    ) -> tuple[bool, str]:
+        """May *node_name* gain our taint now? True once it holds a slot (kept until release()).
+        *node* is its Node when the asker has it (its owner reference and selection check); *min_rv*
+        is accepted for the Node writer's sake and not needed (a create of a fixed name is exact).
+        API errors propagate (the caller retries next cycle; a transient error neither opens the
+        brake nor taints blindly)."""
+        name = node_name or self.node_name or ""
         with self._lock:
             now = self._clock()
-            st = self._state
-            if st is not None and st.open and now - st.at < self.cache_seconds:
-                return False, st.reason
-            tainted = self._others_tainted(node_name, min_rv)
-            total = self._total(node_name, min_rv, sorted(tainted))
-            ok, reason = brake_decision(len(tainted), total, self.max_fraction, self.max_nodes)
-            if not ok:
-                self._ranked_out_since = None  # the count explains the refusal
-            elif node_name is not None:
-                ok, reason = self._take_turn(node_name, tainted, total, now, min_rv)
-            self._state = BrakeState(open=not ok, tainted=len(tainted), total=total, reason=reason, at=now)
-            return ok, reason
+            if self.off:
+                return self._answer(True, 0, 0, "the brake is off (maxTaintedFraction >= 1)", now)
+            if name in self._held:
+                return self._answer(True, 0, 0, f"this node holds {self._held[name]}", now)
+            refused = self._refused.get(name)
+            if refused is not None and now - refused.at < self.cache_seconds:
+                return False, refused.reason
+            cap, total = self.cap(node)
+            if cap <= 0:
+                why = f"maxTaintedFraction={self.max_fraction} allows no taint among {total} GPU nodes"
+                return self._refuse(name, cap, total, why, now)
+            if self._outside:
+                return self._count_tainted(name, cap, total, min_rv, now)
+            try:
+                if name and name not in self._looked:
+                    self._look(name, cap, consistent=False)
+                    if name in self._held:
+                        return self._answer(True, cap, total, f"this node holds {self._held[name]}", now)
+                slot = self._take(name, cap, node) if name else None
+            except Exception as exc:
+                if not (api_status(exc) == 404 and "namespaces" in api_message(exc)):
+                    raise
+                self._outside = True
+                log.warning(
+                    "brake: no namespace %s for its slots (an agent or tool outside its install): counting "
+                    "tainted Nodes instead, which racing agents can pass: %s",
+                    self.namespace,
+                    describe_error(exc),
+                )
+                return self._count_tainted(name, cap, total, min_rv, now)
+            if slot is not None:
+                return self._answer(True, cap, total, f"slot {slot} of {cap} for {total} GPU nodes", now)
+            tried = min(self.probes, cap)
+            limit = (
+                f"maxTaintedNodes={self.max_nodes}"
+                if cap == self.max_nodes
+                else (f"maxTaintedFraction={self.max_fraction}")
+            )
+            why = (
+                f"{cap}/{total} GPU nodes may be tainted ({limit}) and the {tried} of those slots this "
+                "node tried are held: at or above the limit"
+            )
+            return self._refuse(name, cap, total, why, now)
 
-    def _turn(
-        self, node_name: str, tainted: set[str], total: int, min_rv: str | None = None
-    ) -> tuple[bool, str, set[str]]:
-        """rank_decision over the contenders as listed now; also the view (contenders and tainted)."""
-        contenders = self._names(self.contenders_selector, min_rv=min_rv)
-        ok, reason = rank_decision(
-            node_name, len(tainted), total, contenders, self.max_fraction, self.max_nodes
-        )
-        return ok, reason, set(contenders) | tainted
-
-    def _take_turn(
-        self, node_name: str, tainted: set[str], total: int, now: float, min_rv: str | None
+    def _count_tainted(
+        self, name: str, cap: int, total: int, min_rv: str | None, now: float
     ) -> tuple[bool, str]:
-        """rank_decision over the contenders. Other contenders in view mean a fault on several nodes
-        at once, whose labels are still landing: wait `settle_s` and count again, until no new
-        failing node appears (at most `settle_max_s`: a slow API server lands a burst's writes over
-        seconds), so that racers decide on the same view. A lone failing node never waits.
-        A contender that never takes its slot (its agent is gone and its labels stayed) must not hold
-        this node back forever: after `rank_patience_s` of rank refusals while slots stay free, the
-        count decides."""
-        ok, reason, view = self._turn(node_name, tainted, total, min_rv)
-        if ok and self.settle_s > 0 and view - tainted - {node_name}:
-            # Watch the burst land, from the cache as it is (asking it not to be older than our
-            # write would make a lagging server wait 3 s each time): count again every second until
-            # no new failing node appears or this node's turn is gone. A contender that got its
-            # taint meanwhile stays in the view.
-            seen: set[str] = set()
-            waited = 0.0
-            while ok and view - seen and waited < self.settle_max_s:
-                seen = view
-                time.sleep(self.settle_s)
-                waited += self.settle_s
-                ok, reason, view = self._turn(node_name, self._others_tainted(node_name), total)
-        if ok:
-            self._ranked_out_since = None
-            return ok, reason
-        if self._ranked_out_since is None:
-            self._ranked_out_since = now
-        elif now - self._ranked_out_since >= self.rank_patience_s:
-            head = reason.split(";")[0]
-            return True, f"{head}; contenders ahead did not take a slot in {self.rank_patience_s:.0f} s"
+        """Outside the install (no namespace for slots): the Nodes that carry our taint, by name,
+        not older than this node's last write. Exact for one asker; racing askers can pass the cap."""
+        tainted = set(self.names(Keys(self.prefix).tainted_selector(self.scope), min_rv=min_rv)) - {name}
+        if len(tainted) < cap:
+            return self._answer(
+                True, cap, total, f"{len(tainted)}/{total} GPU nodes tainted, below {cap}", now
+            )
+        why = f"{len(tainted)}/{total} GPU nodes already tainted, at or above the limit of {cap}"
+        return self._refuse(name, cap, total, why, now)
+
+    def _answer(self, ok: bool, cap: int, total: int, reason: str, now: float) -> tuple[bool, str]:
+        self._state = BrakeState(open=not ok, cap=cap, total=total, reason=reason, at=now)
         return ok, reason
 
-    def overshoot(self, node_name: str, min_rv: str | None = None, last: bool = False) -> tuple[bool, str]:
-        """After our taint landed: must this node yield because racing agents tainted too many? The
-        ones beyond the limit in name order yield; at its *last* re-count a node still above the
-        limit yields whatever its name, because the ones after it by name may have finished their
-        re-counts before a late racer (one whose writes waited on a loaded API server) landed. That
-        may leave a slot free for a moment; the brake fills it on the next ask (safe side)."""
-        tainted = self._names(self.tainted_selector, min_rv=min_rv)
-        total = self._total(node_name, min_rv, tainted)
-        cap = brake_cap(total, self.max_fraction, self.max_nodes)
-        over = last and node_name in tainted and len(set(tainted)) > cap
-        if must_back_off(node_name, tainted, cap) or over:
-            reason = f"{len(set(tainted))} GPU nodes were tainted at once, above the limit of {cap}: yielding"
-            with self._lock:
-                self._state = BrakeState(
-                    open=True, tainted=len(tainted) - 1, total=total, reason=reason, at=self._clock()
-                )
-            return True, reason
-        return False, ""
+    def _refuse(self, name: str, cap: int, total: int, why: str, now: float) -> tuple[bool, str]:
+        self._answer(False, cap, total, why, now)
+        assert self._state is not None
+        self._refused[name] = self._state
+        return False, why
+
+    def adopt(self, node_name: str, node: Mapping[str, Any] | None = None) -> None:
+        """Our taint is on *node_name* already (a restarted agent, one that ran an older version):
+        find its slot, or take one if one is free. Never takes the taint away (the brake does not
+        take away a taint it did not just grant): a node without a slot is logged. Never raises."""
+        if self.off:
+            return
+        with self._lock:
+            if node_name in self._held:
+                return
+            try:
+                cap, _ = self.cap(node)
+                if cap > 0 and node_name not in self._looked:
+                    self._look(node_name, cap)
+                if node_name not in self._held and cap > 0 and self._take(node_name, cap, node) is None:
+                    log.warning("brake: %s carries our taint but every slot tried is held", node_name)
+            except Exception as exc:
+                log.warning("brake: looking for the slot of %s failed: %s", node_name, describe_error(exc))
+
+    def holders(self) -> set[str]:
+        """The nodes this brake holds a slot for (counted against its cap whatever carries their
+        taint)."""
+        with self._lock:
+            return set(self._held)
+
+    def release(self, node_name: str) -> None:
+        """*node_name*'s taint is off and wanted no more: free its slot. A failure is logged; the
+        slot is freed at the next release (or with the Node)."""
+        with self._lock:
+            slot = self._held.get(node_name)
+            if slot is None:
+                return
+            try:
+                self._slots.free(slot)
+            except Exception as exc:
+                log.warning("brake: freeing %s failed: %s", slot, describe_error(exc))
+                return
+            del self._held[node_name]
+            self._refused.pop(node_name, None)
 
     def reconfigure(
         self,
@@ -349,19 +368,22 @@ class Brake:
         min_severity: str = TAINT_SEVERITIES[0],
     ) -> None:
         """A reloaded config: new limits count from the next ask (a cached refusal is dropped); a new
-        GPU-node selection drops the GPU-node total and reads it again now."""
+        GPU-node selection drops the GPU-node total (read again at the next ask)."""
         with self._lock:
             self.max_fraction, self.max_nodes = max_fraction, max_nodes
             self.min_severity = min_severity
             self._state = None
-            self._ranked_out_since = None
-            new_selection = tuple(selectors) != self.selectors
+            self._refused.clear()
+            self._looked.clear()  # a lower cap: a slot above it is let go at the next look
+            if tuple(selectors) != self.selectors:
+                self._total = None
             self.selectors = tuple(selectors)
-        if new_selection:
-            self._total_cache = None
-            self.warm()
 
-    def forget(self) -> None:
+    def forget(self, node_name: str | None = None) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""
         with self._lock:
             self._state = None
+            if node_name is None:
+                self._refused.clear()
+            else:
+                self._refused.pop(node_name, None)

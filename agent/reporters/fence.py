@@ -6,7 +6,9 @@ manifests/30-admission-policy.yaml narrows that to its own Node and its own keys
 missing (Kubernetes before 1.30, a partial install), or not match the agent's identity (an installer
 that dropped the RBAC mark it fences by), and then nothing says so. So at start the agent asks the
 API server, as dry runs that write nothing, to (1) put a label outside its prefix on its own Node
-and (2) put one of its own labels on another Node, and expects both to be refused with 403/422.
+and (2) put one of its own labels on another Node, and (3), given the namespace of the repair
+budget's records, to create a release record there (gpu-healthcheck-own-records refuses it), and
+expects each to be refused with 403/422.
 When it is not fenced it asks whether it should be: RBAC marks the identities the policy fences
 (the permission `fenced`, agent/reporters/fence_guard.py holds every write of a marked identity the
 fence does not hold: half an install).
@@ -70,6 +72,33 @@ def _dry_patch(rest: KubeRest, name: str, labels: dict[str, str]) -> int:
     return 200
 
 
+def _dry_release(rest: KubeRest, namespace: str, node_name: str, prefix: str) -> int:
+    """The HTTP status of a dry-run create of a release record (201 = it would have landed)."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "generateName": f"{prefix}-fence-probe-",
+            "labels": {f"{prefix}/record": "release"},
+            "annotations": {f"{prefix}/node": node_name},
+        },
+    }
+    try:
+        rest.json(
+            "POST",
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            query={"dryRun": "All", "fieldManager": "gpu-healthcheck-fence-probe"},
+            body=body,
+            timeout=TIMEOUT,
+        )
+    except Exception as exc:
+        status = api_status(exc)
+        if status is None:
+            raise
+        return status
+    return 201
+
+
 def _has_vap(rest: KubeRest) -> bool | None:
     """Does the API server serve ValidatingAdmissionPolicies (GA in 1.30)? None: could not ask."""
     try:
@@ -107,11 +136,14 @@ def _another_node(rest: KubeRest, node_name: str) -> str | None:
     return next((n for n in names if n != node_name), None)
 
 
-def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
-    """Ask for the two forbidden writes as dry runs; never raises."""
+def prove_fence(core: Any, node_name: str, prefix: str, records_namespace: str = "") -> FenceProof:
+    """Ask for the forbidden writes as dry runs; never raises."""
     rest = KubeRest.of(core)
     try:
         own = _dry_patch(rest, node_name, {PROBE_LABEL: "x"})
+        released = _dry_release(rest, records_namespace, node_name, prefix) if records_namespace else None
+        if released == 404:  # no such namespace: no record can be written there either
+            released = None
     except Exception as exc:
         return FenceProof(FenceResult.UNKNOWN, f"could not ask the API server: {describe_error(exc)}")
     try:
@@ -127,6 +159,8 @@ def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
         accepted.append(f"a label outside {prefix}/ on its own Node")
     if theirs == 200:
         accepted.append(f"a {prefix}/ label on another Node ({other})")
+    if released == 201:
+        accepted.append(f"a release record of the repair budget in {records_namespace}")
     if accepted:
         vap = _has_vap(rest)
         why = (
@@ -138,14 +172,15 @@ def prove_fence(core: Any, node_name: str, prefix: str) -> FenceProof:
         would = " and ".join(accepted)
         marked = _marked(rest)
         return FenceProof(FenceResult.UNFENCED, f"the API server would accept {would}: {why}", marked)
-    unexpected = [s for s in (own, theirs) if s is not None and s not in REFUSED]
+    unexpected = [s for s in (own, theirs, released) if s is not None and s not in REFUSED]
     if unexpected:
         return FenceProof(FenceResult.UNKNOWN, f"unexpected answers to the dry runs: {unexpected}")
     if theirs is None:
         return FenceProof(
             FenceResult.UNKNOWN, "foreign keys are refused; no other Node to try a write on another Node"
         )
-    return FenceProof(FenceResult.FENCED, "foreign keys and other Nodes are refused (dry runs)")
+    what = "foreign keys and other Nodes" + (", and a release record," if released else "")
+    return FenceProof(FenceResult.FENCED, f"{what} are refused (dry runs)")
 
 
 def report_fence(proof: FenceProof) -> None:

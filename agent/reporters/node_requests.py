@@ -31,7 +31,6 @@ from agent.reporters.node_patch import (
     find_condition,
     find_our_taint,
     plan_node_patch,
-    rv_text,
     taint_disabled,
 )
 from agent.reporters.node_story import revert_conditions
@@ -149,8 +148,8 @@ class NodeRequests:
             with attempt:
                 node = self.watch.current(fresh=fresh or attempt.retry_state.attempt_number > 1)
                 if self.gate.asks_brake(node, marks) and not self.dry_run:
-                    # Our failing labels first, without the taint: agents racing for the brake's free
-                    # slots then see this node among the contenders (Brake: taking turns).
+                    # Our failing labels first, without the taint: the Node says it fails (and the
+                    # repair budget counts it) whatever the brake answers.
                     first = plan_node_patch(node, marks, prefix=self.prefix, taint_on=False)
                     if first is not None:
                         node = write(node, first)
@@ -169,12 +168,7 @@ class NodeRequests:
                         log.info("node %s: dry run, would patch: %s", self.node_name, json.dumps(patch))
                         self.note("node", "skipped")
                     else:
-                        adding = taint_on and not had_taint
-                        if adding:
-                            self.gate.sending_taint()  # stays set if the answer never comes
-                        written = write(node, patch)
-                        if adding:
-                            self.gate.taint_landed(rv_text(written))
+                        write(node, patch)
         return decided, had_taint
 
     def settle_history(self, marks: Marks) -> int:

@@ -135,13 +135,7 @@ class NodeWriter:
             request_timeout=REQUEST_TIMEOUT,
             note=self._note,
         )
-        self.gate = TaintGate(
-            node_name,
-            brake,
-            prefix=prefix,
-            reapply=self._reapply_last,
-            stopped=lambda: self.watch.stopped,
-        )
+        self.gate = TaintGate(node_name, brake, prefix=prefix)
         self.requests = NodeRequests(
             self.rest,
             node_name,
@@ -231,15 +225,6 @@ class NodeWriter:
     @property
     def brake_open(self) -> bool:
         return self.gate.state.brake_open
-
-    @property
-    def verify_delay_s(self) -> float:
-        """Racing agents' writes land within this; then the post-taint count is settled."""
-        return self.gate.verify_delay_s
-
-    @verify_delay_s.setter
-    def verify_delay_s(self, seconds: float) -> None:
-        self.gate.verify_delay_s = seconds
 
     # -- helpers -------------------------------------------------------------------------------------
     def _note(self, kind: str, outcome: str) -> None:
@@ -370,12 +355,6 @@ class NodeWriter:
             and not taint_disabled(node, self.prefix)
             and find_our_taint(node, self.prefix) is None
         )
-
-    def _reapply_last(self) -> None:
-        """The gate yields: apply the last Marks again (no new Events)."""
-        marks = self._last_marks
-        if marks is not None:
-            self._apply(marks, ())
 
     def _on_node(self, node: dict[str, Any]) -> None:
         """Each Node the watch sees: put our taint back if someone removed it while the node fails."""

@@ -6,13 +6,7 @@ the node, key and pool in annotations, the time is the server's creationTimestam
 when a node is about to newly mark a remediation condition and listed then, from the API server's
 watch cache. Steady state costs nothing: a node that is already marked, or wants no mark, never asks.
 
-- fail: one per node and finding key (a fixed name: a retry or a restarted agent finds it there),
-  written before the node asks; it counts toward the key's wave while the Node carries
-  `<prefix>/status=fail`, and the next lister deletes it once the Node does not (recovered or gone).
-- mark: one per new mark, written, then counted with every record written before it (the list not
-  older than its own resourceVersion): beyond the limit, it deletes itself and the node is held.
-  Marks count for the window whether or not their Node still exists; then the next lister deletes them.
-- release: `gpu-healthcheck brake release` (cli/brake.py): records before it no longer count.
+What each record is and who deletes it: reporters/budget_records.py.
 
 A held answer is kept for `hold_cache_s` (a held node asks again every reask period; the records
 change slowly); an allowed answer never is. API errors propagate: the writer keeps the condition as
@@ -26,17 +20,15 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, EventReason, Keys
-from agent.core.remediation_reasons import is_eks_reason
-from agent.core.remediation_types import UNHEALTHY_REMEDIATION_REASONS
 from agent.core.repair_budget import (
     FAIL,
     MARK,
     RELEASE,
+    WAVE,
     BudgetPolicy,
     Hold,
     HoldReason,
@@ -47,97 +39,19 @@ from agent.core.repair_budget import (
     budget_hold,
     budget_limit,
     budget_spent,
+    newly_marking,
+    released_rv,
     wave_decision,
 )
-from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake, names_in_list
+from agent.reporters.brake import Brake
+from agent.reporters.budget_records import create_record, epoch, leases_path, list_records, record_of
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.node_names import names_in_list
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT = (5, 30)
-RELEASE_KEEP_S = 7 * 86400  # a release is kept this long (the records it voids may outlive it)
-FAIL_GRACE_S = 120.0  # a fail record of a node not (yet) seen failing is left alone this long
-GC_PER_LIST = 20  # deletes at most this many expired records per list ...
-GC_SHARE = 0.05  # ... each with this chance: hundreds of held agents list the same expired records
-
-
-def leases_path(namespace: str, name: str = "") -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
-
-
-def epoch(stamp: str | None) -> float:
-    """An RFC 3339 timestamp as epoch seconds (0 when absent or unreadable)."""
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def record_of(item: Mapping[str, Any], prefix: str) -> Record | None:
-    """A listed (or created) Lease as a Record; None when it is not one of ours."""
-    keys = RecordKeys(prefix)
-    meta = item.get("metadata") or {}
-    kind = (meta.get("labels") or {}).get(keys.kind)
-    if kind not in (FAIL, MARK, RELEASE):
-        return None
-    ann = meta.get("annotations") or {}
-    try:
-        rv = int(meta.get("resourceVersion") or 0)
-    except ValueError:
-        rv = 0
-    return Record(
-        name=str(meta.get("name") or ""),
-        kind=kind,
-        node=str(ann.get(keys.node) or ""),
-        key=str(ann.get(keys.key) or ""),
-        pool=str(ann.get(keys.pool) or ""),
-        at=epoch(meta.get("creationTimestamp")),
-        rv=rv,
-        by=str(ann.get(keys.by) or ""),
-        reason=str(ann.get(keys.reason) or ""),
-    )
-
-
-def list_records(rest: KubeRest, namespace: str, prefix: str, min_rv: str | None = None) -> list[Record]:
-    """Every record in *namespace*, metadata only, from the watch cache (not older than *min_rv*
-    when given: every record written before it is seen)."""
-    query = {"labelSelector": RecordKeys(prefix).kind, "resourceVersion": min_rv or "0"}
-    if min_rv:
-        query["resourceVersionMatch"] = "NotOlderThan"
-    doc = rest.json(
-        "GET", leases_path(namespace), query=query, accept=METADATA_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
-    )
-    return [r for r in (record_of(i, prefix) for i in doc.get("items") or ()) if r is not None]
-
-
-def create_record(
-    rest: KubeRest,
-    namespace: str,
-    prefix: str,
-    kind: str,
-    annotations: Mapping[str, str],
-    *,
-    name: str = "",
-    holder: str = "",
-) -> Record:
-    """Write one record (a fixed *name*, else a generated one); a fixed name already there is
-    answered by ApiException 409."""
-    meta: dict[str, Any] = {"labels": {RecordKeys(prefix).kind: kind}, "annotations": dict(annotations)}
-    if name:
-        meta["name"] = name
-    else:
-        meta["generateName"] = f"{prefix}-{kind}-"
-    body = {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": meta,
-        "spec": {"holderIdentity": holder or kind},
-    }
-    doc = rest.json("POST", leases_path(namespace), body=body, timeout=REQUEST_TIMEOUT)
-    rec = record_of(doc, prefix)
-    if rec is None:
-        raise ValueError(f"the API server answered a record create with {str(doc)[:200]}")
-    return rec
+GC_PER_LIST = 20  # an agent deletes at most this many of its own expired records per list
 
 
 class RepairBudget:
@@ -155,6 +69,7 @@ class RepairBudget:
         prefix: str,
         hold_cache_s: float = 30.0,
         clock: Any = time.time,
+        marker_recheck_s: float | None = None,
     ) -> None:
         self.rest = KubeRest.of(core)
         self.node_name = node_name
@@ -163,8 +78,12 @@ class RepairBudget:
         self.budget, self.wave = budget, wave
         self.prefix = prefix
         self.hold_cache_s = hold_cache_s
+        self._marker_recheck_s = marker_recheck_s  # None: a third of the wave's window, at most 5 min
         self._clock = clock
         self._failed: set[str] = set()  # keys this node's fail record was written for (this episode)
+        self._own_records: set[str] = set()  # this node's fail records and wave markers, written or listed
+        self._markers: dict[str, tuple[str, float]] = {}  # key -> (its marker's name, when counted)
+        self._own_marks: dict[str, float] = {}  # this node's marks: name -> when (deleted past the window)
         self._held: tuple[float, Hold] | None = None
         self._pool_totals: dict[str, tuple[float, int]] = {}
         self._last_hold: tuple[str, str] | None = None  # (why, key) of the hold the last Event named
@@ -182,6 +101,17 @@ class RepairBudget:
         self._failed.clear()
         self._held = None
 
+    def recovered(self) -> None:
+        """The node wants no remediation mark at all: its fail records no longer count toward a
+        wave, its wave markers hold no more; delete those this agent knows of (once: steady state
+        sends nothing). Others, left by an agent that restarted in between, no longer count either
+        (the wave counts failing Nodes only) and go with the Node (owner reference)."""
+        self.settled()
+        names, self._own_records = self._own_records, set()
+        self._markers.clear()
+        for name in sorted(names):
+            self._delete(name)
+
     # -- the writer's questions ----------------------------------------------------------------------
     def ask(self, node: Mapping[str, Any], marks: Marks, taint_on: bool) -> Hold | None:
         """Asked by the Node writer on every apply, answered from memory unless a remediation
@@ -189,7 +119,10 @@ class RepairBudget:
         holds the mark: an unreadable count never marks a node blindly; the next ask tries again."""
         key = newly_marking(node, marks, taint_on) if self.on else None
         if key is None:
-            self.settled()
+            if any(m.unhealthy for m in marks.remediation):
+                self.settled()
+            else:
+                self.recovered()
             return None
         try:
             return self.decide(node, key)
@@ -213,19 +146,30 @@ class RepairBudget:
     # -- the decision --------------------------------------------------------------------------------
     def decide(self, node: Mapping[str, Any], key: str) -> Hold | None:
         """This node is about to newly mark a remediation condition for *key*: None to go ahead,
-        else why not. API errors propagate."""
+        else why not. API errors propagate.
+
+        What it reads stays small whatever the fleet: the budget's marks and the releases (at most
+        the budget's limit per window), and the key's wave markers. Only a node that finds no
+        marker counts the wave in full (the key's fail records and the failing Nodes): at its first
+        ask of an episode, or when the budget would let it mark. A full count that finds a wave
+        leaves a marker (its node's own record), so that the other nodes of the wave are held by
+        one small list; a marker's owner counts again every `marker_recheck_s` and takes its marker
+        away when the wave has ended (a marker left by a node that recovered goes with it)."""
         now = self._clock()
         if self._held is not None and now - self._held[0] < self.hold_cache_s and self._held[1].key == key:
             return self._held[1]
-        min_rv = self._record_failure(key)
-        node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
-        records = list_records(self.rest, self.namespace, self.prefix, min_rv)
-        total = len(self.brake.gpu_node_names() | {self.node_name})
-        failing = self._failing(node_rv) if self.wave.on else set()
-        self._collect(records, failing, now)
-        hold = wave_decision(records, key, failing, total, self.wave)
+        first = key not in self._failed
+        min_rv = self._record_failure(key, node)
+        ledger = self._ledger(min_rv, now)
+        self._collect(ledger, now)
+        hold = self._marked_wave(key, ledger, now) if self.wave.on else None
+        spent = self._budget_spent(node, key, ledger, now) if hold is None and self.budget.on else None
+        if hold is None and self.wave.on and (first or spent is None) and not self._marker_fresh(key, now):
+            node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
+            hold = self._count_wave(key, ledger, node, node_rv, min_rv, now)
+        hold = hold or spent
         if hold is None and self.budget.on:
-            hold = self._spend(node, key, records, now)
+            hold = self._spend(node, key, now)
         if hold is not None:
             # kept a random share of hold_cache_s longer: the held nodes of a fleet do not all ask
             # again in the same instant when the budget's window moves or a release comes
@@ -235,40 +179,149 @@ class RepairBudget:
             self._held = None
         return hold
 
-    def _spend(self, node: Mapping[str, Any], key: str, records: list[Record], now: float) -> Hold | None:
-        """Take one of the budget's marks: look, write ours, count what was written before it."""
-        per = self.budget.per_label
-        pool = ((node.get("metadata") or {}).get("labels") or {}).get(per, "") if per else None
-        limit = budget_limit(self.budget, self._pool_total(pool))
-        hold = budget_hold(
-            budget_spent(records, now, self.budget.window_s, pool) + 1, limit, self.budget, key, pool
-        )
+    @property
+    def marker_recheck_s(self) -> float:
+        """How often a wave marker's owner counts the wave again (a third of its window, at most 5 min)."""
+        if self._marker_recheck_s is not None:
+            return self._marker_recheck_s
+        return min(300.0, self.wave.window_s / 3)
+
+    def _marker_fresh(self, key: str, now: float) -> bool:
+        """This node's own marker for *key* stands and was counted within marker_recheck_s."""
+        own = self._markers.get(key)
+        return own is not None and now - own[1] < self.marker_recheck_s
+
+    def _marked_wave(self, key: str, ledger: list[Record], now: float) -> Hold | None:
+        """A wave marker of *key* written after its last release: held, without counting (unless it
+        is this node's own and due to be counted again)."""
+        markers = list_records(self.rest, self.namespace, self.prefix, kinds=(WAVE,), key=key)
+        after = released_rv(ledger, key)
+        standing = [m for m in markers if m.rv > after and m.kind == WAVE and m.key == key]
+        mine = next((m for m in standing if m.node == self.node_name), None)
+        if mine is not None and key not in self._markers:  # left by this node's last life: count it again
+            self._markers[key] = (mine.name, float("-inf"))
+            self._own_records.add(mine.name)
+        own = self._markers.get(key)
+        older = [m for m in standing if m.node != self.node_name and (mine is None or m.rv < mine.rv)]
+        if own is not None and older:  # another node's marker came first: it counts, ours goes
+            del self._markers[key]
+            self._delete(own[0])
+            own = None
+        if own is not None and now - own[1] >= self.marker_recheck_s:
+            return None  # ours and due: the caller counts again
+        if not standing:
+            return None
+        first = min(standing, key=lambda m: m.rv)
+        why = first.reason or f"a correlated wave on {key} (node.waveHold)"
+        return Hold(HoldReason.WAVE, key, why)
+
+    def _count_wave(
+        self,
+        key: str,
+        ledger: list[Record],
+        node: Mapping[str, Any],
+        node_rv: str | None,
+        min_rv: str | None,
+        now: float,
+    ) -> Hold | None:
+        """The wave counted in full: the key's fail records and the failing Nodes. Leaves (or keeps)
+        this node's marker when it holds, takes it away when it does not."""
+        fails = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(FAIL,), key=key)
+        self._own_records.update(r.name for r in fails if r.node == self.node_name)
+        failing = self._failing(node_rv)
+        hold = wave_decision([*fails, *ledger], key, failing, self.brake.gpu_node_total(), self.wave)
+        own = self._markers.get(key)
         if hold is not None:
-            return hold
+            if own is None:
+                self._markers[key] = (self._write_marker(key, hold, node), now)
+            else:
+                self._markers[key] = (own[0], now)
+        elif own is not None:
+            del self._markers[key]
+            self._delete(own[0])
+        return hold
+
+    def _write_marker(self, key: str, hold: Hold, node: Mapping[str, Any]) -> str:
+        keys = RecordKeys(self.prefix)
+        digest = hashlib.sha256(f"{self.node_name}\0{key}\0wave".encode()).hexdigest()[:20]
+        name = f"{self.prefix}-wave-{digest}"
+        ann = {keys.node: self.node_name, keys.key: key, keys.reason: hold.message}
+        try:
+            create_record(
+                self.rest,
+                self.namespace,
+                self.prefix,
+                WAVE,
+                ann,
+                name=name,
+                holder=self.node_name,
+                owner=node,
+            )
+        except Exception as exc:
+            if api_status(exc) != 409:
+                raise
+        self._own_records.add(name)
+        return name
+
+    def _ledger(self, min_rv: str | None, now: float) -> list[Record]:
+        """The marks that can count now (those labelled with this window's bucket or its neighbours:
+        a writer's clock may be off by less than a window; and any without a bucket) and the
+        releases: bounded by the budget's limit and the releases of a week, whatever the fleet and
+        however many marked Nodes are gone."""
+        b = int(now // self.budget.window_s)
+        label = RecordKeys(self.prefix).window_label
+        buckets = f"{label} in ({b - 1},{b},{b + 1})"
+        marks = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK,), extra=buckets)
+        # marks written without a bucket (an agent from before buckets, during a rollout) count
+        # too: only within the window, as any mark, and their nodes delete them at their next ask
+        unbucketed = f"!{label}"
+        marks += list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK,), extra=unbucketed)
+        return marks + list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(RELEASE,))
+
+    def _budget_spent(
+        self, node: Mapping[str, Any], key: str, ledger: list[Record], now: float
+    ) -> Hold | None:
+        """The cheap look before writing a mark: held when the window's marks are at the limit."""
+        pool = self._pool(node)
+        limit = budget_limit(self.budget, self._pool_total(pool))
+        spent = budget_spent(ledger, now, self.budget.window_s, pool)
+        return budget_hold(spent + 1, limit, self.budget, key, pool)
+
+    def _pool(self, node: Mapping[str, Any]) -> str | None:
+        per = self.budget.per_label
+        return ((node.get("metadata") or {}).get("labels") or {}).get(per, "") if per else None
+
+    def _spend(self, node: Mapping[str, Any], key: str, now: float) -> Hold | None:
+        """Take one of the budget's marks: write ours, count what was written before it."""
+        pool = self._pool(node)
+        limit = budget_limit(self.budget, self._pool_total(pool))
         keys = RecordKeys(self.prefix)
         ann = {keys.node: self.node_name, keys.key: key, keys.pool: pool or ""}
-        own = create_record(self.rest, self.namespace, self.prefix, MARK, ann, holder=self.node_name)
-        after = list_records(self.rest, self.namespace, self.prefix, str(own.rv))
+        bucket = {keys.window_label: str(int(now // self.budget.window_s))}
+        own = create_record(
+            self.rest, self.namespace, self.prefix, MARK, ann, holder=self.node_name, labels=bucket
+        )
+        self._own_marks[own.name] = own.at or now
+        after = self._ledger(str(own.rv), now)
         hold = budget_hold(
             budget_count(after, own, self.budget.window_s, pool), limit, self.budget, key, pool
         )
         if hold is None and self.wave.on:  # a wave that landed while we counted holds us too
-            failing = self._failing(None)
-            hold = wave_decision(
-                after, key, failing, len(self.brake.gpu_node_names() | {self.node_name}), self.wave
-            )
+            hold = self._count_wave(key, after, node, None, str(own.rv), now)
         if hold is not None:
             self._delete(own.name)
         return hold
 
     # -- records -------------------------------------------------------------------------------------
-    def _record_failure(self, key: str) -> str | None:
-        """Write this node's fail record for *key* once per episode; its resourceVersion (None when
-        it was there already: then the cache as it is)."""
+    def _record_failure(self, key: str, node: Mapping[str, Any]) -> str | None:
+        """Write this node's fail record for *key* once per episode, owned by its Node; its
+        resourceVersion (None when it was there already: then the cache as it is)."""
         if key in self._failed or not self.wave.on:
             return None
         keys = RecordKeys(self.prefix)
         digest = hashlib.sha256(f"{self.node_name}\0{key}".encode()).hexdigest()[:20]
+        name = f"{self.prefix}-fail-{digest}"
+        self._own_records.add(name)
         try:
             rec = create_record(
                 self.rest,
@@ -276,8 +329,9 @@ class RepairBudget:
                 self.prefix,
                 FAIL,
                 {keys.node: self.node_name, keys.key: key},
-                name=f"{self.prefix}-fail-{digest}",
+                name=name,
                 holder=self.node_name,
+                owner=node,
             )
         except Exception as exc:
             if api_status(exc) != 409:
@@ -293,34 +347,28 @@ class RepairBudget:
         return set(names_in_list(self.brake.list_doc(selector, min_rv=min_rv))) | {self.node_name}
 
     def _pool_total(self, pool: str | None) -> int:
-        """GPU nodes in this node's pool (the perLabel value), read at most every 5 minutes."""
-        gpu = self.brake.gpu_node_names() | {self.node_name}
+        """GPU nodes in this node's pool (the perLabel value: the GPU nodes with that value, listed by
+        name, at most every 5 minutes)."""
         if pool is None:
-            return len(gpu)
+            return self.brake.gpu_node_total()
         cached = self._pool_totals.get(pool)
         if cached is not None and self._clock() - cached[0] < 300:
             return cached[1]
-        selector = Keys.selector(self.brake.scope, f"{self.budget.per_label}={pool}")
-        total = len((set(names_in_list(self.brake.list_doc(selector))) & gpu) | {self.node_name})
+        total = max(self.brake.count_selected(f"{self.budget.per_label}={pool}"), 1)
         self._pool_totals[pool] = (self._clock(), total)
         return total
 
-    def _collect(self, records: list[Record], failing: set[str], now: float) -> None:
-        """Delete a few records that no longer count: marks past the window, releases past a week,
-        fail records of Nodes no longer failing (when the failing Nodes were listed). Each lister
-        takes a random share: a record that no longer counts may linger, never count again."""
-        gone = [
-            r
-            for r in records
-            if (
-                (r.kind == MARK and now - r.at > self.budget.window_s + 60)
-                or (r.kind == RELEASE and now - r.at > RELEASE_KEEP_S)
-                or (r.kind == FAIL and failing and r.node not in failing and now - r.at > FAIL_GRACE_S)
-            )
-            and random.random() < GC_SHARE
-        ]
-        for r in gone[:GC_PER_LIST]:
-            self._delete(r.name)
+    def _collect(self, records: list[Record], now: float) -> None:
+        """Delete this node's own marks past the window (never another node's record: the admission
+        policy refuses that, and a record that no longer counts may linger, never count again), and
+        remember its own fail records (deleted when the node recovers)."""
+        own = [r for r in records if r.node == self.node_name]
+        self._own_records.update(r.name for r in own if r.kind in (FAIL, WAVE))
+        self._own_marks.update({r.name: r.at for r in own if r.kind == MARK})
+        gone = [n for n, at in self._own_marks.items() if now - at > self.budget.window_s + 60]
+        for name in gone[:GC_PER_LIST]:
+            del self._own_marks[name]
+            self._delete(name)
 
     def _delete(self, name: str) -> None:
         try:
@@ -328,28 +376,6 @@ class RepairBudget:
         except Exception as exc:
             if api_status(exc) != 404:
                 log.info("repair budget: deleting record %s failed: %s", name, describe_error(exc))
-
-
-def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str | None:
-    """Pure: the finding key when this apply would turn a remediation condition unhealthy on a Node
-    that shows none of ours unhealthy yet (a new mark), else None (no wish, no taint, or marked
-    already: a node already marked stays marked, the budget limits new marks only). Ours unhealthy:
-    any condition with a reason we write only with the unhealthy status (UNHEALTHY_REMEDIATION_REASONS),
-    so that a renamed or an added entry on a marked node is no new mark; or, for the EKS agent's
-    reasons (`reasonStyle: eks`, not ours alone), a configured entry at its unhealthy status with one."""
-    wished = [m for m in marks.remediation if m.unhealthy]
-    if not wished or not taint_on:
-        return None
-    conditions = (node.get("status") or {}).get("conditions") or ()
-    if any(c.get("reason") in UNHEALTHY_REMEDIATION_REASONS for c in conditions):
-        return None
-    unhealthy = {(m.type, m.unhealthy_status) for m in marks.remediation}
-    if any(
-        (c.get("type"), c.get("status")) in unhealthy and is_eks_reason(str(c.get("reason") or ""))
-        for c in conditions
-    ):
-        return None
-    return wished[0].key or "unknown"
 
 
 __all__ = [
