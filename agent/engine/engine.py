@@ -62,6 +62,7 @@ class Engine:
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
         workloads: Callable[[], Any] | None = None,
+        active: ActiveState | None = None,
     ) -> None:
         """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);
         progress() adds a line to the condition message (a DCGM diag in progress); wall() stamps the
@@ -86,7 +87,7 @@ class Engine:
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._readers: dict[Input, Callable[[], Any]] = {}
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
-        self.active: ActiveState | None = None  # active checks (engine/active.py); the wiring sets it
+        self.active = active  # active checks (engine/active.py): the testing taint, `gpu-healthcheck diag`
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
         self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
         self.set_inputs(self.extra_inputs, progress)
@@ -144,6 +145,11 @@ class Engine:
     def reschedule_all(self) -> None:
         """After a config change: a shorter interval takes effect at once."""
         self.schedule.reschedule_all()
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): every check, threshold and interval reads *new* from here on."""
+        self.cfg = new
+        self.reschedule_all()
 
     def due_tiers(self, now: float) -> list[str]:
         return self.schedule.due_tiers(now)

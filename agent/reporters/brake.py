@@ -25,12 +25,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
 from agent.reporters.brake_rule import brake_cap, brake_decision, must_back_off, rank_decision
 from agent.reporters.kube_rest import KubeRest, api_status
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class Brake:
         settle_s: float = 1.0,
         settle_max_s: float = 6.0,
         min_severity: str = TAINT_SEVERITIES[0],
+        also_tainted: Callable[[], set[str]] | None = None,
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selectors = tuple(selectors)  # any one makes a GPU node (core/gpu_nodes.py)
@@ -126,7 +130,7 @@ class Brake:
         self.stale_reads = 0  # lists answered from a cache behind our own write (504, then as is)
         # Nodes held back by our DRA device taints alone (reporters/device_taints.tainted_nodes):
         # counted as tainted, so that per-GPU isolation cannot pass the brake's limit.
-        self.also_tainted: Callable[[], set[str]] | None = None
+        self.also_tainted = also_tainted
 
     @property
     def state(self) -> BrakeState | None:
@@ -360,6 +364,17 @@ class Brake:
         if new_selection:
             self._total_cache = None
             self.warm()
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.gpuNodeSelector (with the profiles' instance types),
+        maxTaintedFraction, maxTaintedNodes and taintMinSeverity, through reconfigure()."""
+        n = new.node
+        self.reconfigure(
+            selectors=new.gpu_node_selection,
+            max_fraction=n.max_tainted_fraction,
+            max_nodes=n.max_tainted_nodes,
+            min_severity=n.taint_min_severity.label,
+        )
 
     def forget(self) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""

@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, Keys, Reason
@@ -51,6 +51,9 @@ from agent.core.repair_budget import (
 )
 from agent.reporters.brake import METADATA_LIST_ACCEPT, Brake, names_in_list
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +179,10 @@ class RepairBudget:
     def reconfigure(self, budget: BudgetPolicy, wave: WavePolicy) -> None:
         """A reloaded config counts from the next ask (a cached hold is dropped)."""
         self.budget, self.wave, self._held = budget, wave, None
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.repairBudget and node.waveHold, through reconfigure()."""
+        self.reconfigure(new.node.repair_budget, new.node.wave_hold)
 
     def settled(self) -> None:
         """The node wants no new mark (marked already, recovered): the next failure is a new episode."""
