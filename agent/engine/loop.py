@@ -193,15 +193,7 @@ class Agent:
         if self.config_problem:
             self.config_problem = ""
             self.metrics.record_config_rejected(False)
-        old, self.cfg = self.cfg, outcome.config
-        for part in self.parts:
-            try:
-                part.apply_config(old, outcome.config)
-            except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
-                log.exception("applying the reloaded config failed", extra={"event": "config"})
-                self.pending_events.append(
-                    NodeEvent(Reason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING)
-                )
+        self.take_config(outcome.config)
         self.metrics.record_config_reload("applied")
         applied = ", ".join(outcome.changed) or "no key changed"
         where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
@@ -223,6 +215,19 @@ class Agent:
                 )
             )
         return True
+
+    def take_config(self, new: Config) -> None:
+        """Put a reloaded config in force: the loop's own reads, then the engine and each part, in
+        order (config/live_part.py)."""
+        old, self.cfg = self.cfg, new
+        for part in self.parts:
+            try:
+                part.apply_config(old, new)
+            except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
+                log.exception("applying the reloaded config failed", extra={"event": "config"})
+                self.pending_events.append(
+                    NodeEvent(Reason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING)
+                )
 
     def _config_rejected(self, problem: str) -> None:
         """The mounted config is invalid (at start or on an edit): say so in an Event, the log, the
