@@ -39,8 +39,9 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agent.config import Config
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import (
     COMPONENT,
@@ -71,9 +72,6 @@ from agent.reporters.node_watch import NodeWatch
 from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
 from agent.reporters.repair_budget import RepairBudget
 from agent.reporters.taint_gate import TaintDecision, TaintGate
-
-if TYPE_CHECKING:
-    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +192,7 @@ class NodeWriter:
                 self._state_changed()
 
     def apply_config(self, old: Config, new: Config) -> None:
-        """A reload (config/live_part.py): node.conditionType. (The repair budget and the brake are
-        parts of their own.)"""
+        """A reload (config/live_part.py): node.conditionType (the brake and the budget are parts too)."""
         self.set_condition_type(new.node.condition_type)
 
     def set_condition_type(self, condition_type: str) -> None:
