@@ -252,6 +252,12 @@ def device_taints(core: Any, node_name: str, cfg: Config, metrics: Metrics, dry_
     )
 
 
+def reads_live_dcgm(args: Any) -> bool:
+    """The DCGM tiers (and the active checks' window) on the live host engine; a snapshot-backed agent
+    reads DCGM from the snapshot."""
+    return not args.from_snapshot
+
+
 @dataclass(frozen=True)
 class Wired:
     """What main() builds before the loop runs: the loop (its `parts` take every reload), the fence's
@@ -398,7 +404,7 @@ def wire(args: Any) -> Wired | int:
         from agent.cli.dcgm_engines import dcgm_engines_on_node
 
         engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
-    dcgm_wanted = not args.from_snapshot
+    dcgm_wanted = reads_live_dcgm(args)
     active_state, window = None, None
     if core is not None and writer is not None and brake is not None and dcgm_wanted:
         sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
