@@ -93,13 +93,7 @@ def main(argv: list[str]) -> int:
 
     pod_resources.list_devices = at_sock  # type: ignore[assignment]
     pod_resources.gpu_pods = lambda *a, **kw: pods(str(sock))  # type: ignore[assignment]
-    live_init = wiring.LiveParts.__init__
-
-    def with_dcgm(self: Any, *a: Any, **kw: Any) -> None:
-        kw["dcgm_wanted"] = True  # the live DCGM tiers on a snapshot-backed node
-        live_init(self, *a, **kw)
-
-    wiring.LiveParts.__init__ = with_dcgm  # type: ignore[method-assign]
+    wiring.reads_live_dcgm = lambda args: True  # the live DCGM tiers on a snapshot-backed node
     from agent.cli.main import main as cli
 
     with serve(api, sock, api[0].ListPodResourcesResponse()):

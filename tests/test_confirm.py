@@ -413,12 +413,9 @@ def test_the_tool_histogram_has_buckets_up_to_the_timeout() -> None:
 
 
 def test_the_read_budget_follows_timeouts_check_on_a_reload() -> None:
-    from agent.cli.agent import LiveParts
     from agent.config import parse_config
 
     old = load_config_dir(ROOT / "config")
     source = LiveSource(check_timeout_s=old.timeouts.check)
-    parts = LiveParts(source, None, None, Metrics(), None, dcgm_wanted=False)
-    engine = Engine(source, old)
-    parts.reconfigure(engine, old, parse_config({"timeouts": {"check": 45}}))
+    source.apply_config(old, parse_config({"timeouts": {"check": 45}}))
     assert source.check_timeout_s == 45

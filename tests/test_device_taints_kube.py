@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import parse_config
 from agent.core.device_scope import Scope
 from agent.core.severity import Severity, Status
 from agent.reporters.device_taint_rules import eviction_status
@@ -248,21 +249,21 @@ class Writers:
         from agent.reporters.node_writer import NodeWriter
         from agent.reporters.resource_slices import SliceWatch
 
-        self.mode = [mode]
         brake = None
+        self.taints = DeviceTaints(api, node)
         if pool:
             brake = Brake(
-                api, scope=f"test.example/pool={pool}", node_name=node, max_fraction=1.0, cache_seconds=0
+                api,
+                scope=f"test.example/pool={pool}",
+                node_name=node,
+                max_fraction=1.0,
+                cache_seconds=0,
+                also_tainted=lambda: tainted_nodes(api, api=self.taints.served),
             )
         self.brake = brake
         self.node = NodeWriter(api, node, brake=brake)
-        self.taints = DeviceTaints(api, node)
-        if brake is not None:
-            brake.also_tainted = lambda: tainted_nodes(api, api=self.taints.served)
         self.slices = SliceWatch(api, node)
-        self.w = IsolatingWriter(
-            self.node, self.slices, self.taints, lambda: self.mode[0], brake=brake, metrics=metrics
-        )
+        self.w = IsolatingWriter(self.node, self.slices, self.taints, mode, brake=brake, metrics=metrics)
 
     def __enter__(self) -> Writers:
         self.w.start()
@@ -496,7 +497,8 @@ def test_the_episode_device_taints_hold_through_recovery_and_node_wide_faults_ta
         assert w.apply(fail(Scope(False, ("00000000:ff:00.0",)))).ok  # not published
         assert (devices(cluster, node), node_tainted(cluster, node)) == ([], True)
         assert w.apply(healthy()).ok
-        agent.mode[0] = "node"  # a reload
+        gpu, node_wide = (parse_config({"node": {"isolation": mode}}) for mode in ("gpu", "node"))
+        w.apply_config(gpu, node_wide)  # a reload
         assert w.apply(fail()).ok
         assert (devices(cluster, node), node_tainted(cluster, node)) == ([], True)
         assert slices.lists == 1

@@ -1,28 +1,44 @@
-"""A reloaded config reaches what the agent's wiring built once: the DCGM client, the probes'
-timeouts (the writer's and the brake's keys are tested against a real API server in
-test_agent_kube.py and test_brake.py; the engine's in test_engine.py)."""
+"""A reloaded config reaches what the agent's wiring built once: the DCGM client and the probes'
+timeouts (every live key of the schema, through the wired agent: test_reload_keys_kube.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent.cli.agent import LiveParts
-from agent.config import load_config_dir, parse_config
+from agent.cli.agent import DcgmPart
+from agent.config import Config, load_config_dir, parse_config
 from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input
-from agent.engine.engine import Engine
+from agent.engine.loop import Agent
 from agent.probes.live import LiveSource
 from agent.reporters.metrics import Metrics
 
 ROOT = Path(__file__).parent.parent
 
 
+def wired(cfg: Config, source: LiveSource, part: DcgmPart) -> Agent:
+    """The loop over *source* with the DCGM part's inputs, as cli/agent.py wires them."""
+    inputs, progress = part.dcgm_inputs(cfg)
+    return Agent(
+        source,
+        cfg,
+        config_dir=None,
+        writer=None,
+        node_getter=None,
+        kernel_path=None,
+        kernel_is_device=False,
+        extra_inputs=inputs,
+        progress=progress,
+        parts=(source, part),
+    )
+
+
 def test_dcgm_address_timeouts_and_tool_timeouts_are_live(tmp_path: Path) -> None:
     old = load_config_dir(ROOT / "config")
     source = LiveSource(timeout_s=old.timeouts.nvidia_smi, nvml_timeout_s=old.timeouts.nvml)
-    parts = LiveParts(source, None, None, Metrics(), None, dcgm_wanted=True)
-    engine = Engine(source, old, extra_inputs=parts.dcgm_inputs(old)[0])
-    first = parts.dcgm
+    part = DcgmPart(Metrics(), None, dcgm_wanted=True, loop=lambda: agent)
+    agent = wired(old, source, part)
+    first = part.dcgm
     assert first is not None and first.health.client.address == old.dcgm.address
     new = parse_config(
         {
@@ -30,24 +46,24 @@ def test_dcgm_address_timeouts_and_tool_timeouts_are_live(tmp_path: Path) -> Non
             "timeouts": {"nvidiaSmi": 7, "nvml": 9},
         }
     )
-    parts.reconfigure(engine, old, new)
-    assert parts.dcgm is not first and parts.dcgm is not None
-    assert parts.dcgm.health.client.address == "10.0.0.7:5555"
-    assert parts.dcgm.health.client.connect_timeout_s == 2 and parts.dcgm.runner.level == 3
-    assert engine.extra_inputs[Input.DCGM_HEALTH] == parts.dcgm.health.poll  # the engine reads the new one
+    agent.take_config(new)
+    assert part.dcgm is not first and part.dcgm is not None
+    assert part.dcgm.health.client.address == "10.0.0.7:5555"
+    assert part.dcgm.health.client.connect_timeout_s == 2 and part.dcgm.runner.level == 3
+    assert (
+        agent.engine.extra_inputs[Input.DCGM_HEALTH] == part.dcgm.health.poll
+    )  # the engine reads the new one
     assert (source.timeout_s, source.nvml_timeout_s) == (7, 9)
 
 
 def test_a_dcgm_check_switched_on_by_a_reload_gets_a_client() -> None:
     off = parse_config({"checks": {"dcgm-health": False, "dcgm-diag": False}})
     source = LiveSource()
-    parts = LiveParts(source, None, None, Metrics(), None, dcgm_wanted=True)
-    inputs, _ = parts.dcgm_inputs(off)
-    engine = Engine(source, off, extra_inputs=inputs)
-    assert inputs == {} and parts.dcgm is None
-    on = parse_config({})
-    parts.reconfigure(engine, off, on)
-    assert parts.dcgm is not None and Input.DCGM_HEALTH in engine.extra_inputs
+    part = DcgmPart(Metrics(), None, dcgm_wanted=True, loop=lambda: agent)
+    agent = wired(off, source, part)
+    assert agent.engine.extra_inputs == {} and part.dcgm is None
+    agent.take_config(parse_config({}))
+    assert part.dcgm is not None and Input.DCGM_HEALTH in agent.engine.extra_inputs
 
 
 def test_the_api_inputs_survive_a_reload_that_rebuilds_the_dcgm_client() -> None:
@@ -55,18 +71,16 @@ def test_the_api_inputs_survive_a_reload_that_rebuilds_the_dcgm_client() -> None
     rebuilds the DCGM inputs, and without any DCGM check too."""
     off = parse_config({"checks": {"dcgm-health": False, "dcgm-diag": False}})
     source = LiveSource()
-    parts = LiveParts(source, None, None, Metrics(), None, dcgm_wanted=True)
 
     def dra() -> object:
         return "the API's slices"
 
-    parts.api_inputs[Input.DRA] = dra
-    inputs, _ = parts.dcgm_inputs(off)
-    engine = Engine(source, off, extra_inputs=inputs)
-    assert inputs == {Input.DRA: dra}
-    parts.reconfigure(engine, off, parse_config({}))
-    assert parts.dcgm is not None and engine.extra_inputs[Input.DRA] is dra
-    assert Input.DCGM_HEALTH in engine.extra_inputs
+    part = DcgmPart(Metrics(), None, dcgm_wanted=True, loop=lambda: agent, api_inputs={Input.DRA: dra})
+    agent = wired(off, source, part)
+    assert agent.engine.extra_inputs == {Input.DRA: dra}
+    agent.take_config(parse_config({}))
+    assert part.dcgm is not None and agent.engine.extra_inputs[Input.DRA] is dra
+    assert Input.DCGM_HEALTH in agent.engine.extra_inputs
 
 
 def test_the_watcher_names_changed_keys_and_keeps_restart_only_ones(tmp_path: Path) -> None:

@@ -8,12 +8,14 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.checks.registry import RULE_BOOK
 from agent.config import Config, default_config_dir
 from agent.config.last_good import load_at_start
+from agent.config.live_part import LivePart
 from agent.core.facts import Input
 from agent.core.node import NodeObject
 from agent.core.probed import NotCaptured, ParseError, Probed, ProbeError, ProbeErrorKind
@@ -127,38 +129,32 @@ def read_diag_now(agent: Agent) -> None:
     agent.poke.set()
 
 
-class LiveParts:
-    """What the wiring builds from the config, and how a reload reaches it: the writer's condition
-    type, the brake's selector and limits, the probes' timeouts, and the DCGM client (rebuilt on a
-    new address or timeouts, or when a DCGM check is switched on). The engine reads the rest (checks,
-    severities, thresholds, intervals, the taint policy) from the config it is handed."""
+class DcgmPart:
+    """The live DCGM tiers as a LivePart (config/live_part.py): built from the config when a DCGM
+    check is on; a reload with a new address or timeouts, or one that switches a DCGM check on,
+    rebuilds them and hands the engine the new inputs. *loop*: the agent's loop (built after this
+    part, which gives it its inputs); called only once the loop runs."""
 
     def __init__(
         self,
-        source: Source,
-        writer: NodeWriter | None,
-        brake: Brake | None,
         metrics: Metrics,
         pods: Callable[[], list[str]] | None,
         engines: Callable[[], list[str]] | None = None,
         *,
         dcgm_wanted: bool,
+        loop: Callable[[], Agent],
+        api_inputs: dict[Input, Callable[[], Any]] | None = None,
+        window: DiagWindow | None = None,
     ) -> None:
-        self.source, self.writer, self.brake, self.metrics, self.pods = source, writer, brake, metrics, pods
-        self.engines = engines
+        self.metrics, self.pods, self.engines, self.loop = metrics, pods, engines, loop
         self.dcgm_wanted = dcgm_wanted  # a snapshot-backed agent reads DCGM from the snapshot
         self.dcgm: DcgmTiers | None = None
-        # Set once the agent exists: the diag level a pending validation needs, and a finished
-        # diag's wake-up (engine/validation.py; main() wires them to the agent's engine and loop).
-        self.wanted_level: Callable[[], int | None] = lambda: None
-        self.diag_done: Callable[[], None] = lambda: None
         # Inputs read from the API (the DRA driver's devices: reporters/published_slices.py), kept
         # beside the DCGM ones when a reload rebuilds those.
-        self.api_inputs: dict[Input, Callable[[], Any]] = {}
+        self.api_inputs = dict(api_inputs or {})
         # Active checks (core/active_checks.py): the window a diag waits for (live DCGM with an API
-        # server only), and the config in force (the agent's, once it exists).
-        self.window: DiagWindow | None = None
-        self.cfg: Callable[[], Config | None] = lambda: None
+        # server only).
+        self.window = window
 
     def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
         """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
@@ -174,10 +170,10 @@ class LiveParts:
                 self.pods or gpu_pods(),
                 self.metrics,
                 engines_on_node=self.engines,
-                wanted_level=lambda: self.wanted_level(),
-                on_done=lambda: self.diag_done(),
+                wanted_level=lambda: validation_diag_level(self.loop().engine),
+                on_done=lambda: read_diag_now(self.loop()),
                 window=self.window,
-                retry_s=lambda: (self.cfg() or cfg).node.active_checks.retry_s,
+                retry_s=lambda: self.loop().engine.cfg.node.active_checks.retry_s,
             ),
         )
         if old is not None:
@@ -187,29 +183,10 @@ class LiveParts:
             old.health.client.close()  # a diag still running on the old client finishes on its own
         return {**self.api_inputs, **self.dcgm.inputs()}, self.dcgm.progress
 
-    def diag_done_now(self) -> None:
-        """Wake the loop now (a wish of the diag thread for the Node: the testing taint)."""
-        self.diag_done()
-
-    def reconfigure(self, engine: Engine, old: Config, new: Config) -> None:
-        if self.writer is not None:
-            self.writer.set_condition_type(new.node.condition_type)
-        if self.writer is not None and self.writer.repair is not None:
-            self.writer.repair.reconfigure(new.node.repair_budget, new.node.wave_hold)
-        if self.brake is not None:
-            n = new.node
-            self.brake.reconfigure(
-                selectors=new.gpu_node_selection,
-                max_fraction=n.max_tainted_fraction,
-                max_nodes=n.max_tainted_nodes,
-                min_severity=n.taint_min_severity.label,
-            )
-        if isinstance(self.source, LiveSource):
-            self.source.timeout_s = new.timeouts.nvidia_smi
-            self.source.nvml_timeout_s = new.timeouts.nvml
-            self.source.check_timeout_s = new.timeouts.check
+    def apply_config(self, old: Config, new: Config) -> None:
         dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
         if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
+            engine = self.loop().engine
             waiting = self.dcgm is not None and self.dcgm.waiting
             engine.set_inputs(*self.dcgm_inputs(new))
             if waiting:  # the diag that waited for a window waits on the new tiers
@@ -221,27 +198,34 @@ SLOT_SLACK_S = 180.0  # a slot outlives diagTimeout by the watchdog's margin, th
 
 
 def active_window(
-    core: Any, node_name: str, namespace: str, brake: Brake, writer: NodeWriter, live: LiveParts
+    core: Any,
+    node_name: str,
+    namespace: str,
+    brake: Brake,
+    writer: NodeWriter,
+    prefix: str,
+    pods: Callable[[], list[str]] | None,
+    loop: Callable[[], Agent],
+    metrics: Metrics,
 ) -> tuple[ActiveState, DiagWindow]:
     """The window a DCGM diag waits for (probes/dcgm/window.py) and the state it shares with the
     engine: the fleet slot and the pods arriving (reporters/active_checks.py), the testing taint
-    through the engine's Marks (its writes poke the loop as a finished diag does)."""
+    through the engine's Marks (its writes poke the loop as a finished diag does). The policies are
+    read from the engine's config when asked (the loop hands it every reload)."""
     from agent.core.active_checks import ActiveState
     from agent.probes.dcgm.window import DiagWindow
     from agent.probes.pod_resources import gpu_pods
     from agent.reporters.active_checks import FleetSlots, NodeHold, PodArrivals
 
     def cfg() -> Config:
-        now = live.cfg()
-        assert now is not None
-        return now
+        return loop().engine.cfg
 
     state = ActiveState()
     slots = FleetSlots(
         core,
         node_name,
         namespace=namespace,
-        prefix=cfg().prefix,
+        prefix=prefix,
         brake=brake,
         policy=lambda: cfg().node.active_checks,
         expire_s=lambda: cfg().dcgm.diag_timeout + SLOT_SLACK_S,
@@ -249,54 +233,48 @@ def active_window(
     )
     hold = NodeHold(
         state,
-        prefix=cfg().prefix,
+        prefix=prefix,
         mode=lambda: cfg().node.mode,
         node=lambda: writer.node,
-        poke=live.diag_done_now,
+        poke=lambda: read_diag_now(loop()),
     )
-    arrivals = PodArrivals(core, node_name, live.pods or gpu_pods())
-    return state, DiagWindow(state, slots, hold, arrivals, metrics=live.metrics)
+    return state, DiagWindow(
+        state, slots, hold, PodArrivals(core, node_name, pods or gpu_pods()), metrics=metrics
+    )
 
 
-def isolating_writer(
-    core: Any,
-    node_name: str,
-    cfg: Config,
-    writer: Any,
-    brake: Any,
-    metrics: Metrics,
-    dry_run: bool,
-    slices: Any = None,
-) -> Any:
-    """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation);
-    *slices*: the node's ResourceSlice watch, shared with the checks' DRA input."""
-    from agent.reporters.device_isolation import IsolatingWriter
+def device_taints(core: Any, node_name: str, cfg: Config, metrics: Metrics, dry_run: bool) -> Any:
+    """This node's DRA device taints (node.isolation; reporters/device_taints)."""
     from agent.reporters.device_taints import DeviceTaints
-    from agent.reporters.resource_slices import SliceWatch
 
-    taints = DeviceTaints(
+    return DeviceTaints(
         core,
         node_name,
         prefix=cfg.prefix,
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
-    # (a node whose GPUs are isolated takes a brake slot as a tainted one does, and is counted by it
-    # while it holds it: IsolatingWriter asks, Brake.also_tainted answers)
-    return IsolatingWriter(
-        writer,
-        slices or SliceWatch(core, node_name),
-        taints,
-        lambda: cfg.node.isolation,
-        brake=brake,
-        metrics=metrics,
-    )
 
 
-def main(args: Any) -> int:
-    from agent.reporters import logs
+def reads_live_dcgm(args: Any) -> bool:
+    """The DCGM tiers (and the active checks' window) on the live host engine; a snapshot-backed agent
+    reads DCGM from the snapshot."""
+    return not args.from_snapshot
 
-    logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
+
+@dataclass(frozen=True)
+class Wired:
+    """What main() builds before the loop runs: the loop (its `parts` take every reload), the fence's
+    first proof (a thread) and the metrics registry."""
+
+    agent: Agent
+    metrics: Metrics
+    fence: threading.Thread | None
+    metrics_port: int
+
+
+def wire(args: Any) -> Wired | int:
+    """Build the agent from its arguments (an int: the exit status of a start that cannot be)."""
     config_dir = args.config_dir or (ETC_CONFIG if ETC_CONFIG.is_dir() else default_config_dir())
     canary_dir = getattr(args, "canary_config_dir", None) or (ETC_CANARY if ETC_CANARY.is_dir() else None)
     state_dir = args.state_dir
@@ -316,25 +294,36 @@ def main(args: Any) -> int:
     # condition reason; agent.config.last_good).
     start = load_at_start(config_dir, state_dir, RULE_BOOK, vet)
     cfg = start.config
+    metrics = Metrics()
+    parts: list[LivePart] = []  # what holds configuration: each reload reaches them (config/live_part.py)
     source: Source
     if args.from_snapshot:
         source = SnapshotSource(Path(args.from_snapshot))
         kernel_path, device = Path(args.from_snapshot) / KMSG, False
     else:
         t = cfg.timeouts
-        source = LiveSource(timeout_s=t.nvidia_smi, nvml_timeout_s=t.nvml, check_timeout_s=t.check)
+        source = LiveSource(
+            timeout_s=t.nvidia_smi,
+            nvml_timeout_s=t.nvml,
+            check_timeout_s=t.check,
+            telemetry=metrics,  # tool latency (gpu_healthcheck_tool_seconds)
+        )
+        parts.append(source)
         kernel_path, device = Path("/dev/kmsg"), True
+
+    def loop() -> Agent:
+        """The loop, for the callbacks of parts built before it; none is called before it runs."""
+        return agent
+
     writer: NodeWriter | None = None
     brake: Brake | None = None
     node_getter = None
     dra_input: Callable[[], Any] | None = None
     fence: threading.Thread | None = None
     guarded: GuardedWriter | None = None
-    metrics = Metrics()
-    if isinstance(source, LiveSource):
-        source.telemetry = metrics  # tool latency (gpu_healthcheck_tool_seconds)
     if core is not None:
         from agent.reporters.brake import Brake
+        from agent.reporters.device_isolation import IsolatingWriter
         from agent.reporters.fence_guard import GuardedWriter
         from agent.reporters.node_writer import NodeWriter
         from agent.reporters.repair_budget import RepairBudget
@@ -342,6 +331,7 @@ def main(args: Any) -> int:
         sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
         # Its slots and the total (the agent DaemonSets' desired count) are in the agents' namespace;
         # nothing is read before a first taint: a DaemonSet rollout costs no count of the fleet.
+        taints = device_taints(core, node_name, cfg, metrics, args.dry_run)
         brake = Brake(
             core,
             selectors=cfg.gpu_node_selection,
@@ -381,9 +371,11 @@ def main(args: Any) -> int:
         from agent.reporters.resource_slices import SliceWatch
 
         slices = SliceWatch(core, node_name)  # one watch: per-GPU isolation and the DRA input
-        isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run, slices)
+        # The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation).
+        isolating = IsolatingWriter(writer, slices, taints, cfg.node.isolation, brake=brake, metrics=metrics)
         guarded = GuardedWriter(isolating, guard)
         vet = reproving(vet, guard)
+        parts += [writer, repair, brake, isolating]
 
         parsed: list[tuple[int, Probed[NodeObject]]] = []  # (writer.node_version, the Node parsed)
 
@@ -414,17 +406,24 @@ def main(args: Any) -> int:
         from agent.cli.dcgm_engines import dcgm_engines_on_node
 
         engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
-    live = LiveParts(source, writer, brake, metrics, pods, engines, dcgm_wanted=not args.from_snapshot)
-    if dra_input is not None:
-        live.api_inputs[Input.DRA] = dra_input  # the API's slices, a snapshot-backed node's too
-    live.cfg = lambda: cfg
-    active_state = None
-    if core is not None and writer is not None and brake is not None and live.dcgm_wanted:
+    dcgm_wanted = reads_live_dcgm(args)
+    active_state, window = None, None
+    if core is not None and writer is not None and brake is not None and dcgm_wanted:
         sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
-        active_state, live.window = active_window(
-            core, node_name, agent_namespace(sa_dir), brake, writer, live
+        active_state, window = active_window(
+            core, node_name, agent_namespace(sa_dir), brake, writer, cfg.prefix, pods, loop, metrics
         )
-    extra_inputs, progress = live.dcgm_inputs(cfg)
+    dcgm = DcgmPart(
+        metrics,
+        pods,
+        engines,
+        dcgm_wanted=dcgm_wanted,
+        loop=loop,
+        api_inputs={Input.DRA: dra_input} if dra_input is not None else None,  # a snapshot's node too
+        window=window,
+    )
+    parts.append(dcgm)
+    extra_inputs, progress = dcgm.dcgm_inputs(cfg)
     agent = Agent(
         source,
         cfg,
@@ -436,31 +435,31 @@ def main(args: Any) -> int:
         metrics=metrics,
         extra_inputs=extra_inputs,
         progress=progress,
+        parts=parts,
         config_problem=start.problem,
         state_dir=state_dir,
         workloads=None if args.from_snapshot else list_devices,  # who is hit: the kubelet says
         canary_dir=canary_dir,
         vet_config=vet,
         config_fence_refused=start.fence_refused,
+        active=active_state,  # the testing taint and `gpu-healthcheck diag` (engine/active.py)
     )
-    agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
-    if guarded is not None:
-        isolating = guarded.writer
-        isolating.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
-
-        def reconfigure(old: Config, new: Config) -> None:
-            live.reconfigure(agent.engine, old, new)
-            isolating.rediscover()  # the DeviceTaintRule version is asked again at the next apply
-
-        agent.on_config = reconfigure
-    live.wanted_level = lambda: validation_diag_level(agent.engine)
-    live.diag_done = lambda: read_diag_now(agent)
-    live.cfg = lambda: agent.engine.cfg
-    agent.engine.active = active_state  # the testing taint and `gpu-healthcheck diag` (engine/active.py)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
-    server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
+    return Wired(agent, metrics, fence, port)
+
+
+def main(args: Any) -> int:
+    from agent.reporters import logs
+
+    logs.setup(os.environ.get("GPU_HEALTHCHECK_LOG_LEVEL", "info"))
+    wired = wire(args)
+    if isinstance(wired, int):
+        return wired
+    agent, fence = wired.agent, wired.fence
+    server = serve_http(wired.metrics_port, wired.metrics.registry, agent.healthy, agent.ready)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     signal.signal(signal.SIGINT, lambda *_: agent.request_stop())
+    node_name = args.node or os.environ.get("NODE_NAME")
     log.info(f"agent starting on node {node_name}", extra={"node": node_name, "event": "start"})
     agent.run(once=args.once)
     if fence is not None and args.once:

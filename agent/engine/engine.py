@@ -57,29 +57,26 @@ class Engine:
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
         workloads: Callable[[], Any] | None = None,
+        active: ActiveState | None = None,
     ) -> None:
-        """extra_inputs override how an input is read (the live agent's DCGM poller and diag runner);
-        progress() adds a line to the condition message (a DCGM diag in progress); wall() stamps the
-        trend reads (epoch seconds: they outlive the process)."""
+        """extra_inputs override how an input is read (the live DCGM poller and diag runner); progress()
+        adds to the condition message (a diag in progress); wall() stamps the trend reads (epoch s)."""
         self.source = source
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.schedule = Scheduler(cfg, rng or random.Random())
         self.state = EngineState(source.boot_id(), self.metrics)
-        self.cfg = cfg
-        self.node_getter = node_getter
-        self.clock = clock
-        self.wall = wall
+        self.cfg, self.node_getter = cfg, node_getter
+        self.clock, self.wall = clock, wall
         self.inputs: dict[Input, Any] = {}
         self.results: dict[str, CheckResult] = {}
         self.result_at: dict[str, str] = {}
         self.previous: dict[Input, Any] = {}  # the last read that worked of each input whose spec keeps one
-        self.heartbeat = clock()
-        self.evaluations = 0
+        self.heartbeat, self.evaluations = clock(), 0
         self.reads = InputReads(self.metrics, lambda: self.cfg.timeouts.check)  # engine/input_reads.py
         # who holds each GPU, as the kubelet says (probes/pod_resources.list_devices); None: no kubelet
         self.holders = self.reads.holders(workloads, lambda: self.inputs.get(Input.GPUS))
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
-        self.active: ActiveState | None = None  # active checks (engine/active.py); the wiring sets it
+        self.active = active  # active checks (engine/active.py): the testing taint, `gpu-healthcheck diag`
         self.last_diag: dict[str, Any] | None = None  # the last `diag` request's record (lastDiag)
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
         self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
@@ -111,11 +108,14 @@ class Engine:
         return self.state.boot_id
 
     def restore(self, doc: dict[str, Any] | None) -> None:
-        """Take latches, the taint's and the remediation conditions' hysteresis and the last clear back
-        from the Node's results annotation (latches: same boot only)."""
+        """Latches (same boot), hysteresis, the last clear and diag back from the results annotation."""
         self.state.restore(doc, self.cfg.node.remediation_conditions)
         self.validation.restore(doc, self.boot_id, VALIDATED_FIELD)
         self.last_diag = active.restored(doc)
+
+    def apply_config(self, old: Config, new: Config) -> None:  # a reload (config/live_part.py)
+        self.cfg = new  # every check, threshold and interval reads it from here on
+        self.schedule.reschedule_all()
 
     def run_tier(self, tier: str) -> list[CheckResult]:
         started = self.clock()

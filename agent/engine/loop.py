@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,7 +15,9 @@ from agent.checks.registry import RULE_BOOK
 from agent.config import Config
 from agent.config.canary import CANARY as FROM_CANARY
 from agent.config.canary import MAIN
+from agent.config.live_part import LivePart
 from agent.config.watch import ConfigWatcher
+from agent.core.active_checks import ActiveState
 from agent.core.facts import Input
 from agent.core.marks import Marks, NodeEvent
 from agent.core.metric_labels import ConfigReloadResult
@@ -54,20 +56,20 @@ class Agent:
         metrics: Telemetry | None = None,
         extra_inputs: dict[Input, Callable[[], Any]] | None = None,
         progress: Callable[[], str] | None = None,
-        on_config: Callable[[Config, Config], None] | None = None,
+        parts: Sequence[LivePart] = (),
         config_problem: str = "",
         state_dir: Path | None = None,
         workloads: Callable[[], Any] | None = None,
         canary_dir: Path | None = None,
         vet_config: Callable[[Config], str | None] | None = None,
         config_fence_refused: bool = False,
+        active: ActiveState | None = None,
     ) -> None:
-        """on_config(old, new): the wiring applies a reloaded config to what it built (the writer,
-        the brake, the DCGM client, the probes' timeouts); the loop applies it to the engine.
+        """parts: what the wiring built that holds configuration (config/live_part.py); a reload
+        reaches the engine, then each of them. active: the state active checks share with the engine.
         canary_dir: the canary ConfigMap's directory, run while the Node asks (config/canary.py);
         vet_config: why the admission fence refuses a reloaded config (ConfigWatcher)."""
         self.cfg = cfg
-        self.on_config = on_config
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.engine = Engine(
             source,
@@ -77,7 +79,9 @@ class Agent:
             extra_inputs=extra_inputs,
             progress=progress,
             workloads=workloads,
+            active=active,
         )
+        self.parts: tuple[LivePart, ...] = (self.engine, *parts)  # a reload reaches each, in order
         self.writer = writer
         self.watcher = (
             ConfigWatcher(
@@ -190,19 +194,7 @@ class Agent:
         if self.config_problem:
             self.config_problem = ""
             self.metrics.record_config_rejected(False)
-        old, self.cfg = self.cfg, outcome.config
-        self.engine.cfg = outcome.config
-        self.engine.schedule.reschedule_all()
-        if self.on_config is not None:
-            try:
-                self.on_config(old, outcome.config)
-            except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
-                log.exception("applying the reloaded config failed", extra={"event": "config"})
-                self.pending_events.append(
-                    NodeEvent(
-                        EventReason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING
-                    )
-                )
+        self.take_config(outcome.config)
         self.metrics.record_config_reload(ConfigReloadResult.APPLIED)
         applied = ", ".join(outcome.changed) or "no key changed"
         where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
@@ -224,6 +216,21 @@ class Agent:
                 )
             )
         return True
+
+    def take_config(self, new: Config) -> None:
+        """Put a reloaded config in force: the loop's own reads, then the engine and each part, in
+        order (config/live_part.py)."""
+        old, self.cfg = self.cfg, new
+        for part in self.parts:
+            try:
+                part.apply_config(old, new)
+            except Exception as exc:  # a wiring bug must not stop the loop; say what did not apply
+                log.exception("applying the reloaded config failed", extra={"event": "config"})
+                self.pending_events.append(
+                    NodeEvent(
+                        EventReason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING
+                    )
+                )
 
     def _config_rejected(self, problem: str) -> None:
         """The mounted config is invalid (at start or on an edit): say so in an Event, the log, the

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from agent.core.dcgm_report import DiagReport
 from agent.core.dra import DraSlices
@@ -39,6 +39,9 @@ from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.reading import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
 from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
 from agent.probes.topo import parse_topo
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger("gpu-healthcheck.probes")
 T = TypeVar("T")
@@ -65,7 +68,7 @@ class LiveSource:
         check_timeout_s: float = 60.0,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self.timeout_s = timeout_s  # nvidia-smi (timeouts.nvidiaSmi); all three are set again on a reload
+        self.timeout_s = timeout_s  # nvidia-smi (timeouts.nvidiaSmi); all three follow a reload
         self.nvml_timeout_s = timeout_s if nvml_timeout_s is None else nvml_timeout_s  # timeouts.nvml
         self.check_timeout_s = check_timeout_s  # timeouts.check: bounds a read with its second try
         self.telemetry: Telemetry = telemetry or NoTelemetry()
@@ -77,6 +80,11 @@ class LiveSource:
         self._instance_type = instance_type
         self.memo = ParseMemo()
         self.kernel_tail = KernelTail(kmsg_path, device=True)
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): the next read waits by the new timeouts."""
+        t = new.timeouts
+        self.timeout_s, self.nvml_timeout_s, self.check_timeout_s = t.nvidia_smi, t.nvml, t.check
 
     def run(self, name: str, timeout_s: float | None = None) -> CommandOutput | ProbeError:
         return run_command(COMMANDS[name], self.timeout_s if timeout_s is None else timeout_s)

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, matches
 from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
@@ -42,6 +42,9 @@ from agent.reporters.kube_rest import KubeRest, api_message, api_status, describ
 from agent.reporters.node_names import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
 from agent.reporters.node_names import list_names_doc
 from agent.reporters.node_names import names_in_list as names_in_list
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,7 @@ class Brake:
         namespace: str = DEFAULT_NAMESPACE,
         service_account: str = DEFAULT_SERVICE_ACCOUNT,
         probes: int = 3,
+        also_tainted: Callable[[], set[str]] | None = None,
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.selectors = tuple(selectors)  # any one makes a GPU node (core/gpu_nodes.py)
@@ -116,7 +120,7 @@ class Brake:
         # who the brake counts besides Nodes carrying our taint: a node whose GPUs are isolated by
         # DeviceTaintRules instead (reporters/device_isolation.py lifts its node taint only when
         # this names it). With slots: the nodes holding one, which a failing node keeps.
-        self.also_tainted: Callable[[], set[str]] | None = self.holders
+        self.also_tainted: Callable[[], set[str]] = also_tainted or self.holders
 
     @property
     def state(self) -> BrakeState | None:
@@ -378,6 +382,17 @@ class Brake:
             if tuple(selectors) != self.selectors:
                 self._total = None
             self.selectors = tuple(selectors)
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.gpuNodeSelector (with the profiles' instance types),
+        maxTaintedFraction, maxTaintedNodes and taintMinSeverity, through reconfigure()."""
+        n = new.node
+        self.reconfigure(
+            selectors=new.gpu_node_selection,
+            max_fraction=n.max_tainted_fraction,
+            max_nodes=n.max_tainted_nodes,
+            min_severity=n.taint_min_severity.label,
+        )
 
     def forget(self, node_name: str | None = None) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""

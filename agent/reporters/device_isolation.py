@@ -33,9 +33,9 @@ effect None, where the server serves that effect; it moves no pod and the brake 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
 from agent.core.marks import Marks, NodeEvent
@@ -52,6 +52,9 @@ from agent.reporters.device_taint_rules import (
 from agent.reporters.device_taints import DeviceTaints
 from agent.reporters.kube_rest import api_status
 from agent.reporters.node_patch import find_our_taint, taint_disabled
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +79,13 @@ class IsolatingWriter:
         writer: Any,
         slices: Any,
         taints: DeviceTaints,
-        isolation: Callable[[], str],
+        isolation: str,
         *,
         brake: Any = None,
         metrics: Any = None,
     ) -> None:
-        self.writer, self.slices, self.taints, self.isolation = writer, slices, taints, isolation
+        self.writer, self.slices, self.taints = writer, slices, taints
+        self.isolation = isolation  # node.isolation: node | gpu | auto (follows a reload)
         self.brake = brake
         self.metrics = metrics  # reporters/metrics.Metrics, or None
         self.node_wide = False  # this episode is node-wide
@@ -104,12 +108,14 @@ class IsolatingWriter:
     def read_results(self) -> dict[str, Any] | None:
         return self.writer.read_results()  # type: ignore[no-any-return]
 
-    def rediscover(self) -> None:
-        """A config reload: ask again which DeviceTaintRule version is served, at the next apply."""
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.isolation from the next apply, and the DeviceTaintRule
+        version served is asked again then (the API server may have been upgraded meanwhile)."""
+        self.isolation = new.node.isolation
         self.taints.forget()
 
     def apply(self, marks: Marks) -> Any:
-        mode = self.isolation()
+        mode = self.isolation
         try:
             self._prepare(mode)
         except Exception as exc:  # which rules are ours is not known: the Node gets its marks as they are

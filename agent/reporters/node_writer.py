@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from agent.config import Config
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import (
     COMPONENT,
@@ -183,6 +184,10 @@ class NodeWriter:
                 )
             finally:
                 self._state_changed()
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.conditionType (the brake and the budget are parts too)."""
+        self.set_condition_type(new.node.condition_type)
 
     def set_condition_type(self, condition_type: str) -> None:
         """A reloaded `node.conditionType`: the next apply writes the new condition and removes ours

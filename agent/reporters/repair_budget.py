@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, EventReason, Keys
@@ -47,6 +47,9 @@ from agent.reporters.brake import Brake
 from agent.reporters.budget_records import create_record, epoch, leases_path, list_records, record_of
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 from agent.reporters.node_names import names_in_list
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,10 @@ class RepairBudget:
     def reconfigure(self, budget: BudgetPolicy, wave: WavePolicy) -> None:
         """A reloaded config counts from the next ask (a cached hold is dropped)."""
         self.budget, self.wave, self._held = budget, wave, None
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.repairBudget and node.waveHold, through reconfigure()."""
+        self.reconfigure(new.node.repair_budget, new.node.wave_hold)
 
     def settled(self) -> None:
         """The node wants no new mark (marked already, recovered): the next failure is a new episode."""
