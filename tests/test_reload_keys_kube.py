@@ -130,7 +130,7 @@ def engine_view(read: Callable[[Any], Any]) -> Observer:
 # by its section (a section whose typed view is read as one piece by its user).
 OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "instanceType": (engine_view(lambda c: c.instance_type),),
-    "intervals": (lambda a: tuple(a.engine.interval(t) for t in TIER_INPUTS),),  # the scheduler
+    "intervals": (lambda a: tuple(a.engine.schedule.interval(t) for t in TIER_INPUTS),),  # the scheduler
     "jitterFraction": (lambda a: a.engine.schedule.cfg.jitter_fraction,),
     "timeouts.nvidiaSmi": (lambda a: part(a, LiveSource).timeout_s,),
     "timeouts.nvml": (lambda a: part(a, LiveSource).nvml_timeout_s,),

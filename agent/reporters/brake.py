@@ -384,15 +384,10 @@ class Brake:
             self.selectors = tuple(selectors)
 
     def apply_config(self, old: Config, new: Config) -> None:
-        """A reload (config/live_part.py): node.gpuNodeSelector (with the profiles' instance types),
-        maxTaintedFraction, maxTaintedNodes and taintMinSeverity, through reconfigure()."""
-        n = new.node
-        self.reconfigure(
-            selectors=new.gpu_node_selection,
-            max_fraction=n.max_tainted_fraction,
-            max_nodes=n.max_tainted_nodes,
-            min_severity=n.taint_min_severity.label,
-        )
+        """A reload (config/live_part.py): the node selection and the limits, through reconfigure()."""
+        n, sel = new.node, new.gpu_node_selection
+        self.reconfigure(selectors=sel, max_fraction=n.max_tainted_fraction, max_nodes=n.max_tainted_nodes,
+                         min_severity=n.taint_min_severity.label)  # fmt: skip
 
     def forget(self, node_name: str | None = None) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""
