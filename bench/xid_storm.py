@@ -74,11 +74,12 @@ from bench.footprint import py_spy, spy_report, thread_names, thread_role, threa
 
 GPUS = ("53", "64", "75", "86", "97", "a8", "b9", "ca")  # the p5.48xlarge snapshot's GPU buses
 STORM = (
-    "NVRM: Xid (PCI:0000:{bus}:00): 13, pid='48213', name=python3, Graphics SM Warp Exception on "
+    "NVRM: Xid (PCI:0000:{bus}:00): 13, pid='{pid}', name=python3, Graphics SM Warp Exception on "
     "(GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address",
-    "NVRM: Xid (PCI:0000:{bus}:00): 31, pid=48213, name=python3, Ch 00000010, intr 00000000. MMU Fault: "
+    "NVRM: Xid (PCI:0000:{bus}:00): 31, pid={pid}, name=python3, Ch 00000010, intr 00000000. MMU Fault: "
     "ENGINE GRAPHICS GPCCLIENT_T1_2 faulted @ 0x7f3a_{addr:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
 )
+PIDS = 977  # the pids shape: a job's processes, one per line in turn
 XID79 = "NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 WRITES = ("PATCH", "PUT", "POST", "UPDATE", "CREATE", "APPLY")
 SETTLE_S = 6.0  # after the taint: the follower's last counts wake-up (COUNTS_EVERY_S 5 s) and its write
@@ -96,10 +97,17 @@ class Shape:
     gpus: int
     middle: bool = False
     varied: bool = False  # each line's own text (SM, fault address), not the same two per GPU
+    pids: bool = False  # each line its own pid (PIDS in turn) and each Xid 31 its own address
 
     def describe(self) -> str:
         at = "halfway through" if self.middle else "after the storm"
-        texts = "each its own text (SM, address)" if self.varied else f"{2 * self.gpus} texts"
+        texts = (
+            "each its own text (SM, address)"
+            if self.varied
+            else f"each its own pid ({PIDS} in turn), each Xid 31 its own address"
+            if self.pids
+            else f"{2 * self.gpus} texts"
+        )
         return (
             f"{self.name}: {self.lines:,} Xid 13/31 lines ({texts}) on {self.gpus} GPU(s), "
             f"{self.batches} writes "
@@ -113,6 +121,8 @@ def shapes(which: str, lines: int) -> list[Shape]:
         out.append(Shape("batches", lines, 20, 0.5, 8))
     if which in ("varied", "all"):
         out.append(Shape("varied", lines, 20, 0.5, 8, varied=True))
+    if which in ("pids", "all"):
+        out.append(Shape("pids", lines, 20, 0.5, 8, pids=True))
     if which in ("steady", "all"):
         out.append(Shape("steady-tail", lines, 1000, 0.01, 1))
         out.append(Shape("steady-middle", lines, 1000, 0.01, 1, middle=True))
@@ -132,17 +142,21 @@ def _text(shape: Shape, k: int) -> str:
     """Line k's text: Xid 13 and 31 alternating, the GPUs taking turns; varied, each Xid 13 on one of
     the GPU's 1,056 SMs and each Xid 31 at its own address, as a job's faults are."""
     code, g = k % 2, k // 2 % shape.gpus
+    if shape.pids:  # the pids in turn (a text repeats only 2 x 8 x 977 lines later), each address new
+        v = k // (2 * shape.gpus)
+        pid = 20000 + 37 * (k % PIDS)
+        return STORM[code].format(bus=GPUS[g], pid=pid, gpc=4, tpc=1, sm=0, addr=0x2C000000 + (v << 12))
     if not shape.varied:
-        return STORM[code].format(bus=GPUS[g], gpc=4, tpc=1, sm=0, addr=0x2C000000)
+        return STORM[code].format(bus=GPUS[g], pid=48213, gpc=4, tpc=1, sm=0, addr=0x2C000000)
     v = k // (2 * shape.gpus)
     return STORM[code].format(
-        bus=GPUS[g], gpc=v % 8, tpc=v // 8 % 66, sm=v // 528 % 2, addr=0x2C000000 + (v << 12)
+        bus=GPUS[g], pid=48213, gpc=v % 8, tpc=v // 8 % 66, sm=v // 528 % 2, addr=0x2C000000 + (v << 12)
     )
 
 
 def storm_batches(shape: Shape, begin: float) -> list[bytes]:
     """The storm's writes, each stamped with the time it will be written (from `begin`)."""
-    fixed = [_text(shape, k) for k in range(2 * shape.gpus)] if not shape.varied else []
+    fixed = [_text(shape, k) for k in range(2 * shape.gpus)] if not (shape.varied or shape.pids) else []
     per = shape.lines // shape.batches
     out: list[bytes] = []
     written = 0
@@ -335,7 +349,7 @@ def report(trials: list[Trial], shapes_run: list[Shape]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=("batches", "varied", "steady", "all"), default="batches")
+    ap.add_argument("--shape", choices=("batches", "varied", "pids", "steady", "all"), default="batches")
     ap.add_argument("--lines", type=int, default=400_000)
     ap.add_argument("--repeat", type=int, default=2, help="trials of each shape per agent, alternating")
     ap.add_argument("--gpu-interval", type=float, default=10.0, help="how soon a reboot untaints")
