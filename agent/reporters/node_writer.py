@@ -11,9 +11,10 @@ Why it is built this way:
   conditions list merges by `type`): our condition, the remediation conditions (engine/remediation
   decides what each shows once the taint is decided: a node the brake holds back is not marked)
   and the removal of ours no longer configured. Kubelet's and others' conditions are untouched.
-- One story on the Node (node_story): the status PATCH goes first, the Node PATCH only once it
-  landed; a remediation condition turns unhealthy in a second status PATCH once our taint is on;
-  a Node PATCH refused before any Node write of the apply landed puts the conditions back.
+- One story on the Node (node_story): a new fault's Node PATCH with our taint goes first, its
+  conditions after it; any other change's status PATCH goes first, the Node PATCH only once it
+  landed, and a Node PATCH refused before any Node write of the apply landed puts the conditions
+  back. A remediation condition turns unhealthy only once our taint is on.
 - A refused write (refusals) is loud: the server's message in the log, a metric by code, a
   `NodeWriteRefused` Event once per refusal (with the engine's pending Events: they do not wait
   for the refused write), and the agent retries.
@@ -35,6 +36,7 @@ decided in engine/remediation.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -66,7 +68,7 @@ from agent.reporters.node_patch import (
     taint_disabled,
 )
 from agent.reporters.node_requests import REQUEST_TIMEOUT, Conflict, Counts, NodeRequests
-from agent.reporters.node_story import lead_conditions, node_state
+from agent.reporters.node_story import adds_taint, lead_conditions, node_state
 from agent.reporters.node_watch import NodeWatch
 from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
 from agent.reporters.repair_budget import RepairBudget
@@ -76,6 +78,10 @@ log = logging.getLogger(__name__)
 
 PENDING_EVENTS_MAX = 64
 NOTHING = "Nothing of this change was written: the Node keeps its labels, taint and conditions"
+KEPT_WAITING = (
+    "The labels, taint and our condition are written; "
+    "the remediation conditions that wait for the taint keep their value"
+)
 WATCH_TIMEOUT_SECONDS = 300
 
 
@@ -295,38 +301,19 @@ class NodeWriter:
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         n = Counts()
         node = self.watch.current(fresh=not self.watch.synced.is_set())
-        before = node
-        # The conditions lead (node_story). While the brake is still to be asked, plan as if the
-        # taint went on: a remediation condition that would turn unhealthy waits for it either way.
-        asks = self.gate.asks_brake(node, marks)
-        pre = TaintDecision(taint_on=True) if asks else self.gate.decide(node, marks)
-        lead = [] if self.dry_run else lead_conditions(node, marks, self._plan_conditions(node, marks, pre))
-        n.status_writes += self._write_status(node, marks, lead)
-        try:
-            decided, had_taint = self.requests.node(marks, n, fresh=False)  # the copy has the answer
-        except (WriteRefused, Conflict) as exc:
-            kept = ""
-            if n.node_writes:  # the brake's contender labels landed; they match the leading conditions
-                kept = "The status labels and our condition are written, the taint is not"
-            elif n.status_writes:
-                if self.requests.revert(before, lead):
-                    self._retired_conditions |= {str(c["type"]) for c in lead if c.get("$patch") == "delete"}
-                    kept = f"{NOTHING}: our conditions were put back"
-                else:
-                    kept = "Our conditions were written, the labels were not, and putting them back failed"
-            if isinstance(exc, WriteRefused) and kept:
-                exc.kept = kept
-            raise
+        first = not self.dry_run and adds_taint(node, marks, self.prefix)  # a new fault: out of service first
+        decided, had_taint = self._taint_first(marks, n) if first else self._conditions_first(node, marks, n)
         node = self.watch.current(fresh=False)
         # The repair budget and the wave hold: asked only before a new remediation mark.
         repair = self.repair if not self.dry_run else None
         hold = repair.ask(node, marks, decided.taint_on) if repair is not None else None
-        refused: Refusal | None = None
+        refused, kept = None, KEPT_WAITING
         try:
             conds = self._plan_conditions(node, marks, decided, hold)
             n.status_writes += self._write_status(node, marks, conds)
         except WriteRefused as exc:  # the Node writes landed; what waited for the taint keeps its value
             refused = exc.refusal
+            kept = self._without_waiting(node, marks, conds, n) if first else kept
         if refused is None:  # a repair hold the history's entry did not foresee (reporters/history)
             n.node_writes += self.requests.settle_history(marks)
 
@@ -347,10 +334,6 @@ class NodeWriter:
             dry_run=self.dry_run,
         )
         if refused is not None:
-            kept = (
-                "The labels, taint and our condition are written; "
-                "the remediation conditions that wait for the taint keep their value"
-            )
             posted = self._say_refused(marks, refused, kept, events)
             return replace(result, events=posted, refused=refused, error=f"API error {refused.summary}")
         if self.notices.accepted():
@@ -358,6 +341,53 @@ class NodeWriter:
         to_post = [*self._pending_events, *events]
         self._pending_events = []
         return replace(result, events=self.poster.post(to_post, node, dry_run=self.dry_run))
+
+    def _without_waiting(
+        self, node: dict[str, Any], marks: Marks, conds: list[dict[str, Any]], n: Counts
+    ) -> str:
+        """A new fault's status PATCH refused after the taint: once more without the remediation
+        entries that would turn unhealthy (a type the fence disputes), so our condition tells it."""
+        rest = lead_conditions(node, marks, conds)
+        if rest != conds:
+            with contextlib.suppress(WriteRefused):
+                n.status_writes += self._write_status(node, marks, rest)
+                return KEPT_WAITING
+        return "The labels and taint are written; our conditions keep their value until a write goes through"
+
+    def _taint_first(self, marks: Marks, n: Counts) -> tuple[TaintDecision, bool]:
+        """A new fault (node_story): the Node PATCH with our taint leads, the conditions follow."""
+        try:
+            return self.requests.node(marks, n, fresh=False)  # the copy has the answer
+        except WriteRefused as exc:
+            if n.node_writes:  # the brake's contender labels landed
+                exc.kept = "The status labels are written, the taint and our conditions are not"
+            raise
+
+    def _conditions_first(self, node: dict[str, Any], marks: Marks, n: Counts) -> tuple[TaintDecision, bool]:
+        """Any other change (node_story): the conditions lead, the Node PATCH follows; refused after
+        they landed, they are put back."""
+        before = node
+        # While the brake is still to be asked, plan as if the taint went on: a remediation
+        # condition that would turn unhealthy waits for it either way.
+        asks = self.gate.asks_brake(node, marks)
+        pre = TaintDecision(taint_on=True) if asks else self.gate.decide(node, marks)
+        lead = [] if self.dry_run else lead_conditions(node, marks, self._plan_conditions(node, marks, pre))
+        n.status_writes += self._write_status(node, marks, lead)
+        try:
+            return self.requests.node(marks, n, fresh=False)  # the copy has the answer
+        except (WriteRefused, Conflict) as exc:
+            kept = ""
+            if n.node_writes:  # the brake's contender labels landed; they match the leading conditions
+                kept = "The status labels and our condition are written, the taint is not"
+            elif n.status_writes:
+                if self.requests.revert(before, lead):
+                    self._retired_conditions |= {str(c["type"]) for c in lead if c.get("$patch") == "delete"}
+                    kept = f"{NOTHING}: our conditions were put back"
+                else:
+                    kept = "Our conditions were written, the labels were not, and putting them back failed"
+            if isinstance(exc, WriteRefused) and kept:
+                exc.kept = kept
+            raise
 
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:
