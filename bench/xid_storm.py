@@ -1,7 +1,8 @@
 """An Xid storm on a snapshot-backed agent: agent CPU, fault-to-taint, RSS and Node writes.
 
-Usage: python -m bench.xid_storm [--shape batches|varied|steady|all] [--repeat N] [--compare OLD_CHECKOUT]
-                                 [--gpu-interval 10] [--profile]
+Usage: python -m bench.xid_storm [--shape batches|varied|pids|steady|all[,...]] [--repeat N]
+                                 [--compare OLD_CHECKOUT] [--gpu-interval 10] [--profile]
+                                 [--taint-timeout 240]
 
 A real etcd + kube-apiserver (tests/kubeenv), one GPU Node per agent, one agent process per checkout
 on a copy of the bundled healthy p5.48xlarge snapshot (default tier intervals but gpu 10 s, so that
@@ -12,6 +13,8 @@ starts on a "rebooted" node (new boot_id, healthy kmsg.log, the Node untainted a
   kmsg.log in 20 batches of 20,000 lines (one write each), 0.5 s apart, then one Xid 79 line;
 - varied: the same, but each Xid 13 names one of the GPU's SMs (GPC, TPC, SM) and each Xid 31 its
   own fault address, as a job's faults do: few lines repeat a text the agent has seen;
+- pids: the same, but each line names its own pid (977 in turn: a job's processes) and each Xid 31
+  its own fault address, so almost every line's text is new to the agent;
 - steady (the shape of issue 15): 400,000 Xid 13/31 lines on one GPU appended in whole-line batches
   every 10 ms for 10 s; the Xid 79 at the tail (trial `steady-tail`) and, in a second trial, halfway
   through while the storm goes on (`steady-middle`).
@@ -115,7 +118,19 @@ class Shape:
         )
 
 
+SHAPES = ("batches", "varied", "pids", "steady", "all")
+
+
+def shape_list(text: str) -> str:
+    """--shape: one of SHAPES, or several joined by commas ("batches,pids")."""
+    if not text or any(part not in SHAPES for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: one or more of {', '.join(SHAPES)}, comma-separated")
+    return text
+
+
 def shapes(which: str, lines: int) -> list[Shape]:
+    if "," in which:
+        return [s for part in which.split(",") for s in shapes(part, lines)]
     out = []
     if which in ("batches", "all"):
         out.append(Shape("batches", lines, 20, 0.5, 8))
@@ -231,7 +246,9 @@ def _reboot(s: Subject, healthy: bytes, core: Any) -> None:
     time.sleep(2.0)
 
 
-def trial(env: Any, core: Any, s: Subject, shape: Shape, healthy: bytes, spy_raw: Path | None) -> Trial:
+def trial(
+    env: Any, core: Any, s: Subject, shape: Shape, healthy: bytes, spy_raw: Path | None, wait_s: float = 240
+) -> Trial:
     _reboot(s, healthy, core)
     begin = time.time() + 3.0
     data = storm_batches(shape, begin)
@@ -261,7 +278,7 @@ def trial(env: Any, core: Any, s: Subject, shape: Shape, healthy: bytes, spy_raw
             t0 = time.perf_counter()
         else:
             t0 = mid
-        t1 = s.watch.wait(lambda n: our_taint(n) is not None, 240)
+        t1 = s.watch.wait(lambda n: our_taint(n) is not None, wait_s)
         cpu_taint = proc_cpu_s(s.agent.pid) - cpu0
     finally:
         os.close(fd)
@@ -349,12 +366,13 @@ def report(trials: list[Trial], shapes_run: list[Shape]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=("batches", "varied", "pids", "steady", "all"), default="batches")
+    ap.add_argument("--shape", type=shape_list, default="batches", help="one or more of " + ", ".join(SHAPES))
     ap.add_argument("--lines", type=int, default=400_000)
     ap.add_argument("--repeat", type=int, default=2, help="trials of each shape per agent, alternating")
     ap.add_argument("--gpu-interval", type=float, default=10.0, help="how soon a reboot untaints")
     ap.add_argument("--compare", type=Path, metavar="DIR", help="also measure the agent of this checkout")
     ap.add_argument("--profile", action="store_true", help="py-spy the agents during the storms")
+    ap.add_argument("--taint-timeout", type=float, default=240.0, help="s to wait for the taint")
     args = ap.parse_args()
     run_shapes = shapes(args.shape, args.lines)
     checkouts = [("new", ROOT)] + ([("old", args.compare.resolve())] if args.compare else [])
@@ -390,7 +408,7 @@ def main() -> None:
                 for shape in run_shapes:
                     for s in subjects if rep % 2 == 0 else subjects[::-1]:
                         raw = work / f"spy-{s.label}-{shape.name}-{rep}.txt" if args.profile else None
-                        t = trial(env, core, s, shape, healthy, raw)
+                        t = trial(env, core, s, shape, healthy, raw, args.taint_timeout)
                         trials.append(t)
                         if raw is not None:
                             spied[(s.label, shape.name)].append(raw)
