@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-cluster test lint setup clean go-tools
+.PHONY: demo demo-cluster test test-compat lint setup clean go-tools
 
 $(BIN)/gpu-healthcheck: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,10 @@ go-tools:
 
 test: go-tools setup lint
 	$(BIN)/pytest
+
+# Every kube test against the older supported minors (tools/kube-bins/compat/); not part of `test`.
+test-compat: setup
+	scripts/test-compat.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

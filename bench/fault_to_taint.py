@@ -13,7 +13,7 @@ the brake's count, the Node patch, and the watch delivery to the benchmark.
 
 --kmsg: how the agent reads the kernel log.
 - file: kmsg.log is a file that grows (the snapshot path): the Xid line is appended, a reboot
-  rewrites the file. The follower waits on inotify (it polled every 50 ms before issue 25).
+  rewrites the file. The follower waits on inotify (it used to poll every 50 ms).
 - fifo: kmsg.log is a FIFO, which the agent reads as it reads /dev/kmsg on a live node (non-blocking
   reads, poll(2)): records in /dev/kmsg's own format (`prio,seq,ts_us,-;message`), a reboot is a
   record whose sequence number starts again at 0. This is the live path's figure.

@@ -1,4 +1,4 @@
-"""Series and scrape size of one agent's /metrics (issue 18: at most 60 series per agent, so that a
+"""Series and scrape size of one agent's /metrics (at most 60 series per agent, so that a
 2,000-node fleet stays cheap to scrape and store).
 
 A snapshot-backed agent runs every tier once, in process, on each bundled snapshot (healthy, and

@@ -1,6 +1,6 @@
 """Steady-state cost of a healthy node: API requests by verb (counted at the API server) and Node writes.
 
-Usage: python -m bench.steady_state [--minutes 3] [--gpu-interval 5]
+Usage: python -m bench.steady_state [--minutes 3] [--gpu-interval 5] [--dra-only]
 
 A real etcd + kube-apiserver, one GPU Node, one agent process on the healthy p5.48xlarge snapshot.
 After the first verdict and a warm-up, the benchmark reads the API server's `apiserver_request_total`
@@ -58,7 +58,13 @@ def main() -> None:
         "--isolation",
         choices=("node", "gpu", "auto"),
         default="node",
-        help="node.isolation; gpu|auto: the API server with the DRA gates and the driver's ResourceSlice",
+        help="node.isolation; gpu|auto: the API server with the flags that serve DeviceTaintRules on its "
+        "version (tests/kubeenv/dra.py) and the driver's ResourceSlice",
+    )
+    ap.add_argument(
+        "--dra-only",
+        action="store_true",
+        help="a DRA-only Node: no nvidia.com/gpu, the driver's ResourceSlice (the stock API server)",
     )
     ap.add_argument(
         "--validating",
@@ -67,16 +73,18 @@ def main() -> None:
     )
     args = ap.parse_args()
     window = args.minutes * 60
-    dra = args.isolation != "node"
+    gates = args.isolation != "node"  # device taints: the DRA gates
+    dra = gates or args.dra_only
     resources = ("nodes", "events", *(("resourceslices", "devicetaintrules") if dra else ()))
     with (
         tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp,
-        kube_env(APISERVER_ARGS if dra else None) as env,
+        kube_env(APISERVER_ARGS if gates else None) as env,
     ):
         work = Path(tmp)
         node = "bench-steady-node"
         startup = [{"key": Keys().validating, "effect": "NoSchedule"}] if args.validating else []
-        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=8, taints=startup)
+        gpus = None if args.dra_only else 8  # DRA-only: no device plugin, no nvidia.com/gpu
+        env.make_gpu_node(node, instance_type="p5.48xlarge", gpus=gpus, taints=startup)
         core = core_api(env)
         if dra:  # the DRA driver's slice of this node's 8 GPUs (tests/kubeenv/dra.py)
             code, body = env.request("POST", "/apis/resource.k8s.io/v1/resourceslices", resource_slice(node))
@@ -143,7 +151,8 @@ def main() -> None:
             in_force = json.loads(results).get(CONFIG_FIELD)
             print(f"canary: the Node labelled {Keys().config_channel}={CANARY}; config in force: {in_force}")
         print(
-            f"parameters: isolation={args.isolation}  window={measured:.0f}s  "
+            f"parameters: isolation={args.isolation}{'  dra-only' if args.dra_only else ''}  "
+            f"window={measured:.0f}s  "
             f"intervals gpu={g:g}s efa={5 * g:g}s topology={5 * g:g}s  "
             f"gpu cycles in window={cycles:.0f}  "
             f"scale to the default 60 s gpu interval: x{60 / g:g} (tier-driven)"

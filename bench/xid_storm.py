@@ -9,13 +9,13 @@ on a copy of the bundled healthy p5.48xlarge snapshot (default tier intervals bu
 a "reboot" untaints soon). Each trial
 starts on a "rebooted" node (new boot_id, healthy kmsg.log, the Node untainted and `pass`), then:
 
-- batches (the shape of issue 30): 400,000 Xid 13 and Xid 31 lines across the 8 GPUs appended to
+- batches: 400,000 Xid 13 and Xid 31 lines across the 8 GPUs appended to
   kmsg.log in 20 batches of 20,000 lines (one write each), 0.5 s apart, then one Xid 79 line;
 - varied: the same, but each Xid 13 names one of the GPU's SMs (GPC, TPC, SM) and each Xid 31 its
   own fault address, as a job's faults do: few lines repeat a text the agent has seen;
 - pids: the same, but each line names its own pid (977 in turn: a job's processes) and each Xid 31
   its own fault address, so almost every line's text is new to the agent;
-- steady (the shape of issue 15): 400,000 Xid 13/31 lines on one GPU appended in whole-line batches
+- steady: 400,000 Xid 13/31 lines on one GPU appended in whole-line batches
   every 10 ms for 10 s; the Xid 79 at the tail (trial `steady-tail`) and, in a second trial, halfway
   through while the storm goes on (`steady-middle`).
 

@@ -1,4 +1,4 @@
-"""Build the two bundled p5.48xlarge demo snapshots from real recorded outputs in tests/fixtures.
+"""Build the bundled p5.48xlarge demo snapshots from real recorded outputs in tests/fixtures.
 
 Run from the repository root: `python examples/build_demo_snapshots.py`. The output is committed;
 this script documents exactly how each derived file was made (see examples/snapshots/SOURCE.md).
@@ -64,7 +64,9 @@ def efa_tree(dest: Path) -> None:
         (dev / "device").symlink_to(Path("..", "..", "..", "bus", "pci", "devices", pci))
 
 
-def node_json(allocatable: int) -> str:
+def node_json(allocatable: int | None) -> str:
+    """The Node; allocatable None: a DRA-only node (no device plugin, so no nvidia.com/gpu)."""
+    gpus = {} if allocatable is None else {"nvidia.com/gpu": str(allocatable)}
     node = {
         "apiVersion": "v1",
         "kind": "Node",
@@ -76,12 +78,77 @@ def node_json(allocatable: int) -> str:
             },
         },
         "status": {
-            "capacity": {"nvidia.com/gpu": "8"},
-            "allocatable": {"nvidia.com/gpu": str(allocatable)},
+            "capacity": {"nvidia.com/gpu": "8"} if gpus else {},
+            "allocatable": gpus,
             "nodeInfo": {"bootID": "3f0c1c56-2f4a-4b8e-9a7d-6c1e2b9d0a11"},
         },
     }
     return json.dumps(node, indent=2) + "\n"
+
+
+def resource_slices(nvsmi: str) -> str:
+    """`kubectl get resourceslices -o json` for this node: one slice as NVIDIA's DRA driver
+    (dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin, deviceinfo.go GpuInfo.GetDevice) publishes full
+    GPUs, every attribute from the recording (versions as its semver parse prints them); no
+    pcieRoot: it reads sysfs the recording does not hold, and the driver leaves it out then."""
+    node = "ip-10-1-2-3.ec2.internal"
+    driver = re.search(r"Driver Version\s+:\s+(\S+)", nvsmi)
+    cuda = re.search(r"CUDA Version\s+:\s+(\S+)", nvsmi)
+    assert driver is not None and cuda is not None
+
+    def semver(text: str) -> str:
+        parts = [str(int(p)) for p in text.split(".")]
+        return ".".join((parts + ["0", "0"])[:3])
+
+    devices = []
+    for block in re.split(r"\n(?=GPU [0-9a-fA-F]{8}:)", nvsmi)[1:]:
+        def field(label: str, text: str = block) -> str:
+            m = re.search(rf"^\s+{re.escape(label)}\s+:\s+(.+?)\s*$", text, flags=re.M)
+            assert m is not None, label
+            return m.group(1)
+
+        memory = re.search(r"FB Memory Usage\s+Total\s+:\s+(\d+) MiB", block)
+        assert memory is not None
+        bus = field("Bus Id").lower()
+        devices.append(
+            {
+                "name": f"gpu-{field('Minor Number')}",
+                "attributes": {
+                    "architecture": {"string": field("Product Architecture")},
+                    "brand": {"string": field("Product Brand")},
+                    "cudaComputeCapability": {"version": "9.0.0"},  # Hopper
+                    "cudaDriverVersion": {"version": semver(cuda.group(1))},
+                    "driverVersion": {"version": semver(driver.group(1))},
+                    "productName": {"string": field("Product Name")},
+                    "resource.kubernetes.io/pciBusID": {"string": bus[4:]},
+                    "type": {"string": "gpu"},
+                    "uuid": {"string": field("GPU UUID")},
+                },
+                "capacity": {"memory": {"value": f"{memory.group(1)}Mi"}},
+            }
+        )
+    doc = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {
+                    "generateName": f"{node}-gpu.nvidia.com-",
+                    "name": f"{node}-gpu.nvidia.com-x7k2q",
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "controller": True}],
+                },
+                "spec": {
+                    "driver": "gpu.nvidia.com",
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            }
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def xid79_lines() -> str:
@@ -115,7 +182,7 @@ def lose_gpu(nvsmi: str) -> str:
     return nvsmi[:start] + lost + nvsmi[end:]
 
 
-def build(name: str, faulty: bool) -> None:
+def build(name: str, faulty: bool, dra: bool = False) -> None:
     d = OUT / name
     if d.exists():
         shutil.rmtree(d)
@@ -131,10 +198,13 @@ def build(name: str, faulty: bool) -> None:
         log += "\n"
     (d / "kmsg.log").write_text(log + (xid79_lines() if faulty else ""))
     efa_tree(d / "sys")
-    (d / "node.json").write_text(node_json(7 if faulty else 8))
+    (d / "node.json").write_text(node_json(None if dra else 7 if faulty else 8))
+    if dra:  # the GPU Operator's DRA-only mode: no device plugin, the driver's ResourceSlice
+        (d / "resourceslices.json").write_text(resource_slices(nvsmi))
 
 
 if __name__ == "__main__":
     build("p5.48xlarge-healthy", faulty=False)
     build("p5.48xlarge-xid79", faulty=True)
+    build("p5.48xlarge-dra", faulty=False, dra=True)
     print(f"wrote {OUT}")

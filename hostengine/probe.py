@@ -18,7 +18,10 @@ from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
 def probe(address: str, timeout_s: float = 5.0, allow_no_gpu: bool = False) -> tuple[bool, str]:
     client = DcgmClient(address, timeout_s, grace_s=0.0)
     try:
-        gpus = client.call(lambda h: list(h.GetSystem().discovery.GetEntityGroupEntities(DCGM_FE_GPU, True)))
+        gpus = client.call(
+            "dcgmGetEntityGroupEntities",
+            lambda h: list(h.GetSystem().discovery.GetEntityGroupEntities(DCGM_FE_GPU, True)),
+        )
     except EngineUnavailable as exc:
         return False, str(exc)
     except Exception as exc:

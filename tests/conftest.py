@@ -6,6 +6,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,18 @@ def fake_libdcgm_dir() -> Path:
 def fake_dcgm(monkeypatch: pytest.MonkeyPatch, fake_libdcgm_dir: Path) -> Iterator[Any]:
     """Our DCGM binding mirror (tests/fakes/dcgm) over our fake libdcgm.so.4, found the way DCGM's own are:
     the bindings through the loader's env override, the library through LD_LIBRARY_PATH when the first
-    DcgmHandle is built. Yields the fake engine's control module, reset before and after."""
+    DcgmHandle is built. Yields the fake engine's control module, reset before and after.
+
+    $GPU_HEALTHCHECK_TEST_DCGM_BINDINGS names another bindings directory for the run, e.g. NVIDIA's
+    own (DCGM's testing/python3 at the tag the images pin; never copied into this repository)."""
     from agent.probes.dcgm.bindings import ENV, load_bindings
 
-    monkeypatch.setenv(ENV, str(FAKE_DCGM))
+    bindings = os.environ.get("GPU_HEALTHCHECK_TEST_DCGM_BINDINGS") or str(FAKE_DCGM)
+    monkeypatch.setenv(ENV, bindings)
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{fake_libdcgm_dir}:{os.environ.get('LD_LIBRARY_PATH', '')}")
     load_bindings()
+    if str(FAKE_DCGM) not in sys.path:  # the fake engine's controls, after the bindings on the path
+        sys.path.append(str(FAKE_DCGM))
     import fake_engine  # type: ignore[import-not-found]
 
     fake_engine.reset()

@@ -531,7 +531,11 @@ def test_an_agent_started_under_an_invalid_config_runs_and_says_why(
         cond = wait_for(lambda: condition(world), what="the condition under the shipped defaults")
         assert cond["status"] == "True" and cond["reason"] == "ConfigRejected"
         assert "node.futureKnob" in cond["message"] and "shipped default" in cond["message"]
-        assert node_dict(world)["metadata"]["labels"][K.status] == "pass"
+        # The status PATCH goes first: the labels follow in the Node PATCH right after.
+        wait_for(
+            lambda: (node_dict(world)["metadata"].get("labels") or {}).get(K.status) == "pass",
+            what="the status label",
+        )
         wait_for(lambda: "ConfigRejected" in events(world), what="ConfigRejected Event")
         assert wait_for(lambda: metric(port, "gpu_healthcheck_config_rejected") == 1.0, what="metric")
         assert agent.proc.poll() is None

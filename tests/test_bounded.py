@@ -45,3 +45,44 @@ def test_a_stuck_read_is_parked_and_not_started_again_until_it_returns() -> None
     worker.join(10)
     assert reads.run("a", lambda: "again", 5, thread_name="probe-a") == "again"
     assert reads.parked("a") == []
+
+
+def test_run_each_waits_once_for_all_and_one_stuck_reader_costs_only_its_key() -> None:
+    import time
+
+    reads = Bounded()
+    release = threading.Event()
+    calls: list[str] = []
+
+    def reader(key: str) -> object:
+        def read() -> str:
+            calls.append(key)
+            if key == "gpu3":
+                release.wait(30)
+            if key == "gpu5":
+                raise ValueError("gpu5 broke")
+            return key
+
+        return read
+
+    keys = [f"gpu{i}" for i in range(8)]
+    started = time.monotonic()
+    got = reads.run_each({k: reader(k) for k in keys}, 0.3, thread_prefix="t")
+    assert 0.3 <= time.monotonic() - started < 1.0  # one deadline for all, not one each
+    assert list(got) == keys
+    assert isinstance(got["gpu3"], TimedOut) and isinstance(got["gpu5"], ValueError)
+    assert [got[k] for k in keys if k not in ("gpu3", "gpu5")] == [
+        "gpu0",
+        "gpu1",
+        "gpu2",
+        "gpu4",
+        "gpu6",
+        "gpu7",
+    ]
+    calls.clear()
+    again = reads.run_each({k: reader(k) for k in keys}, 0.3, thread_prefix="t")
+    assert isinstance(again["gpu3"], StillStuck) and "gpu3" not in calls  # not started again
+    release.set()
+    for t in reads.parked("gpu3"):
+        t.join(5)
+    assert reads.run_each({"gpu3": reader("gpu3")}, 5, thread_prefix="t") == {"gpu3": "gpu3"}

@@ -173,3 +173,169 @@ def test_status_counts_what_an_agent_in_observe_would_do(
         assert "observe (1 node): 1 node would be tainted, 1 would be marked for remediation" in lines
     finally:
         agent.stop(signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- the README's recipe
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SHIPPED_CM = Path(__file__).resolve().parent.parent / "manifests" / "20-configmap.yaml"
+
+
+def recipe() -> tuple[str, str]:
+    """The README's canary recipe (the sh block of "The canary ConfigMap"), split at its promote step."""
+    import re
+
+    text = README.read_text()
+    section = text[text.index("### The canary ConfigMap") :]
+    section = section[: section.index("\n### ", 10)]
+    (block,) = re.findall(r"```sh\n(.*?)```", section, re.S)
+    head, promote = block.split("# promote", 1)
+    return head, "# promote" + promote
+
+
+class ConfigMapVolume:
+    """What the kubelet does for the DaemonSet's ConfigMap volumes (none runs here): each file of
+    ConfigMap *name* in *ns* in *directory*, an empty directory while it does not exist."""
+
+    def __init__(self, kube: Any, ns: str, name: str, directory: Path) -> None:
+        import threading
+
+        self.kube, self.path, self.dir = kube, f"/api/v1/namespaces/{ns}/configmaps/{name}", directory
+        directory.mkdir(exist_ok=True)
+        self.stop = threading.Event()
+        self.sync()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def sync(self) -> None:
+        status, doc = self.kube.request("GET", self.path)
+        data = dict(doc.get("data") or {}) if status == 200 else {}
+        for old in self.dir.iterdir():
+            if old.name not in data:
+                old.unlink()
+        for name, text in data.items():
+            if not (self.dir / name).is_file() or (self.dir / name).read_text() != text:
+                (self.dir / f".{name}.tmp").write_text(text)
+                (self.dir / f".{name}.tmp").rename(self.dir / name)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.3):
+            self.sync()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def test_the_readme_canary_recipe_as_written_starts_from_the_live_configmap(
+    kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The SRE's finding: the recipe copied the repository's files (mode taint), so an install in
+    observe that followed it put its canary nodes into taint. The README's block, run by bash as
+    written (only the namespace, the node names and $EDITOR are the test's) against an install in
+    observe: the canary is the live config with the one edit (observe kept), the real agent on
+    NODE1 runs it, and the promote leaves the live ConfigMap equal to the canary, labels kept."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.kubeenv import unique_name
+
+    ns = unique_name("gpuhc-recipe", max_len=40)
+    kube.ensure_namespace(ns)
+    shipped = yaml.safe_load(SHIPPED_CM.read_text())
+    live_config = (
+        shipped["data"]["config.yaml"]
+        .replace("\n  gpu: 60 ", "\n  gpu: 30 ")
+        .replace("\n  mode: taint\n", "\n  mode: observe\n")
+        .replace("\nconfigPollSeconds: 2 ", "\nconfigPollSeconds: 0.5 ")
+    )
+    assert live_config.count("mode: observe") == 1 and "gpu: 30 " in live_config
+    cm = dict(shipped, metadata={**shipped["metadata"], "namespace": ns})
+    cm["data"] = {
+        **shipped["data"],
+        "config.yaml": live_config,
+    }  # an install in observe (Helm --set mode=observe)
+    kube.kubectl("apply", "-f", "-", input=yaml.safe_dump(cm))
+    node1, node2 = (gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name for _ in range(2))
+
+    main, canary = tmp_path / "config", tmp_path / "config-canary"
+    volumes = [
+        ConfigMapVolume(kube, ns, "gpu-healthcheck-config", main),
+        ConfigMapVolume(kube, ns, "gpu-healthcheck-config-canary", canary),
+    ]
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    agent = AgentProcess(kube, node1, snap, main, tmp_path / "agent.log", "--canary-config-dir", str(canary))
+    world = {"node": node1, "kube": kube, "core": kube.api_client(), "agent": agent}
+
+    work = tmp_path / "work"
+    work.mkdir()
+    editor = tmp_path / "editor.sh"
+    editor.write_text("#!/bin/sh\nsed -i 's/^  gpu: 30 /  gpu: 20 /' \"$1\"\n")  # the one change to try
+    editor.chmod(0o755)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "kubectl").symlink_to(kube.binaries.kubectl)
+    env = {
+        "PATH": f"{bindir}:{Path(sys.executable).parent}:/usr/bin:/bin",
+        "KUBECONFIG": str(kube.kubeconfig),
+        "HOME": str(tmp_path),
+        "EDITOR": str(editor),
+    }
+
+    def run(script: str) -> tuple[str, list[str]]:
+        text = script.replace("-n gpu-healthcheck ", f"-n {ns} ").replace("NODE1 NODE2", f"{node1} {node2}")
+        trap = "trap 'echo \"FAILED($?): $BASH_COMMAND\" >&2' ERR\n"
+        proc = subprocess.run(
+            ["bash", "-c", trap + text], cwd=work, env=env, capture_output=True, text=True, timeout=180
+        )
+        failed = [line for line in proc.stderr.splitlines() if line.startswith("FAILED(")]
+        return proc.stdout + proc.stderr, failed
+
+    def data(name: str) -> dict[str, str] | None:
+        status, doc = kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/{name}")
+        return dict(doc["data"]) if status == 200 else None
+
+    try:
+        first = wait_for(lambda: config_in_force(world), what="the agent on the live config")
+        assert (first["source"], first["mode"]) == ("main", "observe")
+        head, promote = recipe()
+        out, failed = run(head)
+        # diff says the one change (exit 1); status exits 2 (nodes no agent judged): not failures
+        assert all(f.split(": ", 1)[1].startswith(("diff ", "gpu-healthcheck status")) for f in failed), out
+        assert "+  gpu: 20 " in out and "-  gpu: 30 " in out, out  # diff -ru live/ canary/
+        assert "valid" in out, out  # gpu-healthcheck config validate canary/
+        live, made = data("gpu-healthcheck-config"), data("gpu-healthcheck-config-canary")
+        assert live is not None and made is not None
+        assert set(made) == set(live) == set(CONFIG_FILES)  # a whole config: every file
+        assert made["config.yaml"] == live["config.yaml"].replace("\n  gpu: 30 ", "\n  gpu: 20 ")
+        assert {k: v for k, v in made.items() if k != "config.yaml"} == {
+            k: v for k, v in live.items() if k != "config.yaml"
+        }
+        assert "\n  mode: observe\n" in made["config.yaml"]  # never the repository's taint
+        on = wait_for(
+            lambda: config_in_force(world).get("source") == "canary" and config_in_force(world),
+            what="the agent on the canary",
+        )
+        assert on["mode"] == "observe" and on["digest"] != first["digest"]
+        assert node_dict(world)["metadata"]["labels"][K.config_channel] == CANARY
+
+        out, failed = run(promote)
+        assert not failed, out
+        promoted = data("gpu-healthcheck-config")
+        assert promoted == made and data("gpu-healthcheck-config-canary") is None
+        _, doc = kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/gpu-healthcheck-config")
+        assert doc["metadata"]["labels"] == shipped["metadata"]["labels"]  # the install's labels kept
+        back = wait_for(
+            lambda: config_in_force(world).get("source") == "main" and config_in_force(world),
+            what="the agent back on the main ConfigMap",
+        )
+        assert back == on | {"source": "main"}  # the same files: the same digest, observe
+        assert K.config_channel not in node_dict(world)["metadata"]["labels"]
+    finally:
+        agent.stop(signal.SIGKILL)
+        for volume in volumes:
+            volume.close()
+        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -127,7 +127,18 @@ def test_a_hung_nvidia_smi_is_recorded_as_a_timeout(
     errors = json.loads((out / "errors.json").read_text())
     assert errors["nvidia-smi-q.xml"]["kind"] == "timeout"
     capsys.readouterr()
-    assert main(["check", "--from-snapshot", str(out), "--json"]) == 1
+    # `check` confirms as the agent does: one recorded timeout is "1 of 2, confirming" (unknown) ...
+    assert main(["check", "--from-snapshot", str(out), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    by = {c["name"]: c for c in doc["checks"]}
+    responsive = by["gpu.responsive"]
+    assert responsive["status"] == "unknown" and "1 of 2, confirming" in responsive["message"]
+    assert by["xid"]["status"] == "unknown"  # the kernel log could not be read: not a pass
+    # ... and with node.confirmAfter 1 the same hang fails the node for a reboot.
+    cfg_dir = tmp_path / "cfg"
+    cfg_dir.mkdir()
+    (cfg_dir / "config.yaml").write_text("node:\n  confirmAfter: 1\n")
+    assert main(["check", "--from-snapshot", str(out), "--config-dir", str(cfg_dir), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     by = {c["name"]: c for c in doc["checks"]}
     assert by["gpu.responsive"]["status"] == "fail" and by["gpu.responsive"]["severity"] == "reboot"

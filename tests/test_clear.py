@@ -1,7 +1,8 @@
 """`gpu-healthcheck clear NODE` (issue 22 item 3): un-quarantine in one command, audited.
 
 Pure: what `clear` makes of a Node's results annotation (refused while another check fails, a latch
-that is not latched is a usage error), what `status` shows of a clear by hand. On the real API server:
+that is not latched is a usage error), what `status` shows of a clear by hand; the agent's side (who
+and why in its Event, a clear that holds) is in tests/test_state.py. On the real API server:
 the command against a running agent (LatchesCleared names the latches, who and why; `status` shows
 it), its refusals and exit codes, the requester's identity, and the fence letting an operator write.
 """
@@ -22,11 +23,7 @@ import yaml
 
 from agent.cli.clear import ClearUsageError, judge, kubeconfig_user, whoami
 from agent.cli.status import node_status, render
-from agent.core.node import NodeObject
 from agent.core.node_keys import Keys
-from agent.core.severity import Severity
-from agent.core.telemetry import NoTelemetry
-from agent.engine.state import EngineState, Latch
 from tests.test_agent_kube import (
     XID_LINE,
     events,
@@ -109,86 +106,6 @@ def test_who_falls_back_to_the_kubeconfig_user(tmp_path: Path) -> None:
     )
     assert whoami(NoReview(), lambda: kubeconfig_user(str(kcfg))) == "alice@example.com"  # type: ignore[arg-type]
     assert whoami(NoReview(), lambda: None) == "unknown"  # type: ignore[arg-type]
-
-
-def test_the_agent_names_who_and_why_and_keeps_the_request() -> None:
-    state = EngineState("boot-1", NoTelemetry())
-    state.latches[XID] = Latch("xid", XID, Severity.REBOOT, "2026-03-01T10:00:00Z", "Xid 79")
-    request = '{"by":"alice@example.com","reason":"GPU 3 reseated","at":"2026-03-01T11:59:00Z"}'
-    node = NodeObject(
-        name="n1",
-        labels={},
-        allocatable_gpus=None,
-        capacity_gpus=None,
-        annotations={K.clear_latched: "all", K.clear_latched_by: request},
-    )
-    drop, event = state.take_clear_request(
-        node, K.clear_latched, {}, K.clear_latched_by, "2026-03-01T12:00:00Z"
-    )
-    assert drop == (K.clear_latched, K.clear_latched_by) and event is not None
-    assert event.reason == "LatchesCleared"
-    assert (
-        event.message == f"cleared 1 latched finding(s): {XID}; by alice@example.com (reason: GPU 3 reseated)"
-    )
-    assert state.last_clear == {
-        "at": "2026-03-01T12:00:00Z",
-        "by": "alice@example.com",
-        "reason": "GPU 3 reseated",
-        "latches": [XID],
-        "requested": "all",
-    }
-    # Set by hand with kubectl annotate: cleared all the same, and said so.
-    state.latches[XID] = Latch("xid", XID, Severity.REBOOT, "2026-03-01T10:00:00Z", "Xid 79")
-    node = NodeObject(
-        name="n1", labels={}, allocatable_gpus=None, capacity_gpus=None, annotations={K.clear_latched: XID}
-    )
-    drop, event = state.take_clear_request(node, K.clear_latched, {}, K.clear_latched_by, "t")
-    assert drop == (K.clear_latched,) and event is not None and "by an unnamed requester" in event.message
-
-
-def test_a_cleared_xid_stays_cleared_when_only_its_gpus_label_comes_back(tmp_path: Path) -> None:
-    """An Xid seen while nvidia-smi did not answer names its GPU by PCI address; once nvidia-smi
-    answers it says "GPU 4 (…)". That is no new evidence: a clear holds (it came straight back, with
-    the taint, before Finding.evidence_key)."""
-    import shutil
-
-    from agent.config import load_config_dir
-    from agent.engine.engine import Engine
-    from agent.probes.snapshot import SnapshotSource
-
-    snap = tmp_path / "snap"
-    shutil.copytree(ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy", snap, symlinks=True)
-    annotations: dict[str, str] = {}
-
-    def node() -> NodeObject:
-        return NodeObject("n1", {}, 8, 8, annotations=dict(annotations))
-
-    eng = Engine(SnapshotSource(snap), load_config_dir(ROOT / "config"), node_getter=node)
-    for tier in ("gpu", "xid", "efa", "topology"):
-        eng.run_tier(tier)
-    (snap / "errors.json").write_text(json.dumps({"nvidia-smi-q.txt": {"kind": "timeout", "message": "x"}}))
-    eng.run_tier("gpu")
-    with (snap / "kmsg.log").open("a") as fh:
-        fh.write(XID_LINE)
-    eng.run_tier("xid")
-    (snap / "errors.json").unlink()
-    eng.run_tier("gpu")
-    verdict, _ = eng.evaluate()
-    assert verdict.worst is not None and "on GPU 0000:97:00.0 ×1" in verdict.worst.message
-    annotations[K.clear_latched] = "all"
-    verdict, marks = eng.evaluate()
-    assert verdict.status.value == "pass" and not marks.taint
-    annotations.clear()
-    eng.run_tier("xid")  # the same line, now labelled "GPU 4 (0000:97:00.0)"
-    verdict, marks = eng.evaluate()
-    assert verdict.status.value == "pass" and not marks.taint
-    with (snap / "kmsg.log").open("a") as fh:  # a new Xid is new evidence
-        fh.write(XID_LINE)
-    eng.run_tier("xid")
-    verdict, marks = eng.evaluate()
-    assert verdict.status.value == "fail" and "GPU 4 (0000:97:00.0) ×2" in (
-        verdict.worst.message if verdict.worst else ""
-    )
 
 
 def test_status_shows_a_clear_by_hand_for_24_hours() -> None:

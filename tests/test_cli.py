@@ -95,12 +95,30 @@ def test_a_garbage_file_is_unknown_not_fail(tmp_path: Path, capsys: pytest.Captu
     assert responsive["status"] == "unknown" and "could not read" in responsive["message"]
 
 
-def test_a_recorded_timeout_is_a_gpu_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "errors.json").write_text(
+def test_one_recorded_timeout_is_confirming_as_the_agent_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check` applies node.confirmAfter as the agent does at its first run: one timeout is held back
+    (unknown, "failing run 1 of 2, confirming"), never a failure the agent would not mark; with
+    confirmAfter 1 the same read fails the node (reboot)."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "errors.json").write_text(
         json.dumps({"nvidia-smi-q.xml": {"kind": "timeout", "message": "no answer after 30 s; killed"}})
     )
-    code, doc = run_json(capsys, "--from-snapshot", str(tmp_path))
-    assert code == 1 and doc["severity"] == "reboot"
+    code, doc = run_json(capsys, "--from-snapshot", str(snap))
+    assert code == 2 and doc["status"] == "unknown", doc
+    responsive = next(c for c in doc["checks"] if c["name"] == "gpu.responsive")
+    assert responsive["status"] == "unknown"
+    assert "failing run 1 of 2, confirming before it counts: node.confirmAfter" in responsive["message"]
+    assert main(["check", "--from-snapshot", str(snap)]) == 2
+    assert "1 of 2, confirming" in capsys.readouterr().out
+
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text("node:\n  confirmAfter: 1\n")
+    code, doc = run_json(capsys, "--from-snapshot", str(snap), "--config-dir", str(cfg))
+    assert code == 1 and doc["status"] == "fail" and doc["severity"] == "reboot"
 
 
 def test_only_and_instance_type(capsys: pytest.CaptureFixture[str]) -> None:

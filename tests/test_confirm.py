@@ -4,7 +4,7 @@ A GPU inventory read that timed out is tried once more in the same cycle (nvidia
 transient can trip (Rule.confirm) fails the node only after node.confirmAfter consecutive runs of its
 check, and is `unknown` until then; plain evidence (an Xid 79 line, a DBE count, a lost GPU handle)
 fails in the first cycle. The tools are faked at the lowest layer: an nvidia-smi on PATH that hangs
-(then answers), the fake pynvml of test_nvml_probe, and snapshots whose errors.json records a
+(then answers), the fake pynvml of test_nvml, and snapshots whose errors.json records a
 timeout.
 """
 
@@ -41,7 +41,7 @@ from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
 from agent.reporters.metrics import Metrics
 from tests.readme import README
-from tests.test_nvml_probe import FakeNvml, healthy_h100
+from tests.test_nvml import FakeNvml, healthy_h100
 
 ROOT = Path(__file__).parent.parent
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi-xml"
@@ -140,7 +140,7 @@ def test_the_second_try_fits_in_what_timeouts_check_leaves(
 
 @pytest.fixture
 def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
-    """The fake pynvml of test_nvml_probe, hung in the driver until the test ends."""
+    """The fake pynvml of test_nvml, hung in the driver until the test ends."""
     fake = FakeNvml([healthy_h100()])
     fake.block = threading.Event()
     monkeypatch.setitem(sys.modules, "pynvml", fake.module())

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.core.device_scope import Device, Scope, confined_scope, devices_for, rule_name, slice_devices
+from agent.core.device_scope import (
+    Device,
+    Scope,
+    confined_scope,
+    devices_for,
+    rule_name,
+    slice_devices,
+    warn_scope,
+)
 from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import Gpu, GpuInventory, LostGpu
 from agent.core.severity import Severity
@@ -62,6 +70,35 @@ def test_below_the_taint_minimum_or_unknown_there_is_no_scope() -> None:
     assert confined_scope(both, INV, Severity.RESET) == Scope(False, (PCIS[3],))
 
 
+def trend(rule: str, pci: str) -> Finding:
+    return Finding("trends", rule, Severity.MONITOR, rule, (f"GPU ({pci})",), key=f"{rule}/{pci}")
+
+
+def test_a_warning_of_one_gpu_s_own_trend_is_confined_to_it() -> None:
+    """Its memory and its thermal trends are the GPU's own; a monitor-level Xid too."""
+    own = [
+        result(
+            "trends", trend("trend.memory.ecc-rate", PCIS[5]), trend("trend.thermal.clock-stuck", PCIS[5])
+        ),
+        result("xid", xid(43, "0000:a8:00.0", Severity.MONITOR)),
+    ]
+    assert warn_scope(own, INV) == Scope(False, (PCIS[5],))
+
+
+def test_a_link_s_warning_or_a_failing_check_is_no_gpu_s_warning() -> None:
+    """NVLink and PCIe trends involve the link's other end: node-wide. A failing check is a taint's
+    business (confined_scope), not a warning's; no warning, no scope."""
+    for rule in ("trend.nvlink.errors-growing", "trend.pcie.errors-growing"):
+        scope = warn_scope([result("trends", trend(rule, PCIS[5]))], INV)
+        assert scope is not None and scope.node_wide, rule
+    failing = [result("xid", xid(79, "0000:86:00.0"))]
+    assert warn_scope(failing, INV) is None
+    assert warn_scope([result("trends")], INV) is None
+    # A GPU's warning beside a failing check elsewhere is still that GPU's.
+    both = [*failing, result("trends", trend("trend.memory.remap-growth", PCIS[1]))]
+    assert warn_scope(both, INV) == Scope(False, (PCIS[1],))
+
+
 def slice_doc(node: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
     devices = [
         {
@@ -88,6 +125,10 @@ def test_the_driver_s_devices_are_found_by_pci_bus_id_only_on_this_node() -> Non
 def test_rule_names_start_with_the_node_and_differ_per_device() -> None:
     a, b = (rule_name("node-a", Device("node-a", f"gpu-{i}"), "gpu-healthcheck") for i in (3, 5))
     assert a.startswith("node-a.gpu-3.") and b.startswith("node-a.gpu-5.") and a != b
+    # A node name of 253 characters still gives a valid name (at most 253) that keeps its device.
+    long = "n" * 250 + "-ab"
+    name = rule_name(long, Device(long, "gpu-7"), "gpu-healthcheck")
+    assert len(name) <= 253 and ".gpu-7." in name and name[0].isalnum()
 
 
 def test_the_recorded_fallen_off_gpu_is_confined_to_it_and_a_healthy_node_has_no_scope() -> None:
@@ -108,3 +149,22 @@ def test_the_recorded_fallen_off_gpu_is_confined_to_it_and_a_healthy_node_has_no
             eng.run_tier(tier)
         scopes.append(eng.evaluate()[1].scope)
     assert scopes == [Scope(False, ("00000000:97:00.0",)), None]
+
+
+def test_one_gpus_hung_calls_are_its_own_and_a_whole_read_that_hung_is_the_nodes() -> None:
+    from agent.core.gpu import HungGpu
+
+    inv = GpuInventory(
+        "nvml", gpus=INV.gpus[:3] + INV.gpus[4:], hung=(HungGpu(3, PCIS[3], None, "no answer"),)
+    )
+    own = Finding(
+        "gpu.responsive",
+        "gpu.responsive.timeout",
+        Severity.REBOOT,
+        "hung",
+        key=f"gpu.responsive.timeout/{PCIS[3]}",
+    )
+    assert confined_scope([result("gpu.responsive", own)], inv, Severity.RESET) == Scope(False, (PCIS[3],))
+    whole = Finding("gpu.responsive", "gpu.responsive.timeout", Severity.REBOOT, "nvml: timeout")
+    scope = confined_scope([result("gpu.responsive", whole)], INV, Severity.RESET)
+    assert scope is not None and scope.node_wide

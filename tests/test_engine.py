@@ -1,4 +1,5 @@
-"""The engine on a snapshot: latches per boot, restore after restart, hysteresis, config reload, follower."""
+"""The engine on a snapshot: a verdict's marks, config reload, the follower, metrics, a stuck probe,
+modes and the taint's severity. What it remembers between cycles (latches, hysteresis): test_state.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from agent.config import load_config_dir, parse_config
 from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input
-from agent.core.node_keys import CONDITIONS, Reason
+from agent.core.node_keys import CONDITIONS
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
 from agent.engine.write_policy import fingerprint
@@ -62,62 +63,6 @@ def test_healthy_snapshot_passes_without_taint(snap: Path) -> None:
     assert verdict.status is Status.PASS and not marks.taint
     assert (marks.condition_status, marks.condition_reason) == astuple(CONDITIONS[Status.PASS])
     assert json.loads(marks.results_json)["status"] == "pass"
-
-
-def test_an_appended_xid_latches_until_reboot(snap: Path) -> None:
-    eng = engine_for(snap)
-    run_all(eng)
-    eng.evaluate()
-    with (snap / "kmsg.log").open("a") as fh:
-        fh.write(XID_LINE)
-    eng.run_tier("xid")
-    verdict, marks = eng.evaluate()
-    assert verdict.status is Status.FAIL and verdict.severity is Severity.REBOOT and marks.taint
-    assert [e.reason for e in marks.events] == [Reason.GPU_HEALTH_CHANGED, Reason.LATCHED_FINDING]
-    assert marks.condition_status == "False" and "Xid 79" in marks.condition_message
-    doc = json.loads(marks.results_json)
-    assert [item["key"] for item in doc["latched"]] == ["xid/79/0000:97:00.0"]
-
-    # The ring buffer rotates the line away: the latch keeps the node failing.
-    shutil.copy(HEALTHY / "kmsg.log", snap / "kmsg.log")
-    eng.run_tier("xid")
-    verdict, marks = eng.evaluate()
-    assert verdict.status is Status.FAIL and "latched since" in marks.condition_message
-    assert marks.events == ()  # nothing new to say
-
-    # A reboot (new boot id) drops the latch; the taint stays until recoverAfter passing gpu cycles.
-    (snap / "boot_id").write_text("another-boot\n")
-    eng.run_tier("gpu")
-    verdict, marks = eng.evaluate()
-    assert verdict.status is Status.PASS and eng.latches == {}
-    assert marks.taint, "hysteresis: one passing cycle is not enough"
-    for _ in range(2):
-        eng.run_tier("gpu")
-        _, marks = eng.evaluate()
-    assert not marks.taint
-
-
-def test_latches_are_restored_from_the_node_annotation_of_the_same_boot(snap: Path) -> None:
-    eng = engine_for(snap)
-    with (snap / "kmsg.log").open("a") as fh:
-        fh.write(XID_LINE)
-    run_all(eng)
-    _, marks = eng.evaluate()
-    saved = json.loads(marks.results_json)
-
-    shutil.copy(HEALTHY / "kmsg.log", snap / "kmsg.log")  # the line is gone from the ring
-    restarted = engine_for(snap)
-    restarted.restore(saved)
-    run_all(restarted)
-    verdict, marks = restarted.evaluate()
-    assert verdict.status is Status.FAIL and marks.taint
-    assert "xid/79/0000:97:00.0" in restarted.latches
-
-    other_boot = dict(saved, bootId="some-other-boot")
-    fresh = engine_for(snap)
-    fresh.restore(other_boot)
-    assert fresh.latches == {}
-    assert fresh.taint_wanted  # the Node was failing: untaint only after recoverAfter passes
 
 
 def test_steady_state_marks_do_not_change(snap: Path) -> None:
@@ -273,71 +218,6 @@ def _gpu_timeout(snap: Path) -> None:
     (snap / "errors.json").write_text(
         json.dumps({"nvidia-smi-q.txt": {"kind": "timeout", "message": "no answer after 30 s; killed"}})
     )
-
-
-def test_an_unknown_cycle_freezes_recovery_and_keeps_the_taint(snap: Path) -> None:
-    eng = engine_for(snap)
-    run_all(eng)
-    eng.evaluate()
-    _gpu_timeout(snap)  # a hung nvidia-smi: a GPU failure (reboot), not latched
-    eng.run_tier("gpu")
-    eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
-    verdict, marks = eng.evaluate()
-    assert verdict.status is Status.FAIL and marks.taint and marks.taint_value == "reboot"
-
-    # nvidia-smi answers again, but with output nobody can read: unknown, never a pass.
-    (snap / "errors.json").unlink()
-    (snap / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 garbage, not nvidia-smi output")
-    for _ in range(5):
-        eng.run_tier("gpu")
-        verdict, marks = eng.evaluate()
-        assert verdict.status is Status.UNKNOWN
-        assert marks.taint, "a missing signal never clears a taint"
-        assert marks.taint_value == "reboot"  # the taint keeps its last failing severity
-    assert "recovery paused at 0/3" in marks.condition_message
-    doc = json.loads(marks.results_json)
-    assert doc["taint"] == {"severity": "reboot", "passes": 0}
-
-    # A restart while frozen keeps the taint and its value.
-    restarted = engine_for(snap)
-    restarted.restore(doc)
-    run_all(restarted)
-    _, again = restarted.evaluate()
-    assert again.taint and again.taint_value == "reboot"
-
-    # Readable and healthy again: recoverAfter (3) passing cycles, then the taint goes.
-    shutil.copy(HEALTHY / "nvidia-smi-q.txt", snap / "nvidia-smi-q.txt")
-    seen = []
-    for _ in range(3):
-        eng.run_tier("gpu")
-        verdict, marks = eng.evaluate()
-        seen.append(marks.taint)
-    assert verdict.status is Status.PASS and seen == [True, True, False]
-    assert "taint" not in json.loads(marks.results_json)
-
-
-def test_an_unknown_cycle_between_passes_neither_counts_nor_resets(snap: Path) -> None:
-    eng = engine_for(snap)
-    run_all(eng)
-    _gpu_timeout(snap)
-    eng.run_tier("gpu")
-    eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
-    eng.evaluate()
-    (snap / "errors.json").unlink()
-    eng.run_tier("gpu")  # pass 1
-    _, marks = eng.evaluate()
-    assert "1/3" in marks.condition_message
-    (snap / "nvidia-smi-q.txt").write_bytes(b"garbage")
-    eng.run_tier("gpu")  # unknown: frozen at 1
-    _, marks = eng.evaluate()
-    assert marks.taint and "recovery paused at 1/3" in marks.condition_message
-    shutil.copy(HEALTHY / "nvidia-smi-q.txt", snap / "nvidia-smi-q.txt")
-    eng.run_tier("gpu")  # pass 2
-    _, marks = eng.evaluate()
-    assert marks.taint
-    eng.run_tier("gpu")  # pass 3
-    _, marks = eng.evaluate()
-    assert not marks.taint
 
 
 def test_observe_and_label_modes_never_ask_for_a_taint(snap: Path) -> None:

@@ -5,6 +5,7 @@ as the Kubernetes test binaries are."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -13,12 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kubeenv.binaries import built_go_tool
+from agent import __version__
+from tests.kubeenv.binaries import built_go_tool, pinned_k8s_version
 
 ROOT = Path(__file__).parent.parent
 CHART = ROOT / "charts" / "gpu-healthcheck"
 MANIFESTS = ROOT / "manifests"
-KUBE_VERSION = "1.34.4"
+KUBE_VERSION = pinned_k8s_version().removeprefix("v")  # the suite's kube-apiserver
 
 
 @pytest.fixture(scope="session")
@@ -51,9 +53,81 @@ def test_the_default_rendering_is_manifests(helm: str) -> None:
         assert doc == manifests()[k], k
 
 
-def test_monitoring_renders_the_optional_objects(helm: str) -> None:
-    extra = {key(d): d for d in render(helm, "monitoring.enabled=true")}.keys() - manifests().keys()
-    assert extra == manifests(MANIFESTS / "optional").keys()
+MAIN_IMAGE = f"ghcr.io/gpu-healthcheck/agent:{__version__}"
+
+
+def test_monitoring_and_the_canary_render_the_optional_objects(helm: str) -> None:
+    """manifests/optional/ is the rendering of monitoring.enabled and canary.image (set to the main
+    image: the shipped canary runs it on no node until one is labelled)."""
+    rendered = {key(d): d for d in render(helm, "monitoring.enabled=true", f"canary.image={MAIN_IMAGE}")}
+    optional = manifests(MANIFESTS / "optional")
+    assert rendered.keys() - manifests().keys() == optional.keys()
+    canary = ("DaemonSet", "gpu-healthcheck", "gpu-healthcheck-agent-canary")
+    assert rendered[canary] == optional[canary]
+    monitoring = {key(d) for d in render(helm, "monitoring.enabled=true")} - manifests().keys()
+    assert monitoring == optional.keys() - {canary}
+
+
+def affinity_terms(ds: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    spec = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    return [
+        t["matchExpressions"]
+        for t in spec["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    ]
+
+
+TRACK = {"key": "gpu-healthcheck/track", "values": ["canary"]}
+
+
+def test_the_image_canary_is_the_agent_with_its_own_image_on_the_canary_nodes_only(helm: str) -> None:
+    """canary.image: a second DaemonSet, the main one's twin but for its name, track label, selector,
+    image and the track expression (In where the main one has NotIn, in every term), so that a node
+    runs exactly one of them; none by default; with `scheduling` set too."""
+    by = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in render(helm, "canary.image=registry.example/agent:0.2.1")
+    }
+    main, canary = (
+        by[("DaemonSet", "gpu-healthcheck-agent")],
+        by[("DaemonSet", "gpu-healthcheck-agent-canary")],
+    )
+    assert all({**TRACK, "operator": "NotIn"} in t for t in affinity_terms(main))
+    assert all({**TRACK, "operator": "In"} in t for t in affinity_terms(canary))
+    assert len(affinity_terms(main)) == len(affinity_terms(canary)) > 1
+    (c,) = canary["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example/agent:0.2.1"
+    assert canary["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gpu-healthcheck-agent",  # status, the PodMonitor and the guards see it
+        "gpu-healthcheck/track": "canary",
+    }
+    assert canary["spec"]["minReadySeconds"] == main["spec"]["minReadySeconds"] == 180
+    twin = json.loads(json.dumps(canary))
+    twin["metadata"]["name"] = main["metadata"]["name"]
+    for labels in (twin["metadata"]["labels"], twin["spec"]["selector"]["matchLabels"]):
+        del labels["gpu-healthcheck/track"]
+    del twin["spec"]["template"]["metadata"]["labels"]["gpu-healthcheck/track"]
+    twin["spec"]["template"]["spec"]["containers"][0]["image"] = main["spec"]["template"]["spec"][
+        "containers"
+    ][0]["image"]
+    for term in affinity_terms(twin):
+        for expr in term:
+            if expr["key"] == "gpu-healthcheck/track":
+                expr["operator"] = "NotIn"
+    assert twin == main
+    assert ("DaemonSet", "gpu-healthcheck-agent-canary") not in {
+        (d["kind"], d["metadata"]["name"]) for d in render(helm)
+    }
+
+    scheduled = {
+        d["metadata"]["name"]: d
+        for d in render(helm, "canary.image=x/agent:1", "scheduling.nodeSelector.pool=gpu")
+        if d["kind"] == "DaemonSet"
+    }
+    for name, op in (("gpu-healthcheck-agent", "NotIn"), ("gpu-healthcheck-agent-canary", "In")):
+        spec = scheduled[name]["spec"]["template"]["spec"]
+        assert spec["nodeSelector"] == {"pool": "gpu"} and affinity_terms(scheduled[name]) == [
+            [{**TRACK, "operator": op}]
+        ]
 
 
 def test_values_change_images_engine_and_policy(helm: str) -> None:
@@ -258,7 +332,10 @@ def test_scheduling_and_the_embedded_operator_mode(helm: str) -> None:
     docs = render(helm, "scheduling.nodeSelector.pool=gpu", "dcgm.engine=operator-embedded")
     by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     spec = by[("DaemonSet", "gpu-healthcheck-agent")]["spec"]["template"]["spec"]
-    assert spec["nodeSelector"] == {"pool": "gpu"} and "affinity" not in spec and "tolerations" not in spec
+    assert spec["nodeSelector"] == {"pool": "gpu"} and "tolerations" not in spec
+    assert affinity_terms(by[("DaemonSet", "gpu-healthcheck-agent")]) == [[{**TRACK, "operator": "NotIn"}]]
+    engine_spec = by[("DaemonSet", "nvidia-dcgm")]["spec"]["template"]["spec"]
+    assert engine_spec["nodeSelector"] == {"pool": "gpu"} and "affinity" not in engine_spec  # as given
     assert ("DaemonSet", "dcgm-exporter") not in by  # the operator's exporter reads our engine
     (engine,) = by[("DaemonSet", "nvidia-dcgm")]["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in engine["env"]}

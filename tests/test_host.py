@@ -4,6 +4,7 @@ other GPUs; each fault is a change to one of them, named in the test."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,8 +135,11 @@ def test_power_limits_parsed_from_every_view() -> None:
         (FIX / "nvidia-smi-xml" / "telegraf-tesla-t4-515.105.01.xml").read_text(encoding="utf-8")
     )
     assert isinstance(xml, GpuInventory) and isinstance(text, GpuInventory) and isinstance(old, GpuInventory)
-    assert xml.gpus[0].power == text.gpus[0].power == GpuPower("P0", 700.0, 700.0)
-    assert old.gpus[0].power == GpuPower("P0", 70.0, 70.0)  # pre-v12 <power_readings>/<enforced_power_limit>
+    # The two views were recorded moments apart: the limits agree, the draw moved (71.78 / 71.75 W).
+    assert xml.gpus[0].power == GpuPower("P0", 700.0, 700.0, 71.78)
+    assert text.gpus[0].power == GpuPower("P0", 700.0, 700.0, 71.75)
+    old_power = old.gpus[0].power  # pre-v12 <power_readings>/<enforced_power_limit>
+    assert old_power is not None and replace(old_power, draw_w=None) == GpuPower("P0", 70.0, 70.0)
     values = {"nvmlDeviceGetPerformanceState": 8, "nvmlDeviceGetEnforcedPowerLimit": 500000}
     nvml = Device(lambda fn, *args, basic=False: values.get(fn))  # NVML's getters answering `values`
     assert model_parts(read_nvml(nvml))["power"] == GpuPower("P8", 500.0, None)

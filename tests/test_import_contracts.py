@@ -30,6 +30,13 @@ CORE_BACK_EDGE = (
     "\nfrom typing import TYPE_CHECKING  # noqa\n"
     "if TYPE_CHECKING:\n    from agent.core import findings  # noqa\n"
 )
+PACKAGES_ACYCLIC = "no other package has an import cycle: its modules import each other one way"
+# The shape of the status <-> status_clear circle that was: a section module naming the table's
+# row type for its annotations, the table module importing the section.
+CLI_BACK_EDGE = (
+    "\nfrom typing import TYPE_CHECKING  # noqa\n"
+    "if TYPE_CHECKING:\n    from agent.cli.status import render  # noqa\n"
+)
 
 
 def copy_tree(tmp_path: Path) -> None:
@@ -60,10 +67,12 @@ def test_each_contract_breaks_on_a_planted_violation(tmp_path: Path) -> None:
         fh.write("\nimport agent.engine.engine  # noqa\n")
     with (tmp_path / "agent" / "core" / "severity.py").open("a") as fh:
         fh.write(CORE_BACK_EDGE)
+    with (tmp_path / "agent" / "cli" / "status_clear.py").open("a") as fh:
+        fh.write(CLI_BACK_EDGE)
     broken = lint_imports(tmp_path)
     assert broken.returncode != 0
     verdicts = verdicts_of(broken)
-    assert len(verdicts) == 6 and all(v == "BROKEN" for v in verdicts.values()), broken.stdout
+    assert len(verdicts) == 7 and all(v == "BROKEN" for v in verdicts.values()), broken.stdout
 
 
 def test_core_is_acyclic_and_a_type_checking_back_edge_breaks_it(tmp_path: Path) -> None:
@@ -79,3 +88,18 @@ def test_core_is_acyclic_and_a_type_checking_back_edge_breaks_it(tmp_path: Path)
     assert verdicts[CORE_ACYCLIC] == "BROKEN", broken.stdout
     assert [name for name, v in verdicts.items() if v == "BROKEN"] == [CORE_ACYCLIC], broken.stdout
     assert "- .severity -> .findings (1 import)" in broken.stdout, broken.stdout
+
+
+def test_cli_is_acyclic_and_a_type_checking_back_edge_breaks_it(tmp_path: Path) -> None:
+    """The contract over the other packages is KEPT (no status <-> status_clear circle); a section of
+    `status` importing the table module back, for its annotations only, breaks it alone."""
+    copy_tree(tmp_path)
+    clean = lint_imports(tmp_path)
+    assert verdicts_of(clean).get(PACKAGES_ACYCLIC) == "KEPT", clean.stdout
+    with (tmp_path / "agent" / "cli" / "status_clear.py").open("a") as fh:
+        fh.write(CLI_BACK_EDGE)
+    broken = lint_imports(tmp_path)
+    verdicts = verdicts_of(broken)
+    assert [name for name, v in verdicts.items() if v == "BROKEN"] == [PACKAGES_ACYCLIC], broken.stdout
+    assert "No cycles are allowed in agent.cli." in broken.stdout, broken.stdout
+    assert "- .status_clear -> .status (1 import)" in broken.stdout, broken.stdout

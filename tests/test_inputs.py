@@ -58,7 +58,7 @@ def test_a_spec_out_of_step_with_nodefacts_is_named() -> None:
     host = SPEC[Input.HOST]
     wrong = (
         dataclasses.replace(host, type=PciSample),
-        dataclasses.replace(SPEC[Input.GPUS], keep_previous=True),
+        dataclasses.replace(SPEC[Input.KERNEL], keep_previous=True),
         dataclasses.replace(SPEC[Input.PCI], keep_previous=False),
         dataclasses.replace(SPEC[Input.RDMA], tier="rdma"),
         dataclasses.replace(SPEC[Input.TOPO], live=None),
@@ -67,7 +67,7 @@ def test_a_spec_out_of_step_with_nodefacts_is_named() -> None:
     host_field = typing.get_type_hints(NodeFacts)["host"]
     assert mismatches(specs) == [
         f"host: NodeFacts.host is {host_field}, the spec says PciSample",
-        "gpus: keeps its previous read but NodeFacts.gpus_previous is None",
+        "kernel: keeps its previous read but NodeFacts.kernel_previous is None",
         "pci: NodeFacts.pci_previous is never filled (the spec keeps none)",
         "rdma: tier rdma is not a tier of the scheduler",
         "topo: a source does not read it and nothing says so (unread)",
@@ -77,7 +77,7 @@ def test_a_spec_out_of_step_with_nodefacts_is_named() -> None:
 
 def test_the_tiers_read_what_they_read_before_the_specs() -> None:
     assert TIER_INPUTS == {
-        "gpu": (Input.GPUS,),
+        "gpu": (Input.GPUS, Input.DRA),  # the DRA driver's devices, as of the GPUs' read
         "xid": (Input.KERNEL,),
         "efa": (Input.RDMA,),
         "topology": (Input.TOPO, Input.NVLINK, Input.PCI, Input.HOST, Input.NVLINK_ERRORS),

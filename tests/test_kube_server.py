@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -165,9 +166,12 @@ def test_validating_admission_policy_is_enforced(kube: KubeEnv, gpu_node: Callab
     kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     try:
         # Policies are loaded asynchronously: retry a forbidden write until it is refused.
+        # Each try writes a new value: kubectl sends nothing for a label it already has, so a try
+        # that landed before the policy was loaded would make every later one a no-op.
         deadline = time.monotonic() + 20
-        while True:
-            proc = kube.kubectl("label", "node", name, f"{STATUS_LABEL}=maybe", "--overwrite", check=False)
+        for attempt in itertools.count():
+            value = f"maybe-{attempt}"
+            proc = kube.kubectl("label", "node", name, f"{STATUS_LABEL}={value}", "--overwrite", check=False)
             if proc.returncode != 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -50,6 +50,25 @@ def test_a_dcgm_check_switched_on_by_a_reload_gets_a_client() -> None:
     assert parts.dcgm is not None and Input.DCGM_HEALTH in engine.extra_inputs
 
 
+def test_the_api_inputs_survive_a_reload_that_rebuilds_the_dcgm_client() -> None:
+    """The DRA driver's devices (read from the API) stay an input of the engine when a reload
+    rebuilds the DCGM inputs, and without any DCGM check too."""
+    off = parse_config({"checks": {"dcgm-health": False, "dcgm-diag": False}})
+    source = LiveSource()
+    parts = LiveParts(source, None, None, Metrics(), None, dcgm_wanted=True)
+
+    def dra() -> object:
+        return "the API's slices"
+
+    parts.api_inputs[Input.DRA] = dra
+    inputs, _ = parts.dcgm_inputs(off)
+    engine = Engine(source, off, extra_inputs=inputs)
+    assert inputs == {Input.DRA: dra}
+    parts.reconfigure(engine, off, parse_config({}))
+    assert parts.dcgm is not None and engine.extra_inputs[Input.DRA] is dra
+    assert Input.DCGM_HEALTH in engine.extra_inputs
+
+
 def test_the_watcher_names_changed_keys_and_keeps_restart_only_ones(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("node:\n  taintEffect: NoSchedule\n")
     cfg = load_config_dir(tmp_path)

@@ -23,7 +23,7 @@ import yaml
 import agent
 from agent.config import load_config_dir
 from agent.core.gpu_nodes import node_selector_terms
-from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRUE, Keys, Reason
+from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRACK_LABEL, TRUE, Keys, Reason
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -154,12 +154,18 @@ def test_daemonsets_run_on_every_gpu_node_whatever_its_taints() -> None:
         "dcgm-exporter",
     }
     want = node_selector_terms(load_config_dir(CONFIG).gpu_node_selection)
-    for ds in daemonsets():
+    # The agent's two DaemonSets split the GPU nodes by the image canary's label: one agent a node.
+    canary = find("DaemonSet", "gpu-healthcheck-agent-canary", docs(MANIFESTS / "optional"))
+    track = {"gpu-healthcheck-agent": "NotIn", "gpu-healthcheck-agent-canary": "In"}
+    for ds in [*daemonsets(), canary]:
         spec = ds["spec"]["template"]["spec"]
         assert spec["tolerations"] == [{"operator": "Exists"}], ds["metadata"]["name"]
         assert "nodeSelector" not in spec
         req = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert req["nodeSelectorTerms"] == want, ds["metadata"]["name"]
+        op = track.get(ds["metadata"]["name"])
+        extra = [{"key": TRACK_LABEL, "operator": op, "values": ["canary"]}] if op else []
+        expected = [{"matchExpressions": [*t["matchExpressions"], *extra]} for t in want]  # type: ignore[list-item]
+        assert req["nodeSelectorTerms"] == expected, ds["metadata"]["name"]
         if ds["metadata"]["name"] != "dcgm-exporter":  # the exporter may go first under pressure
             assert spec["priorityClassName"] == "system-node-critical"
 
@@ -225,7 +231,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
         (("",), ("nodes/status",)): ["patch"],
         (("",), ("pods",)): ["list"],  # this node's pods: a second DCGM engine
         (("resource.k8s.io",), ("resourceslices",)): ["list", "watch"],  # node.isolation: the DRA slices
-        (("resource.k8s.io",), ("devicetaintrules",)): ["create", "delete", "list", "patch"],
+        (("resource.k8s.io",), ("devicetaintrules",)): ["create", "delete", "get", "list", "patch"],
         (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
     events = find("Role", "gpu-healthcheck-agent-events")

@@ -155,3 +155,28 @@ def test_mapping_is_pure_and_ignores_other_vendors() -> None:
     other_dra = ContainerDevices("x", "p", "c", dra=(DraDevice("nic.example.com", "pool", "gpu-0"),))
     assert gpu_holders([efa, other_dra], GPUS) == ({}, ())
     assert pods_holding_gpus([efa, other_dra]) == []
+
+
+def test_a_dra_only_node_is_busy_while_a_pod_holds_a_claim_device(kubelet: dict[str, Any], api: Any) -> None:
+    """GPU Operator's DRA-only mode: no device plugin, no nvidia.com/gpu anywhere; a pod holding a
+    device of NVIDIA's DRA driver keeps the diag off, a pod holding another driver's device does not."""
+    from agent.probes.dcgm.idle import IdleGate
+
+    pb2, _ = api
+
+    def claim(driver: str, device: str) -> Any:
+        res = pb2.ClaimResource(driver_name=driver, pool_name="node-a", device_name=device)
+        return pb2.DynamicResource(claim_name="c", claim_namespace="ml", claim_resources=[res])
+
+    def only(driver: str, device: str) -> Any:
+        ctr = pb2.ContainerResources(name="main", dynamic_resources=[claim(driver, device)])
+        return pb2.ListPodResourcesResponse(
+            pod_resources=[pb2.PodResources(namespace="ml", name="dra-train", containers=[ctr])]
+        )
+
+    gate = IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=gpu_pods(kubelet["socket"]))
+    kubelet["response"] = only("gpu.nvidia.com", "gpu-3")
+    verdict = gate.check()
+    assert not verdict.idle and "ml/dra-train" in verdict.reason and "NVIDIA devices" in verdict.reason
+    kubelet["response"] = only("nic.example.com", "eth-0")
+    assert gate.check().idle

@@ -1,9 +1,9 @@
 """node.remediationConditions (issue 22 item 1): the conditions remediation engines act on.
 
 Pure tests: the entries' validation, the types the admission fence must list for a config, the engine's
-marks through fail / unknown / recovery / restart / modes, and what the writer plans once the taint
-is decided (the brake, the opt-out label, one PATCH, removal of ours only). The real API server tests
-are in tests/test_remediation_kube.py.
+marks in each mode, and what the writer plans once the taint is decided (the brake, the opt-out label,
+one PATCH, removal of ours only). Their hysteresis (fail / unknown / recovery / restart, a clear):
+tests/test_state.py. The real API server tests are in tests/test_remediation_kube.py.
 """
 
 from __future__ import annotations
@@ -139,63 +139,8 @@ def gpu_timeout(snap: Path) -> None:
     )
 
 
-def garble(snap: Path) -> None:
-    """nvidia-smi answers, but nobody can read it: unknown."""
-    (snap / "errors.json").unlink(missing_ok=True)
-    (snap / "nvidia-smi-q.txt").write_bytes(b"\x00\x01 garbage, not nvidia-smi output")
-
-
 def by_type(marks: Marks) -> dict[str, RemediationMark]:
     return {m.type: m for m in marks.remediation}
-
-
-def test_fail_sets_unknown_never_does_and_unknown_after_fail_keeps_it(snap: Path) -> None:
-    garble(snap)
-    eng = engine_for(snap)
-    run_all(eng)
-    verdict, marks = eng.evaluate()
-    first = by_type(marks)[AHR]
-    assert verdict.status is Status.UNKNOWN
-    assert not first.unhealthy and first.reason == R.COULD_NOT_CHECK and first.healthy_status == "True"
-    assert "never acts on a node we could not check" in first.message
-
-    shutil.copy(HEALTHY / "nvidia-smi-q.txt", snap / "nvidia-smi-q.txt")
-    gpu_timeout(snap)
-    eng.run_tier("gpu")
-    eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
-    verdict, marks = eng.evaluate()
-    got = by_type(marks)
-    assert verdict.status is Status.FAIL and verdict.severity is Severity.REBOOT
-    assert got[AHR].unhealthy and got[AHR].reason == "GPUHealthcheckGPULostReboot"  # fault, action
-    assert "gpu.responsive" in got[AHR].message and "→ reboot" in got[AHR].message  # finding + next step
-    assert not got["GPUIsolate"].unhealthy and got["GPUIsolate"].reason == R.BELOW_MIN_SEVERITY
-
-    garble(snap)
-    for _ in range(4):
-        eng.run_tier("gpu")
-        verdict, marks = eng.evaluate()
-        assert verdict.status is Status.UNKNOWN
-        kept = by_type(marks)[AHR]
-        assert kept.unhealthy and kept.reason == R.RECOVERING, "unknown never lifts it"
-    assert "recovery paused at 0/3" in kept.message and "gpu.responsive" in kept.message
-    doc = json.loads(marks.results_json)
-    assert doc["remediation"][AHR]["severity"] == "reboot"
-
-    # A restart while paused keeps it (the results annotation's `remediation` field).
-    again = engine_for(snap)
-    again.restore(doc)
-    run_all(again)
-    assert by_type(again.evaluate()[1])[AHR].unhealthy
-
-    # recoverAfter (3) passing cycles, exactly as the taint.
-    shutil.copy(HEALTHY / "nvidia-smi-q.txt", snap / "nvidia-smi-q.txt")
-    seen = []
-    for _ in range(3):
-        eng.run_tier("gpu")
-        _, marks = eng.evaluate()
-        seen.append((marks.taint, by_type(marks)[AHR].unhealthy))
-    assert seen == [(True, True), (True, True), (False, False)]
-    assert by_type(marks)[AHR].reason == R.PASSED and "remediation" not in json.loads(marks.results_json)
 
 
 def test_the_message_changes_only_with_the_verdict(snap: Path) -> None:
@@ -222,20 +167,6 @@ def test_observe_and_label_modes_never_mark_a_node_for_remediation(snap: Path, m
     got = by_type(marks)[AHR]
     assert not got.unhealthy and got.reason == R.NOT_ENFORCED
     assert f"mode {mode}" in got.message and f"{AHR}=False" in got.message
-
-
-def test_an_operator_clear_lifts_it_at_once(snap: Path) -> None:
-    eng = engine_for(snap)
-    run_all(eng)
-    gpu_timeout(snap)
-    eng.run_tier("gpu")
-    eng.run_tier("gpu")  # confirmed: a second failing cycle (node.confirmAfter 2)
-    eng.evaluate()
-    (snap / "errors.json").unlink()
-    eng.run_tier("gpu")
-    eng.state.operator_cleared = True
-    _, marks = eng.evaluate()
-    assert not marks.taint and not by_type(marks)[AHR].unhealthy
 
 
 # ------------------------------------------------------------------------------------------ writer

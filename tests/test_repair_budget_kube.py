@@ -14,10 +14,12 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.cli.brake import brake_footer, release
+from agent.cli.status import render_status
 from agent.core.marks import Marks
 from agent.core.node_keys import Reason
 from agent.core.remediation_types import RemediationMark, RemediationReason
 from agent.core.repair_budget import FAIL, MARK, RELEASE, BudgetPolicy, WavePolicy
+from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import KubeRest
@@ -36,6 +38,10 @@ NO_WAVE = WavePolicy(min_nodes=0)
 def marks(key: str = "xid/79", fail: bool = True) -> Marks:
     status, sev = (Status.FAIL, Severity.REBOOT) if fail else (Status.PASS, Severity.NONE)
     doc = {"version": 1, "status": status.value, "severity": sev.label, "checks": [], "latched": []}
+    # what the engine writes in every mode (engine/rollout.py): the config in force, what taint does
+    doc[CONFIG_FIELD] = {"source": "main", "digest": "abc", "mode": "taint"}
+    if fail:
+        doc[WOULD_FIELD] = {"taint": "reboot:NoSchedule", "mark": [AHR]}
     return Marks(
         status=status,
         severity=sev,
@@ -130,6 +136,12 @@ def test_budget_reached_holds_the_next_node_with_its_reason_and_the_taint_stays(
         assert results[n].ok and results[n].remediation_held == "budget" and results[n].held_key == "xid/79"
         assert fleet.events(n).count(Reason.REMEDIATION_HELD) == 1
     assert sum(r.kind == MARK for r in fleet.records()) == 2  # the held nodes' own marks were taken back
+    # `gpu-healthcheck status` reads it from the Nodes: marked and held, not "4 would be marked"
+    out, _ = render_status(core, selectors=[fleet.scope], namespace=kube_namespace)
+    assert "taint (4 nodes): 4 nodes would be tainted (4 tainted), 2 marked for remediation, 2 held" in out, (
+        out
+    )
+    assert f"GPUHealthcheckBudgetHeld: 2 node(s): {', '.join(sorted((c, d)))}" in out, out
 
 
 def test_a_deleted_node_does_not_free_budget_within_the_window(

@@ -16,6 +16,7 @@ from agent.config.canary import CANARY, MAIN, Choice, choose, files_digest, has_
 from agent.config.last_good import load_at_start
 from agent.config.watch import ConfigWatcher
 from agent.core.node_keys import Keys
+from agent.core.remediation_types import RemediationReason
 from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.core.severity import Severity
 from agent.engine.engine import Engine
@@ -237,8 +238,38 @@ def test_a_fleet_in_taint_mode_keeps_the_plain_table_and_counts_what_is_held_bac
     rows = status_rows(nodes, prefix=K.prefix, now=NOW)
     assert all(len(r) == len(HEADER) for r in rows)
     out = render(status_list(nodes, None, prefix=K.prefix, now=NOW), "table", NOW)
-    assert "taint (3 nodes): 2 nodes would be tainted (1 tainted), 0 would be marked for remediation" in out
+    assert "taint (3 nodes): 2 nodes would be tainted (1 tainted), 0 marked for remediation, 0 held" in out
     assert "configs:" not in out  # one config everywhere: nothing to say
+
+
+def _marked(name: str, reason: str, status: str = "False") -> dict[str, Any]:
+    node = _node(name, "fail", "reboot", "taint", would={"taint": "reboot:NoSchedule", "mark": [AHR]})
+    node["spec"] = {"taints": [{"key": K.taint, "value": "reboot", "effect": "NoSchedule"}]}
+    node["status"] = {"conditions": [{"type": AHR, "status": status, "reason": reason}]}
+    return node
+
+
+def test_in_taint_mode_status_says_how_many_are_marked_and_how_many_held() -> None:
+    """The SRE's 6-node wave under a budget of 1: "1 marked, 5 held", not "6 would be marked"; the
+    held ones by the conditions' hold reasons, a node whose mark is not written yet said apart."""
+    nodes = [
+        _marked("g2", "GPUHealthcheckGPULostReboot"),
+        _marked("g3", "NvidiaXID79Error"),  # reasonStyle eks: not ours, still unhealthy
+        *(_marked(f"b{i}", RemediationReason.BUDGET_HELD, "True") for i in range(3)),
+        *(_marked(f"w{i}", RemediationReason.WAVE_HELD, "True") for i in range(2)),
+        _marked("p", RemediationReason.PASSED, "True"),  # the write of its mark has not landed yet
+        _node("ok", "pass", "none", "taint"),
+    ]
+    statuses = status_list(nodes, None, prefix=K.prefix, now=NOW)
+    out = render(statuses, "table", NOW).splitlines()
+    line = (
+        "taint (9 nodes): 8 nodes would be tainted (8 tainted), 2 marked for remediation, 5 held, "
+        "1 not yet marked"
+    )
+    assert line in out, out
+    assert not any("would be marked" in x for x in out)
+    by = {s.node: s.marked for s in statuses}
+    assert (by["g2"], by["b0"], by["w1"], by["p"], by["ok"]) == ("marked", "held", "held", "pending", None)
 
 
 def test_wide_shows_each_nodes_config_and_the_canary_spread() -> None:

@@ -195,6 +195,31 @@ def test_json_yaml_and_wide_output() -> None:
     assert "reboot:NoExecute" in wide[1] and "p5.48xlarge" in wide[1] and "0.1.0" in wide[1]
 
 
+def test_wide_says_which_agents_run_which_version_and_which_are_the_canary() -> None:
+    """An image rollout: VERSION per node with the canary's track (its pod's label), and a line that
+    counts the nodes per version; the plain table says it only while versions differ."""
+    from agent.core.node_keys import TRACK_LABEL
+
+    def node(name: str, version: str) -> dict[str, Any]:
+        return _node(name, dict(_results("pass", "none", [], "2026-01-01T11:59:00Z"), agentVersion=version))
+
+    canary_pod = _pod("c", True)
+    canary_pod["metadata"]["labels"] = {TRACK_LABEL: "canary"}
+    nodes = [node("a", "0.2.0"), node("b", "0.2.0"), node("c", "0.2.1")]
+    statuses = status_list(nodes, [_pod("a", True), _pod("b", True), canary_pod], prefix=P, now=NOW)
+    wide = render(statuses, "wide", NOW).splitlines()
+    row = {line.split()[0]: line for line in wide[1:4]}
+    assert "0.2.1 (canary)" in row["c"] and "0.2.0" in row["a"] and "(canary)" not in row["a"]
+    assert "agents: 0.2.0 on 2 nodes, 0.2.1 (canary) on 1 node" in wide
+    assert "agents: 0.2.0 on 2 nodes, 0.2.1 (canary) on 1 node" in render(statuses, "table", NOW)
+    (item,) = [i for i in json.loads(render(statuses, "json", NOW)) if i["node"] == "c"]
+    assert (item["agentVersion"], item["track"]) == ("0.2.1", "canary")
+    same = status_list(nodes[:2], [_pod("a", True), _pod("b", True)], prefix=P, now=NOW)
+    assert "agents:" not in render(same, "table", NOW) and "agents: 0.2.0 on 2 nodes" in render(
+        same, "wide", NOW
+    )
+
+
 def test_warn_column_counts_gpus_with_a_warning_before_a_fault() -> None:
     """WARN: the GPUs whose verdict carries trend warnings, of the GPUs listed; JSON per rule."""
     doc = _results("warn", "monitor", [("trend.memory", "warn", "monitor", "GPU 1: 2 DRAM banks low")], "x")
@@ -268,3 +293,45 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
     assert lines[1].startswith(broken) and "fail" in lines[1] and "reboot" in lines[1]
     assert "xid: GPU 2: Xid 48 double-bit ECC error" in lines[1]
     assert lines[2].startswith(healthy) and " pass " in lines[2]
+
+
+def test_status_lists_the_nodes_waiting_for_validation_and_for_how_long() -> None:
+    """The startup taint is never silent in `status`: each node that carries it, longest wait first,
+    with what its agent says it waits for, or, where no agent reported in this boot, since the
+    Node's creation and why (the agent column)."""
+    from agent.core.results_doc import VALIDATING_FIELD
+
+    taint = {"taints": [{"key": K.validating, "effect": "NoSchedule"}]}
+    boot = {"nodeInfo": {"bootID": "b-1"}}
+    waiting = _results(
+        "unknown", "none", [("dcgm-diag", "unknown", "none", "engine down")], "2026-01-01T11:00:00Z"
+    )
+    waiting[VALIDATING_FIELD] = {
+        "since": "2026-01-01T11:18:00Z",
+        "bootId": "b-1",
+        "waitingFor": ["dcgm-diag"],
+    }
+    a = {**_node("gpu-a", waiting), "spec": taint, "status": boot}
+    silent = _node("gpu-b", None)  # its agent never started: no annotation at all
+    silent["metadata"]["creationTimestamp"] = "2026-01-01T09:00:00Z"
+    silent.update(spec=taint, status=boot)
+    stale = _results("pass", "none", [], "2026-01-01T08:00:00Z")  # written in an earlier boot
+    stale[VALIDATING_FIELD] = {"since": "2026-01-01T07:00:00Z", "bootId": "b-0", "waitingFor": ["gpu"]}
+    c = {**_node("gpu-c", stale), "spec": taint, "status": boot}
+    c["metadata"]["creationTimestamp"] = "2026-01-01T11:50:00Z"
+    done = {**_node("gpu-d", _results("pass", "none", [], "2026-01-01T11:00:00Z")), "spec": {}}
+    statuses = status_list([a, silent, c, done], [], prefix=P, now=NOW)
+    out = render(statuses, "table", NOW)
+    section = out[out.index("WAITING FOR VALIDATION") :].splitlines()
+    assert "3 node(s)" in section[0]
+    assert section[1].split()[:3] == ["gpu-b", "for", "3h"] and "no report from an agent" in section[1]
+    assert "(agent: none)" in section[1]
+    assert section[2].split()[:3] == ["gpu-a", "for", "42m"] and section[2].endswith("waiting for dcgm-diag")
+    assert section[3].split()[:3] == ["gpu-c", "for", "10m"] and "no report" in section[3]
+    (item,) = [i for i in json.loads(render(statuses, "json", NOW)) if i["node"] == "gpu-a"]
+    assert item["validating"] == {
+        "since": "2026-01-01T11:18:00Z",
+        "seconds": 2520,
+        "waitingFor": ["dcgm-diag"],
+    }
+    assert "WAITING FOR VALIDATION" not in render([x for x in statuses if x.node == "gpu-d"], "table", NOW)

@@ -166,3 +166,18 @@ def test_thresholds_and_the_reads_kept_change_live(tmp_path: Path) -> None:
     node.engine.run_tier("gpu")
     _, marks = node.engine.evaluate()
     assert "trend.thermal.clock-stuck" not in warned(json.loads(marks.results_json))["0000:19:00.0"]
+
+
+def test_warnings_on_every_gpu_with_a_link_trend_show_on_the_node_not_on_devices(tmp_path: Path) -> None:
+    """marks.warn_scope (a None-effect device taint per GPU with isolation gpu|auto): the worn node
+    warns on NVLink too, on all 8 GPUs: node-wide, no device shows it; mode observe asks for none."""
+    from tests.trend_scenario import config
+
+    scopes = []
+    for mode, where in (("taint", tmp_path / "taint"), ("observe", tmp_path / "observe")):
+        node = Node(where, worn=True, cfg=config({"node": {"mode": mode}}))
+        for _ in range(node.cfg.trends.keep_reads):
+            node.read()
+        scopes.append(node.engine.evaluate()[1].warn_scope)
+    assert scopes[0] is not None and scopes[0].node_wide
+    assert scopes[1] is None

@@ -161,3 +161,52 @@ def test_once_the_taint_is_gone_nothing_more_is_written(
         agent.request_stop()
         loop.join(10)
     assert NVIDIA["key"] in [t.key for t in core.read_node(name).spec.taints]
+
+
+@pytest.mark.kube
+@pytest.mark.timeout(180)
+def test_a_node_waiting_for_validation_is_never_silent(kube: Any, gpu_node: Any, tmp_path: Path) -> None:
+    """The startup taint with the real agent on the API server: a node whose checks cannot look says
+    since when (its creation: the registration put the taint on) and what it waits for, in its
+    annotation and metrics; `gpu-healthcheck status` lists it, and beside it a tainted node whose
+    agent never started (no report: counted from its creation, its agent column says none)."""
+    import json
+    import time
+    import urllib.request
+
+    from agent.core.results_doc import VALIDATING_FIELD
+    from tests.test_agent_kube import AgentProcess, free_port, status_cli
+
+    pool = f"validating-{time.time_ns()}"
+    blind, silent = (
+        gpu_node(taints=[NVIDIA, VALIDATING], labels={"test.example/pool": pool}).metadata.name
+        for _ in range(2)
+    )
+    created = kube.request("GET", f"/api/v1/nodes/{blind}")[1]["metadata"]["creationTimestamp"]
+    snap = scenario.snapshot(tmp_path / "snap", readable=False)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    (cfg / "config.yaml").write_text(yaml.safe_dump({"intervals": {"gpu": 2}}))
+    port = free_port()
+    agent = AgentProcess(kube, blind, snap, cfg, tmp_path / "agent.log", "--metrics-port", str(port))
+
+    def said() -> dict[str, Any]:
+        ann = kube.request("GET", f"/api/v1/nodes/{blind}")[1]["metadata"].get("annotations") or {}
+        return dict(json.loads(ann.get(KEYS.results) or "{}").get(VALIDATING_FIELD) or {})
+
+    try:
+        doc = wait_for(lambda: said().get("waitingFor") == ["gpu"] and said(), 60, "the agent's validating")
+        assert doc["since"] == created, doc
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        (line,) = [x for x in text.splitlines() if x.startswith("gpu_healthcheck_validating_seconds ")]
+        assert float(line.split()[1]) > 0
+        assert 'gpu_healthcheck_validating_waiting_for{what="gpu"} 1.0' in text
+        out = status_cli(kube, "--selector", f"test.example/pool={pool}")
+        assert out.returncode == 2, out.stdout + out.stderr  # unknown, and a node no agent judged
+        section = out.stdout[out.stdout.index("WAITING FOR VALIDATION") :].splitlines()
+        rows = {line.split()[0]: line for line in section[1:]}
+        assert rows[blind].endswith("waiting for gpu"), section
+        assert "no report from an agent in this boot (agent: none)" in rows[silent], section
+    finally:
+        agent.stop()
+    assert VALIDATING in taints(kube, blind) and VALIDATING in taints(kube, silent)

@@ -318,3 +318,72 @@ def test_node_validate_is_live_on_reload(tmp_path: Path) -> None:
     eng.cfg = engine(snapshot(tmp_path / "r"), node={"validate": {"addTaint": True, "diagLevel": 4}}).cfg
     assert eng.evaluate()[1].validating is True  # the reloaded config, at the next verdict
     assert validation_diag_level(eng) == 4  # the next diag's level too
+
+
+# -- how long, and what for (no silent startup taint) ------------------------------------------------
+
+
+def test_a_node_never_validated_says_it_waits_since_its_creation_and_for_what(tmp_path: Path) -> None:
+    """The results annotation's `validating` and the metrics: since the Node's creation (its
+    registration put the taint on), the tiers it still waits for; gone once it passed."""
+    from agent.core.results_doc import VALIDATING_FIELD
+    from agent.reporters.metrics import Metrics
+
+    snap = snapshot(tmp_path)
+    node = json.loads((snap / "node.json").read_text())
+    node["metadata"]["creationTimestamp"] = "2026-01-01T10:00:00Z"
+    (snap / "node.json").write_text(json.dumps(node))
+    metrics = Metrics()
+    eng = engine(snap)
+    eng.metrics = metrics
+    run_every_tier(eng, skip=("topology", "efa"))
+    _, marks = eng.evaluate()
+    doc = json.loads(marks.results_json)[VALIDATING_FIELD]
+    assert doc == {"since": "2026-01-01T10:00:00Z", "bootId": eng.boot_id, "waitingFor": ["efa", "topology"]}
+    text = metrics_text(metrics)
+    age = time.time() - eng.validation.since  # type: ignore[operator]
+    assert age > 3600  # created long ago: the alert's 30 minutes are long past
+    (line,) = [x for x in text.splitlines() if x.startswith("gpu_healthcheck_validating_seconds ")]
+    assert abs(float(line.split()[1]) - age) < 5  # computed at the scrape: it grows between checks
+    assert 'gpu_healthcheck_validating_waiting_for{what="efa"} 1.0' in text
+    assert 'gpu_healthcheck_validating_waiting_for{what="topology"} 1.0' in text
+    # Steady while it waits: the annotation does not change from one cycle to the next.
+    eng.run_tier("gpu")
+    assert json.loads(eng.evaluate()[1].results_json)[VALIDATING_FIELD] == doc
+    eng.run_tier("topology")
+    eng.run_tier("efa")
+    _, marks = eng.evaluate()
+    assert marks.validating is False and VALIDATING_FIELD not in json.loads(marks.results_json)
+    text = metrics_text(metrics)
+    assert "gpu_healthcheck_validating_seconds 0.0" in text and "validating_waiting_for{" not in text
+
+
+def test_a_validated_node_that_gets_the_taint_back_counts_from_when_it_was_seen(tmp_path: Path) -> None:
+    """A node validated before (a reboot, a clear, Karpenter re-registering): since the agent first
+    saw the taint, not the Node's creation; an agent restart in the same boot takes it back."""
+    from agent.core.results_doc import VALIDATING_FIELD
+
+    snap = snapshot(tmp_path, readable=False)  # unknown: it keeps waiting for the gpu tier
+    node = json.loads((snap / "node.json").read_text())
+    node["metadata"]["creationTimestamp"] = "2025-06-01T00:00:00Z"
+    (snap / "node.json").write_text(json.dumps(node))
+    eng = engine(snap)
+    eng.restore({VALIDATED_FIELD: {"bootId": "an earlier boot", "at": "2025-06-01T00:05:00Z"}})
+    before = time.time()
+    run_every_tier(eng)
+    _, marks = eng.evaluate()
+    doc = json.loads(marks.results_json)
+    assert doc[VALIDATING_FIELD]["waitingFor"] == ["gpu"]
+    assert before - 1 <= eng.validation.since <= time.time()  # type: ignore[operator]
+    again = engine(snap)  # the agent restarted: same boot, the annotation as written
+    again.restore(doc)
+    assert again.validation.since == int(eng.validation.since)  # type: ignore[arg-type]
+    other = engine(snap)  # a new boot: the old `validating` is not this one's
+    other.restore({**doc, VALIDATING_FIELD: {**doc[VALIDATING_FIELD], "bootId": "another"}})
+    assert other.validation.since is None
+
+
+def metrics_text(metrics: Any) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(metrics.registry).decode()

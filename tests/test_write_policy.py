@@ -25,6 +25,17 @@ def test_failed_writes_back_off_1_2_4_up_to_30_s_and_a_success_resets_it() -> No
     assert policy.next_try(Outcome(ok=False)) == 1.0  # the backoff starts over
 
 
+def test_only_a_failed_write_holds_the_next_one_back_and_a_braked_one_does_not() -> None:
+    """The loop writes nothing while `failing` and the stated wait is not over (a refusal, an
+    unreachable API server); a brake or repair hold re-asks but never holds a changed verdict back."""
+    policy = WritePolicy(lambda: 30.0)
+    assert not policy.failing
+    policy.next_try(Outcome(ok=False, error="API error 403"))
+    assert policy.failing
+    policy.next_try(Outcome(ok=True, brake_open=True))
+    assert not policy.failing
+
+
 def test_a_braked_write_is_asked_again_after_min_30_s_and_the_gpu_interval() -> None:
     cfg = parse_config({"intervals": {"gpu": 10}})
     assert WritePolicy(lambda: brake_reask_s(cfg)).next_try(Outcome(ok=True, brake_open=True)) == 10.0

@@ -40,6 +40,29 @@ def readable(probed: object, kind: type[T]) -> tuple[T | None, str | None]:
     return None, None
 
 
+def typed_input(name: str, probed: object, kind: type[T]) -> T | CheckResult:
+    """The input as the check judges it, else the result of its gap: skipped (not captured) or
+    unknown (unreadable). A check begins `x = typed_input(NAME, facts.x, X)` and returns x when it is
+    a CheckResult. Another type is our bug, not the machine's: it raises (the registry reports it)."""
+    return probed if isinstance(probed, kind) else _gap(name, probed, kind)
+
+
+def partial_input(name: str, probed: object, kind: type[T]) -> tuple[T, str | None] | CheckResult:
+    """As typed_input, but a damaged capture's intact part is judged too (readable): the input and
+    why it is not the whole input (None when it is), else the result of its gap."""
+    part, unreadable = readable(probed, kind)
+    if part is not None:
+        return part, unreadable
+    return _gap(name, probed, kind)
+
+
+def _gap(name: str, probed: object, kind: type) -> CheckResult:
+    gap = input_gap(name, probed)
+    if gap is None:
+        raise TypeError(f"{name}: a {type(probed).__name__} where {kind.__name__} was read")
+    return gap
+
+
 def rule_finding(
     cfg: Config,
     check: str,
@@ -48,15 +71,21 @@ def rule_finding(
     entities: tuple[str, ...] = (),
     key: str = "",
     evidence: tuple[Evidence, ...] = (),
+    *,
+    latched: bool = False,
+    whole_key: str = "",
 ) -> Finding:
-    """A level-triggered finding whose severity is the configured one for `rule`; key `rule/<key>`."""
+    """A finding whose severity is the configured one for `rule`; key `rule/<key>`, or *whole_key*
+    where the finding's name is not its rule's (a DCGM diag test's latch, an Xid's: the name an
+    operator clears it by). Level-triggered, or *latched* until its cause is gone (core/findings.py)."""
     return Finding(
         check=check,
         rule=rule.name,
         severity=cfg.severity(rule),
         message=message,
         entities=entities,
-        key=f"{rule.name}/{key}" if key else rule.name,
+        key=whole_key or (f"{rule.name}/{key}" if key else rule.name),
+        latched=latched,
         evidence=evidence,
         action=rule.action,
     )
@@ -102,11 +131,10 @@ def per_gpu(
     """Run judge(gpu) → [(rule, message)] over every GPU the check applies to; on a damaged capture,
     over its intact GPU blocks (the result is then also `unknown`). `where` names, per rule, the
     Gpu.where key of the lines a finding rests on (its evidence)."""
-    inv, unreadable = readable(facts.gpus, GpuInventory)
-    if inv is None:
-        gap = input_gap(name, facts.gpus)
-        assert gap is not None
-        return gap
+    got = partial_input(name, facts.gpus, GpuInventory)
+    if isinstance(got, CheckResult):
+        return got
+    inv, unreadable = got
     gpus = [g for g in inv.gpus if applies(g)]
     lines = where or {}
 
@@ -124,4 +152,7 @@ def per_gpu(
         return CheckResult(name, skipped="no GPU visible")
     if not gpus:
         return CheckResult(name, skipped=not_applicable or "does not apply to these GPUs")
-    return CheckResult(name, findings=tuple(findings), note=ok or f"{len(gpus)} GPU(s) ok")
+    note = ok or f"{len(gpus)} GPU(s) ok"
+    if inv.hung:  # judged on the GPUs that answered; the hung ones are gpu.responsive's
+        note += f" ({', '.join(h.label for h in inv.hung)} not read: no answer, see gpu.responsive)"
+    return CheckResult(name, findings=tuple(findings), note=note)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -160,11 +160,9 @@ def check_connectx(facts: NodeFacts, cfg: Config) -> CheckResult:
     want = prof.connectx_count if prof is not None else 0
     if want == 0 and not isinstance(facts.rdma, RdmaSample):
         return CheckResult(NAME, skipped="no ConnectX fabric in the profile")
-    gap = input_gap(NAME, facts.rdma)
-    if gap is not None:
-        return gap
-    sample = facts.rdma
-    assert isinstance(sample, RdmaSample)
+    sample = typed_input(NAME, facts.rdma, RdmaSample)
+    if isinstance(sample, CheckResult):
+        return sample
     ports = [(d, p) for d in sample.devices if is_connectx(d) for p in d.ports]
     if not ports and want == 0:
         return CheckResult(NAME, skipped="no ConnectX RDMA device")

@@ -10,8 +10,9 @@ dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOv
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from agent.checks import CheckSpec, input_gap
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.config.dcgm_incidents import SINGLE_NODE_NVSWITCH, system_name
 from agent.core.dcgm_report import (
@@ -98,11 +99,9 @@ def _why(r: DiagResult) -> str:
 
 
 def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(DIAG, facts.dcgm_diag)
-    if gap is not None:
-        return gap
-    report = facts.dcgm_diag
-    assert isinstance(report, DiagReport)
+    report = typed_input(DIAG, facts.dcgm_diag, DiagReport)
+    if isinstance(report, CheckResult):
+        return report
     findings: list[Finding] = []
     infra: list[str] = []
     unnamed: list[str] = []
@@ -122,14 +121,14 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
             rule, verb = _diag_rule(r), "failed"
         where = _entity(r.gpu)
         findings.append(
-            Finding(
-                check=DIAG,
-                rule=rule.name,
-                severity=cfg.severity(rule),
-                message=f"DCGM diag {r.test} {verb} on {where}: {_why(r)}",
-                entities=(where,),
-                key=f"dcgm-diag/{_slug(r.test)}/{r.gpu}",
+            rule_finding(
+                cfg,
+                DIAG,
+                rule,
+                f"DCGM diag {r.test} {verb} on {where}: {_why(r)}",
+                (where,),
                 latched=True,
+                whole_key=f"dcgm-diag/{_slug(r.test)}/{r.gpu}",  # a test's latch, whichever rule
             )
         )
     findings = [f for f in findings if f.severity > Severity.NONE]
@@ -156,11 +155,9 @@ def _health_entity(i: HealthIncident) -> str:
 
 
 def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(HEALTH, facts.dcgm_health)
-    if gap is not None:
-        return gap
-    report = facts.dcgm_health
-    assert isinstance(report, HealthReport)
+    report = typed_input(HEALTH, facts.dcgm_health, HealthReport)
+    if isinstance(report, CheckResult):
+        return report
     table = cfg.dcgm_incidents
     merged: dict[str, Finding] = {}
     ignored = 0
@@ -184,11 +181,9 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
         if key in merged:  # several incidents of one kind on one entity: one finding
             old = merged[key]
             if msg not in old.message:
-                merged[key] = Finding(
-                    HEALTH, old.rule, old.severity, f"{old.message}; {msg}", old.entities, key
-                )
+                merged[key] = replace(old, message=f"{old.message}; {msg}")
             continue
-        merged[key] = Finding(
+        merged[key] = Finding(  # a row of dcgm-incidents.yaml is a rule of its own, not a Rule
             HEALTH,
             rule,
             sev,
@@ -198,17 +193,17 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
         )
     engines = report.engines_on_node or ()
     if len(engines) > 1:
-        merged["dcgm-health/second-engine"] = Finding(
+        merged["dcgm-health/second-engine"] = rule_finding(
+            cfg,
             HEALTH,
-            DCGM_HEALTH_SECOND_ENGINE.name,
-            cfg.severity(DCGM_HEALTH_SECOND_ENGINE),
+            DCGM_HEALTH_SECOND_ENGINE,
             shorten(
                 f"{len(engines)} DCGM host engines on this node: {', '.join(engines)}; two engines give "
                 "contradictory views and break each other's modules (README: With the NVIDIA GPU Operator)",
                 MAX_TEXT * 2,
             ),
             ("node",),
-            "dcgm-health/second-engine",
+            whole_key="dcgm-health/second-engine",  # beside the incidents' dcgm-health/<system>/... keys
         )
         merged = {k: f for k, f in merged.items() if f.severity > Severity.NONE}
     note = "DCGM health watches report no incident"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -124,11 +124,9 @@ def check_efa(facts: NodeFacts, cfg: Config) -> CheckResult:
     what = prof.instance_type if prof is not None else "an unknown instance type"
     if expected == 0 and not isinstance(facts.rdma, RdmaSample):
         return CheckResult(NAME, skipped=f"no EFA expected for {what}")
-    gap = input_gap(NAME, facts.rdma)
-    if gap is not None:
-        return gap
-    sample = facts.rdma
-    assert isinstance(sample, RdmaSample)
+    sample = typed_input(NAME, facts.rdma, RdmaSample)
+    if isinstance(sample, CheckResult):
+        return sample
     efa = [d for d in sample.devices if d.is_efa]
     others = [d for d in sample.devices if not d.is_efa]
     if expected == 0 and not efa:

@@ -1,18 +1,26 @@
 """GPU checks on the NVML / nvidia-smi inventory. Each is a pure function of NodeFacts and Config.
-The memory-health family (ECC, row remapping, retired pages) is in gpu_memory; CHECKS lists both,
-in report order."""
+The memory-health family (ECC, row remapping, retired pages) is in gpu_memory, gpu.allocatable in
+gpu_allocatable; CHECKS lists them all, in report order."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.checks import CheckSpec, gpu_finding, gpu_memory, input_gap, per_gpu, readable
+from agent.checks import (
+    CheckSpec,
+    gpu_allocatable,
+    gpu_finding,
+    gpu_memory,
+    partial_input,
+    per_gpu,
+    rule_finding,
+    typed_input,
+)
 from agent.config import Config
 from agent.core.actions import Action
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.gpu import Gpu, GpuInventory
-from agent.core.node import NodeObject
 from agent.core.pci import short_pci
 from agent.core.probed import ProbeError, ProbeErrorKind
 from agent.core.rules import Rule
@@ -67,12 +75,6 @@ FABRIC_INCOMPLETE = Rule(
     "NVSwitch fabric registration not completed/successful",
     Action.RESTART_FABRIC_MANAGER,
 )
-ALLOCATABLE_BELOW_VISIBLE = Rule(
-    "gpu.allocatable.below-visible",
-    Severity.MONITOR,
-    "the device plugin advertises fewer GPUs than are visible",
-)
-
 
 # The Gpu.where key of the lines each rule's finding rests on (`check --explain`).
 WHERE = {
@@ -94,12 +96,10 @@ WHERE = {
 
 def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
     name = "gpu.count"
-    gap = input_gap(name, facts.gpus)
-    if gap is not None:
-        return gap
-    inv = facts.gpus
-    assert isinstance(inv, GpuInventory)
-    visible = len(inv.gpus) + len(inv.lost)
+    inv = typed_input(name, facts.gpus, GpuInventory)
+    if isinstance(inv, CheckResult):
+        return inv
+    visible = inv.visible
     if facts.profile is None:
         why = (
             f"instance type {facts.instance_type!r} has no profile"
@@ -140,7 +140,9 @@ def check_count(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
-    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look"."""
+    """A tool that hangs or cannot reach the driver is a GPU failure; a garbled file is "could not look".
+    One GPU whose NVML calls hang is that GPU's own failure (gpu.responsive.timeout on it, confirmed
+    like the node-wide one); the other GPUs are judged as usual."""
     name = "gpu.responsive"
     probed = facts.gpus
     if isinstance(probed, ProbeError) and probed.kind is not ProbeErrorKind.UNREADABLE:
@@ -153,27 +155,38 @@ def check_responsive(facts: NodeFacts, cfg: Config) -> CheckResult:
         return CheckResult(
             name, findings=(gpu_finding(cfg, name, rule, f"{probed.source}: {probed.message}"),)
         )
-    inv, unreadable = readable(probed, GpuInventory)
-    if inv is None:
-        gap = input_gap(name, probed)
-        assert gap is not None
-        return gap
+    got = partial_input(name, probed, GpuInventory)
+    if isinstance(got, CheckResult):
+        return got
+    inv, unreadable = got
     # nvidia-smi saying a GPU is lost is a fault, also in a capture that is otherwise unreadable. A
     # GPU announced ("Attached GPUs") but not described is not: the parsers call that unreadable.
     findings = []
     for lost in inv.lost:
         where = f"GPU {short_pci(lost.pci_bus_id)}" if lost.pci_bus_id else "a GPU"
         findings.append(
-            Finding(
-                check=name,
-                rule=RESPONSIVE_LOST.name,
-                severity=cfg.severity(RESPONSIVE_LOST),
-                message=f"{where} does not answer: {lost.message}",
-                entities=(short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
-                key=f"{RESPONSIVE_LOST.name}/{lost.pci_bus_id or '?'}",
-                evidence=Evidence.of(inv.source, (lost.where,))
+            rule_finding(
+                cfg,
+                name,
+                RESPONSIVE_LOST,
+                f"{where} does not answer: {lost.message}",
+                (short_pci(lost.pci_bus_id),) if lost.pci_bus_id else (),
+                lost.pci_bus_id or "?",
+                Evidence.of(inv.source, (lost.where,))
                 if lost.where is not None
                 else (Evidence(inv.source, None, lost.message),),
+            )
+        )
+    for hung in inv.hung:
+        findings.append(
+            rule_finding(
+                cfg,
+                name,
+                RESPONSIVE_TIMEOUT,
+                f"{hung.label} does not answer: {hung.message}",
+                (hung.label,),
+                hung.pci_bus_id or f"gpu{hung.index}",
+                (Evidence(inv.source, None, hung.message),),
             )
         )
     if unreadable is not None:
@@ -316,30 +329,6 @@ def check_fabric(facts: NodeFacts, cfg: Config) -> CheckResult:
     )
 
 
-# --------------------------------------------------------------------------- node allocatable
-
-
-def check_allocatable(facts: NodeFacts, cfg: Config) -> CheckResult:
-    name = "gpu.allocatable"
-    gap = input_gap(name, facts.gpus) or input_gap(name, facts.node)
-    if gap is not None:
-        return gap
-    inv, node = facts.gpus, facts.node
-    assert isinstance(inv, GpuInventory)
-    assert isinstance(node, NodeObject)
-    visible = len(inv.gpus) + len(inv.lost)
-    alloc = node.allocatable_gpus
-    if alloc is None:
-        return CheckResult(name, skipped="the Node advertises no nvidia.com/gpu (device plugin not running?)")
-    if alloc < visible:
-        msg = (
-            f"the device plugin advertises {alloc} of {visible} visible GPU(s) as allocatable: "
-            f"it marked {visible - alloc} GPU(s) unhealthy"
-        )
-        return CheckResult(name, findings=(gpu_finding(cfg, name, ALLOCATABLE_BELOW_VISIBLE, msg),))
-    return CheckResult(name, note=f"{alloc} GPU(s) allocatable")
-
-
 CHECKS = (
     CheckSpec(
         "gpu.responsive",
@@ -367,7 +356,5 @@ CHECKS = (
     CheckSpec("gpu.pcie", check_pcie, (Input.GPUS,), "gpu", (PCIE_WIDTH,)),
     CheckSpec("gpu.persistence", check_persistence, (Input.GPUS,), "gpu", (PERSISTENCE_DISABLED,)),
     CheckSpec("gpu.fabric", check_fabric, (Input.GPUS,), "gpu", (FABRIC_INCOMPLETE,)),
-    CheckSpec(
-        "gpu.allocatable", check_allocatable, (Input.GPUS, Input.NODE), "gpu", (ALLOCATABLE_BELOW_VISIBLE,)
-    ),
+    *gpu_allocatable.CHECKS,  # what the scheduler can allocate: checks/gpu_allocatable.py
 )

@@ -9,7 +9,7 @@ power-capping daemon) capped the GPU; the GPU's own brake (HW power brake) is gp
 
 from __future__ import annotations
 
-from agent.checks import CheckSpec, input_gap, per_gpu, rule_finding
+from agent.checks import CheckSpec, per_gpu, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
@@ -26,19 +26,10 @@ NUMA_COUNT = Rule("host.numa.count", Severity.ISOLATE, "NUMA nodes with CPUs dif
 POWER_CAPPED = Rule("host.power-cap.capped", Severity.MONITOR, "a GPU's power limit set below its default")
 
 
-def _host(name: str, facts: NodeFacts) -> tuple[HostInfo | None, CheckResult | None]:
-    gap = input_gap(name, facts.host)
-    if gap is not None:
-        return None, gap
-    assert isinstance(facts.host, HostInfo)
-    return facts.host, None
-
-
 def check_cpus(facts: NodeFacts, cfg: Config) -> CheckResult:
-    host, gap = _host(CPUS, facts)
-    if gap is not None:
-        return gap
-    assert host is not None
+    host = typed_input(CPUS, facts.host, HostInfo)
+    if isinstance(host, CheckResult):
+        return host
     if host.cpus_online is None or host.cpus_present is None:
         return CheckResult(CPUS, unknown="cpu/online or cpu/present unreadable")
     offline = tuple(sorted(set(host.cpus_present) - set(host.cpus_online)))
@@ -53,10 +44,9 @@ def check_cpus(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_numa(facts: NodeFacts, cfg: Config) -> CheckResult:
-    host, gap = _host(NUMA, facts)
-    if gap is not None:
-        return gap
-    assert host is not None
+    host = typed_input(NUMA, facts.host, HostInfo)
+    if isinstance(host, CheckResult):
+        return host
     nodes = host.numa_with_cpu if host.numa_with_cpu is not None else host.numa_online
     if nodes is None:
         return CheckResult(NUMA, skipped="no NUMA information (kernel without CONFIG_NUMA)")

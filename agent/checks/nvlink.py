@@ -8,7 +8,7 @@ links down halves the bandwidth and usually clears with a GPU reset.
 
 from __future__ import annotations
 
-from agent.checks import CheckSpec, input_gap, readable, rule_finding
+from agent.checks import CheckSpec, partial_input, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
@@ -74,11 +74,10 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
     prof = facts.profile
     if prof is not None and not prof.nvlink:
         return CheckResult(NAME, skipped=f"no NVLink expected for {prof.instance_type}")
-    report, unreadable = readable(facts.nvlink, NvlinkReport)
-    if report is None:
-        gap = input_gap(NAME, facts.nvlink)
-        assert gap is not None
-        return gap
+    got = partial_input(NAME, facts.nvlink, NvlinkReport)
+    if isinstance(got, CheckResult):
+        return got
+    report, unreadable = got
     if report.supported is None:  # an empty listing states nothing
         if prof is None:
             return CheckResult(NAME, skipped="nvidia-smi nvlink -s lists no NVLink (instance type unknown)")

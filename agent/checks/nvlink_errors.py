@@ -8,7 +8,7 @@ ERRORS_PER_MINUTE. A one-shot `check` has one read: it notes the totals and judg
 
 from __future__ import annotations
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -26,11 +26,9 @@ _RULE = {"recovery": RECOVERY, "replay": REPLAY, "crc_flit": CRC, "crc_data": CR
 
 
 def check_nvlink_errors(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(NAME, facts.nvlink_errors)
-    if gap is not None:
-        return gap
-    now = facts.nvlink_errors
-    assert isinstance(now, NvlinkErrorSample)
+    now = typed_input(NAME, facts.nvlink_errors, NvlinkErrorSample)
+    if isinstance(now, CheckResult):
+        return now
     links = sum(len(g.links) for g in now.gpus)
     if links == 0:
         return CheckResult(NAME, skipped="no active NVLink with error counters")

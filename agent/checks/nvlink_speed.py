@@ -9,7 +9,7 @@ run at one speed, so a slower peer is a degraded link. Inactive links are the nv
 
 from __future__ import annotations
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
@@ -28,11 +28,9 @@ def _links(speeds: dict[int, float]) -> str:
 
 
 def check_nvlink_speed(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(NAME, facts.nvlink)
-    if gap is not None:
-        return gap
-    report = facts.nvlink
-    assert isinstance(report, NvlinkReport)
+    report = typed_input(NAME, facts.nvlink, NvlinkReport)
+    if isinstance(report, CheckResult):
+        return report
     active = {g.index: {n: s for n, s in g.links.items() if s is not None} for g in report.gpus}
     speeds = [s for links in active.values() for s in links.values()]
     if not report.supported or not speeds:

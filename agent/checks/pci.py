@@ -15,12 +15,12 @@ their speed is judged always, against the slower end.
 
 from __future__ import annotations
 
-from agent.checks import CheckSpec, input_gap, rule_finding
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import GpuInventory
-from agent.core.pci import PciDevice, PciSample, normalize_pci, short_pci
+from agent.core.pci import PciDevice, PciSample, short_pci
 from agent.core.rdma import RdmaSample
 from agent.core.rules import Rule
 from agent.core.severity import Severity
@@ -55,14 +55,6 @@ AER_NONFATAL = Rule("pci.aer.nonfatal", Severity.MONITOR, "non-fatal uncorrectab
 AER_CORRECTABLE = Rule("pci.aer.correctable", Severity.MONITOR, "correctable PCIe errors grow > 8 a minute")
 
 
-def _pci_gap(name: str, facts: NodeFacts) -> tuple[PciSample | None, CheckResult | None]:
-    gap = input_gap(name, facts.pci)
-    if gap is not None:
-        return None, gap
-    assert isinstance(facts.pci, PciSample)
-    return facts.pci, None
-
-
 def _finding(cfg: Config, check: str, rule: Rule, msg: str, dev: PciDevice | str | None = None) -> Finding:
     if isinstance(dev, PciDevice):
         return rule_finding(cfg, check, rule, msg, (short_pci(dev.address),), short_pci(dev.address))
@@ -90,7 +82,7 @@ def _gpu_findings(cfg: Config, facts: NodeFacts, sample: PciSample) -> tuple[lis
     inv = facts.gpus
     if isinstance(inv, GpuInventory):
         listed = {g.pci_bus_id for g in inv.gpus}
-        lost = {normalize_pci(x.pci_bus_id) for x in inv.lost if x.pci_bus_id}
+        lost = set(inv.silent)
         for dev in gpus:
             if dev.address not in listed and dev.address not in lost:  # lost: gpu.responsive says it
                 msg = (
@@ -172,10 +164,9 @@ def _vanished(cfg: Config, facts: NodeFacts, sample: PciSample) -> list[Finding]
 
 
 def check_inventory(facts: NodeFacts, cfg: Config) -> CheckResult:
-    sample, gap = _pci_gap(INVENTORY, facts)
-    if gap is not None:
-        return gap
-    assert sample is not None
+    sample = typed_input(INVENTORY, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     gpu_f, gpu_n = _gpu_findings(cfg, facts, sample)
     nic_f, nic_n = _nic_findings(cfg, facts, sample)
     seen = {f.key for f in gpu_f + nic_f}
@@ -238,10 +229,9 @@ def _link_findings(
 
 
 def check_link(facts: NodeFacts, cfg: Config) -> CheckResult:
-    sample, gap = _pci_gap(LINK, facts)
-    if gap is not None:
-        return gap
-    assert sample is not None
+    sample = typed_input(LINK, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     by_addr = sample.by_address()
     judged = [
         d
@@ -320,10 +310,9 @@ def _aer_findings(cfg: Config, dev: PciDevice, prev: PciDevice | None, dt: float
 
 
 def check_aer(facts: NodeFacts, cfg: Config) -> CheckResult:
-    sample, gap = _pci_gap(AER, facts)
-    if gap is not None:
-        return gap
-    assert sample is not None
+    sample = typed_input(AER, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     by_addr = sample.by_address()
     watched: dict[str, PciDevice] = {}
     for dev in sample.devices:

@@ -10,8 +10,10 @@ from agent.checks import (
     CheckSpec,
     connectx,
     dcgm,
+    dcgm_suspect,
     efa,
     gpu,
+    gpu_stall,
     host,
     nvlink,
     nvlink_errors,
@@ -31,6 +33,7 @@ from agent.core.rules import Rule, RuleBook
 CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
     *trends.CHECKS,
+    *gpu_stall.CHECKS,
     *xid.CHECKS,
     *nvlink.CHECKS,
     *nvlink_speed.CHECKS,
@@ -41,6 +44,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *pci.CHECKS,
     *host.CHECKS,
     *dcgm.CHECKS,
+    *dcgm_suspect.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}
 # What config.yaml may name under `checks:` and `severities:` (the loader checks every name).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from agent.checks import CheckSpec, input_gap, readable, rule_finding
+from agent.checks import CheckSpec, partial_input, rule_finding
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
@@ -136,11 +136,10 @@ def check_topology(facts: NodeFacts, cfg: Config) -> CheckResult:
     """On a damaged matrix (rows lost or cut), the intact rows under the intact header are judged:
     the GPU count is the header's, a cell rule needs the row that holds the cell, and the result is
     also `unknown`."""
-    topo, unreadable = readable(facts.topo, TopoMatrix)
-    if topo is None:
-        gap = input_gap(NAME, facts.topo)
-        assert gap is not None
-        return gap
+    got = partial_input(NAME, facts.topo, TopoMatrix)
+    if isinstance(got, CheckResult):
+        return got
+    topo, unreadable = got
     gpu_count = sum(1 for c in topo.columns if c.startswith("GPU"))
     findings = _x_off_diagonal(cfg, topo)
     nic_count = sum(1 for c in topo.columns if c.startswith("NIC"))

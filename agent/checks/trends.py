@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from agent.checks import CheckSpec, gpu_finding, input_gap
+from agent.checks import CheckSpec, gpu_finding, typed_input
 from agent.checks import trend_series as ts
 from agent.config import Config
 from agent.core import trend_history
@@ -107,11 +107,9 @@ def _judge(
     """judge(gpu) over the GPUs the check applies to. The GPU list must have been read whole: this
     cycle's read is then among the kept ones (when due); a damaged capture gives no read, and no
     warning, only `unknown`."""
-    inv = facts.gpus
-    if not isinstance(inv, GpuInventory):
-        gap = input_gap(name, inv)
-        assert gap is not None
-        return gap
+    inv = typed_input(name, facts.gpus, GpuInventory)
+    if isinstance(inv, CheckResult):
+        return inv
     gpus = [g for g in inv.gpus if applies(g)]
     if not inv.gpus:
         return CheckResult(name, skipped="no GPU visible")
@@ -234,11 +232,9 @@ def check_memory(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(NVLINK, facts.nvlink_errors)
-    if gap is not None:
-        return gap
-    sample = facts.nvlink_errors
-    assert isinstance(sample, NvlinkErrorSample)
+    sample = typed_input(NVLINK, facts.nvlink_errors, NvlinkErrorSample)
+    if isinstance(sample, CheckResult):
+        return sample
     with_links = {g.pci_bus_id: g for g in sample.gpus if g.links}
     n = cfg.trends.nvlink_growing_reads
 
@@ -271,11 +267,9 @@ def check_nvlink(facts: NodeFacts, cfg: Config) -> CheckResult:
 
 
 def check_pcie(facts: NodeFacts, cfg: Config) -> CheckResult:
-    gap = input_gap(PCIE, facts.pci)
-    if gap is not None:
-        return gap
-    sample = facts.pci
-    assert isinstance(sample, PciSample)
+    sample = typed_input(PCIE, facts.pci, PciSample)
+    if isinstance(sample, CheckResult):
+        return sample
     by_addr = sample.by_address()
     n = cfg.trends.pcie_growing_reads
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.checks import CheckSpec, input_gap
+from agent.checks import CheckSpec, rule_finding, typed_input
 from agent.config import Config
 from agent.config.xid_catalog import Nvlink5Row
 from agent.core.actions import from_nvidia_bucket
@@ -115,14 +115,14 @@ def _aer_finding(
         where = f"RDMA adapter {nics[pci]} ({short})"
     else:
         where = f"GPU {short} (a device of the nvidia driver)"
-    return Finding(
-        check=NAME,
-        rule=PCIE_AER.name,
-        severity=cfg.severity(PCIE_AER),
-        message=(f"PCIe AER fatal error on {where} {_count(tally)}: {_trim(tally.latest.message)}"),
-        entities=(entity,),
-        key=f"aer/{short}",
+    return rule_finding(
+        cfg,
+        NAME,
+        PCIE_AER,
+        f"PCIe AER fatal error on {where} {_count(tally)}: {_trim(tally.latest.message)}",
+        (entity,),
         latched=True,
+        whole_key=f"aer/{short}",
     )
 
 
@@ -200,14 +200,14 @@ def _finding(
     count = named_by or _count(tally)
     text = _trim(ev.message)
     if ev.sxid:
-        return Finding(
-            check=NAME,
-            rule=SXID.name,
-            severity=cfg.severity(SXID),
-            message=f"SXid {ev.code} on NVSwitch {pci} {count}: {text}",
-            entities=(pci,),
-            key=f"sxid/{ev.code}/{pci}",
+        return rule_finding(
+            cfg,
+            NAME,
+            SXID,
+            f"SXid {ev.code} on NVSwitch {pci} {count}: {text}",
+            (pci,),
             latched=True,
+            whole_key=f"sxid/{ev.code}/{pci}",
         )
     known = ev.code in cfg.xid_catalog.entries or cfg.xid_overridden(ev.code)
     if known:
@@ -244,7 +244,7 @@ def _finding(
     # the driver's own recovery action instead
     bucket = row.bucket if row is not None else entry.nvidia_action if entry else ""
     action = None if ev.code == 154 else from_nvidia_bucket(bucket)
-    return Finding(
+    return Finding(  # xid.<code>: a catalog row, its severity worked out above, not a Rule
         check=NAME,
         rule=rule,
         severity=severity,
@@ -333,11 +333,9 @@ def _with_causes(
 
 def check_xid(facts: NodeFacts, cfg: Config) -> CheckResult:
     """Judge every Xid of the current boot (facts.kernel folds only this boot's records)."""
-    gap = input_gap(NAME, facts.kernel)
-    if gap is not None:
-        return gap
-    xids = facts.kernel
-    assert isinstance(xids, KernelXids)
+    xids = typed_input(NAME, facts.kernel, KernelXids)
+    if isinstance(xids, CheckResult):
+        return xids
     labels = _gpu_labels(facts)
     nics = _nic_names(facts)
     findings: list[Finding] = []

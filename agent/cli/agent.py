@@ -29,7 +29,9 @@ from agent.reporters.kube_rest import KubeRest, client_modules
 from agent.reporters.metrics import Metrics
 
 if TYPE_CHECKING:
+    from agent.core.active_checks import ActiveState
     from agent.probes.dcgm.tiers import DcgmTiers
+    from agent.probes.dcgm.window import DiagWindow
     from agent.reporters.brake import Brake
     from agent.reporters.fence import FenceProof
     from agent.reporters.fence_guard import FenceGuard, GuardedWriter
@@ -149,11 +151,18 @@ class LiveParts:
         # diag's wake-up (engine/validation.py; main() wires them to the agent's engine and loop).
         self.wanted_level: Callable[[], int | None] = lambda: None
         self.diag_done: Callable[[], None] = lambda: None
+        # Inputs read from the API (the DRA driver's devices: reporters/published_slices.py), kept
+        # beside the DCGM ones when a reload rebuilds those.
+        self.api_inputs: dict[Input, Callable[[], Any]] = {}
+        # Active checks (core/active_checks.py): the window a diag waits for (live DCGM with an API
+        # server only), and the config in force (the agent's, once it exists).
+        self.window: DiagWindow | None = None
+        self.cfg: Callable[[], Config | None] = lambda: None
 
     def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
         """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
         if not self.dcgm_wanted or not any(cfg.enabled(c) for c in DCGM_CHECKS):
-            return {}, None
+            return dict(self.api_inputs), None
         from agent.probes.dcgm.tiers import DcgmTiers
         from agent.probes.pod_resources import gpu_pods
 
@@ -166,13 +175,20 @@ class LiveParts:
                 engines_on_node=self.engines,
                 wanted_level=lambda: self.wanted_level(),
                 on_done=lambda: self.diag_done(),
+                window=self.window,
+                retry_s=lambda: (self.cfg() or cfg).node.active_checks.retry_s,
             ),
         )
         if old is not None:
             if not old.runner.in_progress:
                 self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
+            old.stop()  # a diag waiting for a window stops waiting
             old.health.client.close()  # a diag still running on the old client finishes on its own
-        return self.dcgm.inputs(), self.dcgm.progress
+        return {**self.api_inputs, **self.dcgm.inputs()}, self.dcgm.progress
+
+    def diag_done_now(self) -> None:
+        """Wake the loop now (a wish of the diag thread for the Node: the testing taint)."""
+        self.diag_done()
 
     def reconfigure(self, engine: Engine, old: Config, new: Config) -> None:
         if self.writer is not None:
@@ -193,14 +209,65 @@ class LiveParts:
             self.source.check_timeout_s = new.timeouts.check
         dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
         if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
+            waiting = self.dcgm is not None and self.dcgm.waiting
             engine.set_inputs(*self.dcgm_inputs(new))
+            if waiting:  # the diag that waited for a window waits on the new tiers
+                engine.schedule.next_due["dcgm-diag"] = 0.0
             log.info(f"DCGM client rebuilt for {new.dcgm.address}", extra={"event": "config"})
 
 
+SLOT_SLACK_S = 180.0  # a slot outlives diagTimeout by the watchdog's margin, the taint's wait and this
+
+
+def active_window(
+    core: Any, node_name: str, namespace: str, brake: Brake, writer: NodeWriter, live: LiveParts
+) -> tuple[ActiveState, DiagWindow]:
+    """The window a DCGM diag waits for (probes/dcgm/window.py) and the state it shares with the
+    engine: the fleet slot and the pods arriving (reporters/active_checks.py), the testing taint
+    through the engine's Marks (its writes poke the loop as a finished diag does)."""
+    from agent.core.active_checks import ActiveState
+    from agent.probes.dcgm.window import DiagWindow
+    from agent.probes.pod_resources import gpu_pods
+    from agent.reporters.active_checks import FleetSlots, NodeHold, PodArrivals
+
+    def cfg() -> Config:
+        now = live.cfg()
+        assert now is not None
+        return now
+
+    state = ActiveState()
+    slots = FleetSlots(
+        core,
+        node_name,
+        namespace=namespace,
+        prefix=cfg().prefix,
+        brake=brake,
+        policy=lambda: cfg().node.active_checks,
+        expire_s=lambda: cfg().dcgm.diag_timeout + SLOT_SLACK_S,
+        node_uid=lambda: str(((writer.node or {}).get("metadata") or {}).get("uid") or "") or None,
+    )
+    hold = NodeHold(
+        state,
+        prefix=cfg().prefix,
+        mode=lambda: cfg().node.mode,
+        node=lambda: writer.node,
+        poke=live.diag_done_now,
+    )
+    return state, DiagWindow(state, slots, hold, PodArrivals(core, node_name, live.pods or gpu_pods()))
+
+
 def isolating_writer(
-    core: Any, node_name: str, cfg: Config, writer: Any, brake: Any, metrics: Metrics, dry_run: bool
+    core: Any,
+    node_name: str,
+    cfg: Config,
+    writer: Any,
+    brake: Any,
+    metrics: Metrics,
+    dry_run: bool,
+    slices: Any = None,
 ) -> Any:
-    """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation)."""
+    """The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation);
+    *slices*: the node's ResourceSlice watch, shared with the checks' DRA input."""
     from agent.reporters.device_isolation import IsolatingWriter
     from agent.reporters.device_taints import DeviceTaints, tainted_nodes
     from agent.reporters.resource_slices import SliceWatch
@@ -212,10 +279,15 @@ def isolating_writer(
         dry_run=dry_run,
         on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
     )
-    if brake is not None:
-        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix)  # the brake counts device taints
+    if brake is not None:  # the brake counts device taints, in the version the writer discovered
+        brake.also_tainted = lambda: tainted_nodes(core, cfg.prefix, api=taints.served)
     return IsolatingWriter(
-        writer, SliceWatch(core, node_name), taints, lambda: cfg.node.isolation, brake=brake
+        writer,
+        slices or SliceWatch(core, node_name),
+        taints,
+        lambda: cfg.node.isolation,
+        brake=brake,
+        metrics=metrics,
     )
 
 
@@ -253,6 +325,7 @@ def main(args: Any) -> int:
     writer: NodeWriter | None = None
     brake: Brake | None = None
     node_getter = None
+    dra_input: Callable[[], Any] | None = None
     fence: threading.Thread | None = None
     guarded: GuardedWriter | None = None
     metrics = Metrics()
@@ -301,7 +374,11 @@ def main(args: Any) -> int:
             on_state=metrics.record_node_state,
             repair=repair,
         )
-        isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run)
+        from agent.reporters.published_slices import SliceInput
+        from agent.reporters.resource_slices import SliceWatch
+
+        slices = SliceWatch(core, node_name)  # one watch: per-GPU isolation and the DRA input
+        isolating = isolating_writer(core, node_name, cfg, writer, brake, metrics, args.dry_run, slices)
         guarded = GuardedWriter(isolating, guard)
         vet = reproving(vet, guard)
 
@@ -324,6 +401,8 @@ def main(args: Any) -> int:
             parsed[:] = [(version, node)]
             return node
 
+        dra_input = SliceInput(slices, node_getter)
+
     from agent.probes.pod_resources import gpu_pods, list_devices
 
     pods = gpu_pods()  # the kubelet's PodResources API: this node's GPU holders, no API right
@@ -333,6 +412,15 @@ def main(args: Any) -> int:
 
         engines = dcgm_engines_on_node(core, node_name)  # a second DCGM engine on this node
     live = LiveParts(source, writer, brake, metrics, pods, engines, dcgm_wanted=not args.from_snapshot)
+    if dra_input is not None:
+        live.api_inputs[Input.DRA] = dra_input  # the API's slices, a snapshot-backed node's too
+    live.cfg = lambda: cfg
+    active_state = None
+    if core is not None and writer is not None and brake is not None and live.dcgm_wanted:
+        sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
+        active_state, live.window = active_window(
+            core, node_name, agent_namespace(sa_dir), brake, writer, live
+        )
     extra_inputs, progress = live.dcgm_inputs(cfg)
     agent = Agent(
         source,
@@ -354,9 +442,18 @@ def main(args: Any) -> int:
     )
     agent.on_config = lambda old, new: live.reconfigure(agent.engine, old, new)
     if guarded is not None:
-        guarded.writer.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+        isolating = guarded.writer
+        isolating.isolation = lambda: agent.engine.cfg.node.isolation  # live on reload
+
+        def reconfigure(old: Config, new: Config) -> None:
+            live.reconfigure(agent.engine, old, new)
+            isolating.rediscover()  # the DeviceTaintRule version is asked again at the next apply
+
+        agent.on_config = reconfigure
     live.wanted_level = lambda: validation_diag_level(agent.engine)
     live.diag_done = lambda: read_diag_now(agent)
+    live.cfg = lambda: agent.engine.cfg
+    agent.engine.active = active_state  # the testing taint and `gpu-healthcheck diag` (engine/active.py)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     server = serve_http(port, metrics.registry, agent.healthy, agent.ready)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,9 +25,11 @@ import yaml
 
 from agent.cli import status_rollout as rollout_view
 from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
+from agent.cli.status_node import AGENT_UNKNOWN, NO_AGENT, NOT_READY, READY, NodeStatus
 from agent.cli.status_time import age, human, seconds_since
+from agent.cli.status_validating import validating, validating_lines
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
-from agent.core.node_keys import DEFAULT_PREFIX, Keys
+from agent.core.node_keys import DEFAULT_PREFIX, TRACK_LABEL, Keys
 from agent.core.results_doc import STALE_AFTER_FIELD, decode_results
 from agent.core.severity import Severity
 from agent.core.text import shorten
@@ -49,44 +51,6 @@ PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessP
 # 2 a node could not be judged (unknown, unmarked, or no Ready agent) and none fails; 64 usage;
 # 69 (EX_UNAVAILABLE) the cluster could not be read.
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN, EXIT_UNAVAILABLE = 0, 1, 2, 69
-
-READY, NOT_READY, NO_AGENT, AGENT_UNKNOWN = "ready", "not-ready", "none", "?"
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One node as `status` shows it (also its JSON/YAML form)."""
-
-    node: str
-    status: str
-    severity: str
-    worstFinding: str  # the JSON field names are camelCase, like the annotation's
-    nextStep: str  # the worst finding's action and escalation (core/actions.py), or "-"
-    lastCheck: str  # "<3m": checked less than that ago (Ready agent); "≤2d": at most that
-    lastCheckMaxSeconds: int | None  # the bound behind lastCheck (None: unknown)
-    agent: str  # ready | not-ready | none | ? (pods not readable)
-    agentPod: str | None
-    changedAt: str | None  # the results annotation's checkedAt: the last change
-    taint: str | None
-    instanceType: str | None
-    agentVersion: str | None
-    warnGpus: int = 0  # GPUs with a warning before a fault (the annotation's gpus[].warnings)
-    gpus: int = 0  # GPUs in the annotation's verdict per GPU
-    warnings: dict[str, int] | None = None  # trend rule → GPUs warned by it (None: none)
-    # The last clear-latched request the agent acted on, when within CLEARED_WINDOW_S:
-    # {at, by, reason, latches, requested[, force, failing]} (the results annotation's lastClear).
-    clearedByHand: dict[str, Any] | None = None
-    clearPending: dict[str, Any] | None = None  # a request on the Node no agent acted on yet
-    rollout: rollout_view.Rollout | None = None  # its config and what mode taint would do there
-
-    @property
-    def warn(self) -> str:
-        """The WARN column: "2/8" GPUs with a warning before a fault, "-" when none."""
-        return f"{self.warnGpus}/{self.gpus}" if self.warnGpus else "-"
-
-    @property
-    def fresh(self) -> bool:
-        return self.agent in (READY, AGENT_UNKNOWN)
 
 
 def _severity(text: Any) -> Severity:
@@ -212,6 +176,7 @@ def node_status(
         None,
     )
     warned, listed, per_rule = gpu_warnings(results)
+    rollout = rollout_view.rollout_of(results)
     return NodeStatus(
         node=str(meta.get("name", "?")),
         status=str(labels.get(keys.status) or results.get("status") or "-"),
@@ -231,7 +196,10 @@ def node_status(
         warnings=per_rule or None,
         clearedByHand=cleared_by_hand(results, now),
         clearPending=clear_pending(meta.get("annotations") or {}, keys),
-        rollout=rollout_view.rollout_of(results),
+        rollout=rollout,
+        marked=rollout_view.mark_state(rollout, (node.get("status") or {}).get("conditions") or ()),
+        validating=validating(node, results, keys, now),
+        track=((pod.get("metadata") or {}).get("labels") or {}).get(TRACK_LABEL) if pod is not None else None,
     )
 
 
@@ -270,7 +238,7 @@ def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False
             *config,
             s.instanceType or "-",
             age(s.changedAt, now),
-            s.agentVersion or "-",
+            s.version,
         )
         middle = extra if wide else would if shadow else ()
         rows.append((*base, *middle, s.nextStep, s.worstFinding))
@@ -345,6 +313,18 @@ def list_agent_pods(core: Any, selector: str) -> list[dict[str, Any]] | None:
         raise
 
 
+def version_lines(statuses: Sequence[NodeStatus], *, always: bool) -> list[str]:
+    """ "agents: 0.2.0 on 40 nodes, 0.2.1 (canary) on 2 nodes": which agents run which version, while
+    a rollout has more than one (*always*: -o wide says it anyway)."""
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s.version] = counts.get(s.version, 0) + 1
+    if len(counts) < 2 and not always:
+        return []
+    most = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return ["agents: " + ", ".join(f"{v} on {k} node{'' if k == 1 else 's'}" for v, k in most)]
+
+
 def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     """-o table | wide | json | yaml."""
     if fmt == "json":
@@ -353,8 +333,13 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
         return str(yaml.safe_dump([asdict(s) for s in statuses], sort_keys=False, allow_unicode=True))
     wide = fmt == "wide"
     out = format_table(rows_of(statuses, now, wide=wide), header_of(statuses, wide=wide))
-    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None) for s in statuses])
+    rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None, s.marked) for s in statuses])
+    rollout += version_lines(statuses, always=wide)
     out += "".join(f"{line}\n" for line in rollout)
+    waiting = validating_lines(statuses)
+    if waiting:
+        head = f"\nWAITING FOR VALIDATION (the startup taint; longest first: {len(waiting)} node(s))\n"
+        out += head + "".join(f"  {line}\n" for line in waiting)
     cleared = clear_lines(statuses, now)
     if cleared:
         out += "\nLATCHES CLEARED BY HAND (last 24 h)\n" + "".join(f"  {line}\n" for line in cleared)
@@ -383,4 +368,10 @@ def render_status(
         from agent.cli.brake import brake_footer
 
         out += brake_footer(core, nodes, namespace, prefix, now)
+    if fmt in ("table", "wide") and node is not None:  # its per-GPU DeviceTaintRules (cli/status_devices.py)
+        from agent.cli.status_devices import device_taint_lines
+
+        lines = device_taint_lines(core, node, prefix, wide=fmt == "wide")
+        out += "".join(f"\n{line}" for line in lines[:1]) + "".join(f"\n  {line}" for line in lines[1:])
+        out += "\n" if lines else ""
     return out, exit_code(statuses)

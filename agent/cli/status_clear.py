@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agent.cli.status_node import NodeStatus
 from agent.cli.status_time import age, seconds_since
 from agent.core.marks import ClearRequest
 from agent.core.node_keys import Keys
 from agent.core.results_doc import LAST_CLEAR_FIELD
-
-if TYPE_CHECKING:
-    from agent.cli.status import NodeStatus
 
 CLEARED_WINDOW_S = 24 * 3600  # a latch cleared by hand is shown this long
 

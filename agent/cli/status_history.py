@@ -1,5 +1,5 @@
 """`gpu-healthcheck status NODE --history`: the Node's own history (the `<prefix>/history`
-annotation, core/node_history.py), oldest first: when, the status, the worst finding's key, what
+annotation, core/history_annotation.py), oldest first: when, the status, the worst finding's key, what
 was done and by whom. It outlives the Events the API server drops after an hour; it goes with the
 Node object (a replaced node starts empty)."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from agent.cli.status_time import age
-from agent.core.node_history import MAX_ENTRIES, Entry, parse
+from agent.core.history_annotation import MAX_ENTRIES, Entry, parse
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.reporters.kube_rest import KubeRest, node_path
 

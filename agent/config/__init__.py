@@ -24,6 +24,7 @@ from agent.config.profiles import parse_profiles
 from agent.config.schema import SCHEMA, ConfigError, validate
 from agent.config.xid_catalog import XidCatalog, parse_catalog
 from agent.core import gpu_nodes
+from agent.core.gpu_stall import StallPolicy
 from agent.core.profile import InstanceProfile
 from agent.core.rules import Rule, RuleBook
 from agent.core.severity import Severity
@@ -75,6 +76,10 @@ class Config:
     @functools.cached_property
     def trends(self) -> settings.TrendSettings:
         return settings.trend_settings(self.raw)
+
+    @functools.cached_property
+    def stall(self) -> StallPolicy:
+        return settings.stall_policy(self.raw)
 
     @functools.cached_property
     def node(self) -> settings.NodeSettings:
@@ -143,6 +148,7 @@ def parse_config(
     raw["xid"]["overrides"] = {str(k): v for k, v in raw["xid"]["overrides"].items()}
     settings.gpu_node_selectors(raw["node"]["gpuNodeSelector"])  # raises ConfigError
     settings.trend_settings(raw)  # raises ConfigError
+    settings.stall_policy(raw)  # raises ConfigError
     settings.node_settings(raw)  # the node section's entries and cross-key rules (raises ConfigError)
     try:
         profiles = parse_profiles(profiles_doc) if profiles_doc is not None else {}

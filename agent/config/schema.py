@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.core.device_scope import DEFAULT_ISOLATION, ISOLATIONS
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
+from agent.core.gpu_stall import IDLE_POWER_W
 from agent.core.node_keys import (
     DEFAULT_CONDITION_TYPE,
     DEFAULT_MODE,
@@ -63,6 +64,8 @@ SCHEMA: dict[str, Any] = {
     "severities": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
     "thresholds": {
         "retiredPagesSingleBitMax": _num(60, 0, 10**6),
+        # while the DCGM engine does not answer: a GPU's correctable ECC rate (NVML) naming it the suspect
+        "dcgmWedgeEccPerSec": _num(10, 0, 10**9),
         "efaCounterRatePerSec": {
             "rx_drops": _num(10, 0),
             "retrans_timeout_events": _num(1, 0),
@@ -85,6 +88,13 @@ SCHEMA: dict[str, Any] = {
         "clockShortfallPercent": _num(10, 1, 100),
         "clockBusyPercent": _num(80, 1, 100),
         "clockReads": Spec(int, 3, 1, 24),
+    },
+    # A stalled GPU (core/gpu_stall.py): held by a pod, busy, at its idle power, for minutes.
+    "stall": {
+        "utilizationPercent": _num(95, 1, 100),
+        "powerWithinPercent": _num(15, 0, 100),
+        "minutes": _num(10, 1, 120),
+        "idlePowerWatts": Spec(dict, dict(IDLE_POWER_W)),  # GPU model → W (settings.py checks it)
     },
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),
@@ -111,14 +121,26 @@ SCHEMA: dict[str, Any] = {
             "perLabel": Spec(str, ""),
         },
         # A node failing again on the same key after `count` repairs within `windowDays`: replace
-        # (agent/core/repair_history.py).
+        # (agent/core/repair_escalation.py).
         "repairHistory": {"count": Spec(int, 2, 0, 5), "windowDays": _num(7, 0.01, 90)},
+        # The risk label (agent/core/node_risk.py): episodes or repairs within windowDays; 0 = off.
+        "risk": {
+            "failures": Spec(int, 3, 0, 1000),
+            "repairs": Spec(int, 2, 0, 1000),
+            "windowDays": Spec(int, 30, 1, 90),
+        },
         "waveHold": {
             "minNodes": Spec(int, 5, 0, 10**6),
             "minFraction": _num(0.02, 0, 1),
             "windowMinutes": _num(15, 0.01, 1440),
         },
         "gpuNodeSelector": Spec((str, list), list(DEFAULT_GPU_NODE_SELECTORS)),  # any one matches
+        # Active checks (agent/core/active_checks.py): the fleet-wide bound on DCGM diags at once (a
+        # count, or "N%" of the GPU nodes, at least 1), and how often a postponed diag asks again.
+        "activeChecks": {
+            "maxConcurrent": Spec((int, str), "5%"),  # settings.py checks it
+            "retrySeconds": _num(300, 1, 86400),
+        },
         # Validate before service (engine/validation.py): the agent adds the validating taint itself,
         # and the DCGM diag level the complete pass that lifts it needs.
         "validate": {
@@ -135,6 +157,7 @@ SCHEMA: dict[str, Any] = {
         "diagLevel": Spec(int, 2, 1, 4),
         "diagTimeout": _num(900, 30, 86400),
         "heartbeatSeconds": _num(60, 1, 600),
+        "callTimeout": _num(10, 0.1, 300),  # a DCGM call past it: "engine not answering" (unknown)
         "incidentOverrides": {"*": Spec(str, None, choices=tuple(s.label for s in Severity))},
     },
     "xid": {

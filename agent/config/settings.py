@@ -10,11 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config.schema import REMEDIATION_ENTRY, ConfigError, validate
+from agent.core.active_checks import ActivePolicy, parse_max_concurrent
 from agent.core.gpu_nodes import parse_selector
+from agent.core.gpu_stall import StallPolicy
 from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUBELET_CONDITION_TYPES
+from agent.core.node_risk import RiskPolicy
 from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
-from agent.core.repair_history import DAY_S, RepairPolicy
+from agent.core.repair_escalation import DAY_S, RepairPolicy
 from agent.core.severity import Severity
 
 
@@ -40,6 +43,7 @@ class Timeouts:
 class Thresholds:
     retired_pages_single_bit_max: float
     efa_counter_rate_per_sec: Mapping[str, float]
+    dcgm_wedge_ecc_per_sec: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class NodeSettings:
     repair_history: RepairPolicy  # node.repairHistory: failed again after N repairs: replace
     gpu_node_selectors: tuple[str, ...]  # as configured; Config.gpu_node_selection adds the profiles
     validate: ValidateSettings = field(default_factory=lambda: ValidateSettings())
+    risk: RiskPolicy = field(default_factory=lambda: RiskPolicy())  # node.risk: the risk label
+    active_checks: ActivePolicy = field(default_factory=lambda: ActivePolicy())  # node.activeChecks
 
     def effect_for(self, severity: Severity) -> str:
         """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
@@ -104,6 +110,7 @@ class DcgmSettings:
     diag_level: int
     diag_timeout: float
     heartbeat_seconds: float
+    call_timeout: float = 10.0
 
 
 def intervals(raw: Mapping[str, Any]) -> Intervals:
@@ -121,7 +128,7 @@ def timeouts(raw: Mapping[str, Any]) -> Timeouts:
 def thresholds(raw: Mapping[str, Any]) -> Thresholds:
     s = raw["thresholds"]
     rates = {str(k): float(v) for k, v in s["efaCounterRatePerSec"].items()}
-    return Thresholds(float(s["retiredPagesSingleBitMax"]), rates)
+    return Thresholds(float(s["retiredPagesSingleBitMax"]), rates, float(s["dcgmWedgeEccPerSec"]))
 
 
 def trend_settings(raw: Mapping[str, Any]) -> TrendSettings:
@@ -186,7 +193,18 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
         validate=ValidateSettings(bool(s["validate"]["addTaint"]), int(s["validate"]["diagLevel"])),
+        risk=RiskPolicy(int(s["risk"]["failures"]), int(s["risk"]["repairs"]), int(s["risk"]["windowDays"])),
+        active_checks=active_policy(s["activeChecks"]),
     )
+
+
+def active_policy(s: Mapping[str, Any]) -> ActivePolicy:
+    """node.activeChecks; maxConcurrent is a count (>= 1) or a percentage of the GPU nodes."""
+    try:
+        limit = parse_max_concurrent(s["maxConcurrent"])
+    except ValueError as exc:
+        raise ConfigError(f"node.activeChecks.maxConcurrent: {exc}") from exc
+    return ActivePolicy(limit, float(s["retrySeconds"]))
 
 
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -281,4 +299,20 @@ def dcgm_settings(raw: Mapping[str, Any]) -> DcgmSettings:
         diag_level=int(s["diagLevel"]),
         diag_timeout=float(s["diagTimeout"]),
         heartbeat_seconds=float(s["heartbeatSeconds"]),
+        call_timeout=float(s["callTimeout"]),
+    )
+
+
+def stall_policy(raw: Mapping[str, Any]) -> StallPolicy:
+    """`stall:`; idlePowerWatts maps a GPU model (words of its name) to its idle power in watts."""
+    s = raw["stall"]
+    table: dict[str, float] = {}
+    for model, watts in s["idlePowerWatts"].items():
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"stall.idlePowerWatts: {model!r} is not a GPU model name")
+        if isinstance(watts, bool) or not isinstance(watts, (int, float)) or not 0 < watts <= 5000:
+            raise ConfigError(f"stall.idlePowerWatts.{model}: {watts!r} is not a power in watts (0-5000)")
+        table[model.strip()] = float(watts)
+    return StallPolicy(
+        float(s["utilizationPercent"]), float(s["powerWithinPercent"]), float(s["minutes"]), table
     )

@@ -1,4 +1,4 @@
-"""Notice a changed ConfigMap directory within seconds and validate it before it takes effect.
+"""Notice a changed ConfigMap directory within seconds and validate it before it takes effect (DESIGN.md §7).
 
 The kubelet updates a ConfigMap volume by swapping a `..data` symlink, so file mtimes are not
 reliable: compare the content of the files instead (they are small). A valid config is adopted only

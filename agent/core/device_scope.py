@@ -1,10 +1,11 @@
-"""Is this fault confined to one GPU? (issue 31 item 1: per-GPU isolation with DRA device taints.)
+"""Is this fault confined to one GPU? (DESIGN.md §3.7: per-GPU isolation with DRA device taints.)
 
 A node taint takes every GPU of the node out of service; a DRA device taint only the bad one. That is
 right only for a fault that is the GPU's own: an Xid that names its PCI address, its ECC or
-row-remap/retired-page counters, its handle lost. A fault of the node's fabric (NVSwitch SXid), of a
-PCIe root port (AER), of the host, one that names no GPU, or one that hits most GPUs at once stays
-node-wide: a device taint there would leave the node taking work it cannot do.
+row-remap/retired-page counters, its handle lost, its own NVML calls hanging. A fault of the node's
+fabric (NVSwitch SXid), of a PCIe root port (AER), of the host, one that names no GPU, or one that
+hits most GPUs at once stays node-wide: a device taint there would leave the node taking work it
+cannot do.
 
 And where a GPU is published: NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu,
 cmd/gpu-kubelet-plugin) publishes the node's GPUs in ResourceSlices of driver `gpu.nvidia.com`, pool
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,16 @@ DEFAULT_ISOLATION = ISOLATION_NODE
 # The rules whose finding is one GPU's own, when it names exactly one GPU's PCI address: an Xid by
 # its number (`xid.79`; not `xid.sxid`, the NVSwitch fabric, nor `xid.pcie-aer`, a PCIe port), a
 # GPU's own counters or its lost handle. DCGM, NVLink, topology, host: node-wide.
-PER_GPU_RULES = ("gpu.ecc.", "gpu.row-remap.", "gpu.retired-pages.", "gpu.responsive.lost")
+# A GPU whose own NVML calls hang too (gpu.responsive.timeout; a whole read that hung names no GPU).
+PER_GPU_RULES = (
+    "gpu.ecc.",
+    "gpu.row-remap.",
+    "gpu.retired-pages.",
+    "gpu.responsive.lost",
+    "gpu.responsive.timeout",
+)
+# The warnings (checks/trends.py) that are one GPU's own: its memory's and its thermal/clock trends.
+PER_GPU_WARN_RULES = (*PER_GPU_RULES, "trend.memory.", "trend.thermal.")
 XID_RULE = re.compile(r"xid\.\d+$")
 PCI = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(\.[0-7])?\b")
 
@@ -66,20 +76,40 @@ def confined_scope(results: Iterable[CheckResult], gpus: Any, min_severity: Seve
     Node-wide when any of them is not a per-GPU rule, names no GPU of the inventory or more than one,
     or when the GPUs hit are more than half of the node's (a node that lost most GPUs is a node fault).
     """
+    return _scope(results, gpus, Status.FAIL, lambda f: f.severity >= min_severity, PER_GPU_RULES)
+
+
+def warn_scope(results: Iterable[CheckResult], gpus: Any) -> Scope | None:
+    """The scope of the warnings (`monitor` findings of the checks that warn); None when there is none.
+
+    What `confined_scope` is to a taint, this is to an early warning: a GPU's own trend (its memory,
+    its temperature and clock) or a GPU's own counter at `monitor` shows on that GPU's DRA device as
+    a taint of effect None, which moves no pod. NVLink and PCIe trends involve the link's other end:
+    node-wide, shown on the Node only, as before."""
+    return _scope(results, gpus, Status.WARN, lambda f: f.severity == Severity.MONITOR, PER_GPU_WARN_RULES)
+
+
+def _scope(
+    results: Iterable[CheckResult],
+    gpus: Any,
+    status: Status,
+    counts: Callable[[Finding], bool],
+    per_gpu: tuple[str, ...],
+) -> Scope | None:
     inv = gpus if isinstance(gpus, GpuInventory) else None
     known = {normalize_pci(g.pci_bus_id) for g in inv.gpus} if inv else set()
-    known |= {normalize_pci(x.pci_bus_id) for x in inv.lost if x.pci_bus_id} if inv else set()
+    known |= set(inv.silent) if inv else set()
     hit: set[str] = set()
     seen = False
     for res in results:
-        if res.status is not Status.FAIL:
+        if res.status is not status:
             continue
         for f in res.findings:
-            if f.severity < min_severity:
+            if not counts(f):
                 continue
             seen = True
             pcis = _pcis(f) & known
-            if not (f.rule.startswith(PER_GPU_RULES) or XID_RULE.match(f.rule)):
+            if not (f.rule.startswith(per_gpu) or XID_RULE.match(f.rule)):
                 return Scope(True, why=f"{f.key or f.rule} is not confined to one GPU")
             if len(pcis) != 1:
                 return Scope(True, why=f"{f.key or f.rule} names no single GPU of the inventory")
@@ -135,10 +165,11 @@ def devices_for(
 
 
 def rule_name(node_name: str, device: Device, prefix: str) -> str:
-    """The DeviceTaintRule's name: `<node>-<device>-<hash>` (the hash keeps names of long nodes
-    apart; names start with the node's, as the admission fence requires)."""
+    """The DeviceTaintRule's name: `<node>.<device>.<hash>`, for people to read. Nothing trusts it:
+    the agent and the admission fence know our rules by their label and their owner, the Node."""
     digest = hashlib.sha256(f"{prefix}|{device.pool}|{device.name}".encode()).hexdigest()[:8]
-    return f"{node_name}.{device.name}.{digest}"[:253]
+    tail = f".{device.name}.{digest}"
+    return node_name[: max(0, 253 - len(tail))].rstrip(".-") + tail
 
 
 __all__ = [
@@ -150,10 +181,12 @@ __all__ = [
     "ISOLATION_NODE",
     "PCI_ATTRIBUTE",
     "PER_GPU_RULES",
+    "PER_GPU_WARN_RULES",
     "Device",
     "Scope",
     "confined_scope",
     "devices_for",
     "rule_name",
     "slice_devices",
+    "warn_scope",
 ]

@@ -9,7 +9,9 @@ import enum
 from dataclasses import dataclass
 
 from agent.core.dcgm_report import DiagReport, HealthReport
+from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
+from agent.core.gpu_stall import GpuActivity
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
 from agent.core.node import NodeObject
@@ -36,6 +38,7 @@ class Input(str, enum.Enum):
     PCI = "pci"
     HOST = "host"
     NVLINK_ERRORS = "nvlink_errors"
+    DRA = "dra"
 
     def __str__(self) -> str:
         return self.value
@@ -50,12 +53,14 @@ class NodeFacts:
     profile: InstanceProfile | None = None
     boot_id: str | None = None
     gpus: Probed[GpuInventory] = NotCaptured("nvidia-smi")
+    gpus_previous: GpuInventory | None = None  # the agent's previous read, for the ECC rate
     topo: Probed[TopoMatrix] = NotCaptured("nvidia-smi topo -m")
     nvlink: Probed[NvlinkReport] = NotCaptured("nvidia-smi nvlink -s")
     kernel: Probed[KernelXids] = NotCaptured("kernel log")
     rdma: Probed[RdmaSample] = NotCaptured("sysfs infiniband")
     rdma_previous: RdmaSample | None = None  # the agent's previous read, for counter rates
     node: Probed[NodeObject] = NotCaptured("node.json")
+    dra: Probed[DraSlices] = NotCaptured("resourceslices.json")  # NVIDIA's DRA driver's devices here
     dcgm_diag: Probed[DiagReport] = NotCaptured("dcgm-diag.json")
     dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")
     pci: Probed[PciSample] = NotCaptured("sysfs pci")
@@ -66,3 +71,4 @@ class NodeFacts:
     trends: TrendHistory = (
         TrendHistory()
     )  # the kept reads (core/trend_history.py), this cycle's included when due
+    activity: GpuActivity = GpuActivity()  # the agent's recent samples per GPU (core/gpu_stall.py)

@@ -165,11 +165,13 @@ class Fabric:
 
 @dataclass(frozen=True)
 class GpuPower:
-    """Performance state ("P0".."P12") and power limits in watts; None: not reported (N/A)."""
+    """Performance state ("P0".."P12"), the power drawn and the power limits in watts; None: not
+    reported (N/A)."""
 
     performance_state: str | None = None
     enforced_limit_w: float | None = None  # the limit in force ("Current"/"Enforced Power Limit")
     default_limit_w: float | None = None
+    draw_w: float | None = None  # the board's draw: the 1 s average where the driver gives one
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,23 @@ class LostGpu:
 
 
 @dataclass(frozen=True)
+class HungGpu:
+    """A GPU whose NVML calls did not return within the read's bound (or still have not since an
+    earlier read): nothing is known of it now, the other GPUs are read as usual. Its PCI address and
+    UUID are those of its last read (None when it never answered)."""
+
+    index: int
+    pci_bus_id: str | None
+    uuid: str | None
+    message: str
+    waited_s: float | None = field(default=None, compare=False)  # this read waited that long for it
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({short_pci(self.pci_bus_id)})" if self.pci_bus_id else f"GPU {self.index}"
+
+
+@dataclass(frozen=True)
 class GpuInventory:
     """Everything NVML / nvidia-smi told us about the node's GPUs."""
 
@@ -228,3 +247,16 @@ class GpuInventory:
     attached_gpus: int | None = None  # what the tool says is attached (may exceed len(gpus))
     gpus: tuple[Gpu, ...] = ()
     lost: tuple[LostGpu, ...] = ()
+    taken_at: float | None = field(default=None, compare=False)  # time.monotonic() of a live read
+    hung: tuple[HungGpu, ...] = ()  # GPUs listed whose calls hang (NVML reads each GPU in its own bound)
+
+    @property
+    def visible(self) -> int:
+        """The GPUs the driver lists: answering, lost or hung."""
+        return len(self.gpus) + len(self.lost) + len(self.hung)
+
+    @property
+    def silent(self) -> tuple[str, ...]:
+        """The normalised PCI addresses of the listed GPUs that do not answer (lost or hung), where known."""
+        pcis = [x.pci_bus_id for x in self.lost] + [h.pci_bus_id for h in self.hung]
+        return tuple(normalize_pci(p) for p in pcis if p)

@@ -58,10 +58,18 @@ class Marks:
     # Where the failing findings lie (core/device_scope; None: none at taintMinSeverity now): the
     # device-taint writer turns a taint confined to GPUs into DRA device taints (node.isolation).
     scope: Scope | None = None
-    # For the `<prefix>/history` annotation (core/node_history.py): the worst finding's key of a
+    # Where the warnings lie (core/device_scope.warn_scope; mode taint only): a warning confined to
+    # GPUs shows on those DRA devices as a taint of effect None, which moves no pod.
+    warn_scope: Scope | None = None
+    # For the `<prefix>/history` annotation (core/history_annotation.py): the worst finding's key of a
     # fail or warn ("" otherwise) and the boot the verdict is of.
     worst_key: str = ""
     boot_id: str = ""
+    # The testing taint (Keys.testing): True while an active check holds the node, False = lift it
+    # where it is, None = leave it (core/active_checks.py).
+    testing: bool | None = None
+    # The risk label's value (core/node_risk.py: high | normal); "" leaves the label as it is.
+    risk: str = ""
 
     @property
     def taint_value(self) -> str:

@@ -16,3 +16,10 @@ class NodeObject:
     boot_id: str | None = None  # status.nodeInfo.bootID
     annotations: dict[str, str] = field(default_factory=dict)
     taint_keys: tuple[str, ...] = ()  # spec.taints[].key (the validating taint: engine/validation.py)
+    created: str | None = None  # metadata.creationTimestamp: a new Node carries its startup taint since
+
+    @property
+    def plugin_gpus(self) -> int:
+        """The GPUs a device plugin registered (capacity; allocatable where capacity is absent): 0
+        on a DRA-only node, whose kubelet may keep the resource at 0 after a plugin left."""
+        return max(self.capacity_gpus or 0, self.allocatable_gpus or 0)

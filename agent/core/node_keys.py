@@ -13,6 +13,7 @@ DEFAULT_CONDITION_TYPE = "GPUHealthy"
 DEFAULT_TAINT_EFFECT = "NoSchedule"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 VALIDATING_EFFECT = "NoSchedule"  # the validating taint's effect (Keys.validating)
+TESTING_EFFECT = "NoSchedule"  # the testing taint's effect (Keys.testing)
 TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
 # node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
 # the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
@@ -28,6 +29,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 TRUE = "true"  # <prefix>/tainted while our taint is on
 DISABLED = "disabled"  # <prefix>/taint=disabled: an operator's "do not taint this node"
 CANARY = "canary"  # <prefix>/config=canary: an operator's "run the canary ConfigMap on this node"
+# The image canary (README "Roll out in stages"): an operator's label, read by the DaemonSets' node
+# affinity only (the main agent DaemonSet leaves these nodes to gpu-healthcheck-agent-canary) and by
+# `status`, from the agent pods' labels. The install's key, not under `prefix`; the agent never writes it.
+TRACK_LABEL = "gpu-healthcheck/track"
 CLEAR_ALL = "all"  # <prefix>/clear-latched=all
 # Condition types others own: the kubelet's. node.conditionType and node.remediationConditions may not
 # name one (the agent would fight the kubelet over the Node's readiness).
@@ -75,6 +80,25 @@ class Keys:
         return f"{self.prefix}/validating"
 
     @property
+    def risk(self) -> str:
+        """Label `high` | `normal`: failure episodes and repairs in the last days, from the history
+        annotation's per-day counts (core/node_risk.py)."""
+        return f"{self.prefix}/risk"
+
+    @property
+    def testing(self) -> str:
+        """The taint (effect NoSchedule) the node carries while an active check (the DCGM diag)
+        runs: the agent puts it on before and lifts it after (core/active_checks.py). Counted by
+        nothing else: not the brake, not the remediation conditions."""
+        return f"{self.prefix}/testing"
+
+    @property
+    def diag_requested(self) -> str:
+        """Annotation `gpu-healthcheck diag NODE` sets: a DCGM diag at the next idle window, who
+        asked and why (JSON DiagRequest); the agent removes it when the diag starts."""
+        return f"{self.prefix}/diag-requested"
+
+    @property
     def unhealthy(self) -> str:
         """Label (mode `label`): the taint's key and value, where the taint would be."""
         return self.taint
@@ -96,7 +120,7 @@ class Keys:
 
     @property
     def history(self) -> str:
-        """Annotation: the Node's last transitions, what was done and by whom (core/node_history.py);
+        """Annotation: the Node's last transitions, what was done and by whom (core/history_annotation.py);
         apart from `results`, whose size it never crowds."""
         return f"{self.prefix}/history"
 
@@ -168,6 +192,10 @@ class Reason:
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
     VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
     VALIDATION_PASSED = "ValidationPassed"  # a complete pass: the validating taint is lifted
+    ACTIVE_CHECK_STARTED = "ActiveCheckStarted"  # a diag an operator asked for started (who, why)
+    ACTIVE_CHECK_ABORTED = "ActiveCheckAborted"  # a pod arrived during a diag: aborted, unknown
+    GPU_STALLED = "GPUStalled"  # a GPU held by a pod, busy at its idle power (checks/gpu_stall.py)
+    DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"  # no DeviceTaintRule API: the node taint
 
 
 CONFIG_REJECTED_REASON = Reason.CONFIG_REJECTED  # the condition's reason too, while it lasts

@@ -64,6 +64,7 @@ FAULT_CLASSES: tuple[FaultRow, ...] = (
     FaultRow("pci.aer", "PCIe", "NvidiaPCIeError"),
     FaultRow("trend.pcie", "PCIe", "NvidiaPCIeError"),
     FaultRow("gpu.throttle", "Thermal", "NvidiaThermalError"),
+    FaultRow("gpu.stalled", "Stall"),  # monitor at most: named only for completeness
     FaultRow("gpu.throttle.hw-power-brake", "Thermal", "NvidiaPowerError"),
     FaultRow("trend.thermal", "Thermal", "NvidiaThermalError"),
     FaultRow("host.power-cap", "Thermal", "NvidiaPowerError"),

@@ -1,4 +1,4 @@
-"""The repair budget and the correlated-wave hold (issue 28): pure decisions over records.
+"""The repair budget and the correlated-wave hold (DESIGN.md §6.2, §6.3): pure decisions over records.
 
 The brake caps how many nodes carry our taint at once; a repair engine deletes a marked node and
 frees its slot. These two rules bound what the engines may *newly* be asked to repair:

@@ -18,7 +18,7 @@ RESULTS_VERSION = 1
 MAX_RESULTS_BYTES = 16 * 1024
 TAINT_FIELD = "taint"  # {"severity", "passes"} while the taint is wanted; absent otherwise
 GPUS_FIELD = "gpus"  # one verdict per GPU (engine/gpu_verdicts.py)
-HISTORY_FIELD = "history"  # failing findings per GPU and the boots they were seen in (engine/history.py)
+HISTORY_FIELD = "history"  # failing findings per GPU, the boots each was seen in: engine/reboot_escalation.py
 # TRENDS_FIELD ("trends", core/trend_history.py): the kept reads the trend warnings judge
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
@@ -26,6 +26,8 @@ LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted
 CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
 WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
 VALIDATED_FIELD = "validated"  # {"bootId", "at"}: the last complete pass (engine/validation.py)
+# {"since", "bootId", "waitingFor"}: while the Node carries the validating taint and has not passed
+VALIDATING_FIELD = "validating"
 
 
 def stale_after_s(gpu_interval_s: float) -> int:
@@ -56,6 +58,7 @@ def results_document(
     last_clear: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
     validated: dict[str, Any] | None = None,
+    validating: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `<prefix>/results` JSON object. `latched` defaults to this run's latched findings."""
     checks = [
@@ -113,6 +116,8 @@ def results_document(
     doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD
     if validated:
         doc[VALIDATED_FIELD] = validated
+    if validating:
+        doc[VALIDATING_FIELD] = validating
     return fit(doc)
 
 

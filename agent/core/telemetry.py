@@ -24,6 +24,10 @@ class Telemetry(Protocol):
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
     # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None: ...
+    # A DCGM call that did not return within dcgm.callTimeout (op: its C function, dcgmHealthCheck).
+    def record_dcgm_call_hang(self, op: str) -> None: ...
+    # The validating taint: on the Node since *since* (wall seconds; None: not on it), waiting for *waiting*.
+    def record_validating(self, since: float | None, waiting: Sequence[str]) -> None: ...
 
 
 class NoTelemetry:
@@ -63,4 +67,10 @@ class NoTelemetry:
         pass
 
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
+        pass
+
+    def record_dcgm_call_hang(self, op: str) -> None:
+        pass
+
+    def record_validating(self, since: float | None, waiting: Sequence[str]) -> None:
         pass

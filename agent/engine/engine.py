@@ -18,10 +18,12 @@ from typing import Any
 from agent.checks.registry import CHECKS, RULES, run_checks
 from agent.config import Config
 from agent.core import trend_history
-from agent.core.device_scope import confined_scope
+from agent.core.active_checks import ActiveState
+from agent.core.device_scope import confined_scope, warn_scope
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Verdict
 from agent.core.gpu import GpuInventory
+from agent.core.gpu_stall import GpuActivity
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, NORMAL, WARNING, Keys, Reason
@@ -30,10 +32,10 @@ from agent.core.results_doc import VALIDATED_FIELD, encode, now_iso, results_doc
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.workloads import GpuIdentity, gpu_holders
-from agent.engine import history
+from agent.engine import active, reboot_escalation, stalls
 from agent.engine.gpu_verdicts import gpu_verdicts, pods_text
+from agent.engine.history_annotation_reads import history_key, repair_escalation, risk_label
 from agent.engine.remediation import describe, remediation_marks
-from agent.engine.repairs import history_key, repair_escalation
 from agent.engine.rollout import rollout_fields
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
 from agent.engine.state import EngineState, Latch
@@ -84,6 +86,9 @@ class Engine:
         self._reads = Bounded()  # per input: a read stuck past its limit is parked, not restarted
         self._readers: dict[Input, Callable[[], Any]] = {}
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
+        self.active: ActiveState | None = None  # active checks (engine/active.py); the wiring sets it
+        self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
+        self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
         self.set_inputs(self.extra_inputs, progress)
 
     def set_inputs(
@@ -199,6 +204,9 @@ class Engine:
                 facts, self.state.trends, self.wall(), t.read_spacing_s, t.keep_reads, t.clock_busy_percent
             )
             self.state.trends = facts.trends
+            holders = self._holders if self.workloads is not None else None
+            self.activity = stalls.observe(self.activity, facts.gpus, self.cfg, holders, int(self.wall()))
+            facts = replace(facts, activity=self.activity)
         specs = [s for s in CHECKS if s.tier == tier and self.cfg.enabled(s.name)]
         results = run_checks(specs, facts, self.cfg)  # below: confirmAfter (engine/confirm.py)
         results = self.state.confirm.judge(results, self.cfg.node.confirm_after, RULES)
@@ -242,7 +250,7 @@ class Engine:
             boot_id=self.boot_id,
             previous=self.previous,
         )
-        return replace(facts, trends=self.state.trends)
+        return replace(facts, trends=self.state.trends, activity=self.activity)
 
     # ------------------------------------------------------------------ verdict
 
@@ -266,13 +274,16 @@ class Engine:
     def evaluate(self) -> tuple[Verdict, Marks]:
         node = self._node()
         drop, clear_event = self.take_clear_request(node)
+        hold = active.step(self.active, node, self.cfg.prefix, self.cfg.node.mode, self.schedule.next_due)
         if clear_event is not None:
             self.validate_again(CLEAR)
         results = self.current_results()
         after = self.cfg.node.escalate_after_reboots
         gpus_seen = self.inputs.get(Input.GPUS)
-        self.state.history = history.record(self.state.history, results, self.boot_id, gpus_seen, after + 1)
-        results = history.escalate(results, self.state.history, gpus_seen, after)
+        self.state.history = reboot_escalation.record(
+            self.state.history, results, self.boot_id, gpus_seen, after + 1
+        )
+        results = reboot_escalation.escalate(results, self.state.history, gpus_seen, after)
         cleared = clear_event is not None
         results = repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared)
         verdict = decide(results)
@@ -292,8 +303,12 @@ class Engine:
         taint = wanted and policy.mode == MODE_TAINT  # observe and label modes never taint
         self.metrics.record_taint_wanted(taint)
         holders = self._holders if self.workloads is not None else None
-        gpus = gpu_verdicts(results, self.inputs.get(Input.GPUS), verdict.status, holders)
+        gpus = gpu_verdicts(
+            results, self.inputs.get(Input.GPUS), verdict.status, holders, self.inputs.get(Input.DRA)
+        )
         events = self._events(verdict, gpus) + ((clear_event,) if clear_event else ())
+        stalled, self._stalled = stalls.stall_events(results, self._stalled)
+        events += stalled + hold.events
         gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
         events += gate.events
         self.state.last_status = verdict.status
@@ -316,7 +331,9 @@ class Engine:
             last_clear=self.state.last_clear,
             rollout=rollout_fields(self.cfg, self.state.taint, self.state.remediation),
             validated=self.validation.record,
+            validating=self.validation.document(self.boot_id),
         )
+        self.metrics.record_validating(self.validation.since, self.validation.waiting)
         worst = verdict.worst
         # The recovery note goes first: a long list of unknown checks must not cut it off.
         note = self.state.recovery_note(recover_after) if verdict.status is not Status.FAIL else ""
@@ -338,7 +355,7 @@ class Engine:
             taint=taint,
             condition_message=message[:CONDITION_MESSAGE_MAX],
             events=events,
-            drop_annotations=drop,
+            drop_annotations=drop + hold.drop,
             taint_severity=self.state.taint_severity if wanted else None,
             taint_effect=policy.effect_for(self.state.taint_severity),
             unhealthy_label=wanted and policy.mode == MODE_LABEL,
@@ -353,7 +370,10 @@ class Engine:
             worst_key=history_key(verdict),
             boot_id=self.boot_id or "",
             scope=confined_scope(results, gpus_seen, policy.taint_min_severity),
+            warn_scope=warn_scope(results, gpus_seen) if policy.mode == MODE_TAINT else None,
             validating=gate.wish,
+            testing=hold.testing,
+            risk=risk_label(node, self.cfg, verdict.status, self.boot_id, stamp, cleared),
         )
         return verdict, marks
 

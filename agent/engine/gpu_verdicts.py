@@ -1,8 +1,9 @@
 """A verdict per GPU, for the results annotation: "GPU 3 of this node is broken, these pods run on it".
 
 A scheduler extension, a dashboard or a person reads the node's GPUs one by one: index, UUID, PCI
-address, status and severity, the keys of the findings on it, the next step, its warnings before a
-fault (by their own step: rule → rate; not repeated among the keys), and — only for a GPU
+address, the DRA device that publishes it (`gpu-3`, where NVIDIA's DRA driver runs), status and
+severity, the keys of the findings on it, the next step, its warnings before a fault (by their own
+step: rule → rate; not repeated among the keys), and — only for a GPU
 with a finding, so that pods coming and going on healthy GPUs never cause a write — the containers
 the kubelet says hold it. A finding belongs to the GPUs whose PCI address its key or entities name.
 """
@@ -13,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from agent.core.dra import DraSlices
 from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import GpuInventory
 from agent.core.pci import normalize_pci, short_pci
@@ -56,14 +58,33 @@ def _status(severity: Severity, node_status: Status) -> Status:
     return Status.WARN if severity == Severity.MONITOR else Status.PASS
 
 
+def dra_fields(dra: Any, pci: str | None, uuid: str | None) -> dict[str, Any]:
+    """Where NVIDIA's DRA driver publishes this GPU (*dra*: the DraSlices read, or why not): `dra`,
+    its device for the whole GPU (`gpu-3`), and `draPartitions`, its MIG devices; {} where the
+    driver does not publish it (or was not read)."""
+    if not isinstance(dra, DraSlices):
+        return {}
+    p = dra.published(pci, uuid)
+    if p is None:
+        return {}
+    out: dict[str, Any] = {"dra": p.device} if p.device else {}
+    return {**out, "draPartitions": p.partitions} if p.partitions else out
+
+
 def gpu_verdicts(
-    results: Sequence[CheckResult], gpus: Any, node_status: Status, holders: Holders | None = None
+    results: Sequence[CheckResult],
+    gpus: Any,
+    node_status: Status,
+    holders: Holders | None = None,
+    dra: Any = None,
 ) -> list[dict[str, Any]]:
     """Pure but for *holders* (asked only when a GPU has a finding): one entry per GPU of the last
-    inventory, in index order; [] when the inventory could not be read."""
+    inventory, in index order; [] when the inventory could not be read. *dra*: the DRA driver's
+    devices (DraSlices), to name each GPU's device beside its PCI address and UUID."""
     if not isinstance(gpus, GpuInventory):
         return []
     by_pci = {normalize_pci(g.pci_bus_id): g.index for g in gpus.gpus}
+    by_pci.update({normalize_pci(h.pci_bus_id): h.index for h in gpus.hung if h.pci_bus_id})
     # GPUs the driver lists but cannot talk to have no index: numbered after the others here
     lost = [normalize_pci(x.pci_bus_id) for x in gpus.lost if x.pci_bus_id]
     lost_ids = {pci: -1 - i for i, pci in enumerate(lost)}
@@ -75,17 +96,24 @@ def gpu_verdicts(
         except Exception:  # naming pods is a courtesy: the verdict stands without them
             pods = {}
     out = []
-    for g in sorted(gpus.gpus, key=lambda g: g.index):
-        found = hits.get(g.index, [])
+    # A GPU whose calls hang is in index order with the others: `unknown` until its finding fails.
+    answered = [(g.index, g.uuid, g.pci_bus_id, False) for g in gpus.gpus]
+    hung = [(h.index, h.uuid, h.pci_bus_id, True) for h in gpus.hung]
+    for index, uuid, pci, silent in sorted(answered + hung, key=lambda e: e[0]):
+        found = hits.get(index, [])
         worst = max(found, key=lambda f: f.severity, default=None)
         severity = worst.severity if worst else Severity.NONE
+        status = _status(severity, node_status)
         entry: dict[str, Any] = {
-            "index": g.index,
-            "uuid": g.uuid,
-            "pci": short_pci(g.pci_bus_id),
-            "status": _status(severity, node_status).value,
-            "severity": severity.label,
+            "index": index,
+            "uuid": uuid,
+            "pci": short_pci(pci) if pci else None,
+            **dra_fields(dra, pci, uuid),
         }
+        if silent:
+            entry["hung"] = True
+            status = status if status is Status.FAIL else Status.UNKNOWN
+        entry.update(status=status.value, severity=severity.label)
         if worst is not None:
             keys = sorted({f.key or f.rule for f in found if not is_trend(f)})
             if keys:
@@ -94,7 +122,7 @@ def gpu_verdicts(
             warned = warnings(found)
             if warned:
                 entry["warnings"] = warned
-            held = list(pods.get(g.index, ()))
+            held = list(pods.get(index, ()))
             if held:
                 entry["pods"] = held[:MAX_PODS] + (
                     [f"+{len(held) - MAX_PODS} more"] if len(held) > MAX_PODS else []
@@ -107,6 +135,7 @@ def gpu_verdicts(
             "index": None,
             "uuid": None,
             "pci": short_pci(pci),
+            **dra_fields(dra, pci, None),
             "lost": True,
             "status": Status.FAIL.value,
         }

@@ -144,7 +144,8 @@ class Agent:
                     ran |= self._reload()
                     next_reload = now + self.cfg.config_poll_seconds
                 ran |= self._clear_requested()
-                if ran or self.pending_events or (self.retry_at and now >= self.retry_at):
+                due = bool(self.retry_at) and now >= self.retry_at
+                if due or ((ran or self.pending_events) and not self._backing_off(now)):
                     self._publish()
                 if once:
                     return
@@ -229,6 +230,10 @@ class Agent:
         self.metrics.record_config_rejected(True)
         log.error(f"config rejected: {problem}", extra={"event": "config"})
         self.pending_events.append(NodeEvent(Reason.CONFIG_REJECTED, problem, WARNING))
+
+    def _backing_off(self, now: float) -> bool:
+        """A write failed and its retry is not due: the tiers' results wait for it (write_policy)."""
+        return self.write_policy.failing and now < self.retry_at
 
     def _publish(self) -> None:
         _, marks = self.engine.evaluate()

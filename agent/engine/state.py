@@ -25,7 +25,7 @@ from agent.core.telemetry import Telemetry
 from agent.core.text import shorten
 from agent.core.trend_history import TRENDS_FIELD, TrendHistory
 from agent.core.trend_history import parse as parse_trends
-from agent.engine import history
+from agent.engine import reboot_escalation
 from agent.engine.confirm import Confirmations
 
 log = logging.getLogger("gpu-healthcheck.engine")
@@ -140,7 +140,7 @@ class EngineState:
         # node.remediationConditions: one hysteresis per type, at the entry's minSeverity
         self.remediation: dict[str, Recovery] = {}
         self.last_status: Status | None = None
-        self.history: dict[tuple[str, str], history.Seen] = {}  # failing findings per GPU and boot
+        self.history: dict[tuple[str, str], reboot_escalation.Seen] = {}  # failing findings per GPU and boot
         self.trends = TrendHistory()  # the kept reads the trend warnings judge (core/trend_history.py)
         self.confirm = Confirmations()  # findings a transient can trip, until node.confirmAfter runs
         self._last_gpu_run_seen = -1.0
@@ -192,7 +192,7 @@ class EngineState:
                 except (KeyError, TypeError, ValueError):
                     continue
                 self.latches[latch.key] = latch
-        self.history = history.parse(doc)  # across boots: that is its point
+        self.history = reboot_escalation.parse(doc)  # across boots: that is its point
         self.trends = parse_trends(doc.get(TRENDS_FIELD))  # across boots too (each counter knows its boot)
         failing = doc.get("status") == Status.FAIL.value
         doc_severity = _severity_or(doc.get("severity"), Severity.RESET)
@@ -277,7 +277,7 @@ class EngineState:
         )
         for key in keys:
             self.cleared[key] = self.latches.pop(key).message
-        self.history = history.forget(self.history, keys)  # a cleared latch starts afresh
+        self.history = reboot_escalation.forget(self.history, keys)  # a cleared latch starts afresh
         for res in results.values():
             for f in res.findings:
                 if f.key in keys:

@@ -14,12 +14,19 @@ the taint back on the Node after it was lifted: Karpenter's registration, or an 
 Pure: the engine hands in what each tier found and the verdict, and asks what the Marks say about the
 taint (Marks.validating). Once validated nothing changes until the next reset, so a validated node in
 steady state costs no write.
+
+While the Node carries the taint and has not passed, the agent says since when and what it waits for
+(the results annotation's `validating`, the metrics gpu_healthcheck_validating_seconds and
+gpu_healthcheck_validating_waiting_for, alert GPUHealthcheckValidationStuck): since the Node's
+creation on a Node never validated (its registration put the taint on), else since the agent first
+saw it there; an agent restarted in the same boot takes the time back from the annotation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from agent.checks.registry import CHECKS
@@ -30,13 +37,14 @@ from agent.core.findings import CheckResult
 from agent.core.marks import NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, Keys, Reason
-from agent.core.results_doc import now_iso
+from agent.core.results_doc import VALIDATING_FIELD, now_iso
 from agent.core.severity import Status
 
 DIAG_TIER = DIAG_CHECK = "dcgm-diag"
 PASSING = (Status.PASS, Status.WARN, Status.SKIPPED)  # a tier run that found nothing wrong
 # Why the last reset happened (the Events say "since the <why>").
 START, CLEAR, REBOOT, BACK = "agent's start", "clear", "reboot", "taint's return"
+A_PASS = "pass"  # what a node waits for once every tier ran: a passing verdict (no failure taint)
 
 
 def tier_passed(results: Iterable[CheckResult]) -> bool:
@@ -67,6 +75,8 @@ class Validation:
     landed: bool = False  # the taint was on the Node since the reset (an add landed)
     announced: bool = False  # the ValidationStarted Event of this reset is out
     gone: bool = False  # validated, and the Node was seen without the taint since
+    since: float | None = None  # wall seconds: the Node carries the taint, not yet passed, since then
+    waiting: tuple[str, ...] = ()  # what the pass waits for meanwhile (tiers, dcgm-diag, A_PASS)
 
     # ------------------------------------------------------------------ resets
 
@@ -75,6 +85,26 @@ class Validation:
         kept = (doc or {}).get(field_name)
         self.record = dict(kept) if isinstance(kept, dict) else None
         self.needed = not (bool(boot_id) and self.record is not None and self.record.get("bootId") == boot_id)
+        carried = (doc or {}).get(VALIDATING_FIELD)
+        if isinstance(carried, Mapping) and boot_id and carried.get("bootId") == boot_id:
+            self.since = wall_seconds(carried.get("since"))
+
+    def document(self, boot_id: str | None) -> dict[str, Any] | None:
+        """The results annotation's `validating` while the Node waits for its pass (None otherwise)."""
+        if self.since is None:
+            return None
+        at = datetime.fromtimestamp(int(self.since), timezone.utc).isoformat().replace("+00:00", "Z")
+        return {"since": at, "bootId": boot_id, "waitingFor": list(self.waiting)}
+
+    def carried(self, on_node: bool, created: str | None, now: float) -> None:
+        """Keep `since` and `waiting` in step with the Node: set at first sight of the taint (the Node's
+        creation on a Node never validated: its registration put the taint on), cleared once passed
+        or gone."""
+        if not on_node or self.complete:
+            self.since, self.waiting = None, ()
+        elif self.since is None:
+            born = wall_seconds(created) if self.record is None else None
+            self.since = min(now, born) if born is not None else now
 
     def reset(self, now: float, why: str) -> None:
         """Start over: a clear, or a new boot seen while running."""
@@ -140,6 +170,17 @@ class Step:
     note: str = ""
 
 
+def wall_seconds(text: Any) -> float | None:
+    """An RFC 3339 time as wall seconds (None when absent or unreadable)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).timestamp()
+
+
 class Engine(Protocol):
     """What step() reads of the engine (engine/engine.py)."""
 
@@ -147,6 +188,7 @@ class Engine(Protocol):
     cfg: Config
     inputs: dict[Input, Any]
     extra_inputs: dict[Input, Callable[[], Any]]
+    wall: Callable[[], float]
 
     @property
     def boot_id(self) -> str | None: ...
@@ -192,10 +234,24 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
             )
         )
     note = ""
+    v.carried(on_node, node.created if isinstance(node, NodeObject) else None, engine.wall())
     if on_node and not v.complete:
         waits = v.missing(tiers, diag_needed)
+        v.waiting = tuple(waits) or (A_PASS,)
         note = f"validating: waiting for {', '.join(waits)}" if waits else "validating: waiting for a pass"
     return Step(wish, tuple(events), note)
 
 
-__all__ = ["BACK", "CLEAR", "REBOOT", "START", "Step", "Validation", "diag_passed", "step", "tier_passed"]
+__all__ = [
+    "A_PASS",
+    "BACK",
+    "CLEAR",
+    "REBOOT",
+    "START",
+    "Step",
+    "Validation",
+    "diag_passed",
+    "step",
+    "tier_passed",
+    "wall_seconds",
+]

@@ -1,5 +1,7 @@
 """Whether the agent writes its Marks at all (fingerprint: what makes a write necessary), and what it
-does after writing them: back off after a failed write (1, 2, 4 … 30 s), and
+does after writing them: back off after a failed write (1, 2, 4 … 30 s; no write at all until the
+wait the log states is over, whatever the tiers find meanwhile: a refusal fleet-wide must not cost
+the API server a request per tier result), and
 ask again while the brake holds its taint back, or the repair budget or a wave hold a new remediation
 mark (every min(30 s, intervals.gpu): they open by themselves, and only held nodes pay that list).
 The agent loop and bench/fleet.py use this one object, so the fleet benchmark measures the agent's
@@ -44,9 +46,11 @@ class WritePolicy:
     def __init__(self, reask_s: Callable[[], float]) -> None:
         self.reask_s = reask_s
         self.delay = FIRST_RETRY_S
+        self.failing = False  # the last write failed: nothing is written before its retry is due
 
     def next_try(self, outcome: WriteOutcome) -> float | None:
         """Seconds until the same Marks must be written again; None: nothing to do until they change."""
+        self.failing = not outcome.ok
         if not outcome.ok:
             wait, self.delay = self.delay, min(self.delay * 2, MAX_RETRY_S)
             return wait
@@ -76,8 +80,11 @@ def fingerprint(marks: Marks) -> str:
             marks.condition_message,
             marks.trends_digest,
             str(marks.validating),
+            str(marks.testing),
+            marks.risk,
             *(f"{r.type}={r.unhealthy}:{r.reason}:{r.message}" for r in marks.remediation),
             marks.scope.as_text() if marks.scope is not None else "",
+            marks.warn_scope.as_text() if marks.warn_scope is not None else "",
             encode(doc),
         )
     )

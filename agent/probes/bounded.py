@@ -8,7 +8,8 @@ key is started: stuck threads never pile up, and the caller hears at once that i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -74,3 +75,44 @@ class Bounded:
             raise box["error"]
         value: T = box["value"]
         return value
+
+    def run_each(
+        self, readers: Mapping[str, Callable[[], T]], limit_s: float, *, thread_prefix: str
+    ) -> dict[str, T | BaseException]:
+        """Every reader at once, each in its own worker, all waited for until one deadline (limit_s
+        from now). Per key: its value, or what it raised, or StillStuck (not started: an earlier
+        read under that key is stuck), or TimedOut (its thread parked). One slow reader costs the
+        others nothing."""
+        deadline = time.monotonic() + limit_s
+        out: dict[str, T | BaseException] = {}
+        running: dict[str, tuple[threading.Thread, threading.Event, dict[str, Any]]] = {}
+        with self._lock:
+            stuck = {key: len(self._alive(key)) for key in readers}
+        for key, reader in readers.items():
+            if stuck[key]:
+                out[key] = StillStuck(stuck[key])
+                continue
+            box: dict[str, Any] = {}
+            done = threading.Event()
+
+            def work(
+                reader: Callable[[], T] = reader, box: dict[str, Any] = box, done: threading.Event = done
+            ) -> None:
+                try:
+                    box["value"] = reader()
+                except BaseException as exc:  # handed to the caller below
+                    box["error"] = exc
+                finally:
+                    done.set()
+
+            worker = threading.Thread(target=work, name=f"{thread_prefix}-{key}", daemon=True)
+            worker.start()
+            running[key] = (worker, done, box)
+        for key, (worker, done, box) in running.items():
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                with self._lock:
+                    self._parked.setdefault(key, []).append(worker)
+                out[key] = TimedOut(f"{worker.name} did not finish in {limit_s:g} s")
+            else:
+                out[key] = box["error"] if "error" in box else box["value"]
+        return {key: out[key] for key in readers}

@@ -106,6 +106,8 @@ def _bucket(name: str) -> Field:
 _POWER = ("GPU Power Readings", "Power Readings")  # the section's name from R530 on, and before
 _POWER_XML = ("gpu_power_readings", "power_readings")
 _LIMITS = ("Current", "Enforced")
+_DRAWS = ("Average Power Draw", "Power Draw", "Instantaneous Power Draw")
+_DRAWS_XML = ("average_power_draw", "power_draw", "instant_power_draw")
 _NO_TLIMIT = "NVML is not asked for T.Limit temperatures (the reader never was)"
 
 # Rows are in model order within a part, except where a Gpu.where key lists its lines in this order.
@@ -218,6 +220,11 @@ FIELDS: tuple[Field, ...] = (
     row("power.default_limit_w", tuple(f"{s} / Default Power Limit" for s in _POWER),
         tuple(f"{s}/default_power_limit" for s in _POWER_XML), watts,
         nv.get("nvmlDeviceGetPowerManagementDefaultLimit", then=nv.milliwatts)),
+    # The draw: "Average Power Draw" (1 s, R535+; what NVML's PowerUsage returns from Ampere on),
+    # "Power Draw" before, the instantaneous one last. Never the memory's or the module's readings.
+    row("power.draw_w", tuple(f"{s} / {k}" for s in _POWER for k in _DRAWS),
+        tuple(f"{s}/{k}" for s in _POWER_XML for k in _DRAWS_XML), watts,
+        nv.get("nvmlDeviceGetPowerUsage", then=nv.milliwatts), evidence="power.draw"),
     # Temperatures: Hopper and later print limits relative to T.Limit, older GPUs absolute ones.
     row("thermal.gpu_c", "Temperature / GPU Current Temp", "temperature/gpu_temp", as_int,
         nv.get("nvmlDeviceGetTemperature", 0, then=nv.positive), evidence="thermal"),

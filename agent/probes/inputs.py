@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport, HealthReport
+from agent.core.dra import DraSlices
 from agent.core.facts import Input
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
@@ -53,7 +54,10 @@ def _kernel_metrics(metrics: Telemetry, kernel: KernelXids) -> None:
 # In the order a whole read runs (gather_facts) and each tier reads its inputs.
 SPECS: tuple[InputSpec, ...] = (
     InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None),  # the writer's copy live
-    InputSpec(Input.GPUS, GpuInventory, LiveSource.gpus, SnapshotSource.gpus, "gpu"),
+    # The previous inventory: a GPU's correctable-ECC rate when the DCGM engine stops answering.
+    InputSpec(Input.GPUS, GpuInventory, LiveSource.gpus, SnapshotSource.gpus, "gpu", keep_previous=True),
+    # The agent reads it from its ResourceSlice watch (an extra input, cli/agent.py), as of each gpu cycle.
+    InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu"),
     InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, SnapshotSource.topo, "topology"),
     InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, SnapshotSource.nvlink, "topology"),
     InputSpec(

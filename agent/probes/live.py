@@ -6,7 +6,7 @@ driver; nvidia-smi is a separate process that can be killed), within what is lef
 `timeouts.check`, so the whole read never takes longer than before. Each GPU inventory read is
 timed (Telemetry.record_tool_read), so a read that slows down shows before it times out; the other
 tools' timeouts only make their checks unknown (counted in probe errors) and are not timed, to keep
-an agent's series few (issue 18)."""
+an agent's series few (bench/metrics_size.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
 from agent.core.dcgm_report import DiagReport
+from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
@@ -92,7 +94,12 @@ class LiveSource:
         return out.stdout
 
     def gpus(self) -> Probed[GpuInventory]:
-        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module)."""
+        """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module).
+        A read that worked carries the time it was taken (counter rates)."""
+        got = self._gpus()
+        return replace(got, taken_at=time.monotonic()) if isinstance(got, GpuInventory) else got
+
+    def _gpus(self) -> Probed[GpuInventory]:
         started = time.monotonic()
         first: Probed[GpuInventory] | None = None
         if self.use_nvml:
@@ -143,8 +150,9 @@ class LiveSource:
         got = read(timeout_s)
         seconds = time.monotonic() - started
         kind = got.kind if isinstance(got, ProbeError) else None
-        if kind is None:
-            self.telemetry.record_tool_read(tool, "ok", seconds)
+        if kind is None:  # a read that waited for a hung GPU was given up on at its limit there
+            waited = isinstance(got, GpuInventory) and any(h.waited_s is not None for h in got.hung)
+            self.telemetry.record_tool_read(tool, "timeout" if waited else "ok", seconds)
         elif kind is ProbeErrorKind.TOOL_FAILED:
             self.telemetry.record_tool_read(tool, "failed", seconds)
         elif kind is ProbeErrorKind.TIMEOUT and seconds >= timeout_s:
@@ -203,6 +211,10 @@ class LiveSource:
 
     def dcgm_diag(self) -> Probed[DiagReport]:
         return NotCaptured("dcgm diag (runs in the agent's dcgm-diag tier)")
+
+    def dra(self) -> Probed[DraSlices]:
+        """The agent reads them from the API (reporters/published_slices.py); a probe cannot."""
+        return NotCaptured("ResourceSlices (no API access)")
 
     def boot_id(self) -> str | None:
         try:

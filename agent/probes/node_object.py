@@ -79,6 +79,7 @@ def node_from_dict(obj: Mapping[str, Any]) -> NodeObject:
         capacity_gpus=_gpus(status.get("capacity"), "status.capacity"),
         boot_id=boot_id if isinstance(boot_id, str) and boot_id else None,
         taint_keys=taint_keys,
+        created=str(meta["creationTimestamp"]) if isinstance(meta.get("creationTimestamp"), str) else None,
     )
 
 

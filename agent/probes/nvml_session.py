@@ -162,6 +162,13 @@ class Opened:
     def retire(self) -> None:
         self.retired = True
 
+    def share(self) -> None:
+        """One more user (a worker reading one GPU): see NvmlSession.share."""
+        self._owner.share(self)
+
+    def release(self) -> None:
+        self._owner.release(self)
+
 
 @dataclass
 class Ticket:
@@ -252,6 +259,15 @@ class NvmlSession:
             self.inits += 1
             self._current = opened
         return opened
+
+    def share(self, opened: Opened) -> None:
+        """One more user of `opened` (a worker reading one GPU for the read that holds it): it is
+        shut down only after this one's release too, even if the read gave up waiting for it."""
+        with self._state:
+            opened.users += 1
+
+    def release(self, opened: Opened) -> None:
+        self._release(opened)
 
     def _release(self, opened: Opened) -> None:
         with self._state:

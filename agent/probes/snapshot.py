@@ -13,7 +13,8 @@ Snapshot file names (all optional; a missing file means "not captured"):
   older snapshots hold only the RDMA NICs' functions under sys/bus/pci/devices),
   sys/devices/system/{cpu,node}/... (CPU and NUMA lists),
   nvlink-errors.json (NVML's NVLink error counters, our JSON),
-  node.json, dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
+  node.json, resourceslices.json (this node's gpu.nvidia.com ResourceSlices, kubectl -o json),
+  dcgm-diag.json, errors.json ({file: {"kind": "timeout"|"tool-failed"|..., "message"}})
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.dcgm_report import DiagReport
+from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
@@ -34,6 +36,7 @@ from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.rdma import RdmaSample
 from agent.core.topo import TopoMatrix
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
+from agent.probes.dra_slices import parse_slices_json
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
@@ -41,7 +44,14 @@ from agent.probes.nvlink_errors import parse_nvlink_errors_json
 from agent.probes.nvsmi_errors import with_lost_lines
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
-from agent.probes.reading import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
+from agent.probes.reading import (
+    ParseMemo,
+    parse_with,
+    read_host_tree,
+    read_kernel_tail,
+    read_pci_tree,
+    read_rdma_tree,
+)
 from agent.probes.topo import parse_topo
 
 XML, TEXT, TOPO, NVLINK = (
@@ -53,6 +63,7 @@ XML, TEXT, TOPO, NVLINK = (
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
 DCGM_DIAG = "dcgm-diag.json"
 NVLINK_ERRORS = "nvlink-errors.json"  # our own format: NVML's NVLink error counters
+SLICES = "resourceslices.json"  # kubectl get resourceslices -o json: NVIDIA's DRA driver's devices
 PCI_HIERARCHY = "sys/devices"  # its pci* folders: written only by a capture of the whole bus
 HOST_DIR = "sys/devices/system"
 COMMANDS: dict[str, list[str]] = {
@@ -179,6 +190,12 @@ class SnapshotSource:
 
     def dcgm_diag(self) -> Probed[DiagReport]:
         return self.memo.parse(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
+
+    def dra(self) -> Probed[DraSlices]:
+        """This node's slices (node.json names it; without one, the file must hold one node's)."""
+        node = self.node()
+        name = node.name if isinstance(node, NodeObject) else None
+        return parse_with(SLICES, self.text(SLICES), lambda t: parse_slices_json(t, name))
 
     def _line(self, name: str) -> str | None:
         text = self.text(name)

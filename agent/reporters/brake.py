@@ -1,4 +1,4 @@
-"""The cluster-wide brake (DESIGN.md §3): stop adding taints when too many GPU nodes are already tainted.
+"""The cluster-wide brake (DESIGN.md §6.1): stop adding taints when too many GPU nodes are already tainted.
 
 A bad driver push or a false positive must not taint a whole GPU fleet: the brake bounds the blast
 radius by a fraction of the GPU nodes and, optionally, an absolute count. It is asked only when a

@@ -12,26 +12,59 @@ the Node writer and, for one taint episode (from the first taint until marks.tai
 - when marks.taint turns false (recoverAfter passing cycles, or `gpu-healthcheck clear`), removes
   every rule it holds. `unknown` never changes marks.taint, so it never taints nor untaints.
 The brake is asked before the first device taint of an episode, as for a node taint.
-Isolation `node`, or `auto` on a node without the driver's slices: Marks pass through unchanged.
+
+Never open: a rule the server did not accept (refused, failed, unanswered, or no version of the API
+served) leaves the Node tainted in the same apply, and the apply says it failed, so it is retried on
+the write policy's backoff. That node taint lifts by the usual hysteresis, or once the rules are in
+place and the brake counts them (reporters/device_taints.tainted_nodes: else the node would drop out
+of the brake's count); a brake that does not count them keeps the episode node-wide. Where no version
+is served at all, the episode posts one `DeviceTaintsUnavailable` Event and `auto` is `node` until
+the next discovery (at start, after a 404 or a reload, or when the next episode begins).
+
+Nothing left behind: every agent, whatever its isolation, lists this node's rules at its first apply
+(ours: our label and an ownerReference to this Node) and removes those it no longer wants; a rule is
+removed only once the failing GPU is covered otherwise (the Node taint on, or its rule in place), so
+a rollback to `node` while the fault lasts taints the Node first.
+
+Early warnings: a `warn` confined to GPUs (marks.warn_scope) shows on those devices as a rule of
+effect None, where the server serves that effect; it moves no pod and the brake does not count it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, devices_for, rule_name
-from agent.core.marks import Marks
-from agent.reporters.device_taints import DeviceTaints, Wanted
-from agent.reporters.kube_rest import describe_error
-from agent.reporters.node_patch import find_our_taint
-from agent.reporters.resource_slices import SliceWatch
+from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
+from agent.core.marks import Marks, NodeEvent
+from agent.core.node_keys import WARNING, Reason
+from agent.reporters.device_taints import (
+    NONE_EFFECT,
+    DeviceTaints,
+    Unavailable,
+    Wanted,
+    describe,
+    device_effect,
+    taint_of,
+)
+from agent.reporters.kube_rest import api_status
+from agent.reporters.node_patch import find_our_taint, taint_disabled
 
 log = logging.getLogger(__name__)
 
 SLICE_WAIT_S = 5.0  # the first apply waits this long for the slice watch's first list
+
+
+def fallback_reason(exc: BaseException) -> str:
+    """Why a rule is not in place, for the metric: unavailable | refused | failed | unanswered."""
+    if isinstance(exc, Unavailable):
+        return "unavailable"
+    code = api_status(exc)
+    if code is None:
+        return "unanswered"
+    return "refused" if 400 <= code < 500 else "failed"
 
 
 class IsolatingWriter:
@@ -40,22 +73,27 @@ class IsolatingWriter:
     def __init__(
         self,
         writer: Any,
-        slices: SliceWatch,
+        slices: Any,
         taints: DeviceTaints,
         isolation: Callable[[], str],
         *,
         brake: Any = None,
+        metrics: Any = None,
     ) -> None:
         self.writer, self.slices, self.taints, self.isolation = writer, slices, taints, isolation
         self.brake = brake
+        self.metrics = metrics  # reporters/metrics.Metrics, or None
         self.node_wide = False  # this episode is node-wide
         self.wanted: dict[str, Wanted] = {}  # rule name → device taint, this episode
         self.brake_open = False
+        self.covering = ""  # why the node taint stands in for this episode's rules ("": it does not)
+        self.unavailable_said = False  # this episode's DeviceTaintsUnavailable Event is posted
+        self.rediscovered = False  # this episode asked discovery again (none was served)
 
     # -- the Writer protocol ---------------------------------------------------------------------------
     def start(self) -> None:
         """The Node writer's watch; the slices' watch starts with the first apply in mode gpu|auto
-        (isolation `node` never reads ResourceSlices nor DeviceTaintRules)."""
+        (isolation `node` never reads ResourceSlices)."""
         self.writer.start()
 
     def stop(self) -> None:
@@ -65,37 +103,97 @@ class IsolatingWriter:
     def read_results(self) -> dict[str, Any] | None:
         return self.writer.read_results()  # type: ignore[no-any-return]
 
+    def rediscover(self) -> None:
+        """A config reload: ask again which DeviceTaintRule version is served, at the next apply."""
+        self.taints.forget()
+
     def apply(self, marks: Marks) -> Any:
+        mode = self.isolation()
         try:
-            node_marks = self._isolate(marks)
-        except Exception as exc:  # API trouble: the Node still gets its marks, the rules next apply
-            log.warning("node %s: device taints not written: %s", self.taints.node_name, describe_error(exc))
-            result = self.writer.apply(self._node_marks(marks))
-            return replace(result, ok=False, error=f"device taints: {describe_error(exc)}")
-        return self.writer.apply(node_marks)
+            self._prepare(mode)
+        except Exception as exc:  # which rules are ours is not known: the Node gets its marks as they are
+            log.warning("node %s: device taints not read: %s", self.taints.node_name, describe(exc))
+            result = self.writer.apply(marks)
+            return replace(result, ok=False, error=f"device taints: {describe(exc)}")
+        disabled = self._taint_disabled()
+        events: list[NodeEvent] = []
+        taint_rules = self._episode(marks, mode, disabled, events)
+        target = {**self._warnings(marks, mode, disabled, taint_rules), **taint_rules}
+        isolating = bool(taint_rules) and not self.node_wide  # the rules, not the Node, isolate
+        failure: BaseException | None = None
+        try:
+            self.taints.upsert(target)
+        except Exception as exc:
+            failure = exc
+            if isolating:
+                self._cover(exc, events)
+        else:
+            if isolating and self.covering:
+                self._uncover()
+        isolated = isolating and not self.covering and not self.node_wide
+        node_marks = replace(marks, taint=False) if isolated else marks
+        if events:
+            node_marks = replace(node_marks, events=(*node_marks.events, *events))
+        result = self.writer.apply(node_marks)
+        # A rule goes only once its GPU is covered otherwise: no fault, the Node taint on, the taint
+        # disabled by hand, or this episode's rules in place.
+        if not marks.taint or disabled or bool(getattr(result, "tainted", False)) or isolated:
+            try:
+                self.taints.prune(target)
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            log.warning("node %s: device taints not written: %s", self.taints.node_name, describe(failure))
+            return replace(result, ok=False, error=f"device taints: {describe(failure)}")
+        return result
 
-    def _node_marks(self, marks: Marks) -> Marks:
-        """What the Node shows: the node taint unless this episode isolates GPUs alone."""
-        isolated = marks.taint and self.wanted and not self.node_wide and self.isolation() != ISOLATION_NODE
-        return replace(marks, taint=False) if isolated else marks
+    # -- the parts -------------------------------------------------------------------------------------
+    def _prepare(self, mode: str) -> None:
+        """At the first apply (and after a 404 or a reload): discovery and the list of our rules,
+        whatever the isolation; the slices' watch in gpu|auto; this Node's uid for the owner."""
+        if mode != ISOLATION_NODE:
+            self.slices.start()  # one list + watch for the agent's life (a running one is kept)
+        if not self.taints.node_uid:
+            node = getattr(self.writer, "node", None)
+            if node is None and hasattr(self.writer, "watch"):
+                node = self.writer.watch.current(fresh=True)
+            self.taints.node_uid = str(((node or {}).get("metadata") or {}).get("uid") or "")
+        was = self.taints.discovered
+        try:
+            self.taints.ensure()
+        except Exception as exc:
+            if mode != ISOLATION_NODE or api_status(exc) not in (401, 403):
+                raise
+            # `node` needs the list only to remove rules left behind; RBAC without it (an install
+            # older than per-GPU isolation) must not hold the Node's writes back.
+            log.warning(
+                "node %s: cannot list DeviceTaintRules (%s): rules an earlier agent left are not removed",
+                self.taints.node_name,
+                describe(exc),
+            )
+            self.taints.held = {}
+        if not was and self.taints.discovered:
+            self._note_api()
 
-    # -- the episode -----------------------------------------------------------------------------------
+    def _note_api(self) -> None:
+        if self.metrics is not None:
+            api = self.taints.api
+            self.metrics.record_device_taint_api(api.version if api is not None else "none")
+
+    def _taint_disabled(self) -> bool:
+        node = getattr(self.writer, "node", None)
+        return node is not None and taint_disabled(node, self.taints.prefix)
+
     def _our_node_taint(self) -> bool:
         node = getattr(self.writer, "node", None)
         return node is not None and find_our_taint(node, self.taints.prefix) is not None
 
-    def _isolate(self, marks: Marks) -> Marks:
-        mode = self.isolation()
-        if mode != ISOLATION_NODE:
-            self.slices.start()  # one list + watch for the agent's life (a running one is kept)
-        if self.taints.held is None and mode != ISOLATION_NODE:
-            self.taints.load()  # once: the rules a previous agent left are ours to keep or remove
-            self.wanted = {}
-        if not marks.taint or mode == ISOLATION_NODE:
-            self.node_wide, self.wanted, self.brake_open = False, {}, False
-            if self.taints.held:
-                self.taints.sync({})
-            return marks
+    def _episode(self, marks: Marks, mode: str, disabled: bool, events: list[NodeEvent]) -> dict[str, Wanted]:
+        """The device taints this apply wants (rule name → Wanted), for the taint episode."""
+        if not marks.taint or mode == ISOLATION_NODE or disabled:
+            self.node_wide, self.wanted, self.brake_open, self.covering = False, {}, False, ""
+            self.unavailable_said = self.rediscovered = False
+            return {}
         if not self.wanted and not self.node_wide and self._our_node_taint():
             self.node_wide = True  # the taint of this episode is on the Node already
         if self.taints.held and not self.wanted:  # a restarted agent: keep the rules it finds
@@ -105,19 +203,19 @@ class IsolatingWriter:
             if scope.node_wide:
                 self._go_node_wide(scope.why)
             else:
-                self._add(marks, scope.gpus, mode)
-        if not self.node_wide and not self.wanted:
-            return marks  # nothing isolated (e.g. the brake refused it): the node writer decides
-        self.taints.sync(self._restamped(marks))
-        return self._node_marks(marks)
+                self._add(marks, scope.gpus, mode, events)
+        return self._restamped(marks)
 
     def _go_node_wide(self, why: str) -> None:
         self.node_wide = True
         log.warning("node %s: the fault is node-wide (%s): tainting the node", self.taints.node_name, why)
 
-    def _add(self, marks: Marks, gpus: tuple[str, ...], mode: str) -> None:
+    def _devices(self, gpus: tuple[str, ...]) -> Any:
         self.slices.wait_synced(SLICE_WAIT_S)
-        devices = devices_for(gpus, self.slices.devices() or [], {})
+        return devices_for(gpus, self.slices.devices() or [], {})
+
+    def _add(self, marks: Marks, gpus: tuple[str, ...], mode: str, events: list[NodeEvent]) -> None:
+        devices = self._devices(gpus)
         if devices is None:
             loud = log.warning if mode == ISOLATION_GPU else log.info
             loud(
@@ -128,6 +226,17 @@ class IsolatingWriter:
             )
             self.node_wide = True
             return
+        if self.taints.api is None and not self.rediscovered:
+            self.rediscovered = True  # a new episode asks once more (an API turned on meanwhile)
+            try:
+                self.taints.discover()
+                self._note_api()
+            except Exception as exc:
+                log.warning("node %s: DeviceTaintRule discovery: %s", self.taints.node_name, describe(exc))
+        if self.taints.api is None:
+            self._unavailable(gpus, events)
+            self.node_wide = True
+            return
         new = {rule_name(self.taints.node_name, d, self.taints.prefix): d for d in devices}
         if not self.wanted and set(new) - set(self.wanted) and self.brake is not None:
             ok, reason = self.brake.allows_new_taint(self.taints.node_name)
@@ -136,24 +245,112 @@ class IsolatingWriter:
                 log.warning("node %s: brake open, no device taint: %s", self.taints.node_name, reason)
                 return
         for name, d in new.items():
-            self.wanted[name] = Wanted(d, marks.taint_value, marks.taint_effect)
+            self.wanted[name] = Wanted(d, marks.taint_value, device_effect(marks.taint_effect))
+
+    def _unavailable(self, gpus: tuple[str, ...], events: list[NodeEvent]) -> None:
+        """No DeviceTaintRule version served: the node taint, one Event this episode, the metric."""
+        if self.unavailable_said:
+            return
+        self.unavailable_said = True
+        message = (
+            f"GPU(s) {', '.join(gpus)} could be isolated alone, but the API server serves no "
+            "DeviceTaintRules (resource.k8s.io v1, v1beta2 or v1alpha3): the Node is tainted instead. "
+            "Kubernetes 1.37 serves them; 1.36 with the feature gate DRADeviceTaintRules and "
+            '--runtime-config=resource.k8s.io/v1beta2=true (README "Per-GPU isolation")'
+        )
+        log.warning("node %s: %s", self.taints.node_name, message)
+        events.append(NodeEvent(Reason.DEVICE_TAINTS_UNAVAILABLE, message, WARNING))
+        if self.metrics is not None:
+            self.metrics.record_device_taint_fallback("unavailable")
+
+    def _cover(self, exc: BaseException, events: list[NodeEvent]) -> None:
+        """A rule the server did not accept: the Node taint stands in for it, from this apply on."""
+        reason = fallback_reason(exc)
+        if reason == "unavailable":
+            self._unavailable(tuple(w.device.name for w in self.wanted.values()), events)
+        if not self.covering:
+            log.warning(
+                "node %s: the DeviceTaintRule(s) of %s are not in place (%s: %s): tainting the node "
+                "until they are",
+                self.taints.node_name,
+                ", ".join(sorted(w.device.name for w in self.wanted.values())),
+                reason,
+                describe(exc),
+            )
+            if self.metrics is not None and reason != "unavailable":
+                self.metrics.record_device_taint_fallback(reason)
+        self.covering = reason
+
+    def _uncover(self) -> None:
+        """The rules are in place: the node taint lifts, but only where the brake counts them."""
+        if self._brake_counts():
+            log.warning(
+                "node %s: the DeviceTaintRule(s) are in place and the brake counts them: the node "
+                "taint lifts",
+                self.taints.node_name,
+            )
+            self.covering = ""
+            return
+        log.warning(
+            "node %s: the DeviceTaintRule(s) are in place but the brake does not count them: the node "
+            "taint stays for this episode",
+            self.taints.node_name,
+        )
+        if self.metrics is not None:
+            self.metrics.record_device_taint_fallback("not-counted")
+        self.covering = ""
+        self.node_wide = True
+
+    def _brake_counts(self) -> bool:
+        if self.brake is None:
+            return True  # no brake to count anything (no API server for it)
+        count = getattr(self.brake, "also_tainted", None)
+        if count is None:
+            return False
+        try:
+            return self.taints.node_name in count()
+        except Exception as exc:
+            log.warning("node %s: the brake's count failed: %s", self.taints.node_name, describe(exc))
+            return False
 
     def _kept(self, marks: Marks) -> dict[str, Wanted]:
+        """The taint rules a previous agent left (not its warnings, not an earlier Node's)."""
         devices = {d.name: d for d in self.slices.devices() or []}
         out = {}
-        for name in self.taints.held or {}:
-            sel = ((self.taints.held or {})[name].get("spec") or {}).get("deviceSelector") or {}
+        for name, rule in (self.taints.held or {}).items():
+            if self.taints.stale(name) or taint_of(rule).get("effect") == NONE_EFFECT:
+                continue
+            sel = ((rule.get("spec") or {}).get("deviceSelector")) or {}
             d = devices.get(str(sel.get("device") or ""))
             if d is not None:
-                out[name] = Wanted(d, marks.taint_value, marks.taint_effect)
+                out[name] = Wanted(d, marks.taint_value, device_effect(marks.taint_effect))
         return out
 
     def _restamped(self, marks: Marks) -> dict[str, Wanted]:
         """The episode's rules with the taint's current value and effect (a worse severity moves them)."""
-        self.wanted = {
-            n: Wanted(w.device, marks.taint_value, marks.taint_effect) for n, w in self.wanted.items()
-        }
-        return self.wanted
+        effect = device_effect(marks.taint_effect)
+        self.wanted = {n: Wanted(w.device, marks.taint_value, effect) for n, w in self.wanted.items()}
+        return dict(self.wanted)
+
+    def _warnings(
+        self, marks: Marks, mode: str, disabled: bool, taint_rules: Mapping[str, Wanted]
+    ) -> dict[str, Wanted]:
+        """Rules of effect None on the GPUs a warning is confined to (not those a taint holds)."""
+        scope: Scope | None = marks.warn_scope
+        api = self.taints.api
+        if mode == ISOLATION_NODE or disabled or scope is None or scope.node_wide or not scope.gpus:
+            return {}
+        if api is None or not api.none_effect:
+            return {}
+        devices = self._devices(scope.gpus)
+        if devices is None:
+            return {}
+        out = {}
+        for d in devices:
+            name = rule_name(self.taints.node_name, d, self.taints.prefix)
+            if name not in taint_rules:
+                out[name] = Wanted(d, "monitor", NONE_EFFECT)
+        return out
 
 
-__all__ = ["IsolatingWriter"]
+__all__ = ["IsolatingWriter", "fallback_reason"]

@@ -8,6 +8,7 @@ counted in GPUs per trend rule, never a series per GPU; no `_created` series.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -18,9 +19,9 @@ from agent.core.trend_history import CHECK_PREFIX
 from agent.reporters.node_story import NodeState
 
 NS = "gpu_healthcheck"
-# Tool reads (issue 28): a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to
-# the 30 s default timeout, so that a read slowing from 5 to 25 s shows before it fails a node; six
-# buckets (9 series a tool) to stay within issue 18's 60 series an agent.
+# Tool reads: a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to the 30 s
+# default timeout, so that a read slowing from 5 to 25 s shows before it fails a node; six buckets
+# (9 series a tool) to keep an agent within its 60 series (bench/metrics_size.py).
 TOOL_BUCKETS = (0.1, 1, 5, 10, 20, 30)
 # A tier (its reads and checks, bounded by timeouts.check): fast; slow; past 30 s, at a tool's
 # timeout (the default). Two buckets, as before; the tool histogram shows where the time went.
@@ -141,7 +142,7 @@ class Metrics:
             registry=r,
         )
 
-        # ---- issue 28 (one slow read is not a broken GPU): node tool latency
+        # ---- node tool latency (one slow read is not a broken GPU: a slowing tool shows first)
         self.tool_seconds = Histogram(
             f"{NS}_tool_seconds",
             "one read of a node tool (nvml, nvml nvlink, nvidia-smi -q -x, nvidia-smi topo -m, ...) by "
@@ -150,7 +151,47 @@ class Metrics:
             registry=r,
             buckets=TOOL_BUCKETS,
         )
-        # ---- end issue 28
+        # ---- end node tool latency
+        self.dcgm_call_hangs = Counter(
+            f"{NS}_dcgm_call_hangs_total",
+            "DCGM calls that did not return within dcgm.callTimeout, by operation (its C function); "
+            "no series before the first",
+            ["op"],
+            registry=r,
+        )
+        # The validating taint (engine/validation.py): how long this Node has carried it without a
+        # pass, and what the pass waits for (alert GPUHealthcheckValidationStuck). Computed at each
+        # scrape from the time it went on, so it grows between the agent's checks.
+        self._validating_since: float | None = None
+        self.validating_seconds = Gauge(
+            f"{NS}_validating_seconds",
+            "seconds this Node has carried the validating taint without passing (0: not validating)",
+            registry=r,
+        )
+        self.validating_seconds.set_function(self._validating_for)
+        self.validating_waiting = Gauge(
+            f"{NS}_validating_waiting_for",
+            "1 for each thing the validating taint's pass waits for (a tier, dcgm-diag, or pass: a "
+            "passing verdict); no series once validated",
+            ["what"],
+            registry=r,
+        )
+        # ---- per-GPU isolation: the DeviceTaintRule API, and the node taint standing in for a rule
+        self.device_taint_api = Gauge(
+            f"{NS}_device_taint_api",
+            "1, labelled with the DeviceTaintRule version the API server serves (v1, v1beta2, v1alpha3; "
+            "none: per-GPU isolation falls back to the node taint), as last discovered",
+            ["version"],
+            registry=r,
+        )
+        self.device_taint_fallbacks = Counter(
+            f"{NS}_device_taint_fallbacks_total",
+            "times the node taint stood in for a per-GPU DeviceTaintRule, by reason (unavailable: no "
+            "version served; refused, failed, unanswered: the rule's write; not-counted: the brake "
+            "does not count the rule)",
+            ["reason"],
+            registry=r,
+        )
 
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
@@ -222,8 +263,28 @@ class Metrics:
         self.dcgm_diag_running.set(1 if running else 0)
 
     def record_tool_read(self, tool: str, outcome: str, seconds: float) -> None:
-        """Issue 28: a read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
+        """A read of nvidia-smi or NVML, so that one slowing down shows before it times out."""
         self.tool_seconds.labels(tool, outcome).observe(seconds)
+
+    def record_dcgm_call_hang(self, op: str) -> None:
+        """A DCGM call past its deadline: the engine did not answer (dcgm-health is unknown)."""
+        self.dcgm_call_hangs.labels(op).inc()
+
+    def _validating_for(self) -> float:
+        since = self._validating_since
+        return 0.0 if since is None else max(0.0, time.time() - since)
+
+    def record_validating(self, since: float | None, waiting: Sequence[str]) -> None:
+        """The validating taint on the Node since *since* (wall seconds; None: not on it), waiting
+        for *waiting*."""
+        self._validating_since = since
+        _only(self.validating_waiting, {(w,): 1 for w in waiting} if since is not None else {}, self._shown)
+
+    def record_device_taint_api(self, version: str) -> None:
+        _only(self.device_taint_api, {(version,): 1}, self._shown)
+
+    def record_device_taint_fallback(self, reason: str) -> None:
+        self.device_taint_fallbacks.labels(reason).inc()
 
     def record_remediation_held(self, why: str, key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new

@@ -20,7 +20,7 @@ from agent.core.node_keys import DISABLED, TRUE, Keys
 from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import Hold
 from agent.engine.remediation import remediation_condition
-from agent.reporters.validating_taint import with_validating
+from agent.reporters.validating_taint import with_testing, with_validating
 
 
 def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
@@ -55,12 +55,15 @@ def desired_labels(
 ) -> dict[str, str | None]:
     """Our labels; None = must be absent. *label_on*: mode `label`'s `<prefix>/unhealthy`."""
     keys = Keys(prefix)
-    return {
+    out: dict[str, str | None] = {
         keys.status: marks.status.value,
         keys.severity: marks.severity.label,
         keys.tainted: TRUE if taint_on else None,
         keys.unhealthy: marks.taint_value if label_on else None,
     }
+    if marks.risk:
+        out[keys.risk] = marks.risk
+    return out
 
 
 def plan_node_patch(
@@ -71,7 +74,8 @@ def plan_node_patch(
     Only keys that differ are named; `spec.taints` appears only when our taint must be added, removed,
     get a new value or effect (marks.taint_effect), or when more than one taint carries our key; then
     it is the Node's own list with only ours changed (our one taint where the first of ours was).
-    The validating taint goes on or off in the same list (marks.validating, validating_taint.py).
+    The validating and testing taints go on or off in the same list (marks.validating,
+    marks.testing: validating_taint.py).
     """
     labels, annotations = labels_of(node), annotations_of(node)
     desired = desired_labels(marks, prefix, taint_on, label_on)
@@ -103,6 +107,8 @@ def plan_node_patch(
 
     validating = with_validating(new_taints if new_taints is not None else taints, marks.validating, prefix)
     new_taints = validating if validating is not None else new_taints
+    testing = with_testing(new_taints if new_taints is not None else taints, marks.testing, prefix)
+    new_taints = testing if testing is not None else new_taints
     meta: dict[str, Any] = {}
     if label_patch:
         meta["labels"] = label_patch

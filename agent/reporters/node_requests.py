@@ -18,7 +18,7 @@ from typing import Any
 import tenacity
 
 from agent.core.marks import Marks
-from agent.reporters.history import History
+from agent.reporters.history_entry import History
 from agent.reporters.kube_rest import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,

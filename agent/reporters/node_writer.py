@@ -57,7 +57,7 @@ from agent.core.results_doc import decode_results, now_iso
 from agent.reporters.apply_result import ApplyResult
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
-from agent.reporters.history import History
+from agent.reporters.history_entry import History
 from agent.reporters.hooks import OnRefused, OnState, OnWrite, guarded
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.node_patch import (
@@ -314,7 +314,7 @@ class NodeWriter:
         except WriteRefused as exc:  # the Node writes landed; what waited for the taint keeps its value
             refused = exc.refusal
             kept = self._without_waiting(node, marks, conds, n) if first else kept
-        if refused is None:  # a repair hold the history's entry did not foresee (reporters/history)
+        if refused is None:  # a repair hold the history's entry did not foresee (reporters/history_entry.py)
             n.node_writes += self.requests.settle_history(marks)
 
         events = transition_events(marks, decided, self.gate.state, had_taint=had_taint, prefix=self.prefix)

@@ -12,6 +12,7 @@ and until then this node has no slices (isolation `auto` taints the node).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 from typing import Any
@@ -53,6 +54,14 @@ class SliceWatch:
         with self._lock:
             slices = list(self._slices.values())
         return slice_devices(slices, self.node_name)
+
+    def objects(self) -> list[dict[str, Any]] | None:
+        """A copy of the slices as listed and watched (API JSON), for readers other than isolation
+        (the checks' DRA input); None until the first list answered."""
+        if not self.synced.is_set():
+            return None
+        with self._lock:
+            return copy.deepcopy(list(self._slices.values()))
 
     def wait_synced(self, timeout: float) -> bool:
         return self.synced.wait(timeout)

@@ -1,4 +1,4 @@
-"""Whether our taint goes on, and the brake's yield (DESIGN.md §3, §4): the writer's concurrency state.
+"""Whether our taint goes on, and the brake's yield (DESIGN.md §4, §6.1): the writer's concurrency state.
 
 The rules:
 - A taint we do not hold yet asks the brake; keeping (or restoring) one we hold never does, and

@@ -246,7 +246,7 @@ class KubeEnv:
         self,
         name: str,
         instance_type: str = "p5.48xlarge",
-        gpus: int = 8,
+        gpus: int | None = 8,
         labels: Mapping[str, str] | None = None,
         taints: Iterable[Mapping[str, str]] | None = None,
         *,
@@ -257,7 +257,8 @@ class KubeEnv:
         allocatable set through the status subresource, a Ready condition). Returns the V1Node.
 
         *labels* are added to / override the defaults; *taints* are dicts like
-        ``{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}``.
+        ``{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}``. ``gpus=None``: no
+        ``nvidia.com/gpu`` at all (no device plugin: a DRA-only node).
         """
         all_labels = {
             "kubernetes.io/hostname": name,
@@ -265,7 +266,7 @@ class KubeEnv:
             "kubernetes.io/arch": "amd64",
             "node.kubernetes.io/instance-type": instance_type,
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.count": str(gpus),
+            **({} if gpus is None else {"nvidia.com/gpu.count": str(gpus)}),
             "nvidia.com/gpu.product": GPU_PRODUCTS.get(instance_type, "NVIDIA-H100-80GB-HBM3"),
             **(labels or {}),
         }
@@ -278,7 +279,7 @@ class KubeEnv:
             "memory": "2097152Mi",
             "pods": "110",
             "ephemeral-storage": "7500Gi",
-            "nvidia.com/gpu": str(gpus),
+            **({} if gpus is None else {"nvidia.com/gpu": str(gpus)}),
             **(capacity or {}),
         }
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -293,6 +293,9 @@ class ControlPlane:
                 f"--etcd-servers=http://127.0.0.1:{etcd_client}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # Since v1.37 the endpoint reconciler refuses a loopback advertise address; nothing
+                # reaches the `kubernetes` Service here, so it keeps no endpoints for it.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.port}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={pki.serving_cert}",
@@ -308,6 +311,9 @@ class ControlPlane:
                 "--allow-privileged=true",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
                 "--profiling=false",
+                # 1.37 refuses a loopback advertise address with the endpoint reconciler; no Service
+                # of the API server is needed here (nothing reaches it through a Service).
+                "--endpoint-reconciler-type=none",
                 *self.extra_apiserver_args,
             ],
             self.workdir / "kube-apiserver.log",

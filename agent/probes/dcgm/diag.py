@@ -113,6 +113,7 @@ class DiagRunner:
         self.latest: Probed[DiagReport] = NotCaptured("dcgm diag (not run yet)")
         self.in_progress = False
         self.last_skip: str = ""
+        self.aborted = False  # the last run was aborted (a pod arrived): its result is unknown
 
     def run_if_idle(self) -> IdleVerdict:
         verdict = self.idle.check()
@@ -124,14 +125,32 @@ class DiagRunner:
         self.latest = self.run()
         return verdict
 
-    def run(self) -> Probed[DiagReport]:
-        self.in_progress = True
+    def run(self, abort: Callable[[], str | None] | None = None, poll_s: float = 2.0) -> Probed[DiagReport]:
+        """One diag. *abort()*, asked every *poll_s* while it runs, says why to stop it (a pod
+        arrived): the diag's own connection is closed, which makes the engine abort a diag run with
+        the heartbeat flag, and the result is `unknown`, never `fail`."""
+        self.in_progress, self.aborted = True, False
         try:
-            return self._run()
+            return self._run(abort, poll_s)
         finally:
             self.in_progress = False
 
-    def _run(self) -> Probed[DiagReport]:
+    def _wait(
+        self, done: threading.Event, abort: Callable[[], str | None] | None, poll_s: float
+    ) -> tuple[bool, str | None]:
+        """(finished, why aborted) within the API timeout and our margin past it."""
+        deadline = time.monotonic() + self.timeout_s + self.watchdog_margin_s
+        while True:
+            left = deadline - time.monotonic()
+            if done.wait(max(0.0, min(left, poll_s if abort is not None else left))):
+                return True, None
+            if left <= 0:
+                return False, None
+            why = abort() if abort is not None else None
+            if why:
+                return False, why
+
+    def _run(self, abort: Callable[[], str | None] | None = None, poll_s: float = 2.0) -> Probed[DiagReport]:
         try:
             handle = self.client.handle()
             b = self.client.bindings
@@ -165,9 +184,19 @@ class DiagRunner:
         threading.Thread(target=work, name="dcgm-diag", daemon=True).start()
         if beat:
             threading.Thread(target=heartbeat, name="dcgm-diag-heartbeat", daemon=True).start()
-        finished = done.wait(self.timeout_s + self.watchdog_margin_s)
+        finished, why = self._wait(done, abort, poll_s)
         stop.set()  # no more heartbeats: an abandoned diag is aborted by the engine
+        if why:
+            self.aborted = True
+            self.client.drop(f"diag aborted: {why}")  # its connection closed: the engine stops it
+            return ProbeError(
+                SOURCE,
+                ProbeErrorKind.UNAVAILABLE,
+                f"level {self.level} diag aborted: {why}; result unknown "
+                "(it runs again at the next idle window)",
+            )
         if not finished:
+            self.client.count_hang("dcgmActionValidate_v2", self.timeout_s + self.watchdog_margin_s)
             self.client.drop("diag past its timeout")
             return ProbeError(
                 SOURCE,

@@ -62,38 +62,58 @@ class HealthPoller:
         self._seen: set[str] = set()
         self.new_keys: tuple[str, ...] = ()
 
-    def _setup(self, handle: Any) -> None:
-        b = self.client.bindings
-        system = handle.GetSystem()
-        gpus = list(system.discovery.GetEntityGroupEntities(DCGM_FE_GPU, True))
+    def _setup(self) -> None:
+        c, b = self.client, self.client.bindings
+
+        def entities(kind: int) -> list[int]:
+            return c.call(
+                "dcgmGetEntityGroupEntities",
+                lambda h: list(h.GetSystem().discovery.GetEntityGroupEntities(kind, True)),
+            )
+
+        gpus = entities(DCGM_FE_GPU)
         try:
-            switches = list(system.discovery.GetEntityGroupEntities(DCGM_FE_SWITCH, True))
+            switches = entities(DCGM_FE_SWITCH)
+        except EngineUnavailable:
+            raise
         except Exception:  # engines without the NvSwitch module
             switches = []
-        group = b.pydcgm.DcgmGroup(
-            handle,
-            groupName=f"gpu-healthcheck-health-{os.getpid()}",
-            groupType=getattr(b.dcgm_structs, "DCGM_GROUP_EMPTY", 0),
+        group = c.call(
+            "dcgmGroupCreate",
+            lambda h: b.pydcgm.DcgmGroup(
+                h,
+                groupName=f"gpu-healthcheck-health-{os.getpid()}",
+                groupType=getattr(b.dcgm_structs, "DCGM_GROUP_EMPTY", 0),
+            ),
         )
         self._group, self._switches = group, len(switches)  # held from here: released on any failure
-        for g in gpus:
-            group.AddEntity(DCGM_FE_GPU, g)
-        for s in switches:
-            group.AddEntity(DCGM_FE_SWITCH, s)
-        try:
-            group.health.Set(
-                self.systems, int(self.update_interval_s * 1_000_000), float(self.max_keep_age_s)
-            )
-        except TypeError:  # older bindings: Set(mask) only (30 s / 600 s defaults)
-            group.health.Set(self.systems)
+
+        def add(kind: int, eid: int) -> Callable[[Any], None]:
+            return lambda h: group.AddEntity(kind, eid)
+
+        for kind, ids in ((DCGM_FE_GPU, gpus), (DCGM_FE_SWITCH, switches)):
+            for eid in ids:
+                c.call("dcgmGroupAddEntity", add(kind, eid))
+
+        def watch(h: Any) -> None:
+            try:
+                group.health.Set(
+                    self.systems, int(self.update_interval_s * 1_000_000), float(self.max_keep_age_s)
+                )
+            except TypeError:  # older bindings: Set(mask) only (30 s / 600 s defaults)
+                group.health.Set(self.systems)
+
+        c.call("dcgmHealthSet", watch)
         log.info("DCGM health watches set on %d GPU(s), %d NVSwitch(es)", len(gpus), len(switches))
 
-    def _check(self, handle: Any) -> HealthReport:
+    def _check(self) -> HealthReport:
+        self.client.handle()  # (re)connected: the generation is current
         if self._group is None or self._generation != self.client.generation:
             self._group = None  # made on a closed connection: the engine freed it with that connection
             self._generation = self.client.generation
-            self._setup(handle)
-        resp = self._group.health.Check()
+            self._setup()
+        group = self._group
+        resp = self.client.call("dcgmHealthCheck", lambda h: group.health.Check())
         incidents = tuple(
             HealthIncident(
                 system=int(inc.system),
@@ -133,16 +153,21 @@ class HealthPoller:
         if group is None or self._generation != self.client.generation:
             return
         try:
-            group.Delete()
+            self.client.call("dcgmGroupDestroy", lambda h: group.Delete())
+        except EngineUnavailable:  # gone or given up with its connection, which frees it
+            return
         except Exception as exc:  # cannot free it: drop the connection, which frees every group on it
             self.client.drop(f"could not delete DCGM group after a failed poll ({type(exc).__name__}: {exc})")
 
     def poll(self) -> Probed[HealthReport]:
+        """The report; or ProbeError: TIMEOUT while the engine does not answer (a call past its
+        deadline, and until a call answers again), UNAVAILABLE while it cannot be reached."""
         try:
-            report = self.client.call(self._check)
+            report = self._check()
         except EngineUnavailable as exc:
-            self._group = None  # the connection is gone, and its groups with it
-            return ProbeError(SOURCE, ProbeErrorKind.UNAVAILABLE, str(exc))
+            self._group = None  # the connection is gone or given up, and its groups with it
+            kind = ProbeErrorKind.TIMEOUT if self.client.wedged is not None else ProbeErrorKind.UNAVAILABLE
+            return ProbeError(SOURCE, kind, str(exc))
         except Exception as exc:  # an answer we did not expect: cannot judge, say so
             self._release_group()
             return ProbeError(SOURCE, ProbeErrorKind.TOOL_FAILED, f"{type(exc).__name__}: {exc}")

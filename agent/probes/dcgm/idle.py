@@ -1,8 +1,11 @@
 """Idle gating for the DCGM diag: it stresses every GPU for minutes, so it runs only on idle GPUs.
 
 Idle = no compute process on any GPU (NVML nvmlDeviceGetComputeRunningProcesses) and no pod on this node
-requesting nvidia.com/gpu (an allocated but momentarily quiet job must not be hit either). When either
-cannot be read, the node is treated as busy: never run a diag on a guess.
+holding an NVIDIA device, as the kubelet's PodResources API reports it (probes/pod_resources.gpu_pods):
+a device-plugin GPU (nvidia.com/gpu, time-sliced replicas), a MIG slice (nvidia.com/mig-*), or a DRA
+device of NVIDIA's driver (gpu.nvidia.com), which a Pod spec's resource requests never show. An
+allocated but momentarily quiet job must not be hit either. When either cannot be read, the node is
+treated as busy: never run a diag on a guess.
 """
 
 from __future__ import annotations
@@ -57,5 +60,5 @@ class IdleGate:
                 return IdleVerdict(False, f"cannot list pods on this node: {exc}")
             if pods:
                 shown = ", ".join(pods[:3]) + (f" (+{len(pods) - 3})" if len(pods) > 3 else "")
-                return IdleVerdict(False, f"pod(s) requesting nvidia.com/gpu on this node: {shown}")
+                return IdleVerdict(False, f"pod(s) holding NVIDIA devices on this node: {shown}")
         return IdleVerdict(True, "GPUs idle")

@@ -1,7 +1,10 @@
 """The live agent's DCGM inputs: a health poller and a diag runner on the shared host engine.
 
 The diag takes minutes, so it runs in its own thread: the loop (and Xid latency) never waits for it.
-Two connections, as dcgm.md recommends: a long diag does not stall the health polls.
+Two connections, as dcgm.md recommends: a long diag does not stall the health polls. With a window
+(probes/dcgm/window.py: a fleet slot, the testing taint, pods arriving) a diag that is due waits in
+that thread for the next idle window, trying again every `retry_s()` or when woken (an operator's
+request), until one runs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from agent.probes.dcgm.client import DcgmClient
 from agent.probes.dcgm.diag import DiagRunner
 from agent.probes.dcgm.health import HealthPoller
 from agent.probes.dcgm.idle import IdleGate
+from agent.probes.dcgm.window import DiagWindow
 
 log = logging.getLogger("gpu-healthcheck.dcgm")
 
@@ -36,6 +40,8 @@ class DcgmTiers:
         *,
         wanted_level: Callable[[], int | None] | None = None,
         on_done: Callable[[], None] | None = None,
+        window: DiagWindow | None = None,
+        retry_s: Callable[[], float] = lambda: 300.0,
     ) -> None:
         """wanted_level(): the diag level a pending validation needs (node.validate.diagLevel; None
         once validated): the next diag runs at least that deep. on_done(): a diag finished (the
@@ -47,14 +53,26 @@ class DcgmTiers:
         self.metrics: Telemetry = metrics or NoTelemetry()
         dcgm = cfg.dcgm
         address, timeout, grace = dcgm.address, dcgm.connect_timeout, dcgm.grace_seconds
-        self.health = HealthPoller(DcgmClient(address, timeout, grace), engines_on_node=engines_on_node)
+
+        def client() -> DcgmClient:
+            return DcgmClient(
+                address,
+                timeout,
+                grace,
+                call_timeout_s=dcgm.call_timeout,
+                on_hang=self.metrics.record_dcgm_call_hang,
+            )
+
+        self.health = HealthPoller(client(), engines_on_node=engines_on_node)
         self.runner = DiagRunner(
-            DcgmClient(address, timeout, grace),
+            client(),
             IdleGate(pods_requesting_gpus=pods_requesting_gpus),
             level=dcgm.diag_level,
             timeout_s=dcgm.diag_timeout,
             heartbeat_s=dcgm.heartbeat_seconds,
         )
+        self.window, self.retry_s = window, retry_s
+        self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         self.running_since: str = ""
 
@@ -70,9 +88,43 @@ class DcgmTiers:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="dcgm-diag", daemon=True)
             self._thread.start()
+        elif self.window is not None and self.window.state.pending is not None:
+            self._wake.set()  # an operator's request while it waits for a window: try now
         return self.runner.latest
 
+    @property
+    def waiting(self) -> bool:
+        """A diag is due and waits for an idle window (its thread alive, no diag running)."""
+        return self._thread is not None and self._thread.is_alive() and not self.runner.in_progress
+
+    def stop(self) -> None:
+        """A reload rebuilt the tiers: a diag waiting for a window stops waiting (one running
+        finishes on its own)."""
+        self._stop.set()
+        self._wake.set()
+
     def _run(self) -> None:
+        """Try until a diag runs (or the tiers stop); a request that came meanwhile runs next, once
+        the loop has read this one's result."""
+        while not self._stop.is_set():
+            if not self._attempt():
+                if self.window is None or self._stop.is_set():
+                    return
+                self._wake.wait(self.retry_s())
+                self._wake.clear()
+                continue
+            if self.on_done is not None:
+                self._unread = True
+                self.on_done()
+            if self.window is None or self.window.state.pending is None:
+                return
+            deadline = time.monotonic() + 60.0
+            while self._unread and time.monotonic() < deadline and not self._stop.is_set():
+                time.sleep(0.2)
+
+    def _attempt(self) -> bool:
+        """One try at a diag: True when one ran (its result is latched in the runner)."""
+        self._wake.clear()
         self.running_since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         started = time.monotonic()
         self.metrics.record_diag_running(True)
@@ -80,20 +132,16 @@ class DcgmTiers:
         self.runner.level = max(self.level, wanted or 0)
         ran = False
         try:
-            verdict = self.runner.run_if_idle()
-            ran = verdict.idle
-            if verdict.idle:
-                log.info(
-                    f"DCGM diag level {self.runner.level} finished in {time.monotonic() - started:.0f} s"
-                )
+            ran = self.window.run(self.runner) if self.window is not None else self.runner.run_if_idle().idle
+            if ran:
+                how = "aborted after" if self.runner.aborted else "finished in"
+                log.info(f"DCGM diag level {self.runner.level} {how} {time.monotonic() - started:.0f} s")
         except Exception:  # a bindings bug must not kill the agent; the check reads `unknown`
             log.exception("DCGM diag failed")
         finally:
             self.running_since = ""
             self.metrics.record_diag_running(False)
-        if ran and self.on_done is not None:
-            self._unread = True
-            self.on_done()
+        return ran
 
     def progress(self) -> str:
         """A stable text for the condition message (no running seconds: no write every cycle)."""

@@ -58,6 +58,12 @@ type (the agent would reject it too) fails the render.
 {{- printf "[%s]" (join ", " $names) }}
 {{- end }}
 
+{{- /* config.yaml's `prefix` (the keys on the Nodes: the alerts' taint key follows it). */}}
+{{- define "gpu-healthcheck.prefix" -}}
+{{- $doc := fromYaml (include "gpu-healthcheck.configYaml" .) }}
+{{- toString ($doc.prefix | default "gpu-healthcheck") }}
+{{- end }}
+
 {{- /* config.yaml's `prefix` and a slash, as a CEL string: the fence's key prefix follows the config. */}}
 {{- define "gpu-healthcheck.prefixCel" -}}
 {{- $doc := fromYaml (include "gpu-healthcheck.configYaml" .) }}
@@ -66,4 +72,28 @@ type (the agent would reject it too) fails the render.
 {{- fail (printf "config.prefix: %q is not a label key prefix (a DNS subdomain)" $prefix) }}
 {{- end }}
 {{- printf "'%s/'" $prefix }}
+{{- end }}
+
+{{- /*
+The agent's `scheduling` when the values set it: as given, its required node affinity's every term
+ANDed with "not on the image canary's nodes" (gpu-healthcheck/track NotIn canary; a term of that
+alone where none is given), as scripts/gen-configmap.py writes the default. The canary DaemonSet
+(61-agent-canary.yaml) turns that expression into In.
+*/}}
+{{- define "gpu-healthcheck.agentScheduling" -}}
+{{- $s := deepCopy .Values.scheduling }}
+{{- $notCanary := dict "key" "gpu-healthcheck/track" "operator" "NotIn" "values" (list "canary") }}
+{{- $affinity := get $s "affinity" | default dict }}
+{{- $node := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $terms := list }}
+{{- range (get $required "nodeSelectorTerms" | default (list dict)) }}
+{{- $exprs := append (get . "matchExpressions" | default list) (deepCopy $notCanary) }}
+{{- $terms = append $terms (set (deepCopy .) "matchExpressions" $exprs) }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ = set $node "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ = set $affinity "nodeAffinity" $node }}
+{{- $_ = set $s "affinity" $affinity }}
+{{- toYaml $s }}
 {{- end }}

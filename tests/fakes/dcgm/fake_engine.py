@@ -25,6 +25,7 @@ def lib() -> Any:
     handle.fake_text.restype = c_char_p
     handle.fake_sizeof.restype = c_size_t
     handle.fake_set_heartbeat_timeout_ms.argtypes = [c_longlong]
+    handle.fake_set_request_timeout_ms.argtypes = [c_longlong]
     return handle
 
 
@@ -91,6 +92,23 @@ def injected() -> list[dict[str, int]]:
         )  # fmt: skip
         i += 1
     return out
+
+
+def engine_process(path: str) -> None:
+    """Every request is answered by the process on this Unix socket (engine_process.py); "": by the
+    library itself again."""
+    lib().fake_engine_process(path.encode())
+
+
+def request_timeout(seconds: float) -> None:
+    """How long a call waits for the engine's answer before DCGM_ST_TIMEOUT (the real client: 60 s)."""
+    lib().fake_set_request_timeout_ms(int(seconds * 1000))
+
+
+def block(function: str, on: bool = True, *, past_timeouts: bool = False) -> None:
+    """Make one C API function wait for an answer that does not come (an engine stuck in it): until
+    the call's own timeout, or `past_timeouts` (a call stuck in a wedged driver)."""
+    lib().fake_block(function.encode(), 2 if on and past_timeouts else int(on))
 
 
 def hold_diag(hold: bool) -> None:

@@ -15,15 +15,20 @@
  *    goes from zero to one reference, or on fake_nvml_load): "driver V", "cuda N", "init_error N", then
  *    per GPU a line "gpu" followed by "key value" lines (tests/fakes/nvml/fake_nvml.py writes them).
  *    A value "!N" makes that getter return NVML error N; a key that is absent answers NOT_SUPPORTED.
+ *    "hang_while PATH": every call on that GPU waits while the file PATH exists (a hung GPU that a
+ *    test in another process holds and releases).
  *
  * fake_nvml_* functions let the tests read the counts of inits, shutdowns and attaches, hold every
- * device call (a hung GPU), drop the library's initialisation (UNINITIALIZED), and reload the file.
+ * call (a hung driver) or every call on one GPU (a hung GPU), drop the library's initialisation
+ * (UNINITIALIZED), and reload the file.
  */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 enum {
     OK = 0, E_UNINITIALIZED = 1, E_INVALID_ARGUMENT = 2, E_NOT_SUPPORTED = 3, E_INSUFFICIENT_SIZE = 7,
@@ -54,6 +59,7 @@ static int ndevices;
 static char driver[80] = "580.159.04";
 static int cuda = 13000, init_error;
 static unsigned refcount, generation = 1, holding;
+static unsigned char holding_gpu[MAX_GPUS]; /* calls on this GPU (and its attach) are held */
 static unsigned inits, shutdowns, attaches, handle_calls, calls;
 
 /* ------------------------------------------------------------------ the configuration file */
@@ -146,10 +152,27 @@ static int get_text(const device_t *d, const char *key, char *buf, unsigned len)
 
 /* ------------------------------------------------------------------ entry checks */
 /* Every device call: counted, held while the test holds GPUs, refused when uninitialised or stale. */
+static int held(const device_t *d) {
+    return holding || (d && d >= devices && d < devices + MAX_GPUS && holding_gpu[d - devices]);
+}
+
+/* A GPU whose file key "hang_while PATH" names a file that exists: its calls wait (with the lock
+ * released) until the file is gone. Another process (a test driving an agent process) holds it. */
+static void wait_file(const device_t *d) {
+    const char *path = d ? lookup(d, "hang_while") : NULL;
+    while (path && access(path, F_OK) == 0) {
+        pthread_mutex_unlock(&lock);
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&lock);
+    }
+}
+
 static int enter(const device_t *d) {
     pthread_mutex_lock(&lock);
     calls++;
-    while (holding) pthread_cond_wait(&released, &lock);
+    while (held(d)) pthread_cond_wait(&released, &lock);
+    if (d >= devices && d < devices + ndevices) wait_file(d);
     int rc = OK;
     if (!refcount) rc = E_UNINITIALIZED;
     else if (d && (d < devices || d >= devices + ndevices)) rc = E_INVALID_ARGUMENT;
@@ -224,7 +247,11 @@ int nvmlDeviceGetCount_v2(unsigned *count) {
 }
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned index, device_t **device) {
-    ENTER(NULL);
+    pthread_mutex_lock(&lock); /* as ENTER(NULL), and attaching a hung GPU hangs too */
+    calls++;
+    while (holding || (index < MAX_GPUS && holding_gpu[index])) pthread_cond_wait(&released, &lock);
+    if (index < (unsigned)ndevices) wait_file(&devices[index]);
+    if (!refcount) LEAVE(E_UNINITIALIZED);
     handle_calls++;
     if (index >= (unsigned)ndevices) LEAVE(E_INVALID_ARGUMENT);
     device_t *d = &devices[index];
@@ -271,6 +298,15 @@ UINT_GETTER(nvmlDeviceGetPcieReplayCounter, "pcie_replay")
 UINT_GETTER(nvmlDeviceGetPerformanceState, "pstate")
 UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, "power_limit")
 UINT_GETTER(nvmlDeviceGetPowerManagementDefaultLimit, "power_default")
+UINT_GETTER(nvmlDeviceGetPowerUsage, "power_usage")
+
+/* Compute processes (the DCGM diag's idle gate asks): none on this machine; no recording lists one. */
+int nvmlDeviceGetComputeRunningProcesses_v3(device_t *d, unsigned *count, void *infos) {
+    (void)infos;
+    ENTER(d);
+    *count = 0;
+    LEAVE(OK);
+}
 
 int nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long long *out) {
     ENTER(d);
@@ -449,6 +485,7 @@ void fake_nvml_reset(void) {
     refcount = 0;
     generation++;
     holding = 0;
+    memset(holding_gpu, 0, sizeof holding_gpu);
     pthread_cond_broadcast(&released);
     pthread_mutex_unlock(&lock);
 }
@@ -466,6 +503,14 @@ void fake_nvml_uninitialise(void) {
     pthread_mutex_lock(&lock);
     refcount = 0;
     generation++;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Hold (1) or release (0) every call on one GPU, its attach included: one hung GPU. */
+void fake_nvml_hold_gpu(int index, int on) {
+    pthread_mutex_lock(&lock);
+    if (index >= 0 && index < MAX_GPUS) holding_gpu[index] = (unsigned char)on;
+    if (!on) pthread_cond_broadcast(&released);
     pthread_mutex_unlock(&lock);
 }
 

@@ -130,6 +130,7 @@ def gpu_spec(gpu: Gpu) -> dict[str, str]:
         s["pstate"] = w.performance_state.lstrip("P")
     _put(s, "power_limit", round(w.enforced_limit_w * 1000) if w.enforced_limit_w else None)
     _put(s, "power_default", round(w.default_limit_w * 1000) if w.default_limit_w else None)
+    _put(s, "power_usage", round(w.draw_w * 1000) if w.draw_w else None)
     return s
 
 
@@ -222,6 +223,10 @@ class FakeLib:
 
     def hold(self, on: bool) -> None:
         self.lib.fake_nvml_hold(int(on))
+
+    def hold_gpu(self, index: int, on: bool) -> None:
+        """Every call on GPU `index` (its attach included) blocks until released: one hung GPU."""
+        self.lib.fake_nvml_hold_gpu(index, int(on))
 
     def uninitialise(self) -> None:
         self.lib.fake_nvml_uninitialise()

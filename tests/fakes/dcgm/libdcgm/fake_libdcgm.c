@@ -19,15 +19,29 @@
  *    field 396 (row remap pending) is not watched;
  *  - a diag answers a response set by the test, can be held, honours the client-side timeout
  *    (DCGM_ST_TIMEOUT while the engine keeps running it: DIAG_ALREADY_RUNNING until it ends), and with
- *    the heartbeat flag is aborted when heartbeats stop or its connection closes.
+ *    the heartbeat flag is aborted when heartbeats stop or its connection closes;
+ *  - every request waits for its answer at most the client's request timeout (60 s, DcgmModuleApi.h)
+ *    and then answers DCGM_ST_TIMEOUT; a connect waits at most its timeoutMs (CONNECTION_NOT_VALID).
+ *    Where the answer comes from can be made a process: fake_engine_process(path) sends each request
+ *    through a Unix socket to a process that echoes it (tests/fakes/dcgm/engine_process.py), so that
+ *    stopping that process (SIGSTOP) wedges every call and SIGCONT answers them; killing it is an
+ *    engine that died (CONNECTION_NOT_VALID). fake_block(fn, 1) makes one API function wait the same
+ *    way (an engine stuck in one operation) until fake_block(fn, 0); fake_block(fn, 2) past every
+ *    timeout (a call stuck in a wedged driver). dcgmDisconnect is the client's own: it never waits
+ *    for the engine.
  */
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef uintptr_t dcgmHandle_t;
 typedef uintptr_t dcgmGpuGrp_t;
@@ -149,6 +163,11 @@ static long long st_health_sets, st_health_checks, st_injections, st_connect_tim
 static long long st_health_systems, st_health_interval, st_diag_validate, st_diag_flags, st_diag_timeout;
 static double st_health_keep_age;
 static char st_connect_address[512], st_diag_entities[2048], st_diag_tests[64];
+static char engine_path[108] = ""; /* "" = the answer comes from this library */
+static int64_t request_timeout_ms = 60000;
+static char block_fn[8][64];
+static int block_on[8];
+static long long st_waiting, st_request_timeouts;
 static field_value_v1_t injected[256];
 static unsigned injected_gpu[256];
 static int n_injected = 0;
@@ -163,6 +182,83 @@ static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
+
+/* One request to the engine process and its answer, within timeout_ms: ST_OK, ST_TIMEOUT (no answer
+ * in time) or ST_CONNECTION_NOT_VALID (no process listening, or it closed the connection). */
+static int engine_round_trip(const char *path, int64_t timeout_ms) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ST_CONNECTION_NOT_VALID;
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    char byte = 'q';
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || write(fd, &byte, 1) != 1) {
+        close(fd);
+        return ST_CONNECTION_NOT_VALID;
+    }
+    int64_t deadline = now_us() + timeout_ms * 1000;
+    for (;;) {
+        int64_t left_ms = (deadline - now_us()) / 1000;
+        if (left_ms <= 0) {
+            close(fd);
+            return ST_TIMEOUT;
+        }
+        struct pollfd p = {fd, POLLIN, 0};
+        int n = poll(&p, 1, (int)(left_ms > 1000 ? 1000 : left_ms));
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0) continue;
+        int rc = (n > 0 && read(fd, &byte, 1) == 1) ? ST_OK : ST_CONNECTION_NOT_VALID;
+        close(fd);
+        return rc;
+    }
+}
+
+/* 0, or how `fn` is blocked: 1 until the request's timeout, 2 past every timeout (a wedged driver) */
+static int blocked(const char *fn) {
+    for (int i = 0; i < 8; i++)
+        if (block_on[i] && strcmp(fn, block_fn[i]) == 0) return block_on[i];
+    return 0;
+}
+
+/* The engine answers `fn` (ST_OK), or not within timeout_ms (ST_TIMEOUT), or is gone. Called before
+ * the function takes the engine's lock: a call that waits holds nothing. */
+static int engine_answers(const char *fn, int64_t timeout_ms) {
+    int64_t deadline = now_us() + timeout_ms * 1000;
+    char path[sizeof engine_path];
+    pthread_mutex_lock(&mu);
+    st_waiting++;
+    while (blocked(fn) == 2 || (blocked(fn) && now_us() < deadline)) {
+        pthread_mutex_unlock(&mu);
+        sleep_ms(5);
+        pthread_mutex_lock(&mu);
+    }
+    int rc = blocked(fn) ? ST_TIMEOUT : ST_OK;
+    memcpy(path, engine_path, sizeof path);
+    pthread_mutex_unlock(&mu);
+    if (rc == ST_OK && path[0]) {
+        int64_t left_ms = (deadline - now_us()) / 1000;
+        rc = left_ms > 0 ? engine_round_trip(path, left_ms) : ST_TIMEOUT;
+    }
+    pthread_mutex_lock(&mu);
+    st_waiting--;
+    if (rc == ST_TIMEOUT) st_request_timeouts++;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static conn_t *conn_of(dcgmHandle_t h);
+
+/* A request on a connection: refused at once on a closed one (the client knows), else it waits for
+ * the engine's answer at most the client's request timeout. */
+static int request(const char *fn, dcgmHandle_t h) {
+    pthread_mutex_lock(&mu);
+    int64_t timeout_ms = request_timeout_ms;
+    int open = conn_of(h) != NULL;
+    pthread_mutex_unlock(&mu);
+    return open ? engine_answers(fn, timeout_ms) : ST_CONNECTION_NOT_VALID;
+}
+#define REQUEST(fn, h) do { int _rc = request(fn, h); if (_rc != ST_OK) return _rc; } while (0)
 
 static void reset_engine_state(void) {
     memset(groups, 0, sizeof(groups));
@@ -236,6 +332,7 @@ int dcgmConnect_v3(const char *address, connect_v3_t *params, dcgmHandle_t *hand
     if (params->version != CONNECT_V3_VERSION) return ST_VER_MISMATCH;
     int timeout_ms = params->timeoutMs ? (int)params->timeoutMs : 5000;
     int64_t deadline = now_us() + (int64_t)timeout_ms * 1000;
+    if (engine_answers("dcgmConnect_v3", timeout_ms) != ST_OK) return ST_CONNECTION_NOT_VALID;
     pthread_mutex_lock(&mu);
     st_connects++;
     st_connect_timeout = params->timeoutMs;
@@ -280,6 +377,7 @@ int dcgmDisconnect(dcgmHandle_t h) {
 
 int dcgmGetEntityGroupEntities(dcgmHandle_t h, int entityGroup, unsigned *entities, int *numEntities, unsigned flags) {
     (void)flags;
+    REQUEST("dcgmGetEntityGroupEntities", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmGetEntityGroupEntities") : ST_CONNECTION_NOT_VALID;
     if (rc == ST_OK) {
@@ -299,6 +397,7 @@ int dcgmGetEntityGroupEntities(dcgmHandle_t h, int entityGroup, unsigned *entiti
 int dcgmGroupCreate(dcgmHandle_t h, int type, const char *name, dcgmGpuGrp_t *groupId) {
     (void)type;
     (void)name;
+    REQUEST("dcgmGroupCreate", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmGroupCreate") : ST_CONNECTION_NOT_VALID;
     if (rc == ST_OK && num_groups >= MAX_GROUPS) rc = ST_MAX_LIMIT;
@@ -320,6 +419,7 @@ int dcgmGroupCreate(dcgmHandle_t h, int type, const char *name, dcgmGpuGrp_t *gr
 }
 
 int dcgmGroupDestroy(dcgmHandle_t h, dcgmGpuGrp_t id) {
+    REQUEST("dcgmGroupDestroy", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmGroupDestroy") : ST_CONNECTION_NOT_VALID;
     group_t *g = rc == ST_OK ? group_of(id) : NULL;
@@ -334,6 +434,7 @@ int dcgmGroupDestroy(dcgmHandle_t h, dcgmGpuGrp_t id) {
 }
 
 int dcgmGroupAddEntity(dcgmHandle_t h, dcgmGpuGrp_t id, int entityGroup, unsigned entityId) {
+    REQUEST("dcgmGroupAddEntity", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmGroupAddEntity") : ST_CONNECTION_NOT_VALID;
     group_t *g = rc == ST_OK ? group_of(id) : NULL;
@@ -364,6 +465,7 @@ static int health_set(dcgmHandle_t h, dcgmGpuGrp_t id, unsigned systems, int64_t
 }
 
 int dcgmHealthSet(dcgmHandle_t h, dcgmGpuGrp_t id, unsigned systems) {
+    REQUEST("dcgmHealthSet", h);
     pthread_mutex_lock(&mu);
     int rc = health_set(h, id, systems, 30000000, 600.0);
     pthread_mutex_unlock(&mu);
@@ -373,6 +475,7 @@ int dcgmHealthSet(dcgmHandle_t h, dcgmGpuGrp_t id, unsigned systems) {
 int dcgmHealthSet_v2(dcgmHandle_t h, health_set_v2_t *p) {
     if (p == NULL) return ST_BADPARAM;
     if (p->version != HEALTH_SET_V2_VERSION) return ST_VER_MISMATCH;
+    REQUEST("dcgmHealthSet_v2", h);
     pthread_mutex_lock(&mu);
     int rc = health_set(h, p->groupId, p->systems, p->updateInterval, p->maxKeepAge);
     pthread_mutex_unlock(&mu);
@@ -466,6 +569,7 @@ static void judge_gpu(health_v5_t *r, const group_t *g, unsigned gpu, int64_t no
 int dcgmHealthCheck(dcgmHandle_t h, dcgmGpuGrp_t id, health_v5_t *r) {
     if (r == NULL) return ST_BADPARAM;
     if (r->version != HEALTH_V5_VERSION) return ST_VER_MISMATCH;
+    REQUEST("dcgmHealthCheck", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmHealthCheck") : ST_CONNECTION_NOT_VALID;
     const group_t *g = rc == ST_OK ? group_of(id) : NULL;
@@ -490,6 +594,7 @@ int dcgmHealthCheck(dcgmHandle_t h, dcgmGpuGrp_t id, health_v5_t *r) {
 int dcgmActionValidate_v2(dcgmHandle_t h, run_diag_v10_t *drd, diag_v12_t *resp) {
     if (drd == NULL || resp == NULL) return ST_BADPARAM;
     if (drd->version != RUN_DIAG_V10_VERSION || resp->version != DIAG_V12_VERSION) return ST_VER_MISMATCH;
+    REQUEST("dcgmActionValidate_v2", h);
     int64_t started = now_us();
     pthread_mutex_lock(&mu);
     st_diag_calls++;
@@ -544,6 +649,7 @@ int dcgmActionValidate_v2(dcgmHandle_t h, run_diag_v10_t *drd, diag_v12_t *resp)
 }
 
 int dcgmDiagSendHeartbeat(dcgmHandle_t h) {
+    REQUEST("dcgmDiagSendHeartbeat", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmDiagSendHeartbeat") : ST_CONNECTION_NOT_VALID;
     if (rc == ST_OK) {
@@ -557,6 +663,7 @@ int dcgmDiagSendHeartbeat(dcgmHandle_t h) {
 int dcgmInjectEntityFieldValue(dcgmHandle_t h, int entityGroup, unsigned entityId, field_value_v1_t *v) {
     if (v == NULL) return ST_BADPARAM;
     if (v->version != FIELD_VALUE_V1_VERSION) return ST_VER_MISMATCH;
+    REQUEST("dcgmInjectEntityFieldValue", h);
     pthread_mutex_lock(&mu);
     int rc = conn_of(h) ? forced("dcgmInjectEntityFieldValue") : ST_CONNECTION_NOT_VALID;
     int slot = field_slot(v->fieldId);
@@ -608,6 +715,10 @@ void fake_reset(void) {
     diag_error_msg[0] = 0;
     diag_hold = 0;
     heartbeat_timeout_ms = 600000;
+    engine_path[0] = 0;
+    request_timeout_ms = 60000;
+    memset(block_on, 0, sizeof(block_on));
+    st_request_timeouts = 0;
     st_connects = st_groups_created = st_groups_destroyed = st_heartbeats = st_diag_calls = 0;
     st_health_sets = st_health_checks = st_injections = st_connect_timeout = st_connect_persist = 0;
     st_health_systems = st_health_interval = st_diag_validate = st_diag_flags = st_diag_timeout = 0;
@@ -689,6 +800,34 @@ void fake_fail(const char *fn, int code) {
     pthread_mutex_unlock(&mu);
 }
 
+/* Answers come from the process listening on this Unix socket ("" = from this library again). */
+void fake_engine_process(const char *path) {
+    pthread_mutex_lock(&mu);
+    snprintf(engine_path, sizeof(engine_path), "%s", path ? path : "");
+    pthread_mutex_unlock(&mu);
+}
+
+/* How long a request waits for its answer before DCGM_ST_TIMEOUT (the client library's 60 s). */
+void fake_set_request_timeout_ms(long long ms) {
+    pthread_mutex_lock(&mu);
+    request_timeout_ms = ms;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Make one API function wait for an answer that does not come (1: until the request's timeout; 2:
+ * past every timeout, a call stuck in a wedged driver) or answer again (0); up to 8 at once. */
+void fake_block(const char *fn, int on) {
+    pthread_mutex_lock(&mu);
+    int slot = -1;
+    for (int i = 0; i < 8; i++)
+        if ((block_on[i] && strcmp(fn, block_fn[i]) == 0) || (slot < 0 && !block_on[i])) slot = i;
+    if (slot >= 0) {
+        snprintf(block_fn[slot], sizeof(block_fn[slot]), "%s", fn);
+        block_on[slot] = on;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 int fake_set_diag_response(const void *buf, size_t len) {
     if (len != sizeof(diag_v12_t)) return -1;
     pthread_mutex_lock(&mu);
@@ -739,6 +878,8 @@ double fake_stat(const char *name) {
     else if (!strcmp(name, "connect_timeout")) v = (double)st_connect_timeout;
     else if (!strcmp(name, "connect_persist")) v = (double)st_connect_persist;
     else if (!strcmp(name, "last_connection")) v = next_conn - 1;
+    else if (!strcmp(name, "waiting")) v = (double)st_waiting;
+    else if (!strcmp(name, "request_timeouts")) v = (double)st_request_timeouts;
     else if (!strcmp(name, "open_connections")) {
         v = 0;
         for (unsigned i = 1; i < next_conn; i++) v += conns[i].open && conns[i].generation == generation;

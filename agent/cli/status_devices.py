@@ -1,0 +1,76 @@
+"""`gpu-healthcheck status NODE`: the node's per-GPU DeviceTaintRules and what became of them.
+
+The rule's status (Kubernetes 1.35 and later) is written by kube-controller-manager's
+device-taint-eviction controller: condition EvictionInProgress, with the pods it still has to evict
+(NoExecute), has evicted, or would evict (effect None). A rule with no status yet has not been seen by
+that controller (not running, its gate off, or just created). Read when asked, never by the agent
+per cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agent.reporters.device_taints import (
+    VERSIONS,
+    RuleApi,
+    discover,
+    eviction_status,
+    node_label,
+    node_owner,
+    selected_device,
+    taint_of,
+)
+from agent.reporters.kube_rest import KubeRest, describe_error
+
+TIMEOUT = (5, 30)
+
+
+def rule_line(rule: Mapping[str, Any], node: str, api: RuleApi) -> str:
+    """One rule: device, taint, whose, and the eviction controller's word on it."""
+    meta = rule.get("metadata") or {}
+    t = taint_of(rule)
+    taint = f"{t.get('key', '')}={t.get('value', '')}:{t.get('effect', '')}"
+    whose = "" if node_owner(rule, node) is not None else "  (not ours: no ownerReference to the Node)"
+    cond = eviction_status(rule) if api.status else None
+    if not api.status:
+        said = f"status not served by {api.api_version}"
+    elif cond is None:
+        said = "no status yet (no device-taint-eviction controller has seen it)"
+    else:
+        said = f"EvictionInProgress={cond.get('status')} ({cond.get('reason')})"
+        said += f": {cond['message']}" if cond.get("message") else ""
+    return f"{selected_device(rule)['device']:<8} {taint:<40} {meta.get('name', '')}{whose}\n    {said}"
+
+
+def device_taint_lines(core: Any, node: str, prefix: str, *, wide: bool = False) -> Sequence[str]:
+    """The DEVICE TAINTS section of one node: empty when it has no rule (and, unless *wide*, when no
+    version is served); a line that says why where the rules cannot be read."""
+    try:
+        return _lines(core, node, prefix, wide)
+    except Exception as exc:
+        return [f"DEVICE TAINTS: cannot read them: {describe_error(exc)}"]
+
+
+def _lines(core: Any, node: str, prefix: str, wide: bool) -> Sequence[str]:
+    api = discover(core)
+    if api is None:
+        return (
+            []
+            if not wide
+            else [
+                f"DEVICE TAINTS: the API server serves no DeviceTaintRules (resource.k8s.io "
+                f"{', '.join(VERSIONS)}): per-GPU isolation falls back to the node taint"
+            ]
+        )
+    doc = KubeRest.of(core).json(
+        "GET", api.path, query={"labelSelector": f"{prefix}/node={node_label(node)}"}, timeout=TIMEOUT
+    )
+    rules = sorted(doc.get("items") or (), key=lambda r: selected_device(r)["device"])
+    if not rules:
+        return []
+    return [f"DEVICE TAINTS ({api.api_version})", *(rule_line(r, node, api) for r in rules)]
+
+
+__all__ = ["device_taint_lines", "rule_line"]

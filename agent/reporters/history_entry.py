@@ -1,0 +1,151 @@
+"""The writer's side of the Node's history (core/history_annotation.py): the entry a change adds, sent in
+the Node PATCH of that change, and the one correction a repair hold can need afterwards.
+
+The entry records the Marks (status, worst key, boot), the taint as decided for this PATCH (on,
+held by the brake, refused by the `<prefix>/taint=disabled` label), a `clear` the Marks consume
+(its requester from `<prefix>/clear-latched-by`), and the remediation marks. Those turn unhealthy
+in the status PATCH after the Node PATCH, once the repair budget and the wave hold are asked, so the
+entry says what they will show: a mark newly wanted with our taint is `on`, one the Node shows held
+stays held. `settle` compares the last entry with the Node after the apply and, only where a hold
+began or ended, corrects it in a small merge patch of this annotation alone. In the steady state the
+Node shows what the last entry says: nothing is added, nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from agent.core.history_annotation import (
+    MARK_BUDGET,
+    MARK_ON,
+    MARK_WAVE,
+    TAINT_DISABLED,
+    TAINT_HELD,
+    TAINT_ON,
+    Entry,
+    append,
+    encode,
+    parse,
+    parse_counts,
+    transition,
+)
+from agent.core.marks import ClearRequest, Marks
+from agent.core.node_keys import Keys
+from agent.core.node_risk import add, day_of, tally
+from agent.core.remediation_types import RemediationReason
+from agent.core.results_doc import now_iso
+from agent.reporters.node_patch import annotations_of, find_condition
+from agent.reporters.taint_gate import TaintDecision
+
+HELD = {RemediationReason.BUDGET_HELD: MARK_BUDGET, RemediationReason.WAVE_HELD: MARK_WAVE}
+
+
+def taint_state(decided: TaintDecision) -> str:
+    if decided.taint_on:
+        return TAINT_ON
+    if decided.brake_open:
+        return TAINT_HELD
+    return TAINT_DISABLED if decided.disabled else ""
+
+
+def shown_mark(node: Mapping[str, Any], marks: Marks, *, planned: bool = False) -> str:
+    """The remediation marks as the Node shows them: `on` when one is at its unhealthy status, else
+    the hold one of them names (budget, wave), else "". *planned* (our taint is on): a mark the
+    engine wants that the Node does not show held counts as `on`, as the status PATCH will show it."""
+    state = ""
+    for m in marks.remediation:
+        cond = find_condition(node, m.type) or {}
+        if cond.get("status") == m.unhealthy_status:
+            return MARK_ON
+        held = HELD.get(str(cond.get("reason")), "") if m.unhealthy else ""
+        if planned and m.unhealthy and not held:
+            return MARK_ON
+        state = state or held
+    return state
+
+
+def cleared_by(node: Mapping[str, Any], marks: Marks, keys: Keys) -> str | None:
+    """The requester of a clear these Marks consume ("" unnamed); None when they consume none."""
+    ann = annotations_of(node)
+    if keys.clear_latched not in marks.drop_annotations or keys.clear_latched not in ann:
+        return None
+    request = ClearRequest.decode(ann.get(keys.clear_latched_by))
+    return request.by if request is not None else ""
+
+
+class History:
+    """One writer's history keeping (see the module docstring)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.keys = Keys(prefix)
+        self.added: Entry | None = None  # the entry the last planned Node PATCH adds
+
+    def _entries(self, node: Mapping[str, Any]) -> list[Entry]:
+        return parse(annotations_of(node).get(self.keys.history))
+
+    def annotation(self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision) -> dict[str, str]:
+        """{key: value} to send with the Node PATCH that makes *node* show *marks*; {} when it adds
+        no entry."""
+        entries = self._entries(node)
+        self.added = transition(
+            entries[-1] if entries else None,
+            at=now_iso(),
+            status=marks.status.value,
+            key=marks.worst_key,
+            boot=marks.boot_id,
+            taint=taint_state(decided),
+            mark=shown_mark(node, marks, planned=True) if decided.taint_on else "",
+            cleared_by=cleared_by(node, marks, self.keys),
+        )
+        if self.added is None:
+            return {}
+        # the per-day counts the risk label reads (core/node_risk.py), in the same PATCH
+        counts = add(self._counts(node), day_of(self.added.at), tally(entries, self.added))
+        return {self.keys.history: encode(append(entries, self.added), counts)}
+
+    def _counts(self, node: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+        return parse_counts(annotations_of(node).get(self.keys.history))
+
+    def settle(self, node: Mapping[str, Any], marks: Marks) -> dict[str, Any] | None:
+        """After the apply: the merge patch that makes the last entry's marks what *node* shows,
+        or None. The entry this apply added is corrected in place; otherwise one is added."""
+        if not marks.remediation:
+            return None
+        entries = self._entries(node)
+        if not entries:
+            return None
+        last = entries[-1]
+        mark = shown_mark(node, marks) if last.taint == TAINT_ON else ""
+        if mark == last.mark:
+            return None
+        if self.added is not None and self.added == last:
+            base = entries[-2] if len(entries) > 1 else None
+            fixed = transition(
+                base,
+                at=last.at,
+                status=last.status,
+                key=last.key,
+                boot=last.boot,
+                taint=last.taint,
+                mark=mark,
+                cleared_by=last.by if last.cleared else None,
+            )
+            entries = [*entries[:-1], fixed or replace(last, mark=mark)]
+        else:
+            fixed = transition(
+                last,
+                at=now_iso(),
+                status=last.status,
+                key=last.key,
+                boot=last.boot,
+                taint=last.taint,
+                mark=mark,
+            )
+            entries = append(entries, fixed) if fixed else entries
+        self.added = None
+        return {"metadata": {"annotations": {self.keys.history: encode(entries, self._counts(node))}}}
+
+
+__all__ = ["History", "cleared_by", "shown_mark", "taint_state"]

@@ -1,0 +1,130 @@
+"""Active checks, the pure parts (core/active_checks.py, engine/active.py, the testing taint in the Node
+PATCH, what counts as a pod that came for the GPUs). On the real API server: test_active_checks_kube.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.checks.registry import RULE_BOOK
+from agent.config import ConfigError, parse_config
+from agent.core.active_checks import (
+    ActivePolicy,
+    ActiveState,
+    DiagRequest,
+    parse_max_concurrent,
+    slots_before,
+)
+from agent.core.marks import Marks
+from agent.core.node_keys import Keys
+from agent.core.repair_budget import Record
+from agent.core.severity import Severity, Status
+from agent.engine.active import step
+from agent.probes.node_object import node_from_dict
+from agent.reporters.active_checks import wants_gpu
+from agent.reporters.node_patch import plan_node_patch
+from tests.conftest import cfg
+
+K = Keys()
+
+
+def test_the_bound_is_a_count_or_a_share_of_the_gpu_nodes_at_least_one() -> None:
+    default = cfg().node.active_checks
+    assert default == ActivePolicy("5%", 300.0)
+    assert [default.limit(n) for n in (1, 10, 39, 40, 100, 2000)] == [1, 1, 1, 2, 5, 100]
+    assert ActivePolicy("2").limit(1000) == 2
+    assert cfg({"node": {"activeChecks": {"maxConcurrent": 3}}}).node.active_checks.limit(10) == 3
+    for bad in (0, "0%", "150%", "five", True, -1):
+        with pytest.raises(ValueError):
+            parse_max_concurrent(bad)
+        with pytest.raises(ConfigError, match="maxConcurrent"):
+            parse_config({"node": {"activeChecks": {"maxConcurrent": bad}}}, rules=RULE_BOOK)
+
+
+def test_a_node_counts_the_live_slots_written_before_its_own() -> None:
+    def slot(node: str, rv: int, at: float = 1000.0) -> Record:
+        return Record(f"s-{node}", "slot", node, at=at, rv=rv)
+
+    own = slot("c", 30)
+    records = [slot("a", 10), slot("b", 20), own, slot("d", 40), slot("old", 5, at=0.0)]
+    records.append(Record("m", "mark", "e", at=1000.0, rv=1))  # the repair budget's: not a slot
+    assert [r.node for r in slots_before(records, own, now=1100.0, expire_s=600.0)] == ["a", "b"]
+    assert slots_before([slot("c", 10), own], own, 1100.0, 600.0) == []  # its own older one
+
+
+def test_the_testing_taint_goes_on_and_off_beside_everyone_elses() -> None:
+    node: dict[str, Any] = {
+        "metadata": {"labels": {K.status: "pass", K.severity: "none"}, "annotations": {K.results: "{}"}},
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+    }
+    marks = Marks(Status.PASS, Severity.NONE, "{}", False, "m", testing=True)
+    patch = plan_node_patch(node, marks, prefix=K.prefix, taint_on=False)
+    assert patch == {
+        "spec": {
+            "taints": [
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                {"key": K.testing, "effect": "NoSchedule"},
+            ]
+        }
+    }
+    node["spec"] = patch["spec"]
+    assert plan_node_patch(node, marks, prefix=K.prefix, taint_on=False) is None  # on: steady
+    off = Marks(Status.PASS, Severity.NONE, "{}", False, "m", testing=False)
+    assert plan_node_patch(node, off, prefix=K.prefix, taint_on=False) == {
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
+    }
+    left = Marks(Status.PASS, Severity.NONE, "{}", False, "m", testing=None)
+    assert plan_node_patch(node, left, prefix=K.prefix, taint_on=False) is None
+
+
+def test_a_request_on_the_node_makes_the_diag_due_and_goes_once_started() -> None:
+    request = DiagRequest("alice@example.com", "after a reseat", "2026-11-28T10:00:00Z", 3)
+    assert DiagRequest.decode(request.encode()) == request
+    assert DiagRequest.decode("now").who() == "unnamed (kubectl annotate)"
+    node = node_from_dict(
+        {"metadata": {"name": "n", "annotations": {K.diag_requested: request.encode()}}, "spec": {}}
+    )
+    state, due = ActiveState(), {"dcgm-diag": 999.0}
+    first = step(state, node, K.prefix, "taint", due)
+    assert due["dcgm-diag"] == 0.0 and first.drop == () and first.testing is False
+    due["dcgm-diag"] = 999.0
+    assert step(state, node, K.prefix, "taint", due).drop == () and due["dcgm-diag"] == 999.0  # pending
+    state.hold(True)
+    assert state.start() == request
+    held = step(state, node, K.prefix, "taint", due)
+    assert held.drop == (K.diag_requested,) and held.testing is True
+    assert step(state, node, K.prefix, "observe", due).testing is False  # observe and label: no taint
+    assert step(None, node, K.prefix, "taint", due).testing is None  # no live DCGM here: leave it
+
+
+def test_what_counts_as_a_pod_that_came_for_the_gpus() -> None:
+    def pod(**spec: Any) -> dict[str, Any]:
+        return {"spec": {"containers": [{"name": "c"}], **spec}, "status": {"phase": "Pending"}}
+
+    gpu = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}
+    mig = {"initContainers": [{"name": "i", "resources": {"requests": {"nvidia.com/mig-1g.10gb": "1"}}}]}
+    assert wants_gpu(pod(**gpu)) == "nvidia.com/gpu"
+    assert wants_gpu(pod(**mig)) == "nvidia.com/mig-1g.10gb"
+    assert (
+        wants_gpu(pod(resourceClaims=[{"name": "gpu", "resourceClaimName": "x"}])) == "a DRA resource claim"
+    )
+    assert wants_gpu(pod()) is None
+    assert wants_gpu(pod(containers=[{"resources": {"limits": {"vpc.amazonaws.com/efa": "1"}}}])) is None
+    done = {**pod(**gpu), "status": {"phase": "Succeeded"}}
+    assert wants_gpu(done) is None
+
+
+def test_the_fence_lists_the_testing_taint_and_the_slot_policy() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    for path in (root / "manifests", root / "charts" / "gpu-healthcheck" / "templates"):
+        text = (path / "30-admission-policy.yaml").read_text()
+        assert "variables.prefix + 'testing']" in text
+        assert "name: gpu-healthcheck-own-slots" in text
+    docs = list(yaml.safe_load_all((root / "manifests" / "30-admission-policy.yaml").read_text()))
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("ValidatingAdmissionPolicyBinding", "gpu-healthcheck-own-slots") in names

@@ -1,0 +1,449 @@
+"""Active checks on the real API server (README "Active checks"): the real agent (tests/active_node.py:
+`gpu-healthcheck agent` on a snapshot, with the live DCGM tiers on its own fake engine) on each of
+several GPU Nodes, the fleet slots counted through Leases in the test's namespace.
+
+- 10 idle nodes with node.activeChecks.maxConcurrent 2: never more than 2 diags at once (as each
+  node's fake engine saw them run) nor 2 testing taints at once (as a watch of the Nodes saw them);
+  each diag ran while its node carried the taint; every node ends with a passing diag, its taint
+  lifted and its slot given back;
+- a pod that arrives mid-diag (it tolerates the taint): the diag is aborted, its result is unknown
+  (never fail), the taint lifts, an ActiveCheckAborted Event says who came;
+- `gpu-healthcheck diag NODE`: the diag starts at the next idle window, the annotation goes, an
+  ActiveCheckStarted Event names who asked and why;
+- in-process: slots taken at the same instant by 10 nodes with a bound of 2: exactly 2 granted; and
+  the admission policy lets a fenced agent hold only its own node's slot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+
+from agent.core.active_checks import ActivePolicy
+from agent.core.node_keys import Keys, Reason
+from agent.reporters.active_checks import FleetSlots, slot_name
+from agent.reporters.brake import Brake
+from agent.reporters.kube_rest import KubeRest
+from tests.kubeenv.env import unique_name
+from tests.kubeenv.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+FAKE_DCGM = ROOT / "tests" / "fakes" / "dcgm"
+K = Keys()
+pytestmark = pytest.mark.kube
+
+
+@pytest.fixture
+def core(kube: Any) -> Iterator[k8s.CoreV1Api]:
+    with kube.api_client() as api:
+        yield k8s.CoreV1Api(api)
+
+
+def config_yaml(max_concurrent: int) -> str:
+    return yaml.safe_dump(
+        {
+            "intervals": {"gpu": 10, "dcgmHealth": 60, "dcgmDiag": 3600, "efa": 600, "topology": 600},
+            "node": {
+                "maxTaintedFraction": 1,
+                "activeChecks": {"maxConcurrent": max_concurrent, "retrySeconds": 2},
+            },
+        }
+    )
+
+
+class Worker:
+    """tests/active_node.py for one Node, as a child process (stopped by its PID)."""
+
+    def __init__(
+        self,
+        node: str,
+        work: Path,
+        kubeconfig: Path,
+        namespace: str,
+        libs: tuple[Path, Path],
+        *,
+        diag_seconds: float,
+        max_concurrent: int = 2,
+    ) -> None:
+        self.node = node
+        work.mkdir(parents=True)
+        cfg = work / "config"
+        cfg.mkdir()
+        (cfg / "config.yaml").write_text(config_yaml(max_concurrent))
+        snap = work / "snap"
+        import shutil
+
+        shutil.copytree(HEALTHY, snap, symlinks=True)
+        self.log = work / "agent.log"
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            POD_NAMESPACE=namespace,
+            GPU_HEALTHCHECK_DCGM_PYTHON=str(FAKE_DCGM),
+            LD_LIBRARY_PATH=f"{libs[0]}:{libs[1]}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+            FAKE_NVML_CONFIG=str(work / "fake-nvml.conf"),
+        )
+        argv = [
+            sys.executable, "-m", "tests.active_node", "--node", node, "--snapshot", str(snap),
+            "--kubeconfig", str(kubeconfig), "--config-dir", str(cfg), "--work", str(work),
+            "--diag-seconds", str(diag_seconds),
+        ]  # fmt: skip
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+    def alive(self) -> bool:
+        assert self.proc.poll() is None, self.log.read_text(errors="replace")[-3000:]
+        return True
+
+    def diags(self) -> list[tuple[float, float | None]]:
+        """(start, end or None) of each diag the fake engine ran."""
+        out: list[tuple[float, float | None]] = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("DIAG start "):
+                out.append((float(line.split()[2]), None))
+            elif line.startswith("DIAG end ") and out and out[-1][1] is None:
+                out[-1] = (out[-1][0], float(line.split()[2]))
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class TaintWatch:
+    """A watch of the Nodes of one pool: when each carried the testing taint, and the most at once."""
+
+    def __init__(self, kube: Any, pool: str) -> None:
+        self.api = kube.api_client()
+        self.pool = pool
+        self.on: dict[str, float] = {}
+        self.spans: dict[str, list[tuple[float, float]]] = {}
+        self.most = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        core = k8s.CoreV1Api(self.api)
+        w = k8s_watch.Watch()
+        for ev in w.stream(
+            core.list_node, label_selector=f"test.example/pool={self.pool}", timeout_seconds=600
+        ):
+            node = ev["object"]
+            name = node.metadata.name
+            tainted = any(t.key == K.testing for t in node.spec.taints or ())
+            now = time.time()
+            if tainted and name not in self.on:
+                self.on[name] = now
+            elif not tainted and name in self.on:
+                self.spans.setdefault(name, []).append((self.on.pop(name), now))
+            self.most = max(self.most, len(self.on))
+            if self.stop.is_set():
+                w.stop()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.api.close()
+
+
+def results(core: k8s.CoreV1Api, node: str) -> dict[str, Any]:
+    ann = core.read_node(node).metadata.annotations or {}
+    return json.loads(ann.get(K.results, "{}"))
+
+
+def check(core: k8s.CoreV1Api, node: str, name: str) -> dict[str, Any]:
+    return next((c for c in results(core, node).get("checks", ()) if c["name"] == name), {})
+
+
+def taint_keys(core: k8s.CoreV1Api, node: str) -> set[str]:
+    return {t.key for t in core.read_node(node).spec.taints or ()}
+
+
+def slots(kube: Any, namespace: str) -> list[str]:
+    code, body = kube.request(
+        "GET",
+        f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+        query={"labelSelector": f"{K.prefix}/record=slot"},
+    )
+    assert code == 200, body
+    return [i["metadata"]["name"] for i in body["items"]]
+
+
+def events(core: k8s.CoreV1Api, node: str, reason: str) -> list[str]:
+    items = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    return [e.message for e in items if e.reason == reason]
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    now = most = 0
+    for _, step in points:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.fixture
+def libs(fake_libdcgm_dir: Path, fake_libnvml_dir: Path) -> tuple[Path, Path]:
+    return fake_libdcgm_dir, fake_libnvml_dir
+
+
+@pytest.mark.timeout(600)
+def test_ten_idle_nodes_with_a_bound_of_two_never_run_more_than_two(
+    kube: Any,
+    core: k8s.CoreV1Api,
+    gpu_node: Any,
+    kube_namespace: str,
+    tmp_path: Path,
+    libs: tuple[Path, Path],
+) -> None:
+    pool = unique_name("pool")
+    nodes = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(10)]
+    watch = TaintWatch(kube, pool)
+    workers = [
+        Worker(n, tmp_path / n, kube.kubeconfig, kube_namespace, libs, diag_seconds=6.0) for n in nodes
+    ]
+    try:
+        for n in nodes:
+            wait_for(
+                lambda n=n: (
+                    all(w.alive() for w in workers) and check(core, n, "dcgm-diag").get("status") == "pass"
+                ),
+                420,
+                f"{n}'s diag",
+            )
+        wait_for(lambda: not any(K.testing in taint_keys(core, n) for n in nodes), 60, "every taint lifted")
+    finally:
+        for w in workers:
+            w.stop()
+        watch.close()
+    runs = {w.node: w.diags() for w in workers}
+    every = [(s, e) for spans in runs.values() for s, e in spans if e is not None]
+    assert all(len(r) == 1 and r[0][1] is not None for r in runs.values()), runs
+    assert most_at_once(every) == 2  # the bound held, and it was reached (the nodes contended)
+    assert watch.most <= 2 and sum(len(s) for s in watch.spans.values()) == 10
+    for node, ((start, end),) in runs.items():  # each diag ran while its node was held
+        (on, off), *_ = watch.spans[node]
+        assert on <= start and end <= off + 1.0, (node, on, start, end, off)
+    assert slots(kube, kube_namespace) == []  # every slot given back
+    held = sum("waiting for a fleet slot" in w.log.read_text() for w in workers)
+    assert held >= 1  # some node waited its turn
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_arriving_mid_diag_aborts_it_the_result_is_unknown_and_the_taint_lifts(
+    kube: Any,
+    core: k8s.CoreV1Api,
+    gpu_node: Any,
+    kube_namespace: str,
+    tmp_path: Path,
+    libs: tuple[Path, Path],
+) -> None:
+    node = gpu_node().metadata.name
+    kube.create_service_account(kube_namespace, "default")  # pods are admitted with it (no controller)
+    worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=0)
+    try:
+        wait_for(lambda: worker.alive() and worker.diags(), 180, "the diag running")
+        assert K.testing in taint_keys(core, node)
+        assert slots(kube, kube_namespace) == [slot_name(K.prefix, node)]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "train-0"},
+            "spec": {
+                "nodeName": node,  # as a scheduler binds it: it tolerates the taint
+                "tolerations": [{"key": K.testing, "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                     "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+                ],
+            },
+        }  # fmt: skip
+        arrived = time.monotonic()
+        code, body = kube.request("POST", f"/api/v1/namespaces/{kube_namespace}/pods", pod)
+        assert code == 201, body
+        wait_for(lambda: K.testing not in taint_keys(core, node), 60, "the taint lifted")
+        lifted = time.monotonic() - arrived
+        wait_for(lambda: worker.diags()[-1][1] is not None, 30, "the engine's diag stopped")
+        res = wait_for(
+            lambda: (c := check(core, node, "dcgm-diag")).get("status") == "unknown" and c, 60, "unknown"
+        )
+        assert "aborted" in res["message"] and f"{kube_namespace}/train-0" in res["message"]
+        assert results(core, node)["status"] != "fail"
+        (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_ABORTED), 30, "the Event")
+        assert f"{kube_namespace}/train-0" in said
+        # The slot is given back once the agent's watch shows the taint lifted.
+        wait_for(lambda: slots(kube, kube_namespace) == [], 30, "the slot given back")
+        print(f"taint lifted {lifted:.1f} s after the pod arrived")
+        assert lifted < 30
+    finally:
+        worker.stop()
+
+
+@pytest.mark.timeout(300)
+def test_diag_on_demand_starts_at_the_next_idle_window_audited(
+    kube: Any,
+    core: k8s.CoreV1Api,
+    gpu_node: Any,
+    kube_namespace: str,
+    tmp_path: Path,
+    libs: tuple[Path, Path],
+) -> None:
+    node = gpu_node().metadata.name
+    worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=1.0)
+    try:
+        wait_for(
+            lambda: worker.alive() and check(core, node, "dcgm-diag").get("status") == "pass",
+            180,
+            "the first diag",
+        )
+        before = len(worker.diags())
+        run = subprocess.run(
+            [sys.executable, "-m", "agent.cli", "diag", node, "--reason", "INC-7: after a reseat",
+             "--level", "3", "--wait", "120", "--kubeconfig", str(kube.kubeconfig)],
+            cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "the diag started" in run.stdout
+        assert K.diag_requested not in (core.read_node(node).metadata.annotations or {})
+        (said,) = wait_for(lambda: events(core, node, Reason.ACTIVE_CHECK_STARTED), 30, "the Event")
+        assert "level 3" in said and "INC-7: after a reseat" in said and "unnamed" not in said
+        wait_for(lambda: len(worker.diags()) > before, 30, "the second diag on the engine")
+    finally:
+        worker.stop()
+
+
+def test_slots_taken_at_one_instant_grant_exactly_the_bound(
+    kube: Any, core: k8s.CoreV1Api, gpu_node: Any, kube_namespace: str
+) -> None:
+    pool = unique_name("pool")
+    scope = f"nvidia.com/gpu.present=true,test.example/pool={pool}"
+    nodes = [gpu_node(labels={"test.example/pool": pool}).metadata.name for _ in range(10)]
+    clients = [kube.api_client() for _ in nodes]
+    fleet = [
+        FleetSlots(
+            KubeRest.of(c),
+            n,
+            namespace=kube_namespace,
+            prefix=K.prefix,
+            brake=Brake(KubeRest.of(c), scope=scope, node_name=n),
+            policy=lambda: ActivePolicy("2"),
+            expire_s=lambda: 600.0,
+        )
+        for c, n in zip(clients, nodes, strict=True)
+    ]
+    for s in fleet:
+        s.brake.gpu_node_names()
+    barrier = threading.Barrier(len(fleet))
+
+    def take(s: FleetSlots) -> str | None:
+        barrier.wait()
+        return s.acquire()
+
+    try:
+        with ThreadPoolExecutor(len(fleet)) as pool_:
+            got = list(pool_.map(take, fleet))
+        assert sum(g is None for g in got) == 2, got
+        assert len(slots(kube, kube_namespace)) == 2
+        granted = [s for s, g in zip(fleet, got, strict=True) if g is None]
+        waiting = next(s for s, g in zip(fleet, got, strict=True) if g is not None)
+        assert waiting.acquire() is not None  # still 2 held
+        granted[0].release()
+        assert waiting.acquire() is None  # a slot freed: the next one takes it
+        # a slot of an agent that died long ago no longer counts
+        for s in [granted[1], waiting]:
+            s.release()
+        dead = FleetSlots(
+            core, nodes[0], namespace=kube_namespace, prefix=K.prefix, brake=fleet[0].brake,
+            policy=lambda: ActivePolicy("1"), expire_s=lambda: 10.0,
+        )  # fmt: skip
+        assert dead.acquire() is None
+        late = FleetSlots(
+            core, nodes[1], namespace=kube_namespace, prefix=K.prefix, brake=fleet[1].brake,
+            policy=lambda: ActivePolicy("1"), expire_s=lambda: 10.0,
+        )  # fmt: skip
+        assert late.acquire() is not None
+        time.sleep(11.5)  # past the expiry (creationTimestamp has whole seconds)
+        assert late.acquire() is None
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_the_fence_lets_an_agent_hold_only_its_own_nodes_slot(
+    kube: Any, core: k8s.CoreV1Api, gpu_node: Any
+) -> None:
+    out = kube.kubectl("apply", "--server-side", "-f", str(ROOT / "manifests")).stdout
+    assert "gpu-healthcheck-own-slots" in out
+    ns, sa = "gpu-healthcheck", "gpu-healthcheck-agent"
+    mine, other = gpu_node().metadata.name, gpu_node().metadata.name
+    token = kube.token_for(ns, sa, bound_node=mine, expiration=600, create=False)
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+    def slot(node: str, holder: str | None = None, **ann: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": slot_name(K.prefix, node),
+                "labels": {f"{K.prefix}/record": "slot"},
+                "annotations": {f"{K.prefix}/node": node, **ann},
+            },
+            "spec": {"holderIdentity": holder or node},
+        }
+
+    def wait_enforced() -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            code, _ = kube.request("POST", leases, slot(other), token=token)
+            if code == 403:
+                return
+            assert code == 201, code
+            kube.request("DELETE", f"{leases}/{slot_name(K.prefix, other)}")
+            assert time.monotonic() < deadline, "the slot policy never took effect"
+            time.sleep(0.5)
+
+    wait_enforced()
+    code, body = kube.request("POST", leases, slot(other), token=token)
+    assert code == 403 and "only its own node's active-check slot" in json.dumps(body), body
+    code, body = kube.request("POST", leases, slot(mine, holder=other), token=token)
+    assert code == 403, body
+    code, body = kube.request("POST", leases, slot(mine, **{f"{K.prefix}/by": "alice"}), token=token)
+    assert code == 403, body  # no forged `by`
+    code, body = kube.request("POST", leases, slot(mine), token=token)
+    assert code == 201, body
+    assert kube.request("POST", leases, slot(other))[0] == 201  # an admin writes any
+    code, body = kube.request("DELETE", f"{leases}/{slot_name(K.prefix, other)}", token=token)
+    assert code == 403, body  # not another node's
+    assert kube.request("DELETE", f"{leases}/{slot_name(K.prefix, mine)}", token=token)[0] == 200
+    # a Lease that is no slot record is not this policy's business (the repair budget's: another's)
+    other_record = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"generateName": "x-", "labels": {f"{K.prefix}/record": "mark"}},
+        "spec": {"holderIdentity": mine},
+    }
+    code, made = kube.request("POST", leases, other_record, token=token)
+    assert code == 201, made
+    kube.request("DELETE", f"{leases}/{slot_name(K.prefix, other)}")
+    kube.request("DELETE", f"{leases}/{made['metadata']['name']}")
