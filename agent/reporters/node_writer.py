@@ -27,8 +27,8 @@ Why it is built this way:
 - There is no shutdown hook touching the Node: stopping or rolling out the agent never removes a taint.
 
 apply() orchestrates; the parts live beside it: node_patch (what differs, pure), node_story (the
-order of the two PATCHes, pure), node_requests (the PATCHes, 409 retries), refusals (a refused write
-and its Event), taint_gate (whether our taint goes on: the brake and its post-taint yield), events
+order of the two PATCHes, pure), write_order (that order sent, and the conditions' plan),
+node_requests (the PATCHes, 409 retries), refusals (a refused write and its Event), taint_gate (whether our taint goes on: the brake and its post-taint yield), events
 (the Events' words and their POST), node_watch (the watch of the own Node and the latest copy of it),
 apply_result (what one apply did), hooks (the metrics hooks). What a remediation condition says is
 decided in engine/remediation.py.
@@ -36,7 +36,6 @@ decided in engine/remediation.py.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -52,8 +51,7 @@ from agent.core.node_keys import (
     Keys,
     Reason,
 )
-from agent.core.repair_budget import Hold
-from agent.core.results_doc import decode_results, now_iso
+from agent.core.results_doc import decode_results
 from agent.reporters.apply_result import ApplyResult
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
@@ -62,30 +60,24 @@ from agent.reporters.hooks import OnRefused, OnState, OnWrite, guarded
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.node_patch import (
     annotations_of,
-    find_condition,
     find_our_taint,
-    plan_conditions,
     taint_disabled,
 )
-from agent.reporters.node_requests import REQUEST_TIMEOUT, Conflict, Counts, NodeRequests
-from agent.reporters.node_story import adds_taint, lead_conditions, node_state
+from agent.reporters.node_requests import REQUEST_TIMEOUT, Counts, NodeRequests
+from agent.reporters.node_story import adds_taint, node_state
 from agent.reporters.node_watch import NodeWatch
 from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
 from agent.reporters.repair_budget import RepairBudget
-from agent.reporters.taint_gate import TaintDecision, TaintGate
+from agent.reporters.taint_gate import TaintGate
+from agent.reporters.write_order import KEPT_WAITING, NOTHING, WriteOrder
 
 log = logging.getLogger(__name__)
 
 PENDING_EVENTS_MAX = 64
-NOTHING = "Nothing of this change was written: the Node keeps its labels, taint and conditions"
-KEPT_WAITING = (
-    "The labels, taint and our condition are written; "
-    "the remediation conditions that wait for the taint keep their value"
-)
 WATCH_TIMEOUT_SECONDS = 300
 
 
-class NodeWriter:
+class NodeWriter(WriteOrder):
     """Writes Marks to one Node; see the module docstring for the rules it keeps."""
 
     def __init__(
@@ -272,31 +264,6 @@ class NodeWriter:
             state = node_state(self.watch.latest, self.prefix, remediation, self.gate.state.brake_open)
             guarded("on_state", self._on_state, state)
 
-    def _plan_conditions(
-        self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision, hold: Hold | None = None
-    ) -> list[dict[str, Any]]:
-        """Our condition, the remediation conditions and the removal of ours no longer configured;
-        *hold*: the repair budget's or a wave's answer for a new remediation mark."""
-        self._retired_conditions -= {t for t in self._retired_conditions if find_condition(node, t) is None}
-        return plan_conditions(
-            node,
-            marks,
-            condition_type=self.condition_type,
-            retired=sorted(self._retired_conditions),
-            taint_on=decided.taint_on,
-            brake_open=decided.brake_open,
-            disabled=decided.disabled,
-            prefix=self.prefix,
-            now=now_iso(),
-            hold=hold,
-        )
-
-    def _write_status(self, node: Mapping[str, Any], marks: Marks, conds: list[dict[str, Any]]) -> int:
-        wrote = self.requests.status(node, marks, conds)
-        if wrote:
-            self._retired_conditions -= {c["type"] for c in conds if c.get("$patch") == "delete"}
-        return wrote
-
     # -- the write -----------------------------------------------------------------------------------
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         n = Counts()
@@ -341,53 +308,6 @@ class NodeWriter:
         to_post = [*self._pending_events, *events]
         self._pending_events = []
         return replace(result, events=self.poster.post(to_post, node, dry_run=self.dry_run))
-
-    def _without_waiting(
-        self, node: dict[str, Any], marks: Marks, conds: list[dict[str, Any]], n: Counts
-    ) -> str:
-        """A new fault's status PATCH refused after the taint: once more without the remediation
-        entries that would turn unhealthy (a type the fence disputes), so our condition tells it."""
-        rest = lead_conditions(node, marks, conds)
-        if rest != conds:
-            with contextlib.suppress(WriteRefused):
-                n.status_writes += self._write_status(node, marks, rest)
-                return KEPT_WAITING
-        return "The labels and taint are written; our conditions keep their value until a write goes through"
-
-    def _taint_first(self, marks: Marks, n: Counts) -> tuple[TaintDecision, bool]:
-        """A new fault (node_story): the Node PATCH with our taint leads, the conditions follow."""
-        try:
-            return self.requests.node(marks, n, fresh=False)  # the copy has the answer
-        except WriteRefused as exc:
-            if n.node_writes:  # the brake's contender labels landed
-                exc.kept = "The status labels are written, the taint and our conditions are not"
-            raise
-
-    def _conditions_first(self, node: dict[str, Any], marks: Marks, n: Counts) -> tuple[TaintDecision, bool]:
-        """Any other change (node_story): the conditions lead, the Node PATCH follows; refused after
-        they landed, they are put back."""
-        before = node
-        # While the brake is still to be asked, plan as if the taint went on: a remediation
-        # condition that would turn unhealthy waits for it either way.
-        asks = self.gate.asks_brake(node, marks)
-        pre = TaintDecision(taint_on=True) if asks else self.gate.decide(node, marks)
-        lead = [] if self.dry_run else lead_conditions(node, marks, self._plan_conditions(node, marks, pre))
-        n.status_writes += self._write_status(node, marks, lead)
-        try:
-            return self.requests.node(marks, n, fresh=False)  # the copy has the answer
-        except (WriteRefused, Conflict) as exc:
-            kept = ""
-            if n.node_writes:  # the brake's contender labels landed; they match the leading conditions
-                kept = "The status labels and our condition are written, the taint is not"
-            elif n.status_writes:
-                if self.requests.revert(before, lead):
-                    self._retired_conditions |= {str(c["type"]) for c in lead if c.get("$patch") == "delete"}
-                    kept = f"{NOTHING}: our conditions were put back"
-                else:
-                    kept = "Our conditions were written, the labels were not, and putting them back failed"
-            if isinstance(exc, WriteRefused) and kept:
-                exc.kept = kept
-            raise
 
     # -- the watch -----------------------------------------------------------------------------------
     def _needs_restore(self, node: Mapping[str, Any]) -> bool:
