@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.kernel import KernelRecord, XidEvent
+from agent.probes.kernel_follow import KernelFollower
 from agent.probes.kernel_log import clean_lines, garbled
 from agent.probes.kernel_tail import Change, KernelTail
 from agent.probes.xid_ledger import XidLedger
@@ -270,6 +274,67 @@ def test_a_storm_of_new_texts_is_read_by_their_heads_as_line_by_line() -> None:
     last13 = next(line for line in reversed(out) if "(PCI:0000:86:00): 13, pid=" in line)
     latest = tallies[(13, "00000000:86:00.0")].latest
     assert last13.endswith(latest.message) and latest.wallclock is not None and latest.wallclock in last13
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify")
+def test_a_fault_after_a_storm_of_new_texts_is_still_seen(tmp_path: Path) -> None:
+    """The follower on a growing kmsg.log, as on a snapshot node: a pids storm (each line its own
+    pid, each Xid 31 its own address, far more texts than the memo holds) appended in batches a
+    second of log time apart, then an Xid 79 on a GPU the storm was on. The storm is read by the
+    texts' heads and folded, every line counted; the 79 is a new tally that wakes the engine."""
+    log = tmp_path / "kmsg.log"
+    log.write_text("kern  :info  : 2026-11-26T07:49:59,000000+00:00 eth0: link up\n")
+    folded: list[int] = []
+
+    class Counting(KernelTail):
+        def _fold(self, kinds: list[object], events: list[XidEvent], wallclock: str, fmt: str) -> None:
+            folded.append(len(kinds))
+            super()._fold(kinds, events, wallclock, fmt)
+
+    tail = Counting(str(log), device=False)
+    woken: list[float] = []
+    wake = threading.Event()
+
+    def trigger() -> None:
+        woken.append(time.monotonic())
+        wake.set()
+
+    follower = KernelFollower(tail, trigger)
+    follower.start()
+    batches, per_batch, k = 10, 4000, 0
+    try:
+        assert wake.wait(30)  # the whole log at start
+        for s in range(batches):
+            lines = []
+            for i in range(per_batch):
+                code, g = k % 2, GPUS[k // 2 % len(GPUS)]
+                text = (XID13 if code == 0 else XID31).format(g=g, pid=20000 + 37 * (k % 977), n=k)
+                lines.append(f"kern  :warn  : 2026-11-26T07:50:{s:02d},{i:06d}+00:00 {text}\n")
+                k += 1
+            with log.open("a") as fh:
+                fh.write("".join(lines))
+            time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while tail.lines_read < 1 + batches * per_batch:  # the storm read (on a loaded machine: late)
+            assert time.monotonic() < deadline, tail.lines_read
+            time.sleep(0.05)
+        wake.clear()
+        written = time.monotonic()
+        with log.open("a") as fh:
+            fh.write(
+                "kern  :crit  : 2026-11-26T07:50:30,000000+00:00 NVRM: Xid (PCI:0000:53:00): 79, "
+                "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+            )
+        assert wake.wait(30), "the Xid 79 after the storm did not wake the engine"
+        assert woken[-1] >= written
+    finally:
+        follower.stop()
+        follower.join(5)
+    tallies = {(t.first.code, t.first.pci): t for t in tail.view().tallies}
+    assert tallies[(79, "00000000:53:00.0")].count == 1
+    storm = sum(t.count for (code, _), t in tallies.items() if code in (13, 31))
+    assert storm == batches * per_batch  # every line of the storm counted
+    assert sum(folded) > 0.9 * storm  # read by the heads and folded, not line by line
 
 
 def test_the_latest_line_of_a_tally_is_the_last_one_read_whatever_its_text() -> None:
