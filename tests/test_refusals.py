@@ -248,6 +248,11 @@ def rbac_docs(ns: str, sa: str, name: str) -> list[dict[str, Any]]:
                 {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+                {  # the repair budget's Leases (counted before a remediation condition's mark)
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["create", "list", "delete"],  # as manifests/10-rbac.yaml grants
+                },
             ],
         },
         {

@@ -42,9 +42,11 @@ from tests.test_refusals import (
     refusers,  # noqa: F401  (fixture)
     status_probe,
     story,
+    versions_since,
 )
 from tests.test_remediation_kube import (
     AHR,
+    CONFIG_YAML,
     ROOT,
     cond,
     fenced,  # noqa: F401  (fixture)
@@ -58,6 +60,7 @@ from tests.test_remediation_kube import (
 pytestmark = pytest.mark.kube
 
 REFUSED = 'gpu_healthcheck_node_write_refusals_total{code="403",kind="status"}'
+REFUSED_NODE = 'gpu_healthcheck_node_write_refusals_total{code="403",kind="node"}'
 TAINTED = "gpu_healthcheck_node_tainted"
 
 
@@ -248,5 +251,86 @@ def test_a_refused_write_is_retried_on_the_backoff_the_log_states(
         assert waits[:4] == [1, 2, 4, 8], waits
         assert len(waits) == refused or len(waits) == refused - 1, (waits, refused)
         assert time.monotonic() - first >= window
+    finally:
+        agent.stop(signal.SIGKILL)
+
+
+def first_index(versions: list[dict[str, Any]], says: Callable[[dict[str, Any]], bool]) -> int | None:
+    return next((i for i, v in enumerate(versions) if says(v)), None)
+
+
+def test_the_agents_refused_taint_is_loud_retried_and_nothing_runs_ahead_of_it(
+    identity: Identity,  # noqa: F811
+    refusers: list[Refuser],  # noqa: F811
+    gpu_node: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """A new fault's first write is the Node PATCH with our taint; here the API server refuses it.
+    The agent process (a remediation condition configured) says so (log with the server's words,
+    the metric by code, one NodeWriteRefused Event) and retries on its backoff; meanwhile no version
+    of the Node says the node fails (nothing of the change is written, so a failing node is never
+    shown untainted). Once the refusal is lifted, every version the API server stored since the
+    healthy story is read back by a watch: the taint is seen no later than our failing condition
+    and the remediation condition, and no version shows one without our taint; before it, only the
+    brake's contender labels (a new taint asks the brake, taking turns)."""
+    kube = identity.kube
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    text = with_entries(AHR, text=CONFIG_YAML).replace("maxTaintedFraction: 0.2 ", "maxTaintedFraction: 1.0 ")
+    assert "maxTaintedFraction: 1.0" in text
+    (cfg / "config.yaml").write_text(text.replace("  gpu: 60 ", "  gpu: 30 "))
+    remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
+    port = free_port()
+    as_agent = SimpleNamespace(
+        kubeconfig=kube.kubeconfig_for_token(identity.token), ensure_namespace=kube.ensure_namespace
+    )
+    agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log", "--metrics-port", str(port))
+    try:
+        wait_for(
+            lambda: (
+                (n := node_of(kube, node))["metadata"]["labels"].get(K.status) == "pass"
+                and conds(n).get(AHR, {}).get("status") == "True"
+            ),
+            what="the healthy story, AcceleratedHardwareReady=True",
+        )
+        healthy = node_of(kube, node)
+        rv = healthy["metadata"]["resourceVersion"]
+        refuser = Refuser(identity, node, "nodes", "false", {"metadata": {"labels": {K.status: "probe"}}})
+        refusers.append(refuser)
+        refuser.on()
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+
+        wait_for(lambda: (sample(port, REFUSED_NODE) or 0) >= 2, timeout=60, what="a refusal and a retry")
+        log = agent.log.read_text()
+        assert refuser.message in log and "refused the Node write" in log, log[-3000:]
+        (event,) = refused_events(kube, node)
+        assert refuser.message in event["message"] and "Nothing of this change" in event["message"], event
+        assert versions_since(kube, node, rv) == []  # nothing of the fault written: no story half told
+        assert story(node_of(kube, node), remediation) == []
+
+        refuser.off()  # the next retry comes on the backoff (up to 30 s)
+        wait_for(lambda: our_taint(node_of(kube, node)) is not None, timeout=90, what="the retried taint")
+        wait_for(
+            lambda: conds(node_of(kube, node)).get(AHR, {}).get("status") == "False",
+            timeout=30,
+            what=f"AcceleratedHardwareReady=False: {conds(node_of(kube, node)).get(AHR)}",
+        )
+        versions = versions_since(kube, node, rv)
+        tainted = first_index(versions, lambda v: our_taint(v) is not None)
+        failing = first_index(versions, lambda v: conds(v)[COND]["status"] == CONDITIONS[Status.FAIL].status)
+        marked = first_index(versions, lambda v: conds(v)[AHR]["status"] == "False")
+        assert tainted is not None and failing is not None and marked is not None
+        assert tainted <= min(failing, marked), (tainted, failing, marked)
+        for v in versions[:tainted]:  # before the taint: only the brake's contender labels
+            assert conds(v) == conds(healthy) and v["spec"].get("taints") == healthy["spec"].get("taints")
+        for v in versions:
+            assert [t for t in story(v, remediation) if "without our taint" in t] == []
+            if conds(v)[COND]["status"] == CONDITIONS[Status.FAIL].status:
+                assert our_taint(v) is not None  # never failing and untainted
+        assert story(versions[-1], remediation) == [] and len(refused_events(kube, node)) == 1
     finally:
         agent.stop(signal.SIGKILL)
