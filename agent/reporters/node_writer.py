@@ -28,10 +28,11 @@ Why it is built this way:
 
 apply() orchestrates; the parts live beside it: node_patch (what differs, pure), node_story (the
 order of the two PATCHes, pure), write_order (that order sent, and the conditions' plan),
-node_requests (the PATCHes, 409 retries), refusals (a refused write and its Event), taint_gate (whether our taint goes on: the brake and its post-taint yield), events
-(the Events' words and their POST), node_watch (the watch of the own Node and the latest copy of it),
-apply_result (what one apply did), hooks (the metrics hooks). What a remediation condition says is
-decided in engine/remediation.py.
+node_requests (the PATCHes, 409 retries), refusals (a refused write and its Event), taint_gate
+(whether our taint goes on: the brake and its post-taint yield), events (the Events' words and their
+POST), node_watch (the watch of the own Node and the latest copy of it), apply_result (what one
+apply did), hooks (the metrics hooks). What a remediation condition says is decided in
+engine/remediation.py.
 """
 
 from __future__ import annotations
