@@ -1,7 +1,8 @@
 """An Xid storm on a snapshot-backed agent: agent CPU, fault-to-taint, RSS and Node writes.
 
-Usage: python -m bench.xid_storm [--shape batches|varied|steady|all] [--repeat N] [--compare OLD_CHECKOUT]
-                                 [--gpu-interval 10] [--profile]
+Usage: python -m bench.xid_storm [--shape batches|varied|pids|steady|all[,...]] [--repeat N]
+                                 [--compare OLD_CHECKOUT] [--gpu-interval 10] [--profile]
+                                 [--taint-timeout 240]
 
 A real etcd + kube-apiserver (tests/kubeenv), one GPU Node per agent, one agent process per checkout
 on a copy of the bundled healthy p5.48xlarge snapshot (default tier intervals but gpu 10 s, so that
@@ -12,6 +13,8 @@ starts on a "rebooted" node (new boot_id, healthy kmsg.log, the Node untainted a
   kmsg.log in 20 batches of 20,000 lines (one write each), 0.5 s apart, then one Xid 79 line;
 - varied: the same, but each Xid 13 names one of the GPU's SMs (GPC, TPC, SM) and each Xid 31 its
   own fault address, as a job's faults do: few lines repeat a text the agent has seen;
+- pids: the same, but each line names its own pid (977 in turn: a job's processes) and each Xid 31
+  its own fault address, so almost every line's text is new to the agent;
 - steady: 400,000 Xid 13/31 lines on one GPU appended in whole-line batches
   every 10 ms for 10 s; the Xid 79 at the tail (trial `steady-tail`) and, in a second trial, halfway
   through while the storm goes on (`steady-middle`).
@@ -74,11 +77,12 @@ from bench.footprint import py_spy, spy_report, thread_names, thread_role, threa
 
 GPUS = ("53", "64", "75", "86", "97", "a8", "b9", "ca")  # the p5.48xlarge snapshot's GPU buses
 STORM = (
-    "NVRM: Xid (PCI:0000:{bus}:00): 13, pid='48213', name=python3, Graphics SM Warp Exception on "
+    "NVRM: Xid (PCI:0000:{bus}:00): 13, pid='{pid}', name=python3, Graphics SM Warp Exception on "
     "(GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address",
-    "NVRM: Xid (PCI:0000:{bus}:00): 31, pid=48213, name=python3, Ch 00000010, intr 00000000. MMU Fault: "
+    "NVRM: Xid (PCI:0000:{bus}:00): 31, pid={pid}, name=python3, Ch 00000010, intr 00000000. MMU Fault: "
     "ENGINE GRAPHICS GPCCLIENT_T1_2 faulted @ 0x7f3a_{addr:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
 )
+PIDS = 977  # the pids shape: a job's processes, one per line in turn
 XID79 = "NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 WRITES = ("PATCH", "PUT", "POST", "UPDATE", "CREATE", "APPLY")
 SETTLE_S = 6.0  # after the taint: the follower's last counts wake-up (COUNTS_EVERY_S 5 s) and its write
@@ -96,10 +100,17 @@ class Shape:
     gpus: int
     middle: bool = False
     varied: bool = False  # each line's own text (SM, fault address), not the same two per GPU
+    pids: bool = False  # each line its own pid (PIDS in turn) and each Xid 31 its own address
 
     def describe(self) -> str:
         at = "halfway through" if self.middle else "after the storm"
-        texts = "each its own text (SM, address)" if self.varied else f"{2 * self.gpus} texts"
+        texts = (
+            "each its own text (SM, address)"
+            if self.varied
+            else f"each its own pid ({PIDS} in turn), each Xid 31 its own address"
+            if self.pids
+            else f"{2 * self.gpus} texts"
+        )
         return (
             f"{self.name}: {self.lines:,} Xid 13/31 lines ({texts}) on {self.gpus} GPU(s), "
             f"{self.batches} writes "
@@ -107,12 +118,26 @@ class Shape:
         )
 
 
+SHAPES = ("batches", "varied", "pids", "steady", "all")
+
+
+def shape_list(text: str) -> str:
+    """--shape: one of SHAPES, or several joined by commas ("batches,pids")."""
+    if not text or any(part not in SHAPES for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"{text!r}: one or more of {', '.join(SHAPES)}, comma-separated")
+    return text
+
+
 def shapes(which: str, lines: int) -> list[Shape]:
+    if "," in which:
+        return [s for part in which.split(",") for s in shapes(part, lines)]
     out = []
     if which in ("batches", "all"):
         out.append(Shape("batches", lines, 20, 0.5, 8))
     if which in ("varied", "all"):
         out.append(Shape("varied", lines, 20, 0.5, 8, varied=True))
+    if which in ("pids", "all"):
+        out.append(Shape("pids", lines, 20, 0.5, 8, pids=True))
     if which in ("steady", "all"):
         out.append(Shape("steady-tail", lines, 1000, 0.01, 1))
         out.append(Shape("steady-middle", lines, 1000, 0.01, 1, middle=True))
@@ -132,17 +157,21 @@ def _text(shape: Shape, k: int) -> str:
     """Line k's text: Xid 13 and 31 alternating, the GPUs taking turns; varied, each Xid 13 on one of
     the GPU's 1,056 SMs and each Xid 31 at its own address, as a job's faults are."""
     code, g = k % 2, k // 2 % shape.gpus
+    if shape.pids:  # the pids in turn (a text repeats only 2 x 8 x 977 lines later), each address new
+        v = k // (2 * shape.gpus)
+        pid = 20000 + 37 * (k % PIDS)
+        return STORM[code].format(bus=GPUS[g], pid=pid, gpc=4, tpc=1, sm=0, addr=0x2C000000 + (v << 12))
     if not shape.varied:
-        return STORM[code].format(bus=GPUS[g], gpc=4, tpc=1, sm=0, addr=0x2C000000)
+        return STORM[code].format(bus=GPUS[g], pid=48213, gpc=4, tpc=1, sm=0, addr=0x2C000000)
     v = k // (2 * shape.gpus)
     return STORM[code].format(
-        bus=GPUS[g], gpc=v % 8, tpc=v // 8 % 66, sm=v // 528 % 2, addr=0x2C000000 + (v << 12)
+        bus=GPUS[g], pid=48213, gpc=v % 8, tpc=v // 8 % 66, sm=v // 528 % 2, addr=0x2C000000 + (v << 12)
     )
 
 
 def storm_batches(shape: Shape, begin: float) -> list[bytes]:
     """The storm's writes, each stamped with the time it will be written (from `begin`)."""
-    fixed = [_text(shape, k) for k in range(2 * shape.gpus)] if not shape.varied else []
+    fixed = [_text(shape, k) for k in range(2 * shape.gpus)] if not (shape.varied or shape.pids) else []
     per = shape.lines // shape.batches
     out: list[bytes] = []
     written = 0
@@ -217,7 +246,9 @@ def _reboot(s: Subject, healthy: bytes, core: Any) -> None:
     time.sleep(2.0)
 
 
-def trial(env: Any, core: Any, s: Subject, shape: Shape, healthy: bytes, spy_raw: Path | None) -> Trial:
+def trial(
+    env: Any, core: Any, s: Subject, shape: Shape, healthy: bytes, spy_raw: Path | None, wait_s: float = 240
+) -> Trial:
     _reboot(s, healthy, core)
     begin = time.time() + 3.0
     data = storm_batches(shape, begin)
@@ -247,7 +278,7 @@ def trial(env: Any, core: Any, s: Subject, shape: Shape, healthy: bytes, spy_raw
             t0 = time.perf_counter()
         else:
             t0 = mid
-        t1 = s.watch.wait(lambda n: our_taint(n) is not None, 240)
+        t1 = s.watch.wait(lambda n: our_taint(n) is not None, wait_s)
         cpu_taint = proc_cpu_s(s.agent.pid) - cpu0
     finally:
         os.close(fd)
@@ -335,12 +366,13 @@ def report(trials: list[Trial], shapes_run: list[Shape]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=("batches", "varied", "steady", "all"), default="batches")
+    ap.add_argument("--shape", type=shape_list, default="batches", help="one or more of " + ", ".join(SHAPES))
     ap.add_argument("--lines", type=int, default=400_000)
     ap.add_argument("--repeat", type=int, default=2, help="trials of each shape per agent, alternating")
     ap.add_argument("--gpu-interval", type=float, default=10.0, help="how soon a reboot untaints")
     ap.add_argument("--compare", type=Path, metavar="DIR", help="also measure the agent of this checkout")
     ap.add_argument("--profile", action="store_true", help="py-spy the agents during the storms")
+    ap.add_argument("--taint-timeout", type=float, default=240.0, help="s to wait for the taint")
     args = ap.parse_args()
     run_shapes = shapes(args.shape, args.lines)
     checkouts = [("new", ROOT)] + ([("old", args.compare.resolve())] if args.compare else [])
@@ -376,7 +408,7 @@ def main() -> None:
                 for shape in run_shapes:
                     for s in subjects if rep % 2 == 0 else subjects[::-1]:
                         raw = work / f"spy-{s.label}-{shape.name}-{rep}.txt" if args.profile else None
-                        t = trial(env, core, s, shape, healthy, raw)
+                        t = trial(env, core, s, shape, healthy, raw, args.taint_timeout)
                         trials.append(t)
                         if raw is not None:
                             spied[(s.label, shape.name)].append(raw)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.kernel import KernelRecord, XidEvent
+from agent.probes.kernel_follow import KernelFollower
+from agent.probes.kernel_log import clean_lines, garbled
 from agent.probes.kernel_tail import Change, KernelTail
 from agent.probes.xid_ledger import XidLedger
 
@@ -117,8 +122,11 @@ TEXTS = (
 )
 
 
-def _text(r: random.Random) -> str:
+def _text(r: random.Random, new: bool = False) -> str:
+    """A line's text; *new*: most texts never seen before (each its own pid and address)."""
     t = r.choice(TEXTS[:3]) if r.random() < 0.7 else r.choice(TEXTS)  # mostly a storm's texts
+    if new:
+        return t.format(g=r.choice(GPUS), pid=r.randrange(10**6), n=r.randrange(2**32))
     return t.format(g=r.choice(GPUS), pid=r.choice((4821, 4822, 99999)), n=r.choice((1, 2, 4, 8)))
 
 
@@ -143,7 +151,7 @@ def _line(r: random.Random, fmt: str, sec: int, seq: int, text: str) -> str:
 FORMATS = ("decode", "decode", "iso", "bad-stamp", "kmsg", "journal", "syslog", "plain")
 
 
-def _log(seed: int, n: int) -> bytes:
+def _log(seed: int, n: int, new: bool = False) -> bytes:
     r = random.Random(seed)
     lines, sec, seq = [], 100, 1000
     fmt = r.choice(FORMATS)
@@ -161,7 +169,7 @@ def _log(seed: int, n: int) -> bytes:
         elif pick < 0.02:
             lines.append("")
         else:
-            line = _line(r, fmt, sec, seq, _text(r))
+            line = _line(r, fmt, sec, seq, _text(r, new))
             lines.append(line + "\r" if r.random() < 0.01 else line)
     return ("\n".join(lines) + "\n").encode()
 
@@ -170,6 +178,21 @@ def _log(seed: int, n: int) -> bytes:
 @given(st.integers(0, 2**32), st.integers(1, 3000), st.lists(st.integers(0, 400_000), max_size=8))
 def test_generated_logs_read_the_same(seed: int, n: int, cuts: list[int]) -> None:
     _assert_same(_log(seed, n), cuts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 3000), st.lists(st.integers(0, 400_000), max_size=8))
+def test_generated_logs_of_new_texts_read_the_same(seed: int, n: int, cuts: list[int]) -> None:
+    """Most texts new (each line its own pid or address): read by their heads (XidReader.known)."""
+    _assert_same(_log(seed, n, new=True), cuts)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=40) | st.text(max_size=40).map(lambda t: t.encode()))
+def test_a_read_is_clean_when_no_line_of_it_is_garbled(raw: bytes) -> None:
+    """clean_lines looks at a whole read once; the answer is each line's garbled() together."""
+    text = raw.decode("utf-8", errors="replace")
+    assert clean_lines(raw, text) == (not any(garbled(line) for line in text.split("\n")))
 
 
 # ------------------------------------------------------------------------------ the storm itself
@@ -190,9 +213,9 @@ def test_a_storm_of_known_texts_is_folded_a_second_at_a_time() -> None:
     folded: list[int] = []
 
     class Counting(KernelTail):
-        def _fold(self, texts: list[str], wallclock: str, fmt: str) -> None:
-            folded.append(len(texts))
-            super()._fold(texts, wallclock, fmt)
+        def _fold(self, kinds: list[object], events: list[XidEvent], wallclock: str, fmt: str) -> None:
+            folded.append(len(kinds))
+            super()._fold(kinds, events, wallclock, fmt)
 
     tail = Counting("<x>", device=False)
     tail._data(data, first=True)
@@ -202,6 +225,116 @@ def test_a_storm_of_known_texts_is_folded_a_second_at_a_time() -> None:
         (c, f"00000000:{g}:00.0"): 1875 for g in GPUS for c in (13, 31)
     }
     _assert_same(data, [len(data) // 3])
+
+
+AMID = (  # lines amid a storm of new texts that its heads alone must not read
+    "NVRM: Xid (PCI:0000:53:00): 13, pid=7, name=AERsim, Graphics SM Warp Exception",  # says AER
+    "NVRM: Xid (PCI:0000:53:00): 45, pid=7, name=python3, Ch 00000001 caused by previous Xid 79",
+    "NVRM: Xid (PCI:0000:53:00): 13, pid=7, bad\x01byte",  # garbled: no evidence
+    "NVRM: Xid (PCI:0000:64:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset)",
+    "NVRM: Xid (PCI:0000:64:00): 154, GPU recovery action changed",  # its action on the next line
+    "   from 0x0 (None) to 0x2 (Node Reboot Required)",
+    "NVRM: Xid (PCI:0000:75:00): 149, NETIR_LINK_EVT  Fatal  XC0 i0 Link 09 (0x025525c6 0x00000000 0x0)",
+    "NVRM: Xid (PCI:0000:53:00): 13,pid=7, no space after the comma",
+    "NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+)
+
+
+def test_a_storm_of_new_texts_is_read_by_their_heads_as_line_by_line() -> None:
+    """The bench's pids storm (each line its own pid, each Xid 31 its own address), more new texts
+    a second than the memo holds, with lines amid it that a head does not tell (AER in the text, a
+    cause, a damaged line, Xid 154 and 149, an Xid 79): read exactly as line by line, and almost
+    every line folded a second at a time."""
+    out, k = [], 0
+    for s in range(3):
+        for i in range(1500):
+            code, g = k % 2, GPUS[k // 2 % len(GPUS)]
+            text = (XID13 if code == 0 else XID31).format(g=g, pid=20000 + 37 * (k % 977), n=k)
+            if i % 97 == 50:
+                text = AMID[k % len(AMID)]
+            elif i % 89 == 0 and out:
+                text = out[-3].split(" ", 5)[-1]  # a text seen three lines ago: the memo's
+            out.append(f"kern  :warn  : 2026-11-26T07:50:{s:02d},{i:06d}+00:00 {text}")
+            k += 1
+    data = ("\n".join(out) + "\n").encode()
+    folded: list[int] = []
+
+    class Counting(KernelTail):
+        def _fold(self, kinds: list[object], events: list[XidEvent], wallclock: str, fmt: str) -> None:
+            folded.append(len(kinds))
+            super()._fold(kinds, events, wallclock, fmt)
+
+    tail = Counting("<x>", device=False, clock=lambda: 7.0)
+    tail._data(data, first=True)
+    assert _state(tail) == _state(_assert_same(data, []))
+    _assert_same(data, [len(data) // 3, len(data) // 2 + 7])  # polls that cut lines
+    assert sum(folded) > 0.9 * len(out)
+    tallies = {(t.first.code, t.first.pci): t for t in tail.view().tallies}
+    assert (79, "00000000:53:00.0") in tallies and (149, "00000000:75:00.0") in tallies
+    last13 = next(line for line in reversed(out) if "(PCI:0000:86:00): 13, pid=" in line)
+    latest = tallies[(13, "00000000:86:00.0")].latest
+    assert last13.endswith(latest.message) and latest.wallclock is not None and latest.wallclock in last13
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify")
+def test_a_fault_after_a_storm_of_new_texts_is_still_seen(tmp_path: Path) -> None:
+    """The follower on a growing kmsg.log, as on a snapshot node: a pids storm (each line its own
+    pid, each Xid 31 its own address, far more texts than the memo holds) appended in batches a
+    second of log time apart, then an Xid 79 on a GPU the storm was on. The storm is read by the
+    texts' heads and folded, every line counted; the 79 is a new tally that wakes the engine."""
+    log = tmp_path / "kmsg.log"
+    log.write_text("kern  :info  : 2026-11-26T07:49:59,000000+00:00 eth0: link up\n")
+    folded: list[int] = []
+
+    class Counting(KernelTail):
+        def _fold(self, kinds: list[object], events: list[XidEvent], wallclock: str, fmt: str) -> None:
+            folded.append(len(kinds))
+            super()._fold(kinds, events, wallclock, fmt)
+
+    tail = Counting(str(log), device=False)
+    woken: list[float] = []
+    wake = threading.Event()
+
+    def trigger() -> None:
+        woken.append(time.monotonic())
+        wake.set()
+
+    follower = KernelFollower(tail, trigger)
+    follower.start()
+    batches, per_batch, k = 10, 4000, 0
+    try:
+        assert wake.wait(30)  # the whole log at start
+        for s in range(batches):
+            lines = []
+            for i in range(per_batch):
+                code, g = k % 2, GPUS[k // 2 % len(GPUS)]
+                text = (XID13 if code == 0 else XID31).format(g=g, pid=20000 + 37 * (k % 977), n=k)
+                lines.append(f"kern  :warn  : 2026-11-26T07:50:{s:02d},{i:06d}+00:00 {text}\n")
+                k += 1
+            with log.open("a") as fh:
+                fh.write("".join(lines))
+            time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while tail.lines_read < 1 + batches * per_batch:  # the storm read (on a loaded machine: late)
+            assert time.monotonic() < deadline, tail.lines_read
+            time.sleep(0.05)
+        wake.clear()
+        written = time.monotonic()
+        with log.open("a") as fh:
+            fh.write(
+                "kern  :crit  : 2026-11-26T07:50:30,000000+00:00 NVRM: Xid (PCI:0000:53:00): 79, "
+                "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+            )
+        assert wake.wait(30), "the Xid 79 after the storm did not wake the engine"
+        assert woken[-1] >= written
+    finally:
+        follower.stop()
+        follower.join(5)
+    tallies = {(t.first.code, t.first.pci): t for t in tail.view().tallies}
+    assert tallies[(79, "00000000:53:00.0")].count == 1
+    storm = sum(t.count for (code, _), t in tallies.items() if code in (13, 31))
+    assert storm == batches * per_batch  # every line of the storm counted
+    assert sum(folded) > 0.9 * storm  # read by the heads and folded, not line by line
 
 
 def test_the_latest_line_of_a_tally_is_the_last_one_read_whatever_its_text() -> None:

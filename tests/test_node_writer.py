@@ -440,7 +440,7 @@ def test_others_keys_survive_hundreds_of_interleaved_writes(
 def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> None:
     """Someone writes the Node between our read and our patch: the API server answers 409 and the
     writer re-reads and writes again, keeping the other write. (The sneaking write goes just before
-    our Node PATCH: the status PATCH before it brings the copy up to date.)"""
+    our Node PATCH.)"""
     gpu_node()
     with kube.api_client() as api:
         real = k8s.CoreV1Api(api)

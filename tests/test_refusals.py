@@ -1,4 +1,4 @@
-"""A refused write is loud and never leaves the Node disagreeing with itself (issue 28 item 4).
+"""A refused write is loud and retried, and never leaves a failing node untainted.
 
 The pure parts (the server's message in describe_error, what a refusal is, one Event per refusal,
 the order of the two PATCHes, the metrics of what the Node shows) without a server; then the writer
@@ -30,6 +30,7 @@ from agent.reporters.kube_rest import API_MESSAGE_MAX, describe_error
 from agent.reporters.metrics import Metrics
 from agent.reporters.node_story import (
     NodeState,
+    adds_taint,
     contradictions,
     lead_conditions,
     node_state,
@@ -150,6 +151,15 @@ def test_a_remediation_condition_turns_unhealthy_only_after_the_taint() -> None:
     assert lead_conditions(unhealthy_ahr, recovered, to_healthy) == to_healthy  # before the taint goes
 
 
+def test_a_new_fault_puts_the_node_out_of_service_first() -> None:
+    """adds_taint: the Marks want our taint and the Node has neither it nor the opt-out label."""
+    assert adds_taint(node_with(), FAIL, P)
+    assert not adds_taint(node_with(taint=True), FAIL, P)  # tainted already: the conditions lead
+    assert not adds_taint(node_with(labels={K.taint_opt_out: "disabled"}), FAIL, P)
+    assert not adds_taint(node_with(), PASS, P) and not adds_taint(node_with(taint=True), PASS, P)
+    assert not adds_taint(node_with(), make_marks(Status.UNKNOWN), P)
+
+
 def test_reverting_puts_back_each_condition_as_it_was() -> None:
     old = {**entry(COND, "True", "AllChecksPassed"), "lastTransitionTime": "t0", "lastHeartbeatTime": "h0"}
     gone = entry("OldType", "True", R.PASSED)
@@ -238,6 +248,11 @@ def rbac_docs(ns: str, sa: str, name: str) -> list[dict[str, Any]]:
                 {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+                {  # the repair budget's Leases (counted before a remediation condition's mark)
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["create", "list", "delete"],  # as manifests/10-rbac.yaml grants
+                },
             ],
         },
         {
@@ -399,21 +414,23 @@ def writer_for(ident: Identity, node: str, hooks: Hooks) -> Iterator[NodeWriter]
         w.stop()
 
 
+UNKNOWN = make_marks(Status.UNKNOWN, message="nvidia-smi timed out")
 GPU_EVENT = NodeEvent(EventReason.GPU_HEALTH_CHANGED, "pass → fail: GPU 3: Xid 79 → reboot", "Warning")
 
 
 @pytest.mark.kube
-def test_a_refused_status_write_leaves_the_old_story_whole_and_says_so(
+def test_a_refused_status_write_after_the_taint_leaves_the_node_out_of_service_and_says_so(
     identity: Identity,
     gpu_node: Callable[..., Any],
     kube_node_name: str,
     refusers: list[Refuser],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The SRE's reproduction: the status PATCH refused. Nothing of the new marks is written (labels,
-    taint and conditions keep the healthy story), the log and the Event carry the server's message,
-    the hook counts it by code, one Event however often it is retried, and once the refusal is
-    lifted the same apply goes through."""
+    """The SRE's reproduction, with the write order of a new fault: the taint goes first, so a
+    refused status PATCH leaves the failing node tainted (never untainted), and it is loud: the log
+    and the Event carry the server's message and say what the Node shows meanwhile (the labels and
+    taint, our condition not yet), the hook counts it by code, one Event however often it is
+    retried, and once the refusal is lifted a retry writes the condition."""
     kube = identity.kube
     gpu_node()
     hooks = Hooks()
@@ -427,7 +444,7 @@ def test_a_refused_status_write_leaves_the_old_story_whole_and_says_so(
 
         caplog.set_level(logging.WARNING, logger="agent.reporters.node_writer")
         res = w.apply(replace(FAIL, events=(GPU_EVENT,)))
-        assert not res.ok and res.refused is not None and not res.wrote
+        assert not res.ok and res.refused is not None and res.tainted and res.node_writes == 1
         assert (res.refused.kind, res.refused.code) == (
             "status",
             403,
@@ -439,24 +456,23 @@ def test_a_refused_status_write_leaves_the_old_story_whole_and_says_so(
             for r in caplog.records
         )
         node = node_of(kube, kube_node_name)
-        assert node["metadata"]["labels"][K.status] == "pass" and our_taint(node) is None
-        assert conds(node)[COND]["status"] == CONDITIONS[Status.PASS].status
-        assert (
-            story(node) == []
-            and node["metadata"]["resourceVersion"] == healthy["metadata"]["resourceVersion"]
-        )
+        assert node["metadata"]["labels"][K.status] == "fail" and our_taint(node) is not None
+        assert conds(node)[COND]["status"] == CONDITIONS[Status.PASS].status  # not written yet
         events = refused_events(kube, kube_node_name)
         assert len(events) == 1 and refuser.message in events[0]["message"] and events[0]["type"] == "Warning"
+        assert "labels and taint are written" in events[0]["message"]
         assert reasons_of(kube, kube_node_name).count(EventReason.GPU_HEALTH_CHANGED) == 1  # not held back
+        assert EventReason.TAINT_ADDED in reasons_of(kube, kube_node_name)
 
-        for _ in range(3):  # the agent's retries: counted, not one Event each
+        for _ in range(3):  # the agent's retries: counted, not one Event each; the taint stays
             assert w.apply(FAIL).refused is not None
+            assert our_taint(node_of(kube, kube_node_name)) is not None
         assert hooks.refused == [("status", 403)] * 4 and len(refused_events(kube, kube_node_name)) == 1
-        assert hooks.states[-1] == NodeState(tainted=False, taint_held=False, marked={})
+        assert hooks.states[-1] == NodeState(tainted=True, taint_held=False, marked={})
 
         refuser.off()
         res = w.apply(FAIL)
-        assert res.ok and res.tainted and res.node_writes and res.status_writes
+        assert res.ok and res.tainted and res.status_writes
         node = node_of(kube, kube_node_name)
         assert node["metadata"]["labels"][K.status] == "fail" and our_taint(node) is not None
         assert conds(node)[COND]["status"] == CONDITIONS[Status.FAIL].status and story(node) == []
@@ -465,22 +481,53 @@ def test_a_refused_status_write_leaves_the_old_story_whole_and_says_so(
 
 
 @pytest.mark.kube
-def test_a_refused_node_write_puts_the_leading_conditions_back(
+def test_a_refused_status_write_of_a_change_without_a_new_taint_leaves_the_old_story_whole(
     identity: Identity, gpu_node: Callable[..., Any], kube_node_name: str, refusers: list[Refuser]
 ) -> None:
-    """The status PATCH went through, the Node PATCH is refused: the conditions are written back as
-    they were (status, reason, message, times), so the Node tells its old story whole."""
+    """No taint to add (pass → unknown): the conditions still lead, so a refused status PATCH
+    writes nothing of the change and the Node keeps its story whole."""
     kube = identity.kube
     gpu_node()
     hooks = Hooks()
     for w in writer_for(identity, kube_node_name, hooks):
         assert w.apply(PASS).ok
-        old = conds(node_of(kube, kube_node_name))[COND]
+        healthy = node_of(kube, kube_node_name)
+        refuser = Refuser(identity, kube_node_name, "nodes/status", "false", status_probe())
+        refusers.append(refuser)
+        refuser.on()
+        res = w.apply(UNKNOWN)
+        assert not res.ok and res.refused is not None and not res.wrote
+        node = node_of(kube, kube_node_name)
+        assert node["metadata"]["resourceVersion"] == healthy["metadata"]["resourceVersion"]
+        assert node["metadata"]["labels"][K.status] == "pass" and story(node) == []
+        (event,) = refused_events(kube, kube_node_name)
+        assert refuser.message in event["message"] and "Nothing of this change" in event["message"]
+        refuser.off()
+        assert w.apply(UNKNOWN).ok
+        node = node_of(kube, kube_node_name)
+        assert node["metadata"]["labels"][K.status] == "unknown" and story(node) == []
+
+
+@pytest.mark.kube
+def test_a_refused_node_write_puts_the_leading_conditions_back(
+    identity: Identity, gpu_node: Callable[..., Any], kube_node_name: str, refusers: list[Refuser]
+) -> None:
+    """No taint to add (pass → unknown): the status PATCH went through, the Node PATCH is refused,
+    and the conditions are written back as they were (status, reason, message, times), so the Node
+    tells its old story whole. A new fault's Node PATCH refused writes nothing at all: the
+    conditions wait for it."""
+    kube = identity.kube
+    gpu_node()
+    hooks = Hooks()
+    for w in writer_for(identity, kube_node_name, hooks):
+        assert w.apply(PASS).ok
+        healthy = node_of(kube, kube_node_name)
+        old = conds(healthy)[COND]
         probe = {"metadata": {"labels": {K.status: "probe"}}}
         refuser = Refuser(identity, kube_node_name, "nodes", "false", probe)
         refusers.append(refuser)
         refuser.on()
-        res = w.apply(FAIL)
+        res = w.apply(UNKNOWN)
         assert (
             not res.ok and res.refused is not None and (res.refused.kind, res.refused.code) == ("node", 403)
         )
@@ -489,6 +536,12 @@ def test_a_refused_node_write_puts_the_leading_conditions_back(
         assert our_taint(node) is None and story(node) == []
         (event,) = refused_events(kube, kube_node_name)
         assert refuser.message in event["message"] and "put back" in event["message"]
+
+        rv = node["metadata"]["resourceVersion"]
+        res = w.apply(FAIL)  # a new fault: the Node PATCH leads, refused: nothing is sent after it
+        assert not res.ok and res.refused is not None and res.refused.kind == "node" and not res.wrote
+        node = node_of(kube, kube_node_name)
+        assert node["metadata"]["resourceVersion"] == rv and conds(node)[COND] == old and story(node) == []
         refuser.off()
         assert w.apply(FAIL).ok
         node = node_of(kube, kube_node_name)
@@ -529,6 +582,54 @@ def test_a_refused_remediation_type_leaves_the_node_tainted_and_unmarked(
         node = node_of(kube, kube_node_name)
         assert (conds(node)[AHR]["status"], conds(node)[AHR]["reason"]) == ("False", R.FAILED)
         assert story(node, failing.remediation) == [] and hooks.states[-1].marked == {AHR: True}
+
+
+def versions_since(kube: Any, node: str, rv: str) -> list[dict[str, Any]]:
+    """Every version of the Node the API server stored after *rv*, in order (a watch from it)."""
+    query = {"watch": "true", "resourceVersion": rv, "fieldSelector": f"metadata.name={node}"}
+    status, body = kube.request("GET", "/api/v1/nodes", query={**query, "timeoutSeconds": "2"}, timeout=10)
+    assert status == 200, body
+    events = [body] if isinstance(body, dict) else [json.loads(x) for x in body.splitlines() if x.strip()]
+    assert all(e["type"] == "MODIFIED" for e in events), [e["type"] for e in events]
+    return [e["object"] for e in events]
+
+
+@pytest.mark.kube
+def test_a_new_fault_is_out_of_service_first_and_no_remediation_condition_runs_ahead(
+    identity: Identity, gpu_node: Callable[..., Any], kube_node_name: str
+) -> None:
+    """The order on the real API server, read from every version of the Node it stored: the first
+    write of a new fault puts our taint on (the node leaves service before anything else is said),
+    our condition and the remediation condition follow in one status PATCH, and no version ever
+    shows a remediation condition unhealthy without our taint. The recovery: the conditions lead,
+    the taint goes after them; no version shows AHR unhealthy without the taint either."""
+    kube = identity.kube
+    gpu_node()
+    hooks = Hooks()
+    healthy = replace(PASS, remediation=(rmark(False, R.PASSED),))
+    failing = replace(FAIL, remediation=(rmark(True),))
+    for w in writer_for(identity, kube_node_name, hooks):
+        assert w.apply(healthy).ok
+        rv = node_of(kube, kube_node_name)["metadata"]["resourceVersion"]
+        res = w.apply(failing)
+        assert res.ok and res.tainted and (res.node_writes, res.status_writes) == (1, 1)
+        versions = versions_since(kube, kube_node_name, rv)
+        assert len(versions) == 2, [v["metadata"]["resourceVersion"] for v in versions]
+        first, then = versions
+        assert our_taint(first) is not None and first["metadata"]["labels"][K.status] == "fail"
+        assert conds(first)[COND]["status"] == "True" and conds(first)[AHR]["status"] == "True"
+        assert conds(then)[COND]["status"] == "False" and conds(then)[AHR]["status"] == "False"
+        assert story(then, failing.remediation) == []
+        for v in versions:
+            assert not [c for c in story(v, failing.remediation) if "without our taint" in c]
+
+        rv = then["metadata"]["resourceVersion"]
+        assert w.apply(healthy).ok
+        versions = versions_since(kube, kube_node_name, rv)
+        assert conds(versions[0])[AHR]["status"] == "True" and our_taint(versions[0]) is not None
+        assert our_taint(versions[-1]) is None and story(versions[-1], healthy.remediation) == []
+        for v in versions:
+            assert not [c for c in story(v, failing.remediation) if "without our taint" in c]
 
 
 def test_the_fail_marks_used_here_fail() -> None:

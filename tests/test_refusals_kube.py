@@ -1,12 +1,13 @@
-"""The agent process when the API server refuses its status PATCH (issue 28 item 4, end to end).
+"""The agent process when the API server refuses its status PATCH (end to end).
 
 The SRE's reproduction on the real API server: an agent under a ServiceAccount's token tells a
 healthy story, a ValidatingAdmissionPolicy of the test's own starts refusing that identity's status
-PATCH, an Xid 79 arrives. The Node keeps one story (the healthy one: no label, taint or condition
-runs ahead of the others), the log line carries the server's message, the metric counts the
-refusal by code, one `NodeWriteRefused` Event says it, and once the refusal is lifted the agent's
-retries write the failure. And harness2 R4 with the shipped fence: a remediation type the agent's
-config names and the policy does not list (now rejected before any write).
+PATCH, an Xid 79 arrives. The new fault's first write puts the node out of service (the taint and
+the labels go on; our condition cannot follow), the log line carries the server's message, the
+metric counts the refusal by code, one `NodeWriteRefused` Event says it, and once the refusal is
+lifted the agent's retries write the condition. And harness2 R4 with the shipped fence: a
+remediation type the agent's config names and the policy does not list (now rejected before any
+write).
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ from tests.test_refusals import (
     refusers,  # noqa: F401  (fixture)
     status_probe,
     story,
+    versions_since,
 )
 from tests.test_remediation_kube import (
     AHR,
+    CONFIG_YAML,
     ROOT,
     cond,
     fenced,  # noqa: F401  (fixture)
@@ -57,6 +60,7 @@ from tests.test_remediation_kube import (
 pytestmark = pytest.mark.kube
 
 REFUSED = 'gpu_healthcheck_node_write_refusals_total{code="403",kind="status"}'
+REFUSED_NODE = 'gpu_healthcheck_node_write_refusals_total{code="403",kind="node"}'
 TAINTED = "gpu_healthcheck_node_tainted"
 
 
@@ -119,7 +123,7 @@ def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_a
     assert story(n, remediation) == []
 
 
-def test_the_agent_says_a_refused_status_write_keeps_one_story_and_retries(
+def test_the_agent_says_a_refused_status_write_keeps_the_node_tainted_and_retries(
     identity: Identity,  # noqa: F811
     refusers: list[Refuser],  # noqa: F811
     gpu_node: Callable[..., Any],
@@ -154,25 +158,21 @@ def test_the_agent_says_a_refused_status_write_keeps_one_story_and_retries(
         log = agent.log.read_text()
         assert refuser.message in log and "refused the status write" in log, log[-3000:]
         n = node_of(kube, node)
-        assert n["metadata"]["labels"][K.status] == "pass" and our_taint(n) is None
-        assert conds(n)[COND]["status"] == CONDITIONS[Status.PASS].status and story(n) == []
-        assert sample(port, TAINTED) == 0
+        assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None  # out of service
+        assert conds(n)[COND]["status"] == CONDITIONS[Status.PASS].status  # not written yet: said
+        wait_for(lambda: sample(port, TAINTED) == 1, what="node_tainted follows the Node")
         events = refused_events(kube, node)
         assert len(events) == 1 and refuser.message in events[0]["message"], events
+        assert "labels and taint are written" in events[0]["message"], events
         assert EventReason.LATCHED_FINDING in reasons_of(kube, node)  # the finding is said meanwhile
 
         refuser.off()
-        wait_for(
-            lambda: our_taint(node_of(kube, node)) is not None, timeout=60, what="the retry goes through"
-        )
-        n = node_of(kube, node)
         wait_for(
             lambda: conds(node_of(kube, node))[COND]["status"] == CONDITIONS[Status.FAIL].status,
             what="GPUHealthy=False",
         )
         n = node_of(kube, node)
-        assert n["metadata"]["labels"][K.status] == "fail" and story(n) == []
-        wait_for(lambda: sample(port, TAINTED) == 1, what="node_tainted follows the Node")
+        assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None and story(n) == []
         assert len(refused_events(kube, node)) == 1  # one Event for the whole episode
     finally:
         agent.stop(signal.SIGKILL)
@@ -251,5 +251,86 @@ def test_a_refused_write_is_retried_on_the_backoff_the_log_states(
         assert waits[:4] == [1, 2, 4, 8], waits
         assert len(waits) == refused or len(waits) == refused - 1, (waits, refused)
         assert time.monotonic() - first >= window
+    finally:
+        agent.stop(signal.SIGKILL)
+
+
+def first_index(versions: list[dict[str, Any]], says: Callable[[dict[str, Any]], bool]) -> int | None:
+    return next((i for i, v in enumerate(versions) if says(v)), None)
+
+
+def test_the_agents_refused_taint_is_loud_retried_and_nothing_runs_ahead_of_it(
+    identity: Identity,  # noqa: F811
+    refusers: list[Refuser],  # noqa: F811
+    gpu_node: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """A new fault's first write is the Node PATCH with our taint; here the API server refuses it.
+    The agent process (a remediation condition configured) says so (log with the server's words,
+    the metric by code, one NodeWriteRefused Event) and retries on its backoff; meanwhile no version
+    of the Node says the node fails (nothing of the change is written, so a failing node is never
+    shown untainted). Once the refusal is lifted, every version the API server stored since the
+    healthy story is read back by a watch: the taint is seen no later than our failing condition
+    and the remediation condition, and no version shows one without our taint; before it, only the
+    brake's contender labels (a new taint asks the brake, taking turns)."""
+    kube = identity.kube
+    node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
+    snap = tmp_path / "snap"
+    shutil.copytree(HEALTHY, snap, symlinks=True)
+    cfg = tmp_path / "config"
+    cfg.mkdir()
+    text = with_entries(AHR, text=CONFIG_YAML).replace("maxTaintedFraction: 0.2 ", "maxTaintedFraction: 1.0 ")
+    assert "maxTaintedFraction: 1.0" in text
+    (cfg / "config.yaml").write_text(text.replace("  gpu: 60 ", "  gpu: 30 "))
+    remediation = (RemediationMark(AHR, "False", True, RemediationReason.FAILED, ""),)
+    port = free_port()
+    as_agent = SimpleNamespace(
+        kubeconfig=kube.kubeconfig_for_token(identity.token), ensure_namespace=kube.ensure_namespace
+    )
+    agent = AgentProcess(as_agent, node, snap, cfg, tmp_path / "agent.log", "--metrics-port", str(port))
+    try:
+        wait_for(
+            lambda: (
+                (n := node_of(kube, node))["metadata"]["labels"].get(K.status) == "pass"
+                and conds(n).get(AHR, {}).get("status") == "True"
+            ),
+            what="the healthy story, AcceleratedHardwareReady=True",
+        )
+        healthy = node_of(kube, node)
+        rv = healthy["metadata"]["resourceVersion"]
+        refuser = Refuser(identity, node, "nodes", "false", {"metadata": {"labels": {K.status: "probe"}}})
+        refusers.append(refuser)
+        refuser.on()
+        with (snap / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+
+        wait_for(lambda: (sample(port, REFUSED_NODE) or 0) >= 2, timeout=60, what="a refusal and a retry")
+        log = agent.log.read_text()
+        assert refuser.message in log and "refused the Node write" in log, log[-3000:]
+        (event,) = refused_events(kube, node)
+        assert refuser.message in event["message"] and "Nothing of this change" in event["message"], event
+        assert versions_since(kube, node, rv) == []  # nothing of the fault written: no story half told
+        assert story(node_of(kube, node), remediation) == []
+
+        refuser.off()  # the next retry comes on the backoff (up to 30 s)
+        wait_for(lambda: our_taint(node_of(kube, node)) is not None, timeout=90, what="the retried taint")
+        wait_for(
+            lambda: conds(node_of(kube, node)).get(AHR, {}).get("status") == "False",
+            timeout=30,
+            what=f"AcceleratedHardwareReady=False: {conds(node_of(kube, node)).get(AHR)}",
+        )
+        versions = versions_since(kube, node, rv)
+        tainted = first_index(versions, lambda v: our_taint(v) is not None)
+        failing = first_index(versions, lambda v: conds(v)[COND]["status"] == CONDITIONS[Status.FAIL].status)
+        marked = first_index(versions, lambda v: conds(v)[AHR]["status"] == "False")
+        assert tainted is not None and failing is not None and marked is not None
+        assert tainted <= min(failing, marked), (tainted, failing, marked)
+        for v in versions[:tainted]:  # before the taint: only the brake's contender labels
+            assert conds(v) == conds(healthy) and v["spec"].get("taints") == healthy["spec"].get("taints")
+        for v in versions:
+            assert [t for t in story(v, remediation) if "without our taint" in t] == []
+            if conds(v)[COND]["status"] == CONDITIONS[Status.FAIL].status:
+                assert our_taint(v) is not None  # never failing and untainted
+        assert story(versions[-1], remediation) == [] and len(refused_events(kube, node)) == 1
     finally:
         agent.stop(signal.SIGKILL)

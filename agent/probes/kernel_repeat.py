@@ -4,9 +4,10 @@ A storm repeats a few texts thousands of times and only the stamps differ. `Repe
 the last Xid line parsed the slow way (its prefix, equal but for digits): a line of that shape gives
 its record by slicing, and a text the XidReader already knows gives its event without a parse.
 `Bulk` goes further for wall-clock-stamped lines (`dmesg --time-format iso`, a snapshot's kmsg.log):
-the log's time of such a line is its stamp's second, so the known texts of one second are only
-listed as they come and folded into the ledger together when the second ends (or anything else
-comes), in the order the lines came.
+the log's time of such a line is its stamp's second, so the lines of one second whose events need
+no parse (a known text, or a new text of a known head: each line its own pid or fault address) are
+only listed as they come and folded into the ledger together when the second ends (or anything
+else comes), one ledger call per tally and second.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from collections.abc import Callable
 
 from agent.core.kernel import KernelRecord, XidEvent
+from agent.probes.kernel_log import garbled
 from agent.probes.xid_ledger import second_of
 
 
@@ -74,53 +76,90 @@ class Repeat:
 
 
 class Bulk:
-    """Lines of one wall-clock-stamped verbatim shape whose texts the XidReader knows, listed per
-    second; `fold(texts, wallclock)` takes each second's list, in the order the lines came."""
+    """Lines of one wall-clock-stamped verbatim shape that give their event without a parse, listed
+    per second: a text the XidReader knows (its memo), or a new one whose head tells its event
+    (XidReader.known: a storm whose every line has its own pid or fault address). Each line's event
+    is resolved as it comes (the memo changes as it would line by line) and listed with its kind
+    (its text, or for a new text its device and code: lines of one kind are lines of one tally);
+    `fold(kinds, events, wallclock, fmt)` takes each second's lists, in the order the lines came."""
 
-    __slots__ = ("current", "fmt", "fold", "memo", "plen", "second", "shape", "texts", "wall", "wallclock")
+    __slots__ = (
+        "clean", "current", "events", "fmt", "fold", "kinds", "known", "memo", "plen", "second",
+        "seconds", "shape", "wall", "wallclock",
+    )  # fmt: skip
 
     def __init__(
-        self, repeat: Repeat, memo: dict[str, XidEvent], fold: Callable[[list[str], str, str], None]
+        self,
+        repeat: Repeat,
+        memo: dict[str, XidEvent],
+        known: Callable[[str, str], XidEvent | None],
+        seconds: Callable[[str], float | None],
+        clean: Callable[[], bool],
+        fold: Fold,
     ) -> None:
         assert repeat.wall is not None and repeat.second is not None and repeat.seq is None
         self.shape, self.plen, self.wall, self.fmt = repeat.shape, repeat.plen, repeat.wall, repeat.fmt
         self.second: tuple[int, int] = repeat.second
         self.memo = memo
+        self.known = known  # a new text's event from its head (XidReader.known), None: parse it
+        self.seconds = seconds  # a wall-clock stamp's log time (XidLedger.wall_time)
+        self.clean = clean  # no line of the read being listed is garbled (kernel_log.clean_lines)
         self.fold = fold
-        self.texts: list[str] = []
+        self.kinds: list[object] = []
+        self.events: list[XidEvent] = []
         self.current = ""  # the second being listed
         self.wallclock = ""  # its first line's stamp
 
     @staticmethod
     def of(
-        repeat: Repeat | None, memo: dict[str, XidEvent] | None, fold: Callable[[list[str], str, str], None]
+        repeat: Repeat | None,
+        memo: dict[str, XidEvent] | None,
+        known: Callable[[str, str], XidEvent | None],
+        seconds: Callable[[str], float | None],
+        clean: Callable[[], bool],
+        fold: Fold,
     ) -> Bulk | None:
         """A Bulk for a wall-clock-stamped verbatim shape (None for any other: kmsg records carry
         their own time and sequence number, read line by line)."""
         if repeat is None or memo is None or not repeat.verbatim or repeat.wall is None or repeat.seq:
             return None
-        return Bulk(repeat, memo, fold)
+        return Bulk(repeat, memo, known, seconds, clean, fold)
 
     def take(self, line: str) -> bool:
-        """List a line of this shape whose text is known and counts as one more line of its event
-        (not an Xid 154's action, not the second line of a wrapped one); False for any other line,
-        which the caller reads itself after flush()."""
+        """List a line of this shape whose event needs no parse and counts as one more line of it
+        (not an Xid 154's action, not the second line of a wrapped one), in a second whose stamp
+        reads as a time; False for any other line, which the caller reads itself after flush()."""
         if self.shape.fullmatch(line, 0, self.plen) is None:
-            return False
-        text = line[self.plen :]
-        ev = self.memo.get(text)
-        if ev is None or ev.wrapped or ev.recovery_action is not None:
             return False
         second = line[self.second[0] : self.second[1]]
         if second != self.current:
             self.flush()  # another second: the one listed so far is folded first
-            self.current, self.wallclock = second, line[self.wall[0] : self.wall[1]]
-        self.texts.append(text)
+            wallclock = line[self.wall[0] : self.wall[1]]
+            if self.seconds(wallclock) is None:
+                return False  # each line's time is when it is read: line by line
+            self.current, self.wallclock = second, wallclock
+        text = line[self.plen :]
+        ev = self.memo.get(text)
+        if ev is None:
+            if not self.clean() and garbled(text):
+                return False
+            ev = self.known(text, line[self.wall[0] : self.wall[1]])
+            if ev is None:
+                return False
+            self.kinds.append((ev.code, ev.pci))  # one tally, whatever the text
+        elif ev.wrapped or ev.recovery_action is not None:
+            return False
+        else:
+            self.kinds.append(text)
+        self.events.append(ev)
         return True
 
     def flush(self) -> None:
         """Fold what is listed (before any other line is read, and at the end of each read)."""
-        if self.texts:
-            texts, self.texts = self.texts, []
-            self.current = ""
-            self.fold(texts, self.wallclock, self.fmt)
+        if self.kinds:
+            kinds, events = self.kinds, self.events
+            self.kinds, self.events, self.current = [], [], ""
+            self.fold(kinds, events, self.wallclock, self.fmt)
+
+
+Fold = Callable[[list[object], list[XidEvent], str, str], None]

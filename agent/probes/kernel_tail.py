@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.core.kernel import KernelRecord, KernelXids, XidEvent
-from agent.probes.kernel_log import NEW_BOOT, LineReader, garbled, is_binary, looks_quoted
+from agent.probes.kernel_log import NEW_BOOT, LineReader, clean_lines, garbled, is_binary, looks_quoted
 from agent.probes.kernel_repeat import Bulk, Repeat
 from agent.probes.xid_events import XidReader, whole
 from agent.probes.xid_ledger import MAX_KEYS, XidLedger
@@ -83,6 +83,8 @@ class KernelTail:
         self.warned = False
         self.followed = False  # a follower thread is the reader: the engine only takes the view
         self.error: OSError | BinaryLog | None = None  # what the last poll raised
+        self.read: tuple[bytes, str] = (b"", "")  # the read being fed, raw and decoded (_clean)
+        self.read_clean: bool | None = True
 
     def _start(self) -> None:
         """Forget everything: the log is about to be read from its start."""
@@ -108,7 +110,8 @@ class KernelTail:
 
     def _learn(self, line: str, rec: KernelRecord) -> None:
         self.repeat = Repeat.learn(line, rec, self.lines.last_format)
-        self.bulk = Bulk.of(self.repeat, self.xids.memo, self._fold)
+        xids, ledger = self.xids, self.ledger
+        self.bulk = Bulk.of(self.repeat, xids.memo, xids.known, ledger.wall_time, self._clean, self._fold)
 
     def _record(self, rec: KernelRecord, line: str | None = None) -> None:
         """A record parsed: its event, if any, counted; `line` given, a line whose shape is learnt."""
@@ -136,14 +139,15 @@ class KernelTail:
         elif self.change is Change.NONE:
             self.change = Change.COUNTS
 
-    def _line(self, line: str) -> None:
+    def _line(self, line: str, read: bool = False) -> None:
+        """One line; *read*: of the read being fed (_lines), not the last line of a file."""
         self.lines_read += 1
         repeat = self.repeat
         rec = repeat.record(line) if repeat is not None else None
         if repeat is not None and rec is not None:  # the shape of the last Xid line parsed: sliced
             memo = self.xids.memo
             ev = memo.get(rec.message) if memo is not None else None
-            if ev is not None or (repeat.verbatim and not garbled(rec.message)):
+            if ev is not None or (repeat.verbatim and ((read and self._clean()) or not garbled(rec.message))):
                 if self.lines.accept(rec, repeat.fmt) is NEW_BOOT:
                     self._boot()
                     self._record(rec, line)
@@ -175,35 +179,37 @@ class KernelTail:
             if bulk is None or not bulk.take(line):
                 if bulk is not None:
                     bulk.flush()  # what it listed comes before this line
-                self._line(line)
+                self._line(line, True)
         if self.bulk is not None:
             self.bulk.flush()
 
-    def _fold(self, texts: list[str], wallclock: str, fmt: str) -> None:
-        """Lines Bulk listed: known texts of one second, in the order they came. The same as
-        reading them line by line (tests/test_kernel_repeat.py): all have the same log time, so
-        each text's lines are counted at once, in the order of each text's first line (which tally
-        is new, which numbered line comes first after a companion); then each tally's latest line
-        is the text of its last one."""
-        n = len(texts)
+    def _clean(self) -> bool:
+        """No line of the read being fed is garbled: looked at once, when a new text first asks."""
+        if self.read_clean is None:
+            self.read_clean = clean_lines(*self.read)
+        return self.read_clean
+
+    def _fold(self, kinds: list[object], events: list[XidEvent], wallclock: str, fmt: str) -> None:
+        """Lines Bulk listed: one second's, each line's kind and event, in the order they came.
+        The same as reading them line by line (tests/test_kernel_repeat.py): all have the same log
+        time and the lines of one kind are lines of one tally, so each kind's lines are counted at
+        once with its first line's event, in the order of each kind's first line (which tally is
+        new, which numbered line comes first after a companion); then each tally's latest line is
+        the last line of the kind whose last line came last."""
+        n = len(kinds)
         self.lines_read += n
         self.records += n
         self.lines.count(fmt, n)
         self.xids.since_header += n
-        memo = self.xids.memo
-        assert memo is not None  # Bulk takes only texts the memo knows
         t = self.ledger.wall_time(wallclock)
-        if t is None:  # a stamp that does not parse: each line's time is when it is read
-            rec = KernelRecord("", wallclock=wallclock)
-            for text in texts:
-                self._count(memo[text], rec)
-            return
-        counts = Counter(texts)  # in the order of each text's first line
-        for text, k in counts.items():
-            self._count_at(memo[text], t, k)
-        if len(counts) > 1:
-            for text in reversed(dict.fromkeys(reversed(texts))):  # in the order of each one's last line
-                self.ledger.latest(memo[text])
+        assert t is not None  # Bulk lists only seconds whose stamp reads as a time
+        last = dict(zip(kinds, events, strict=True))  # in the order of each kind's first line
+        first = dict(zip(reversed(kinds), reversed(events), strict=True))  # reversed: of its last line
+        counts = Counter(kinds)
+        for kind in last:
+            self._count_at(first[kind], t, counts[kind])
+        for kind in reversed(first):
+            self.ledger.latest(last[kind])
 
     def _data(self, data: bytes, *, first: bool = False) -> None:
         if first:
@@ -215,7 +221,13 @@ class KernelTail:
         end = buf.rfind(b"\n") + 1  # UTF-8 never has a newline byte inside a character
         self.partial = buf[end:]
         if end:
-            self._lines(buf[:end].decode("utf-8", errors="replace").split("\n")[:-1])
+            raw = buf[:end]
+            text = raw.decode("utf-8", errors="replace")
+            self.read, self.read_clean = (raw, text), None
+            try:
+                self._lines(text.split("\n")[:-1])
+            finally:
+                self.read, self.read_clean = (b"", ""), True
         if len(self.partial) > MAX_LINE:
             self._flush(MAX_LINE)
 

@@ -63,6 +63,9 @@ _ACTION_WRAP = re.compile(r"^\s*from 0x[0-9a-fA-F]+ \([^()]*\) to 0x[0-9a-fA-F]+
 _AER_FATAL = ("Uncorrected (Fatal)", "can't recover", "device recovery failed", "Uncorrectable (Fatal)")
 _NVLINK5_CLOSED = re.compile(r"\(0x[0-9a-fA-F]+(?:\s+0x[0-9a-fA-F]+)*\s*\)")  # the whole register list
 _ACTION_CLOSED = re.compile(r"\bto 0x[0-9a-fA-F]+ \([^()]*\)\s*$")  # "... to 0x1 (GPU Reset Required)"
+# A text's head, up to its code's comma ("NVRM: Xid (PCI:0000:53:00): 13,"): _XID read from the
+# start of a text that begins with it gives this device and code whatever follows.
+_HEAD = re.compile(r"NVRM:\s*(Xid \(([^)]*)\):\s*(\d+)),")
 
 
 def whole(text: str) -> bool:
@@ -123,6 +126,7 @@ def _event(
 
 
 MEMO_SIZE = 512
+HEADS_SIZE = 1024  # heads of texts (one per device and code in a storm); bounded whatever the log holds
 
 
 class XidReader:
@@ -138,6 +142,7 @@ class XidReader:
         self.open_154: XidEvent | None = None  # an Xid 154 whose line ended before its action
         self.memo: dict[str, XidEvent] | None = {} if memo else None
         self.nvidia: dict[str, None] = {}  # devices the nvidia driver printed a line about (ordered set)
+        self.heads: dict[str, tuple[int, str | None, int] | None] = {}  # known(): code, device, offset
 
     def reset(self) -> None:
         self.header_pci, self.since_header = None, _HEADER_REACH
@@ -177,6 +182,40 @@ class XidReader:
                 memo.clear()
             memo[rec.message] = ev
         return ev
+
+    def known(self, text: str, wallclock: str) -> XidEvent | None:
+        """What feed() gives for a new, undamaged text of a wall-clock-stamped record (no kmsg
+        sequence or time) without its parse, where the text's head (up to its code's comma) says
+        it all: a plain numbered Xid (not 144-150 or 154), no AER and no "caused by previous Xid"
+        in it, no Xid 154 open before it. Memoized as feed() memoizes it; None when feed() must
+        read it (nothing changed then). A storm whose every line has its own pid or address is
+        such texts, a few heads over and over. The caller counts the line (since_header)."""
+        memo = self.memo
+        if memo is None or self.open_154 is not None or "AER" in text or _CAUSED_BY in text:
+            return None
+        head = text[: text.find(",") + 1]
+        try:
+            found = self.heads[head]
+        except KeyError:
+            found = self._head(head)
+        if found is None:
+            return None
+        code, pci, start = found
+        ev = XidEvent(code, pci, text[start:].strip(), False, None, None, None, wallclock)
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        memo[text] = ev
+        return ev
+
+    def _head(self, head: str) -> tuple[int, str | None, int] | None:
+        m = _HEAD.fullmatch(head)
+        code = int(m.group(3)) if m is not None else 0
+        plain = m is not None and code != 154 and not 144 <= code <= 150  # no action, variant or subcode
+        found = (code, _pci(m.group(2)), m.start(1)) if m is not None and plain else None
+        if len(self.heads) >= HEADS_SIZE:
+            self.heads.clear()
+        self.heads[head] = found
+        return found
 
     def _feed(self, rec: KernelRecord) -> XidEvent | None:
         text = rec.message

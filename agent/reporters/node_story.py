@@ -1,16 +1,24 @@
 """One story on the Node (DESIGN.md §4): the order of the writer's two requests, pure.
 
 The labels, annotation and taint go in one Node PATCH; the conditions in one status PATCH. Two
-requests are never atomic, so the writer orders them and undoes the first when the second is
-refused, and the Node never contradicts itself:
-- The conditions lead: the status PATCH goes first. Refused, nothing else is sent and the Node
-  keeps the story it told (labels, taint and conditions of the last apply that went through).
-- A remediation condition turns unhealthy only once our taint is on the Node: its entries that
-  would newly turn unhealthy wait for the taint decision and go in a second status PATCH after the
-  Node PATCH (`lead_conditions`). Refused, they keep their healthy status: a node the engines may
-  replace is always a tainted one, and the rest of the story (labels, taint, our condition) holds.
-- The Node PATCH refused after the leading conditions landed and before any Node write of this
-  apply did: the conditions are written back as they were (`revert_conditions`).
+requests are never atomic, so the writer orders them:
+- A new fault goes out of service first (`adds_taint`): the Node PATCH with our taint leads (after
+  the brake's contender labels when the brake is asked), and the conditions follow in one status
+  PATCH once it landed, the remediation conditions with them (the taint is on). Refused, that
+  status PATCH is tried once more without the remediation entries that would turn unhealthy
+  (`lead_conditions`), so a type the fence disputes does not keep our condition from telling the
+  failure. A status write refused after the taint leaves the node tainted, out of service, and the
+  refusal said (the labels tell the failure before our condition does until a retry goes through);
+  a refused Node PATCH writes nothing of the change.
+- Any other change (no taint to add: a recovery, unknown, a warning, a fault already tainted): the
+  conditions lead, the status PATCH first, the Node PATCH only once it landed. Refused, nothing else
+  is sent and the Node keeps the story it told. A remediation condition turns unhealthy only once
+  our taint is on the Node: its entries that would newly turn unhealthy wait for the taint decision
+  and go in a second status PATCH after the Node PATCH (`lead_conditions`). The Node PATCH refused
+  after the leading conditions landed and before any Node write of this apply did: the conditions
+  are written back as they were (`revert_conditions`).
+Either way no remediation condition is ever unhealthy on a Node without our taint, and a failing
+node is never left untainted by a refused write.
 `contradictions` says what a Node tells against itself (the writer's tests use it).
 """
 
@@ -23,9 +31,15 @@ from typing import Any
 from agent.core.marks import Marks
 from agent.core.node_keys import CONDITIONS, TRUE, Keys
 from agent.core.remediation_types import RemediationMark
-from agent.reporters.node_patch import find_condition, find_our_taint, labels_of
+from agent.reporters.node_patch import find_condition, find_our_taint, labels_of, taint_disabled
 
 CONDITION_FIELDS = ("type", "status", "reason", "message", "lastHeartbeatTime", "lastTransitionTime")
+
+
+def adds_taint(node: Mapping[str, Any], marks: Marks, prefix: str) -> bool:
+    """A new fault: the Marks want our taint and the Node does not have it (nor the label that
+    keeps it off), so the first write is the one that puts the node out of service."""
+    return marks.taint and find_our_taint(node, prefix) is None and not taint_disabled(node, prefix)
 
 
 def lead_conditions(
@@ -112,4 +126,11 @@ def contradictions(
     return out
 
 
-__all__ = ["NodeState", "contradictions", "lead_conditions", "node_state", "revert_conditions"]
+__all__ = [
+    "NodeState",
+    "adds_taint",
+    "contradictions",
+    "lead_conditions",
+    "node_state",
+    "revert_conditions",
+]

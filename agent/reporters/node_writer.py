@@ -11,9 +11,10 @@ Why it is built this way:
   conditions list merges by `type`): our condition, the remediation conditions (engine/remediation
   decides what each shows once the taint is decided: a node the brake holds back is not marked)
   and the removal of ours no longer configured. Kubelet's and others' conditions are untouched.
-- One story on the Node (node_story): the status PATCH goes first, the Node PATCH only once it
-  landed; a remediation condition turns unhealthy in a second status PATCH once our taint is on;
-  a Node PATCH refused before any Node write of the apply landed puts the conditions back.
+- One story on the Node (node_story): a new fault's Node PATCH with our taint goes first, its
+  conditions after it; any other change's status PATCH goes first, the Node PATCH only once it
+  landed, and a Node PATCH refused before any Node write of the apply landed puts the conditions
+  back. A remediation condition turns unhealthy only once our taint is on.
 - A refused write (refusals) is loud: the server's message in the log, a metric by code, a
   `NodeWriteRefused` Event once per refusal (with the engine's pending Events: they do not wait
   for the refused write), and the agent retries.
@@ -26,11 +27,12 @@ Why it is built this way:
 - There is no shutdown hook touching the Node: stopping or rolling out the agent never removes a taint.
 
 apply() orchestrates; the parts live beside it: node_patch (what differs, pure), node_story (the
-order of the two PATCHes, pure), node_requests (the PATCHes, 409 retries), refusals (a refused write
-and its Event), taint_gate (whether our taint goes on: the brake and its post-taint yield), events
-(the Events' words and their POST), node_watch (the watch of the own Node and the latest copy of it),
-apply_result (what one apply did), hooks (the metrics hooks). What a remediation condition says is
-decided in engine/remediation.py.
+order of the two PATCHes, pure), write_order (that order sent, and the conditions' plan),
+node_requests (the PATCHes, 409 retries), refusals (a refused write and its Event), taint_gate
+(whether our taint goes on: the brake and its post-taint yield), events (the Events' words and their
+POST), node_watch (the watch of the own Node and the latest copy of it), apply_result (what one
+apply did), hooks (the metrics hooks). What a remediation condition says is decided in
+engine/remediation.py.
 """
 
 from __future__ import annotations
@@ -51,8 +53,7 @@ from agent.core.node_keys import (
     EventReason,
     Keys,
 )
-from agent.core.repair_budget import Hold
-from agent.core.results_doc import decode_results, now_iso
+from agent.core.results_doc import decode_results
 from agent.reporters.apply_result import ApplyResult
 from agent.reporters.brake import Brake
 from agent.reporters.events import EventPoster, transition_events
@@ -61,26 +62,24 @@ from agent.reporters.hooks import OnRefused, OnState, OnWrite, guarded
 from agent.reporters.kube_rest import KubeRest, describe_error
 from agent.reporters.node_patch import (
     annotations_of,
-    find_condition,
     find_our_taint,
-    plan_conditions,
     taint_disabled,
 )
-from agent.reporters.node_requests import REQUEST_TIMEOUT, Conflict, Counts, NodeRequests
-from agent.reporters.node_story import lead_conditions, node_state
+from agent.reporters.node_requests import REQUEST_TIMEOUT, Counts, NodeRequests
+from agent.reporters.node_story import adds_taint, node_state
 from agent.reporters.node_watch import NodeWatch
 from agent.reporters.refusals import WHAT, Refusal, RefusalNotices, WriteRefused
 from agent.reporters.repair_budget import RepairBudget
-from agent.reporters.taint_gate import TaintDecision, TaintGate
+from agent.reporters.taint_gate import TaintGate
+from agent.reporters.write_order import KEPT_WAITING, NOTHING, WriteOrder
 
 log = logging.getLogger(__name__)
 
 PENDING_EVENTS_MAX = 64
-NOTHING = "Nothing of this change was written: the Node keeps its labels, taint and conditions"
 WATCH_TIMEOUT_SECONDS = 300
 
 
-class NodeWriter:
+class NodeWriter(WriteOrder):
     """Writes Marks to one Node; see the module docstring for the rules it keeps."""
 
     def __init__(
@@ -256,67 +255,23 @@ class NodeWriter:
             state = node_state(self.watch.latest, self.prefix, remediation, self.gate.state.brake_open)
             guarded("on_state", self._on_state, state)
 
-    def _plan_conditions(
-        self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision, hold: Hold | None = None
-    ) -> list[dict[str, Any]]:
-        """Our condition, the remediation conditions and the removal of ours no longer configured;
-        *hold*: the repair budget's or a wave's answer for a new remediation mark."""
-        self._retired_conditions -= {t for t in self._retired_conditions if find_condition(node, t) is None}
-        return plan_conditions(
-            node,
-            marks,
-            condition_type=self.condition_type,
-            retired=sorted(self._retired_conditions),
-            taint_on=decided.taint_on,
-            brake_open=decided.brake_open,
-            disabled=decided.disabled,
-            prefix=self.prefix,
-            now=now_iso(),
-            hold=hold,
-        )
-
-    def _write_status(self, node: Mapping[str, Any], marks: Marks, conds: list[dict[str, Any]]) -> int:
-        wrote = self.requests.status(node, marks, conds)
-        if wrote:
-            self._retired_conditions -= {c["type"] for c in conds if c.get("$patch") == "delete"}
-        return wrote
-
     # -- the write -----------------------------------------------------------------------------------
     def _apply_locked(self, marks: Marks) -> ApplyResult:
         n = Counts()
         node = self.watch.current(fresh=not self.watch.synced.is_set())
-        before = node
-        # The conditions lead (node_story). While the brake is still to be asked, plan as if the
-        # taint went on: a remediation condition that would turn unhealthy waits for it either way.
-        asks = self.gate.asks_brake(node, marks)
-        pre = TaintDecision(taint_on=True) if asks else self.gate.decide(node, marks)
-        lead = [] if self.dry_run else lead_conditions(node, marks, self._plan_conditions(node, marks, pre))
-        n.status_writes += self._write_status(node, marks, lead)
-        try:
-            decided, had_taint = self.requests.node(marks, n, fresh=False)  # the copy has the answer
-        except (WriteRefused, Conflict) as exc:
-            kept = ""
-            if n.node_writes:  # the brake's contender labels landed; they match the leading conditions
-                kept = "The status labels and our condition are written, the taint is not"
-            elif n.status_writes:
-                if self.requests.revert(before, lead):
-                    self._retired_conditions |= {str(c["type"]) for c in lead if c.get("$patch") == "delete"}
-                    kept = f"{NOTHING}: our conditions were put back"
-                else:
-                    kept = "Our conditions were written, the labels were not, and putting them back failed"
-            if isinstance(exc, WriteRefused) and kept:
-                exc.kept = kept
-            raise
+        first = not self.dry_run and adds_taint(node, marks, self.prefix)  # a new fault: out of service first
+        decided, had_taint = self._taint_first(marks, n) if first else self._conditions_first(node, marks, n)
         node = self.watch.current(fresh=False)
         # The repair budget and the wave hold: asked only before a new remediation mark.
         repair = self.repair if not self.dry_run else None
         hold = repair.ask(node, marks, decided.taint_on) if repair is not None else None
-        refused: Refusal | None = None
+        refused, kept = None, KEPT_WAITING
         try:
             conds = self._plan_conditions(node, marks, decided, hold)
             n.status_writes += self._write_status(node, marks, conds)
         except WriteRefused as exc:  # the Node writes landed; what waited for the taint keeps its value
             refused = exc.refusal
+            kept = self._without_waiting(node, marks, conds, n) if first else kept
         if refused is None:  # a repair hold the history's entry did not foresee (reporters/history_entry.py)
             n.node_writes += self.requests.settle_history(marks)
 
@@ -337,10 +292,6 @@ class NodeWriter:
             dry_run=self.dry_run,
         )
         if refused is not None:
-            kept = (
-                "The labels, taint and our condition are written; "
-                "the remediation conditions that wait for the taint keep their value"
-            )
             posted = self._say_refused(marks, refused, kept, events)
             return replace(result, events=posted, refused=refused, error=f"API error {refused.summary}")
         if self.notices.accepted():
