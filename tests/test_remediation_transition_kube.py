@@ -24,7 +24,7 @@ from agent.core.remediation_types import RemediationCondition, RemediationReason
 from agent.core.severity import Severity, Status
 from agent.engine.remediation import remediation_marks
 from agent.engine.state import Recovery
-from agent.reporters import node_writer
+from agent.reporters import write_order
 from agent.reporters.node_writer import NodeWriter
 
 pytestmark = pytest.mark.kube
@@ -87,7 +87,7 @@ def test_last_transition_time_holds_while_the_status_does(
 ) -> None:
     gpu_node()
     clock = Clock()
-    monkeypatch.setattr(node_writer, "now_iso", clock.now)
+    monkeypatch.setattr(write_order, "now_iso", clock.now)
     writer = NodeWriter(core, kube_node_name)
     fail = Recovery(wanted=True, severity=Severity.REBOOT, cause="fail (reboot): xid: Xid 79")
     cycles = [  # the same unhealthy status; reason and message change every cycle
