@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.cli.agent import DcgmPart
+from agent.cli.agent_parts import DcgmPart
 from agent.config import Config, load_config_dir, parse_config
 from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input

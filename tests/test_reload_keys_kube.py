@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from agent.checks.registry import RULE_BOOK
-from agent.cli.agent import DcgmPart, Wired, wire
+from agent.cli.agent import Wired, wire
+from agent.cli.agent_parts import DcgmPart
 from agent.cli.parser import build_parser
 from agent.config import parse_config
 from agent.config.schema import RESTART_ONLY, SCHEMA, ConfigError, Spec

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.cli.agent import validation_diag_level
+from agent.cli.agent_parts import validation_diag_level
 from agent.config import load_config_dir
 from agent.core.dcgm_report import DiagReport, DiagResult, DiagStatus
 from agent.core.facts import Input

@@ -1,0 +1,164 @@
+"""The long-lived parts `gpu-healthcheck agent` builds beside the engine (cli/agent.py wires them):
+the live DCGM tiers as a reloadable part, the window an active check's diag waits for, and this
+node's DRA device taints."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agent.config import Config
+from agent.core.facts import Input
+from agent.engine.engine import Engine
+from agent.engine.loop import Agent
+from agent.reporters.metrics import Metrics
+
+if TYPE_CHECKING:
+    from agent.core.active_checks import ActiveState
+    from agent.probes.dcgm.tiers import DcgmTiers
+    from agent.probes.dcgm.window import DiagWindow
+    from agent.reporters.brake import Brake
+    from agent.reporters.node_writer import NodeWriter
+
+log = logging.getLogger("gpu-healthcheck.agent")
+
+DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
+
+
+def validation_diag_level(engine: Engine) -> int | None:
+    """node.validate.diagLevel while the node is not validated since the agent's start (or a clear)."""
+    return None if engine.validation.complete else engine.cfg.node.validate.diag_level
+
+
+def read_diag_now(agent: Agent) -> None:
+    """A DCGM diag finished (its thread): the loop reads it now, not one dcgmDiag interval later."""
+    agent.engine.schedule.next_due["dcgm-diag"] = 0.0
+    agent.poke.set()
+
+
+class DcgmPart:
+    """The live DCGM tiers as a LivePart (config/live_part.py): built from the config when a DCGM
+    check is on; a reload with a new address or timeouts, or one that switches a DCGM check on,
+    rebuilds them and hands the engine the new inputs. *loop*: the agent's loop (built after this
+    part, which gives it its inputs); called only once the loop runs."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        pods: Callable[[], list[str]] | None,
+        engines: Callable[[], list[str]] | None = None,
+        *,
+        dcgm_wanted: bool,
+        loop: Callable[[], Agent],
+        api_inputs: dict[Input, Callable[[], Any]] | None = None,
+        window: DiagWindow | None = None,
+    ) -> None:
+        self.metrics, self.pods, self.engines, self.loop = metrics, pods, engines, loop
+        self.dcgm_wanted = dcgm_wanted  # a snapshot-backed agent reads DCGM from the snapshot
+        self.dcgm: DcgmTiers | None = None
+        # Inputs read from the API (the DRA driver's devices: reporters/published_slices.py), kept
+        # beside the DCGM ones when a reload rebuilds those.
+        self.api_inputs = dict(api_inputs or {})
+        # Active checks (core/active_checks.py): the window a diag waits for (live DCGM with an API
+        # server only).
+        self.window = window
+
+    def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
+        """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
+        if not self.dcgm_wanted or not any(cfg.enabled(c) for c in DCGM_CHECKS):
+            return dict(self.api_inputs), None
+        from agent.probes.dcgm.tiers import DcgmTiers
+        from agent.probes.pod_resources import gpu_pods
+
+        old, self.dcgm = (
+            self.dcgm,
+            DcgmTiers(
+                cfg,
+                self.pods or gpu_pods(),
+                self.metrics,
+                engines_on_node=self.engines,
+                wanted_level=lambda: validation_diag_level(self.loop().engine),
+                on_done=lambda: read_diag_now(self.loop()),
+                window=self.window,
+                retry_s=lambda: self.loop().engine.cfg.node.active_checks.retry_s,
+            ),
+        )
+        if old is not None:
+            if not old.runner.in_progress:
+                self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
+            old.stop()  # a diag waiting for a window stops waiting
+            old.health.client.close()  # a diag still running on the old client finishes on its own
+        return {**self.api_inputs, **self.dcgm.inputs()}, self.dcgm.progress
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
+        if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
+            engine = self.loop().engine
+            waiting = self.dcgm is not None and self.dcgm.waiting
+            engine.set_inputs(*self.dcgm_inputs(new))
+            if waiting:  # the diag that waited for a window waits on the new tiers
+                engine.schedule.next_due["dcgm-diag"] = 0.0
+            log.info(f"DCGM client rebuilt for {new.dcgm.address}", extra={"event": "config"})
+
+
+SLOT_SLACK_S = 180.0  # a slot outlives diagTimeout by the watchdog's margin, the taint's wait and this
+
+
+def active_window(
+    core: Any,
+    node_name: str,
+    namespace: str,
+    brake: Brake,
+    writer: NodeWriter,
+    prefix: str,
+    pods: Callable[[], list[str]] | None,
+    loop: Callable[[], Agent],
+    metrics: Metrics,
+) -> tuple[ActiveState, DiagWindow]:
+    """The window a DCGM diag waits for (probes/dcgm/window.py) and the state it shares with the
+    engine: the fleet slot and the pods arriving (reporters/active_checks.py), the testing taint
+    through the engine's Marks (its writes poke the loop as a finished diag does). The policies are
+    read from the engine's config when asked (the loop hands it every reload)."""
+    from agent.core.active_checks import ActiveState
+    from agent.probes.dcgm.window import DiagWindow
+    from agent.probes.pod_resources import gpu_pods
+    from agent.reporters.active_checks import FleetSlots, NodeHold, PodArrivals
+
+    def cfg() -> Config:
+        return loop().engine.cfg
+
+    state = ActiveState()
+    slots = FleetSlots(
+        core,
+        node_name,
+        namespace=namespace,
+        prefix=prefix,
+        brake=brake,
+        policy=lambda: cfg().node.active_checks,
+        expire_s=lambda: cfg().dcgm.diag_timeout + SLOT_SLACK_S,
+        node_uid=lambda: str(((writer.node or {}).get("metadata") or {}).get("uid") or "") or None,
+    )
+    hold = NodeHold(
+        state,
+        prefix=prefix,
+        mode=lambda: cfg().node.mode,
+        node=lambda: writer.node,
+        poke=lambda: read_diag_now(loop()),
+    )
+    return state, DiagWindow(
+        state, slots, hold, PodArrivals(core, node_name, pods or gpu_pods()), metrics=metrics
+    )
+
+
+def device_taints(core: Any, node_name: str, cfg: Config, metrics: Metrics, dry_run: bool) -> Any:
+    """This node's DRA device taints (node.isolation; reporters/device_taints)."""
+    from agent.reporters.device_taints import DeviceTaints
+
+    return DeviceTaints(
+        core,
+        node_name,
+        prefix=cfg.prefix,
+        dry_run=dry_run,
+        on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
+    )
