@@ -1,7 +1,7 @@
 """Detection latency: an Xid 79 line appended to the kernel log → our taint visible through a watch.
 
 Usage: python -m bench.fault_to_taint [--trials 20] [--gpu-interval 1] [--kmsg file|fifo|both]
-                                      [--compare OLD_CHECKOUT]
+                                      [--compare OLD_CHECKOUT ...]
 
 A real etcd + kube-apiserver (tests/kubeenv), one GPU Node per agent, one agent process on a
 snapshot-backed node (the bundled healthy p5.48xlarge snapshot). Per trial: "reboot" the node (new
@@ -17,9 +17,11 @@ the brake's count, the Node patch, and the watch delivery to the benchmark.
 - fifo: kmsg.log is a FIFO, which the agent reads as it reads /dev/kmsg on a live node (non-blocking
   reads, poll(2)): records in /dev/kmsg's own format (`prio,seq,ts_us,-;message`), a reboot is a
   record whose sequence number starts again at 0. This is the live path's figure.
---compare DIR: the agent of another checkout (the old code) on a Node of its own, in the same run;
-the trials alternate between the agents. An old agent that cannot read a FIFO as the device is
-measured with the file only.
+--compare DIR (repeatable): the agent of another checkout (the old code) on a Node of its own, in
+the same run, labelled by the directory's name; the trials alternate between the agents. An old
+agent that cannot read a FIFO as the device is measured with the file only. The ratios are
+new/old: above 1 the new code is slower. With few trials the p99 is the slowest trial or next to
+it, so the five slowest trials are printed too.
 """
 
 from __future__ import annotations
@@ -130,10 +132,17 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--gpu-interval", type=float, default=1.0, help="intervals.gpu (untaint speed)")
     ap.add_argument("--kmsg", choices=("file", "fifo", "both"), default="both")
-    ap.add_argument("--compare", type=Path, metavar="DIR", help="also measure the agent of this checkout")
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="also measure the agent of this checkout (repeatable)",
+    )
     args = ap.parse_args()
     modes = ("file", "fifo") if args.kmsg == "both" else (args.kmsg,)
-    checkouts = [("new", ROOT)] + ([("old", args.compare.resolve())] if args.compare else [])
+    checkouts = [("new", ROOT)] + [(d.resolve().name[:12], d.resolve()) for d in args.compare]
     with tempfile.TemporaryDirectory(prefix="bench-f2t-") as tmp, kube_env() as env:
         work = Path(tmp)
         healthy_kmsg = (HEALTHY / "kmsg.log").read_bytes()
@@ -171,20 +180,25 @@ def main() -> None:
             "recoverAfter=1 snapshot=p5.48xlarge-healthy (8 GPUs, 2400-line kmsg.log)"
         )
         cols = ("p50 ms", "p99 ms", "max ms", "min ms", "mean ms")
-        print(f"{'agent':<6} {'kmsg':<5} {'trials':>6} " + " ".join(f"{c:>8}" for c in cols))
+        print(f"{'agent':<12} {'kmsg':<5} {'trials':>6} " + " ".join(f"{c:>8}" for c in cols))
         for s in subjects:
             ms = [x * 1000 for x in s.latencies]
             figures = (pct(ms, 0.5), pct(ms, 0.99), max(ms), min(ms), statistics.mean(ms))
-            print(f"{s.label:<6} {s.kmsg:<5} {len(ms):>6} " + " ".join(f"{x:>8.0f}" for x in figures))
+            print(f"{s.label:<12} {s.kmsg:<5} {len(ms):>6} " + " ".join(f"{x:>8.0f}" for x in figures))
+        print("the five slowest trials (ms), in order:")
+        for s in subjects:
+            worst = sorted(s.latencies, reverse=True)[:5]
+            print(f"{s.label:<12} {s.kmsg:<5} " + " ".join(f"{x * 1000:.0f}" for x in worst))
         by = {(s.label, s.kmsg): [x * 1000 for x in s.latencies] for s in subjects}
-        for mode in modes:
-            old, new = by.get(("old", mode)), by.get(("new", mode))
-            if old and new:
-                p50, p99 = (pct(old, 0.5), pct(new, 0.5)), (pct(old, 0.99), pct(new, 0.99))
-                print(
-                    f"old/new ({mode}): p50 {p50[0]:.0f}/{p50[1]:.0f} ms = {p50[0] / p50[1]:.2f}x, "
-                    f"p99 {p99[0]:.0f}/{p99[1]:.0f} ms = {p99[0] / p99[1]:.2f}x"
-                )
+        for label, _ in checkouts[1:]:
+            for mode in modes:
+                old, new = by.get((label, mode)), by.get(("new", mode))
+                if old and new:
+                    p50, p99 = (pct(new, 0.5), pct(old, 0.5)), (pct(new, 0.99), pct(old, 0.99))
+                    print(
+                        f"new/{label} ({mode}): p50 {p50[0]:.0f}/{p50[1]:.0f} ms = {p50[0] / p50[1]:.2f}x, "
+                        f"p99 {p99[0]:.0f}/{p99[1]:.0f} ms = {p99[0] / p99[1]:.2f}x"
+                    )
         for mode in modes:
             new = by.get(("new", mode))
             if new:
