@@ -105,7 +105,7 @@ def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_a
     assert "refuses the condition types this config writes" in out, out[-3000:]
     assert "may change only its own conditions" in out and "refused the status write" not in out, out[-3000:]
     n = node_of(kube, node)
-    assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None
+    assert n["metadata"]["labels"][K.status] == "fail" and our_taint(n) is not None, (n["spec"], out[-3000:])
     assert conds(n)[COND]["status"] == CONDITIONS[Status.FAIL].status and AHR not in conds(n)
     assert story(n, ()) == []
     assert refused_events(kube, node) == []

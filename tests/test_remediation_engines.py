@@ -364,8 +364,13 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
 
         wait_for(served, 120, "Karpenter to initialize a replacement")
         passed_s = time.monotonic() - t0
-        # A retried repair waits a minute: Karpenter's own back-off, not ours.
-        wait_for(lambda: karpenter.node(first) is None and served(), 240, f"Karpenter to remove {first}")
+        # A retried repair waits a minute: Karpenter's own back-off, not ours. served() goes first:
+        # it follows (starts an agent on) the retried repair's new replacement, which Karpenter must
+        # initialize before it removes the repaired node (the static pool may have scaled the first
+        # replacement away meanwhile).
+        wait_for(
+            lambda: bool(served()) and karpenter.node(first) is None, 240, f"Karpenter to remove {first}"
+        )
         for n in served():  # Karpenter initialized only nodes whose agent passed and lifted the taint
             assert not tainted(n) and status(n) == "pass", n
         # Every node Karpenter launched came up with the startup taint (else it was never followed).

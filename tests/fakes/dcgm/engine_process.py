@@ -51,11 +51,25 @@ class Engine:
         self.path = path
         self.proc = subprocess.Popen([sys.executable, __file__, str(path)])
         deadline = time.monotonic() + 20
-        while not path.exists():
+        while not self._answers():
             if time.monotonic() > deadline or self.proc.poll() is not None:
                 self.kill()
                 raise RuntimeError("the fake engine process did not start")
             time.sleep(0.01)
+
+    def _answers(self) -> bool:
+        """The process echoes a byte: it is in its loop (the socket file alone only says bound; on a
+        busy machine the first DCGM call could wait past a short test bound for the loop to start)."""
+        if not self.path.exists():
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(5)
+                probe.connect(str(self.path))
+                probe.sendall(b"?")
+                return probe.recv(1) == b"?"
+        except OSError:
+            return False
 
     def stop(self) -> None:
         os.kill(self.proc.pid, signal.SIGSTOP)
