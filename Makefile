@@ -36,15 +36,10 @@ go-tools:
 
 # Test files run TEST_WORKERS at a time, whole files each, in the order tests/kubeenv/go_tools.py
 # sets; every worker starts its own kube-apiserver when it first needs one (tests/kubeenv/parallel.py).
-# Lint and the tests run at TEST_NICE: on a cold machine the kube-bins build (nice 0), which every
-# kube test waits for, gets the cores first, the tests next, the other Go builds (nice 19) what is
-# left. Nice only orders who waits; with the tools built it changes nothing.
 TEST_WORKERS ?= 3
-TEST_NICE ?= nice -n 10
 
-test: go-tools setup
-	$(TEST_NICE) $(MAKE) --no-print-directory lint
-	$(TEST_NICE) $(BIN)/pytest -n $(TEST_WORKERS)
+test: go-tools setup lint
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # Every kube test against the older supported minors (tools/kube-bins/compat/); not part of `test`.
 test-compat: setup
