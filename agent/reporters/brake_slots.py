@@ -140,7 +140,13 @@ def node_exists(rest: KubeRest, name: str) -> bool:
     server. (A list from the cache "not older than the slot" waited up to 3 s behind a lagging cache
     and answered 504 under a 4,000-node wave.) False on 404 only; other errors propagate."""
     try:
-        doc = rest.json("GET", f"/api/v1/nodes/{name}", accept=NAMES_LIST_ACCEPT, timeout=TIMEOUT)
+        doc = rest.json(
+            "GET",
+            f"/api/v1/nodes/{name}",
+            query={"includeObject": "None"},  # the row alone: a Table's default carries the metadata
+            accept=NAMES_LIST_ACCEPT,
+            timeout=TIMEOUT,
+        )
     except Exception as exc:
         if api_status(exc) == 404:
             return False
