@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from agent.config import CONFIG_FILES as FILES
-from agent.config import load_config_dir
+from agent.config import load_config_dir, yaml_safe
 from agent.config.fence_view import condition_types
 from agent.core.gpu_nodes import node_selector_terms
 from agent.core.node_keys import CANARY, TRACK_LABEL, Keys
@@ -140,7 +140,7 @@ def canary_daemonset(agent: dict[str, Any], image: str) -> dict[str, Any]:
 
 def canary_manifest(agent_text: str) -> str:
     """manifests/optional/agent-canary.yaml from the main DaemonSet's text, on the main image."""
-    agent = yaml.safe_load(agent_text)
+    agent = yaml_safe.load(agent_text)
     image = agent["spec"]["template"]["spec"]["containers"][0]["image"]
     canary = canary_daemonset(agent, image)
     return CANARY_HEADER + yaml.safe_dump(canary, sort_keys=False, default_flow_style=False, width=1000)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.config import (
     CONFIG_YAML,
@@ -21,6 +20,7 @@ from agent.config import (
     XID_CATALOG_YAML,
     Config,
     parse_config,
+    yaml_safe,
 )
 from tests.kubeenv.fixtures import *  # noqa: F403  (real kube-apiserver fixtures)
 
@@ -32,7 +32,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"  # the shipped Co
 
 @functools.cache
 def _shipped(name: str) -> Any:
-    return yaml.safe_load((CONFIG_DIR / name).read_text(encoding="utf-8"))
+    return yaml_safe.load((CONFIG_DIR / name).read_text(encoding="utf-8"))
 
 
 def cfg(

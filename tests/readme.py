@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
+from agent.config import yaml_safe
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 REMEDIATION = "## From mark to repair"
@@ -18,4 +18,4 @@ def section_docs(title: str = REMEDIATION, readme: Path = README) -> list[dict[s
     section = text[text.index(title) :]
     end = section.find("\n## ", len(title))
     blocks = re.findall(r"```yaml\n(.*?)```", section if end < 0 else section[:end], re.S)
-    return [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
+    return [d for b in blocks for d in yaml_safe.load_all(b) if isinstance(d, dict)]

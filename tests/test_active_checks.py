@@ -15,7 +15,7 @@ import pytest
 
 from agent.checks.registry import RULE_BOOK
 from agent.cli.status import node_status, render
-from agent.config import ConfigError, parse_config
+from agent.config import ConfigError, parse_config, yaml_safe
 from agent.core.active_checks import (
     RESTARTED,
     ActivePolicy,
@@ -135,14 +135,12 @@ def test_what_counts_as_a_pod_that_came_for_the_gpus() -> None:
 def test_the_fence_lists_the_testing_taint_and_the_slot_policy() -> None:
     from pathlib import Path
 
-    import yaml
-
     root = Path(__file__).resolve().parent.parent
     for path in (root / "manifests", root / "charts" / "gpu-healthcheck" / "templates"):
         text = (path / "30-admission-policy.yaml").read_text()
         assert "variables.prefix + 'testing']" in text
         assert "name: gpu-healthcheck-own-slots" in text
-    docs = list(yaml.safe_load_all((root / "manifests" / "30-admission-policy.yaml").read_text()))
+    docs = list(yaml_safe.load_all((root / "manifests" / "30-admission-policy.yaml").read_text()))
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("ValidatingAdmissionPolicyBinding", "gpu-healthcheck-own-slots") in names
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from agent.config import yaml_safe
 from agent.core.node_keys import CLEAR_ALL, CONDITIONS, DEFAULT_CONDITION_TYPE, Keys
 from agent.core.severity import Status
 
@@ -213,7 +214,7 @@ def test_an_api_outage_mid_run_converges_after_it_ends(
     node = gpu_node(instance_type="p5.48xlarge", gpus=8).metadata.name
     url = urlparse(kube.url)
     proxy = CuttableProxy(url.hostname or "127.0.0.1", url.port or 443)
-    kubeconfig = yaml.safe_load(Path(kube.kubeconfig).read_text())
+    kubeconfig = yaml_safe.load(Path(kube.kubeconfig).read_text())
     for cluster in kubeconfig["clusters"]:
         cluster["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
     proxied = tmp_path / "proxied.kubeconfig"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import yaml_safe
 from tests.kubeenv.binaries import built_go_tool
 from tests.test_helm_chart import helm, render  # noqa: F401  (helm: fixture)
 
@@ -25,7 +26,7 @@ README = ROOT / "README.md"
 
 
 def rule_doc() -> dict[str, Any]:
-    return yaml.safe_load(RULES.read_text())  # type: ignore[no-any-return]
+    return yaml_safe.load(RULES.read_text())  # type: ignore[no-any-return]
 
 
 def alerts() -> dict[str, dict[str, Any]]:
@@ -62,7 +63,7 @@ def test_the_readme_check_finds_a_missing_section() -> None:
 
 
 def test_every_alert_has_a_unit_test_that_fires_it() -> None:
-    doc = yaml.safe_load((TESTS / "alerts.test.yaml").read_text())
+    doc = yaml_safe.load((TESTS / "alerts.test.yaml").read_text())
     fired = {t["alertname"] for case in doc["tests"] for t in case["alert_rule_test"] if t.get("exp_alerts")}
     quiet = {
         t["alertname"] for case in doc["tests"] for t in case["alert_rule_test"] if not t.get("exp_alerts")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.config import CONFIG_FILES
+from agent.config import CONFIG_FILES, yaml_safe
 from agent.core.node_keys import CANARY, Keys
 from agent.core.results_doc import CONFIG_FIELD
 from tests.test_agent_kube import HEALTHY, AgentProcess, node_dict, wait_for
@@ -244,7 +244,7 @@ def test_the_readme_canary_recipe_as_written_starts_from_the_live_configmap(
 
     ns = unique_name("gpuhc-recipe", max_len=40)
     kube.ensure_namespace(ns)
-    shipped = yaml.safe_load(SHIPPED_CM.read_text())
+    shipped = yaml_safe.load(SHIPPED_CM.read_text())
     live_config = (
         shipped["data"]["config.yaml"]
         .replace("\n  gpu: 60 ", "\n  gpu: 30 ")

@@ -5,18 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.checks import gpu, gpu_memory
 from agent.checks.registry import CHECKS, RULE_BOOK, RULES
-from agent.config import ConfigError, load_config_dir, parse_config
+from agent.config import ConfigError, load_config_dir, parse_config, yaml_safe
 from agent.core.severity import Severity
 
 CONFIG = Path(__file__).parent.parent / "config"
 
 
 def test_shipped_config_yaml_equals_the_built_in_defaults() -> None:
-    shipped = parse_config(yaml.safe_load((CONFIG / "config.yaml").read_text()))
+    shipped = parse_config(yaml_safe.load((CONFIG / "config.yaml").read_text()))
     assert shipped.raw == parse_config({}).raw
 
 

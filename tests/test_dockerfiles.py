@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.cli import agent as agent_main
+from agent.config import yaml_safe
 from agent.probes.dcgm import bindings
 from hostengine import entrypoint
 
@@ -35,7 +35,7 @@ def env_of(dockerfile: Path) -> dict[str, str]:
 
 def entrypoint_of(dockerfile: Path) -> list[str]:
     (line,) = [x for x in dockerfile.read_text().splitlines() if x.startswith("ENTRYPOINT ")]
-    return list(yaml.safe_load(line.removeprefix("ENTRYPOINT ")))
+    return list(yaml_safe.load(line.removeprefix("ENTRYPOINT ")))
 
 
 def hadolint() -> str | None:
@@ -74,7 +74,7 @@ def test_base_images_pinned_and_dcgm_in_lockstep_with_exporter() -> None:
     assert len(versions) == 1
     (dcgm,) = versions
     assert dcgm.startswith("4.")
-    docs = list(yaml.safe_load_all((ROOT / "manifests" / "70-dcgm-exporter.yaml").read_text()))
+    docs = list(yaml_safe.load_all((ROOT / "manifests" / "70-dcgm-exporter.yaml").read_text()))
     image = docs[0]["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.startswith(f"nvcr.io/nvidia/k8s/dcgm-exporter:{dcgm}-")
     for f in (AGENT, HOSTENGINE):
@@ -113,7 +113,7 @@ def test_hostengine_image_entrypoint_runs_the_engine_as_the_manifest_says(
     # DCGM's own default bind: unreachable from outside the pod unless the guard (or a flag) says otherwise
     assert cmd == ["nv-hostengine", "-n", "-b", "127.0.0.1", "-p", "5555", "--log-level", "ERROR", "-f", "-"]
     assert "EXPOSE 5555" in HOSTENGINE.read_text()
-    ds = next(yaml.safe_load_all((ROOT / "manifests" / "40-hostengine.yaml").read_text()))
+    ds = next(yaml_safe.load_all((ROOT / "manifests" / "40-hostengine.yaml").read_text()))
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     manifest_env = {e["name"]: e.get("value") for e in c["env"]}
     assert {k: manifest_env[k] for k in ("HOSTENGINE_GUARD_LISTEN", "HOSTENGINE_PORT")} == {

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import yaml_safe
 from tests.kubeenv.env import KubeEnv, unique_name
 from tests.kubeenv.pki import _signed_cert
 from tests.kubeenv.server import ControlPlane
@@ -115,7 +116,7 @@ def world(cluster: KubeEnv) -> dict[str, Any]:
 
 def docs(path: Path, kind: str) -> str:
     """The documents of *kind* in a manifest file, as YAML."""
-    return yaml.safe_dump_all([d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == kind])
+    return yaml.safe_dump_all([d for d in yaml_safe.load_all(path.read_text()) if d and d["kind"] == kind])
 
 
 def delete_fence(env: KubeEnv) -> None:

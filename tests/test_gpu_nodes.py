@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.config import ConfigError, load_config_dir, parse_config
+from agent.config import ConfigError, load_config_dir, parse_config, yaml_safe
 from agent.core.gpu_nodes import parse_selector
 from agent.core.node_keys import Keys
 from agent.reporters.brake import Brake
@@ -156,7 +156,7 @@ def _kustomize_install(kube: Any, tmp: Path, namespace: str, prefix: str) -> lis
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["base"], "namespace": namespace, "namePrefix": prefix})
     )
-    built = list(yaml.safe_load_all(kube.kubectl("kustomize", str(overlay)).stdout))
+    built = list(yaml_safe.load_all(kube.kubectl("kustomize", str(overlay)).stdout))
     kube.kubectl("apply", "--server-side", "-k", str(overlay))
     return built
 

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.checks.dcgm import check_dcgm_health
-from agent.config import load_config_dir
+from agent.config import load_config_dir, yaml_safe
 from agent.core.dcgm_report import HealthReport
 from agent.core.facts import NodeFacts
 from agent.core.severity import Severity, Status
@@ -102,7 +101,7 @@ def kustomize(kube_bins: Path, overlay: str) -> list[dict[str, Any]]:
         text=True,
         check=True,
     ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml_safe.load_all(out) if d]
 
 
 def kinds(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent import __version__
+from agent.config import yaml_safe
 from tests.kubeenv.binaries import built_go_tool, pinned_k8s_version
 
 ROOT = Path(__file__).parent.parent
@@ -34,7 +34,7 @@ def render(helm: str, *sets: str, namespace: str = "gpu-healthcheck") -> list[di
     for s in sets:
         argv += ["--set", s]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml_safe.load_all(out) if d]
 
 
 def key(doc: dict[str, Any]) -> tuple[str, str, str]:
@@ -42,7 +42,7 @@ def key(doc: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def manifests(folder: Path = MANIFESTS) -> dict[tuple[str, str, str], dict[str, Any]]:
-    docs = [d for f in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    docs = [d for f in sorted(folder.glob("*.yaml")) for d in yaml_safe.load_all(f.read_text()) if d]
     return {key(d): d for d in docs}
 
 
@@ -149,7 +149,7 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
     (c,) = agent["spec"]["template"]["spec"]["containers"]
     assert c["image"] == "registry.example/gpu/agent:9.9.9" and agent["metadata"]["namespace"] == "gpu-health"
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
-    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    cfg = yaml_safe.load(cm["data"]["config.yaml"])
     assert cfg["dcgm"]["address"] == "nvidia-dcgm.gpu-operator.svc:5555"
     assert cfg["node"]["mode"] == "observe" and cfg["node"]["taintEffectBySeverity"] == {
         "isolate": "NoExecute"
@@ -157,7 +157,7 @@ def test_values_change_images_engine_and_policy(helm: str) -> None:
     assert cfg["node"]["isolation"] == "auto"
     assert cfg["node"]["taintMinSeverity"] == "reset"  # untouched keys keep the shipped value
     ours = {key(d): d for d in render(helm, namespace="gpu-health")}
-    address = yaml.safe_load(
+    address = yaml_safe.load(
         next(d for d in ours.values() if d["kind"] == "ConfigMap")["data"]["config.yaml"]
     )
     assert (
@@ -197,7 +197,7 @@ def test_remediation_conditions_from_the_values_are_what_the_fence_lists(helm: s
     argv = [helm, "template", "gpu-healthcheck", str(CHART), "--namespace", "gpu-health"]
     argv += ["--kube-version", KUBE_VERSION, "-f", str(values)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = [d for d in yaml_safe.load_all(out) if d]
     (tmp_path / "config.yaml").write_text(config_of(docs))
     entries = load_config_dir(tmp_path).node.remediation_conditions  # the agent's own load accepts it
     assert [(c.type, c.unhealthy_status, c.min_severity.label) for c in entries] == [
@@ -237,7 +237,7 @@ def test_config_values_merge_into_config_yaml_and_the_fence(helm: str, tmp_path:
     argv += ["--kube-version", KUBE_VERSION, "-f", str(values), "--set", "config.checks.efa=false"]
     docs = [
         d
-        for d in yaml.safe_load_all(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+        for d in yaml_safe.load_all(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
         if d
     ]
     (tmp_path / "config.yaml").write_text(config_of(docs))
@@ -298,9 +298,9 @@ def test_helm_install_on_the_api_server(helm: str, kube: Any, tmp_path: Path) ->
         def installed() -> tuple[dict[str, Any], str]:
             cm = own.kubectl("-n", "gpuhc", "get", "configmap", "gpu-healthcheck-config", "-o", "yaml").stdout
             policy = own.kubectl("get", "validatingadmissionpolicy", "gpu-healthcheck-own-node", "-o", "yaml")
-            doc = yaml.safe_load(policy.stdout)
+            doc = yaml_safe.load(policy.stdout)
             types = next(v["expression"] for v in doc["spec"]["variables"] if v["name"] == "conditionTypes")
-            return yaml.safe_load(yaml.safe_load(cm)["data"]["config.yaml"]), str(types)
+            return yaml_safe.load(yaml_safe.load(cm)["data"]["config.yaml"]), str(types)
 
         cfg, types = installed()
         assert cfg["intervals"]["gpu"] == 45 and cfg["node"]["conditionType"] == "example.com/GPUOk"

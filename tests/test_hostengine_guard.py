@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from agent.config import yaml_safe
 from hostengine.guard import DEFAULT_SELECTOR, Allowlist, Api, Guard, allowed_pod_ips
 
 REPO = Path(__file__).parent.parent
@@ -89,7 +89,7 @@ def engine_rbac(kube: Any, ns: str) -> None:
     """The engine's ClusterRole as 40-hostengine.yaml grants it, bound to ServiceAccount ns/nvidia-dcgm."""
     role = next(
         d
-        for d in yaml.safe_load_all((REPO / "manifests" / "40-hostengine.yaml").read_text())
+        for d in yaml_safe.load_all((REPO / "manifests" / "40-hostengine.yaml").read_text())
         if d["kind"] == "ClusterRole"
     )
     name = f"nvidia-dcgm-{ns}"

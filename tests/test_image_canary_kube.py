@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import yaml_safe
 from agent.core.node_keys import CANARY, TRACK_LABEL
 from tests.kubeenv import unique_name
 
@@ -50,7 +51,7 @@ def install(kube: Any, ns: str, pool: str, *, min_ready: int | None = None) -> d
     kube.create_service_account(ns, "gpu-healthcheck-agent")
     out = {}
     for path in (MAIN, CANARY_DS):
-        ds = copy.deepcopy(yaml.safe_load(path.read_text()))
+        ds = copy.deepcopy(yaml_safe.load(path.read_text()))
         ds["metadata"]["namespace"] = ns
         ds["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
         if min_ready is not None:
@@ -186,7 +187,7 @@ def test_min_ready_seconds_stops_a_crashing_image_at_its_first_node(
     pool, ns = unique_name("wave"), unique_name("gpuhc-wave", max_len=40)
     for _ in range(4):
         gpu_node(labels={POOL: pool})
-    shipped = yaml.safe_load(MAIN.read_text())["spec"]["minReadySeconds"]
+    shipped = yaml_safe.load(MAIN.read_text())["spec"]["minReadySeconds"]
     assert shipped == 180  # the tests shorten it only to wait it out
     main = install(kube, ns, pool, min_ready=min_ready)["gpu-healthcheck-agent"]
     kubelets = Kubelets(kube, ns)

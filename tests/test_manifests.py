@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import agent
-from agent.config import load_config_dir
+from agent.config import load_config_dir, yaml_safe
 from agent.core.gpu_nodes import node_selector_terms
 from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRACK_LABEL, TRUE, EventReason, Keys
 
@@ -42,7 +42,7 @@ def docs(path: Path) -> list[dict[str, Any]]:
     files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
     out = []
     for f in files:
-        out.extend(d for d in yaml.safe_load_all(f.read_text()) if d is not None)
+        out.extend(d for d in yaml_safe.load_all(f.read_text()) if d is not None)
     return out
 
 
@@ -111,7 +111,7 @@ def test_every_manifest_parses_with_kind_and_namespace() -> None:
 
 
 def test_kustomization_lists_every_top_level_manifest() -> None:
-    kust = yaml.safe_load((MANIFESTS / "Kustomization").read_text())
+    kust = yaml_safe.load((MANIFESTS / "Kustomization").read_text())
     assert kust["resources"] == sorted(p.name for p in MANIFESTS.glob("*.yaml"))
     assert not (MANIFESTS / "kustomization.yaml").exists()  # would break `kubectl apply -f manifests/`
 
@@ -129,7 +129,7 @@ def test_agent_daemonset_contract() -> None:
     assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    port = yaml.safe_load((CONFIG / "config.yaml").read_text())["metrics"]["port"]
+    port = yaml_safe.load((CONFIG / "config.yaml").read_text())["metrics"]["port"]
     assert port == 9402 and c["ports"][0]["containerPort"] == port
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
@@ -208,7 +208,7 @@ def test_hostengine_daemonset_service_and_networkpolicy() -> None:
 def test_exporter_runs_in_remote_mode_against_the_agents_engine() -> None:
     (c,) = find("DaemonSet", "dcgm-exporter")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in c["env"]}
-    address = yaml.safe_load((CONFIG / "config.yaml").read_text())["dcgm"]["address"]
+    address = yaml_safe.load((CONFIG / "config.yaml").read_text())["dcgm"]["address"]
     assert env["DCGM_REMOTE_HOSTENGINE_INFO"] == address == "nvidia-dcgm.gpu-healthcheck.svc:5555"
 
 
@@ -344,7 +344,7 @@ def test_apply_f_and_k_succeed_and_agree(installed: Any) -> None:
     assert "daemonset.apps/gpu-healthcheck-agent" in out and "error" not in out.lower()
     out = kubectl_ok(installed, "apply", "-k", str(MANIFESTS))
     assert "configmap/gpu-healthcheck-config" in out
-    built = list(yaml.safe_load_all(kubectl_ok(installed, "kustomize", str(MANIFESTS))))
+    built = list(yaml_safe.load_all(kubectl_ok(installed, "kustomize", str(MANIFESTS))))
     assert sorted((d["kind"], d["metadata"]["name"]) for d in built) == sorted(
         (d["kind"], d["metadata"]["name"]) for d in ALL
     )
@@ -410,7 +410,7 @@ def test_agent_full_cycle_under_the_manifests_token(agent_token: dict[str, Any],
         (cfg_dir / key).write_text(text)
     # The ConfigMap as installed, but with the brake off: Nodes other tests leave behind must not
     # decide whether this one is tainted (the brake's own metadata-only count still runs).
-    conf = yaml.safe_load(cm["data"]["config.yaml"])
+    conf = yaml_safe.load(cm["data"]["config.yaml"])
     conf["node"]["maxTaintedFraction"] = 1.0
     (cfg_dir / "config.yaml").write_text(yaml.safe_dump(conf))
     kcfg = kube.kubeconfig_for_token(agent_token["token"])

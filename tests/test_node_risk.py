@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from agent.config import load_config_dir
+from agent.config import load_config_dir, yaml_safe
 from agent.core.history_annotation import MAX_ENTRIES, Entry, HistoryTaint, encode, parse, parse_counts
 from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
@@ -115,7 +115,7 @@ def config_dir(tmp_path: Path, risk: dict[str, int]) -> Path:
     after 2 reboots would become isolate on its own; the label does not depend on it)."""
     out = tmp_path / "config"
     shutil.copytree(ROOT / "config", out, dirs_exist_ok=True)
-    doc = yaml.safe_load((out / "config.yaml").read_text())
+    doc = yaml_safe.load((out / "config.yaml").read_text())
     doc["node"]["escalateAfterReboots"] = 0
     doc["node"]["risk"] = risk
     (out / "config.yaml").write_text(yaml.safe_dump(doc))

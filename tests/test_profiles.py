@@ -5,15 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from agent.config import parse_config
+from agent.config import parse_config, yaml_safe
 from agent.config.profiles import parse_profiles
 from agent.core.profile import InstanceProfile
 
 ROOT = Path(__file__).parent.parent
 PROFILES = parse_profiles(
-    yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
+    yaml_safe.load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
 )
 
 # type: (gpus, model, efa, nvlink, links per GPU)
@@ -87,7 +86,7 @@ def test_unsure_type_left_out() -> None:
 
 
 def test_loads_through_parse_config() -> None:
-    doc = yaml.safe_load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
+    doc = yaml_safe.load((ROOT / "config" / "instance-profiles.yaml").read_text(encoding="utf-8"))
     cfg = parse_config({}, doc, None)
     assert cfg.profiles == PROFILES
     assert all(isinstance(p, InstanceProfile) and p.instance_type == k for k, p in cfg.profiles.items())

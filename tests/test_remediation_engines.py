@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import yaml_safe
 from agent.core.node_keys import Keys
 from tests import eviction_scenario as scenario
 from tests.kubeenv.crds import GoUnavailable, module_file
@@ -91,7 +92,7 @@ def test_every_engine_watches_the_condition_the_agent_is_configured_to_write() -
 
 
 def apply_crd(kube: Any, text: str) -> str:
-    crd = yaml.safe_load(text)
+    crd = yaml_safe.load(text)
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
     kube.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s")
     return str(crd["spec"]["group"])

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.config import yaml_safe
 from agent.core.remediation_types import RemediationReason
 from tests.kubeenv.env import unique_name
 from tests.test_agent_kube import (
@@ -327,7 +328,7 @@ def _kustomize_install(kube: Any, tmp: Path, namespace: str, prefix: str) -> lis
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["base"], "namespace": namespace, "namePrefix": prefix})
     )
-    built = list(yaml.safe_load_all(kube.kubectl("kustomize", str(overlay)).stdout))
+    built = list(yaml_safe.load_all(kube.kubectl("kustomize", str(overlay)).stdout))
     kube.kubectl("apply", "--server-side", "-k", str(overlay))
     return built
 

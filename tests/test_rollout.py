@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli.status import HEADER, WIDE_HEADER, render, status_list, status_rows
-from agent.config import CONFIG_FILES, load_config_dir, parse_config
+from agent.config import CONFIG_FILES, load_config_dir, parse_config, yaml_safe
 from agent.config.canary import CANARY, MAIN, Choice, choose, files_digest, has_config, short
 from agent.config.last_good import load_at_start
 from agent.config.watch import ConfigWatcher
@@ -296,13 +296,12 @@ def test_wide_shows_each_nodes_config_and_the_canary_spread() -> None:
 
 def test_the_daemonset_mounts_the_canary_as_an_optional_volume() -> None:
     """manifests/ (the chart's default rendering: tests/test_helm_chart.py holds them equal)."""
-    import yaml
 
     from agent.cli.agent import ETC_CANARY, ETC_CONFIG
 
     (ds,) = [
         d
-        for d in yaml.safe_load_all((ROOT / "manifests" / "60-agent.yaml").read_text())
+        for d in yaml_safe.load_all((ROOT / "manifests" / "60-agent.yaml").read_text())
         if d and d["kind"] == "DaemonSet"
     ]
     spec = ds["spec"]["template"]["spec"]

@@ -22,6 +22,7 @@ from agent.cli.status import (
     status_rows,
     worst_finding,
 )
+from agent.config import yaml_safe
 from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.severity import Severity, Status
@@ -179,7 +180,6 @@ def test_last_check_is_the_age_of_the_last_check_not_of_the_last_change() -> Non
 
 
 def test_json_yaml_and_wide_output() -> None:
-    import yaml
 
     doc = _results("fail", "reboot", [("xid", "fail", "reboot", "Xid 79")], "2026-01-01T11:59:00Z")
     doc.update(staleAfterSeconds=180, instanceType="p5.48xlarge", agentVersion="0.1.0")
@@ -189,7 +189,7 @@ def test_json_yaml_and_wide_output() -> None:
     (item,) = json.loads(render(statuses, "json", NOW))
     assert item["node"] == "n1" and item["taint"] == "reboot:NoExecute" and item["lastCheck"] == "<1m"
     assert item["lastCheckMaxSeconds"] == 60 and item["agent"] == "ready"
-    assert yaml.safe_load(render(statuses, "yaml", NOW)) == [item]
+    assert yaml_safe.load(render(statuses, "yaml", NOW)) == [item]
     wide = render(statuses, "wide", NOW).splitlines()
     assert wide[0].split()[:8] == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "WARN", "TAINT"]
     assert "reboot:NoExecute" in wide[1] and "p5.48xlarge" in wide[1] and "0.1.0" in wide[1]

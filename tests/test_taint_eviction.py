@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import yaml_safe
 from tests import eviction_scenario as scenario
 from tests.kubeenv.eviction import EvictionCluster, daemonset_tolerations, eviction_cluster, pretty
 from tests.kubeenv.fixtures import _binaries
@@ -56,12 +57,11 @@ def test_the_readme_policy_and_toleration_are_what_the_agent_and_kubernetes_read
 def test_the_shipped_rbac_grants_no_pod_deletion_nor_eviction() -> None:
     """Beside what the agent does (the audit test below): what it may do. No Role of manifests/
     lets any of our identities delete or evict a pod, nor drain a node by a wildcard."""
-    import yaml
 
     roles = [
         d
         for path in sorted(Path(scenario.ROOT / "manifests").glob("*.yaml"))
-        for d in yaml.safe_load_all(path.read_text())
+        for d in yaml_safe.load_all(path.read_text())
         if isinstance(d, dict) and d.get("kind") in ("Role", "ClusterRole")
     ]
     assert roles

@@ -8,9 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
 from agent import __version__
+from agent.config import yaml_safe
 
 ROOT = Path(__file__).resolve().parent.parent
 OUR_IMAGE = re.compile(r"ghcr\.io/gpu-healthcheck/(agent|hostengine):([0-9][\w.+-]*)")
@@ -18,7 +17,7 @@ OUR_IMAGE = re.compile(r"ghcr\.io/gpu-healthcheck/(agent|hostengine):([0-9][\w.+
 
 def test_the_package_the_chart_and_the_images_carry_the_agents_version() -> None:
     (project,) = re.findall(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M)
-    chart = yaml.safe_load((ROOT / "charts" / "gpu-healthcheck" / "Chart.yaml").read_text())
+    chart = yaml_safe.load((ROOT / "charts" / "gpu-healthcheck" / "Chart.yaml").read_text())
     assert project == __version__
     assert chart["version"] == __version__, "the chart's version moves with the app's"
     assert chart["appVersion"] == __version__, "appVersion is the default image tag (values.image.tag)"

@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.checks import xid
 from agent.checks.xid import check_xid, recovery_severity
-from agent.config import Config, parse_config
+from agent.config import Config, parse_config, yaml_safe
 from agent.config.xid_catalog import parse_catalog
 from agent.core.facts import NodeFacts
 from agent.core.gpu import Gpu, GpuInventory
@@ -314,7 +313,7 @@ def test_blackwell_nvlink_lines_are_decoded_by_nvidias_sheet(cfg: Config) -> Non
     assert f"({down}, Link Fatal: RESET_GPU): Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal" in reset
     assert "(RLW_RXPIPE, Non-fatal: IGNORE)" in by_key["xid/145/0018:01:00.0/RLW_RXPIPE/ignore"].message
     reset_default = parse_config(
-        {"xid": {"nvlinkSeverity": "reboot"}}, catalog_doc=yaml.safe_load(CATALOG_YAML.read_text())
+        {"xid": {"nvlinkSeverity": "reboot"}}, catalog_doc=yaml_safe.load(CATALOG_YAML.read_text())
     )
     res = check_xid(
         _facts(XK / "issue-gpud-pr1160-1174-blackwell-nvlink-xid144-145-149-lines.log"), reset_default
@@ -401,7 +400,7 @@ def test_catalog_loads_and_covers_the_anchor_table(cfg: Config) -> None:
 
 
 def test_catalog_severities_follow_the_documented_mapping() -> None:
-    doc = yaml.safe_load(CATALOG_YAML.read_text())
+    doc = yaml_safe.load(CATALOG_YAML.read_text())
     assert doc["version"] == 1
     assert doc["unknownSeverity"] == "monitor"
     for code, body in doc["codes"].items():
@@ -465,7 +464,7 @@ def test_catalog_header_names_every_deviation() -> None:
 
 
 def test_nvlink_default_and_overrides() -> None:
-    doc = yaml.safe_load(CATALOG_YAML.read_text())
+    doc = yaml_safe.load(CATALOG_YAML.read_text())
     base = parse_config({}, None, doc)
     assert base.xid_severity(74) is Severity.RESET
     assert base.xid_severity(63) is Severity.MONITOR
@@ -476,7 +475,7 @@ def test_nvlink_default_and_overrides() -> None:
 
 
 def test_override_changes_the_check_verdict() -> None:
-    doc = yaml.safe_load(CATALOG_YAML.read_text())
+    doc = yaml_safe.load(CATALOG_YAML.read_text())
     strict = parse_config({"xid": {"overrides": {"63": "isolate"}}}, None, doc)
     res = check_xid(_facts(XK / "gpud-h100-xid48-63-94-dbe-rowremap-iso.log"), strict)
     assert res.severity is Severity.ISOLATE
@@ -502,7 +501,7 @@ def test_nvlink5_decode_follows_the_drivers_bit_patterns(cfg: Config) -> None:
 
 
 def test_the_nvlink5_decode_table_is_validated() -> None:
-    doc = yaml.safe_load(CATALOG_YAML.read_text())
+    doc = yaml_safe.load(CATALOG_YAML.read_text())
     doc["nvlink5Decode"] = [[149, "X", "01x", "0", "", "RESET_GPU", "Fatal"]]
     with pytest.raises(ValueError, match="IntrInfo patterns"):
         parse_catalog(doc)

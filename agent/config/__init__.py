@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from agent.config import settings
+from agent.config import settings, yaml_safe
 from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
 from agent.config.schema import SCHEMA, ConfigError, validate
@@ -193,7 +193,7 @@ def _read_yaml(path: Path | Traversable) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
     try:
-        return yaml.safe_load(text)
+        return yaml_safe.load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
+from agent.config import yaml_safe
 
 from .audit import AuditEvent, audit_args, read_audit
 from .binaries import KubeBinaries
@@ -58,7 +58,7 @@ def daemonset_tolerations(manifests: Path = MANIFESTS) -> dict[str, list[dict[st
     """DaemonSet name -> its pod template's tolerations, as the shipped manifests/ declare them."""
     out: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(manifests.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in yaml_safe.load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == "DaemonSet":
                 spec = doc["spec"]["template"]["spec"]
                 out[doc["metadata"]["name"]] = list(spec.get("tolerations") or [])
