@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from . import go_tools, parallel
+from . import file_times, go_tools, parallel
 from .binaries import (
     UNAVAILABLE,
     KubeBinaries,
@@ -46,6 +46,7 @@ __all__ = [
     "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_configure",
+    "pytest_runtest_logreport",
     "pytest_runtest_makereport",
     "pytest_runtest_protocol",
     "pytest_sessionfinish",
@@ -83,13 +84,20 @@ def _tools(item: pytest.Item) -> tuple[str, ...]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that need no Go tool first, then kube-bins', then the rest (each in collected
-    order), so that the tools build in the background while the first ones run."""
+    """The modules that need no Go tool first, then kube-bins', then the rest, so that the tools
+    build in the background while the first ones run; within each, the longest in the last run first
+    (file_times), then the rest in collected order."""
     rank: dict[str, int] = {}
     for item in items:
         mod = item.nodeid.split("::", 1)[0]
         rank[mod] = max(rank.get(mod, 0), go_tools.module_rank(_tools(item)))
-    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable
+    seconds = file_times.load()
+
+    def key(item: pytest.Item) -> tuple[int, float]:
+        mod = item.nodeid.split("::", 1)[0]
+        return rank[mod], -seconds.get(mod, 0.0)
+
+    items.sort(key=key)  # stable: a file's tests keep their order
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -165,7 +173,12 @@ def _summary(config: pytest.Config) -> list[str]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    parallel.publish(session.config, _summary(session.config))  # a worker's, for the controller
+    if not parallel.publish(session.config, _summary(session.config)):  # a worker's, for the controller
+        file_times.save()  # the controller's (or the one process's): every worker's reports
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    file_times.record_report(report)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
