@@ -47,7 +47,6 @@ from tests.test_refusals import (
 from tests.test_remediation_kube import (
     AHR,
     CONFIG_YAML,
-    NS,
     ROOT,
     cond,
     fenced,  # noqa: F401  (fixture)
@@ -102,14 +101,10 @@ def test_the_shipped_fence_refusing_a_remediation_type_leaves_the_node_tainted_a
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         return proc.stdout + proc.stderr
 
-    # The rejected config leaves the agent on the shipped defaults (maxTaintedFraction 0.2): on this
-    # worker's API server the brake slots of earlier tests' tainted Nodes could fill its cap and hold
-    # the taint back (the brake's right answer, not this test's subject), so they go first.
-    kube.request(
-        "DELETE",
-        f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases",
-        query={"labelSelector": "gpu-healthcheck/record=taint"},
-    )
+    # The rejected config leaves the agent on the shipped defaults (maxTaintedFraction 0.2): the brake
+    # slots of this file's earlier tests' tainted Nodes could fill its cap and hold the taint back
+    # (the brake's right answer, not this test's subject), so they go first.
+    kube.delete_fleet_records()
     out = run_once()
     print(out)  # shown when the test fails
     assert "refuses the condition types this config writes" in out, out[-3000:]

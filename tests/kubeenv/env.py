@@ -186,6 +186,23 @@ class KubeEnv:
             return status, text
 
     # -- objects --------------------------------------------------------------------------------
+    def delete_fleet_records(self, prefix: str = "gpu-healthcheck") -> int:
+        """Delete every fleet record under *prefix* (brake and diag slots, the repair budget's
+        records and wave markers: Leases labelled ``<prefix>/record``, in any namespace); how many.
+        They outlive the Nodes they count: no garbage collector runs here."""
+        status, body = self.request(
+            "GET", "/apis/coordination.k8s.io/v1/leases", query={"labelSelector": f"{prefix}/record"}
+        )
+        if status != 200:
+            raise RuntimeError(f"listing the fleet records: {status} {body}")
+        for item in body["items"]:
+            meta = item["metadata"]
+            path = f"/apis/coordination.k8s.io/v1/namespaces/{meta['namespace']}/leases/{meta['name']}"
+            status, gone = self.request("DELETE", path)
+            if status not in (200, 404):
+                raise RuntimeError(f"deleting {path}: {status} {gone}")
+        return len(body["items"])
+
     def ensure_namespace(self, name: str) -> None:
         with self.api_client() as api:
             core = k8s.CoreV1Api(api)

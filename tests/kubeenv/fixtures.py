@@ -38,6 +38,7 @@ from .parallel import pytest_testnodedown
 from .server import ControlPlane, ControlPlaneError
 
 __all__ = [
+    "_no_fleet_records_from_earlier_files",
     "gpu_node",
     "kube",
     "kube_controllers",
@@ -246,6 +247,16 @@ def kube_controllers(kube: KubeEnv) -> KubeEnv:
     except ControlPlaneError as exc:
         pytest.fail(str(exc), pytrace=False)
     return kube
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_fleet_records_from_earlier_files(request: pytest.FixtureRequest) -> None:
+    """Each test file starts on this worker's API server without the fleet records of the files
+    before it: a file's brake slots or repair-budget marks would hold back the next one's taints,
+    and which file comes before which depends on the worker and the last run's times (file_times)."""
+    env = request.config.stash.get(_ENV, None)
+    if env is not None:
+        env.delete_fleet_records()
 
 
 @pytest.fixture
