@@ -47,6 +47,7 @@ __all__ = [
     "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_configure",
+    "pytest_configure_node",
     "pytest_runtest_logreport",
     "pytest_runtest_makereport",
     "pytest_runtest_protocol",
@@ -60,6 +61,7 @@ MARKER = "kube: runs against a real etcd + kube-apiserver (tests/kubeenv; builds
 _BUILD_ERROR = pytest.StashKey[str]()
 _BUILD_SECONDS = pytest.StashKey[float]()
 _ENV = pytest.StashKey[KubeEnv]()
+_ORDER_STASH = pytest.StashKey[dict[str, Any]]()
 
 
 def _in_ci() -> bool:
@@ -83,16 +85,41 @@ def _tools(item: pytest.Item) -> tuple[str, ...]:
     return go_tools.go_tools_needed(item, _wants_kube(item))
 
 
+_ORDER_KEY = "gpuhc_order"  # in a worker's workerinput: what orders the files, read once for all
+
+
+def _order_inputs(config: pytest.Config) -> tuple[dict[str, float], frozenset[str]]:
+    """The files' last durations and the Go tools still to build. Read once by the controller and
+    handed to every worker, so that all collect the files in the same order whatever a build or
+    another session writes meanwhile (pytest-xdist refuses workers that collected differently)."""
+    given = getattr(config, "workerinput", {}).get(_ORDER_KEY)
+    if given is not None:
+        return dict(given["seconds"]), frozenset(given["missing"])
+    return file_times.load(), go_tools.missing()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """On the controller: what orders the files, for each worker (_order_inputs)."""
+    config = node.config
+    if _ORDER_KEY not in config.stash.get(_ORDER_STASH, {}):
+        seconds, missing = _order_inputs(config)
+        config.stash[_ORDER_STASH] = {_ORDER_KEY: {"seconds": seconds, "missing": sorted(missing)}}
+    node.workerinput[_ORDER_KEY] = config.stash[_ORDER_STASH][_ORDER_KEY]
+
+
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that need no Go tool first, then kube-bins', then the rest, so that the tools
-    build in the background while the first ones run; within each, the longest in the last run first
-    (file_times), then the rest in collected order."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules that need no Go tool still to build first, then those that wait for kube-bins
+    only, then the rest, so that the tools build in the background while the first ones run; within
+    each group (one group once all are built), the longest in the last run first (file_times), then
+    the rest in collected order."""
+    seconds, missing = _order_inputs(config)
     rank: dict[str, int] = {}
     for item in items:
         mod = item.nodeid.split("::", 1)[0]
-        rank[mod] = max(rank.get(mod, 0), go_tools.module_rank(_tools(item)))
-    seconds = file_times.load()
+        waits_for = [tool for tool in _tools(item) if tool in missing]
+        rank[mod] = max(rank.get(mod, 0), go_tools.module_rank(waits_for))
 
     def key(item: pytest.Item) -> tuple[int, float]:
         mod = item.nodeid.split("::", 1)[0]

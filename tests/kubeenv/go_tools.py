@@ -6,8 +6,9 @@ build of all four takes minutes, so the session (tests/kubeenv/fixtures.py):
 
 1. after collection, starts ``scripts/build-go-tools.sh --background`` for the tools the selected
    tests need (it returns at once, and builds nothing that is built);
-2. runs the test modules that need no Go tool first, then those that need kube-bins only, then
-   the rest, each group in its collected order;
+2. runs the test modules that need no Go tool yet to build first, then those that wait for
+   kube-bins only, then the rest, each group longest first (file_times.py); with every tool built,
+   one group;
 3. before the first test that needs a tool, outside that test's timeout, runs the tool's script,
    which waits for the build under way (the script's lock), or builds it, or fails: the failure,
    with the build's own last lines, fails every test that needs the tool (kube-bins: skips it, or
@@ -30,6 +31,7 @@ __all__ = [
     "WAIT_SECONDS",
     "Built",
     "go_tools_needed",
+    "missing",
     "module_rank",
     "result",
     "start",
@@ -72,10 +74,29 @@ def go_tools_needed(item: pytest.Item, wants_kube: bool) -> tuple[str, ...]:
 
 
 def module_rank(needed: Sequence[str]) -> int:
-    """0: needs no Go tool; 1: kube-bins only (built first); 2: another tool."""
+    """0: waits for no Go tool; 1: for kube-bins only (built first); 2: for another tool."""
     if not needed:
         return 0
     return 1 if set(needed) == {"kube-bins"} else 2
+
+
+def missing(tools: Sequence[str] = tuple(GO_TOOLS)) -> frozenset[str]:
+    """The *tools* not built yet (scripts/build-go-tools.sh --missing: each script's own check; a
+    kube-bins that is not built here, KUBEBUILDER_ASSETS or GPUHC_KUBE_NO_BUILD, is never missing).
+    All of them when the script cannot say."""
+    try:
+        proc = subprocess.run(
+            ["bash", str(SCRIPTS / "build-go-tools.sh"), "--missing", *tools],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset(tools)
+    if proc.returncode != 0:
+        return frozenset(tools)
+    return frozenset(proc.stdout.split()) & set(tools)
 
 
 def start(tools: Sequence[str]) -> str:
