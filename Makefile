@@ -42,7 +42,7 @@ go-tools:
 
 # Test files run TEST_WORKERS at a time, whole files each, in the order tests/kubeenv/go_tools.py
 # sets; every worker starts its own kube-apiserver when it first needs one (tests/kubeenv/parallel.py).
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 
 test: go-tools setup lint
 	$(BIN)/pytest -n $(TEST_WORKERS)

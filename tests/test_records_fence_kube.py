@@ -139,6 +139,18 @@ def test_the_agents_fence_proof_covers_the_records(agent: dict[str, Any]) -> Non
     assert proof.result is FenceResult.FENCED and "a release record" in proof.detail, proof
 
 
+def records_settled(rest: KubeRest, node: str, kinds: list[str]) -> list[Any]:
+    """*node*'s records once their kinds are *kinds*: list_records reads the watch cache, which may
+    show a write a moment after it was made."""
+    deadline = time.monotonic() + 10
+    while True:
+        mine = [r for r in list_records(rest, NS, PREFIX) if r.node == node]
+        if sorted(r.kind for r in mine) == kinds:
+            return mine
+        assert time.monotonic() < deadline, [r.kind for r in mine]
+        time.sleep(0.1)
+
+
 def test_the_agents_repair_budget_runs_under_its_token_without_a_refusal(agent: dict[str, Any]) -> None:
     """The real RepairBudget under the agent's token: its fail record (owned by its Node) and its
     mark land, a held node takes its own mark back, and a recovered node deletes its fail record."""
@@ -158,8 +170,7 @@ def test_the_agents_repair_budget_runs_under_its_token_without_a_refusal(agent: 
         )
         node_doc = kube.request("GET", f"/api/v1/nodes/{node}")[1]
         assert repair.decide(node_doc, "xid/79") is None  # marked: the budget had room
-        mine = [r for r in list_records(rest, NS, PREFIX) if r.node == node]
-        assert sorted(r.kind for r in mine) == [FAIL, MARK]
+        mine = records_settled(rest, node, [FAIL, MARK])
         fail = next(r for r in mine if r.kind == FAIL)
         got = kube.request("GET", f"{LEASES}/{fail.name}")[1]
         assert got["metadata"]["ownerReferences"][0]["name"] == node  # the garbage collector's link
@@ -169,7 +180,7 @@ def test_the_agents_repair_budget_runs_under_its_token_without_a_refusal(agent: 
         assert sum(r.kind == MARK for r in list_records(rest, NS, PREFIX) if r.node == node) == 1
         # recovered: its fail record goes (the agent's own delete)
         repair.recovered()
-        assert [r.kind for r in list_records(rest, NS, PREFIX) if r.node == node] == [MARK]
+        records_settled(rest, node, [MARK])
 
 
 def test_brake_release_as_an_admin_names_the_admin(agent: dict[str, Any], tmp_path: Path) -> None:
