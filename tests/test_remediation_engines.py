@@ -376,7 +376,13 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
             assert not tainted(n) and status(n) == "pass", n
         # Every node Karpenter launched came up with the startup taint (else it was never followed).
         every = lambda: set(follow()) == set(launched()) - {first}  # noqa: E731
-        wait_for(every, 30, "every launched node to carry the startup taint")
+        try:
+            wait_for(every, 30, "every launched node to carry the startup taint")
+        except AssertionError as exc:  # which node, and what it carries (seen once, cause not found)
+            unfollowed = {
+                n: (karpenter.node(n) or {}).get("spec") for n in set(launched()) - set(snaps) - {first}
+            }
+            raise AssertionError(f"{exc}: not followed, with their specs: {unfollowed}") from None
     finally:
         for agent in agents:
             agent.stop()
