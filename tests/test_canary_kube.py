@@ -328,9 +328,15 @@ def test_the_readme_canary_recipe_as_written_starts_from_the_live_configmap(
         assert promoted == made and data("gpu-healthcheck-config-canary") is None
         _, doc = kube.request("GET", f"/api/v1/namespaces/{ns}/configmaps/gpu-healthcheck-config")
         assert doc["metadata"]["labels"] == shipped["metadata"]["labels"]  # the install's labels kept
+        # The main ConfigMap's volume can show the promoted files a moment after the canary is gone:
+        # the agent may first reload the main config it had, then the promoted one.
         back = wait_for(
-            lambda: config_in_force(world).get("source") == "main" and config_in_force(world),
-            what="the agent back on the main ConfigMap",
+            lambda: (
+                (c := config_in_force(world)).get("source") == "main"
+                and c.get("digest") == on["digest"]
+                and c
+            ),
+            what="the agent back on the main ConfigMap, with the promoted files",
         )
         assert back == on | {"source": "main"}  # the same files: the same digest, observe
         assert K.config_channel not in node_dict(world)["metadata"]["labels"]
