@@ -195,6 +195,7 @@ def wire(args: Any) -> Wired | int:
             selectors=cfg.gpu_node_selection,
             node_name=node_name,
             on_count=metrics.record_gpu_nodes,
+            on_audit=lambda c: metrics.record_brake_count(c.counted, c.cap),
             max_fraction=cfg.node.max_tainted_fraction,
             max_nodes=cfg.node.max_tainted_nodes,
             prefix=cfg.prefix,

@@ -75,6 +75,13 @@ class Keys:
         return f"{self.prefix}/tainted"
 
     @property
+    def brake_slot(self) -> str:
+        """Label: the brake slot this node holds (its name less `<prefix>-taint-`), written in the
+        PATCH that adds our taint and removed with it; a slot its holder's Node does not claim counts
+        for nothing once past its grace (core/brake_count.py)."""
+        return f"{self.prefix}/brake-slot"
+
+    @property
     def taint(self) -> str:
         """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
         return f"{self.prefix}/unhealthy"

@@ -6,21 +6,21 @@ node is about to *gain* our taint, never to keep or remove one. At most
 
     cap = ceil(max_fraction * total), and at most max_nodes when max_nodes > 0   (brake_rule.brake_cap)
 
-nodes hold our taint at once: on a small pool the first failing node can always be tainted;
-`max_fraction >= 1` (with no max_nodes) turns the brake off, `<= 0` forbids every new taint.
+nodes hold our taint at once: `max_fraction >= 1` (with no max_nodes) turns the brake off, `<= 0`
+forbids every new taint.
 
 Exact without counting the fleet: a node takes our taint only while it holds one of `cap` numbered
-slots (brake_slots.py: a Lease whose creation is atomic), and frees its slot only after its taint is
-off. So at most `cap` nodes carry the taint at any time, whatever the races, and a node looks for a
-slot with a few creates (`probes`, at random numbers below the cap) instead of a list of the tainted
-nodes: what one agent costs the API server does not grow with the fleet. A create whose answer is
-lost is "could not count" (the node is not tainted this time, and looks for its slots again), never
-a free slot. The total is the agent DaemonSets' desired count (gpu_total.py), else (no DaemonSet: a
-tool, a test scope) the GPU nodes listed by name (Table rows, from the watch cache); it is read
-when first needed and again when older than `total_cache_seconds`, never in steady state. A refusal
-is cached for `cache_seconds`, an "allowed" never. Outside its install (no namespace for the slots:
-a tool, a developer's agent) it counts the Nodes that carry our taint instead, and says that racing
-agents can pass the cap then. What each rule fixed: bench/README.md ("The brake").
+slots (brake_slots.py: a Lease whose creation is atomic), claims it on its Node (the
+`<prefix>/brake-slot` label, in the PATCH that adds the taint) and frees it only after its taint is
+off. It looks for one with a few creates (`probes`), never a list of the tainted nodes. What counts
+is nodes, not slots (core/brake_count.py): a node tainted without a slot (an older version, by
+hand) counts, and a slot its holder does not claim (one stolen token's extra slots) counts for
+nothing; those two states are settled by a count of nodes (brake_audit.py). A create whose answer
+is lost is "could not count", never a free slot. The total is the agent DaemonSets' desired count
+(gpu_total.py), else the GPU nodes listed by name; read when first needed and again when older than
+`total_cache_seconds`. A refusal is cached for `cache_seconds`, an "allowed" never. Outside its
+install (no namespace for the slots) it counts the tainted Nodes instead, which racing agents can
+pass. What each rule fixed: bench/README.md ("The brake").
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, matches
+from agent.core.brake_count import GRACE_S
+from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
+from agent.reporters.brake_audit import AUDIT_PERIOD_S, Audit, Count
 from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
-from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT, daemonset_total
+from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT, GpuNodes
 from agent.reporters.kube_rest import KubeRest, api_message, api_status, describe_error
 from agent.reporters.node_names import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
-from agent.reporters.node_names import list_names_doc
 from agent.reporters.node_names import names_in_list as names_in_list
 
 if TYPE_CHECKING:
@@ -87,22 +88,24 @@ class Brake:
         service_account: str = DEFAULT_SERVICE_ACCOUNT,
         probes: int = 3,
         also_tainted: Callable[[], set[str]] | None = None,
+        on_audit: Callable[[Count], None] | None = None,
+        slot_grace_s: float = GRACE_S,
+        audit_period_s: float = AUDIT_PERIOD_S,
     ) -> None:
         self._rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
-        self.selectors = tuple(selectors)  # any one makes a GPU node (core/gpu_nodes.py)
-        self.node_name = node_name  # this agent's Node: is it among the GPU nodes counted?
+        self.node_name = node_name  # this agent's Node
         # A label selector ANDed into every list, and a brake of its own (slots apart): one pool of
         # Nodes (tests use it to keep apart the Nodes of other tests on one API server). Empty: the
         # cluster, its total from the agent DaemonSets.
         self.scope = scope
-        self._on_count = on_count  # (GPU nodes counted, this Node among them) -> metrics
-        self.selection_problem: str | None = None  # set while the selection does not hold
+        self.gpus = GpuNodes(self._rest, selectors, scope=scope, node_name=node_name, namespace=namespace,
+                             service_account=service_account, clock=clock, cache_seconds=total_cache_seconds,
+                             on_count=on_count)  # fmt: skip
         self.max_fraction = max_fraction
         self.max_nodes = max_nodes
         self.prefix = prefix
         self.min_severity = min_severity  # node.taintMinSeverity (reporters/taint_gate asks)
         self.cache_seconds = cache_seconds
-        self.total_cache_seconds = total_cache_seconds
         self.namespace = namespace
         self.service_account = service_account
         self.probes = probes
@@ -110,9 +113,10 @@ class Brake:
         self._lock = threading.Lock()
         self._state: BrakeState | None = None
         self._refused: dict[str, BrakeState] = {}  # node -> its cached refusal
-        self._total: tuple[float, int] | None = None  # (when, GPU nodes counted)
-        self._listed_ours: bool | None = None  # this node among the listed ones (None: not listed)
         self._slots = Slots(self._rest, namespace, prefix, scope)
+        self._audit = Audit(
+            self._slots, self.gpus.selected, period_s=audit_period_s, grace_s=slot_grace_s, on_count=on_audit
+        )
         self._held: dict[str, str] = {}  # node -> the name of the slot it holds
         self._looked: set[str] = set()  # nodes whose slots were looked for since the last doubt
         self._outside = False  # no namespace for the slots: tainted Nodes are counted instead
@@ -132,74 +136,30 @@ class Brake:
         """No limit: a fraction of 1 or more and no absolute cap. No slot is taken then."""
         return self.max_fraction >= 1 and self.max_nodes <= 0
 
-    # -- the total ----------------------------------------------------------------------------------
+    # -- the total (gpu_total.GpuNodes) ---------------------------------------------------------------
     def total(self, node: Mapping[str, Any] | None = None) -> int:
-        """The GPU nodes (this one among them), as last read; read now when never read or older
-        than total_cache_seconds. API errors propagate. *node*: this agent's Node, when the asker has
-        it (is it among the GPU nodes? judged from its labels where the DaemonSet gave the total)."""
-        cached = self._total
-        if cached is None or self._clock() - cached[0] >= self.total_cache_seconds:
-            counted, listed = None, None
-            if not self.scope:
-                counted = daemonset_total(self._rest, self.namespace, self.service_account)
-            if counted is None:
-                names = self._selected()
-                listed = self.node_name in names if self.node_name else True
-                counted = len(names)
-            cached = (self._clock(), counted)
-            self._total, self._listed_ours = cached, listed
-            log.info("brake: %d GPU nodes", counted)
-        ours = self._listed_ours
-        if ours is None:
-            labels = ((node or {}).get("metadata") or {}).get("labels")
-            ours = labels is None or any(matches(s, labels) for s in self.selectors)
-        self._check_selection(cached[1], ours)
-        return max(cached[1] + (0 if ours else 1), 1)
+        return self.gpus.total(node)
 
     def gpu_node_total(self) -> int:
         """The GPU nodes as last counted (read now when never read): the repair budget's total."""
-        return self.total()
-
-    def _selected(self, extra: str = "") -> set[str]:
-        """The GPU nodes (and *extra*): the union of one names-only list per selector (a selector
-        cannot OR)."""
-        names: set[str] = set()
-        for selector in self.selectors:
-            names.update(self.names(Keys.selector(Keys.selector(selector, self.scope), extra)))
-        return names
+        return self.gpus.total()
 
     def count_selected(self, extra: str) -> int:
-        """GPU nodes that also match *extra* (a node label's value: a pool), listed by name."""
-        return len(self._selected(extra))
-
-    def _check_selection(self, counted: int, ours: bool) -> None:
-        """A selection that misses this Node (or every Node) makes the total wrong: say so in the
-        log and the metrics."""
-        problem = None
-        if counted <= 0:
-            problem = "node.gpuNodeSelector matches no Node"
-        elif not ours:
-            problem = f"this Node is not among the {counted} Nodes node.gpuNodeSelector matches"
-        if problem and problem != self.selection_problem:
-            log.warning("brake: %s; the brake's fraction counts only the Nodes it matches", problem)
-        elif self.selection_problem and not problem:
-            log.info("brake: node.gpuNodeSelector matches this Node again (%d GPU nodes)", counted)
-        self.selection_problem = problem
-        if self._on_count is not None:
-            self._on_count(counted, ours)
+        return len(self.gpus.selected(extra))
 
     def names(self, label_selector: str, *, min_rv: str | None = None) -> list[str]:
-        """Names of the Nodes matching *label_selector* (Table rows, no objects)."""
-        return names_in_list(self.list_doc(label_selector, min_rv=min_rv))
+        return self.gpus.names(label_selector, min_rv=min_rv)
 
     def list_doc(self, label_selector: str, *, min_rv: str | None = None) -> dict[str, Any]:
-        """The raw names-only list of Nodes matching *label_selector* (the repair budget's failing
-        nodes, a pool, the fallback total). Always from the API server's watch cache: not older
-        than *min_rv* (our own last write: every write that landed before it is seen), else as the
-        cache has it. Never a consistent read: under a fleet-wide burst those fall back to etcd,
-        each a range over every Node. A cache more than ~3 s behind our write answers 504: then the
-        cache as it is (the caller's next ask looks again)."""
-        return list_names_doc(self._rest, "/api/v1/nodes", label_selector, min_rv=min_rv)
+        return self.gpus.list_doc(label_selector, min_rv=min_rv)
+
+    @property
+    def selectors(self) -> tuple[str, ...]:
+        return self.gpus.selectors
+
+    @property
+    def selection_problem(self) -> str | None:
+        return self.gpus.selection_problem
 
     # -- the slots ----------------------------------------------------------------------------------
     def cap(self, node: Mapping[str, Any] | None = None) -> tuple[int, int]:
@@ -215,7 +175,7 @@ class Brake:
         """Find the slots *node_name* holds already (a restarted agent; a create whose answer was
         lost): keep the lowest below the cap, free the others."""
         names = self._slots.held_by(node_name, consistent=consistent)
-        keep = next((n for n in names if self._slots.index(n) < cap), None)
+        keep = next((n for n in names if self._slots.index(n) < cap or self._slots.is_overflow(n)), None)
         for extra in names:
             if extra != keep:
                 self._slots.free(extra)
@@ -225,15 +185,16 @@ class Brake:
 
     def _take(self, node_name: str, cap: int, node: Mapping[str, Any] | None) -> str | None:
         """Try up to `probes` free numbers below *cap*; the slot taken, or None when all were held.
-        Owned by its Node (read when the asker did not pass it), so that a deleted Node frees it."""
+        Owned by its Node (read when the asker did not pass it), so that a deleted Node frees it.
+        Nodes no number shows, or a number held by a slot that counts for nothing: a count of
+        nodes decides instead (brake_audit.py)."""
         if node is None:
             node = self._rest.json("GET", f"/api/v1/nodes/{node_name}", timeout=REQUEST_TIMEOUT)
         held = []
         for i in random.sample(range(cap), min(self.probes, cap)):
             try:
                 if self._slots.take(i, node_name, node):
-                    self._held[node_name] = self._slots.name(i)
-                    return self._held[node_name]
+                    return self._keep(node_name, self._settle_number(node_name, i, cap, node))
             except Exception:
                 self._looked.discard(node_name)  # it may have landed: look again next time
                 raise
@@ -242,9 +203,28 @@ class Brake:
             self._reaped_at = self._clock()
             for i in held:
                 if self._slots.reap(i) and self._slots.take(i, node_name, node):
-                    self._held[node_name] = self._slots.name(i)
-                    return self._held[node_name]
+                    return self._keep(node_name, self._slots.name(i))
+        if self._audit.due(node_name) and self._audit.suspect(held):
+            return self._keep(node_name, self._audit.take(node_name, cap, node))
         return None
+
+    def _settle_number(self, node_name: str, i: int, cap: int, node: Mapping[str, Any]) -> str | None:
+        """Number *i* is ours: it settles the ask unless nodes count that no number shows, then a
+        count of nodes does (the number is let go first; also when that look fails)."""
+        try:
+            outside = self._audit.outside_numbers(node_name)
+        except Exception:
+            self._slots.free(self._slots.name(i))
+            raise
+        if not outside:
+            return self._slots.name(i)
+        self._slots.free(self._slots.name(i))
+        return self._audit.take(node_name, cap, node)
+
+    def _keep(self, node_name: str, slot: str | None) -> str | None:
+        if slot is not None:
+            self._held[node_name] = slot
+        return slot
 
     def allows_new_taint(
         self, node_name: str | None = None, min_rv: str | None = None, node: Mapping[str, Any] | None = None
@@ -256,7 +236,7 @@ class Brake:
         brake nor taints blindly)."""
         name = node_name or self.node_name or ""
         with self._lock:
-            now = self._clock()
+            now, now_wall = self._clock(), time.time()
             if self.off:
                 return self._answer(True, 0, 0, "the brake is off (maxTaintedFraction >= 1)", now)
             if name in self._held:
@@ -289,16 +269,18 @@ class Brake:
                 return self._count_tainted(name, cap, total, min_rv, now)
             if slot is not None:
                 return self._answer(True, cap, total, f"slot {slot} of {cap} for {total} GPU nodes", now)
-            tried = min(self.probes, cap)
             limit = (
                 f"maxTaintedNodes={self.max_nodes}"
                 if cap == self.max_nodes
-                else (f"maxTaintedFraction={self.max_fraction}")
+                else f"maxTaintedFraction={self.max_fraction}"
             )
-            why = (
-                f"{cap}/{total} GPU nodes may be tainted ({limit}) and the {tried} of those slots this "
-                "node tried are held: at or above the limit"
+            last = self._audit.last
+            seen = (
+                f"{last.counted} nodes count now (tainted, or holding a slot they claim)"
+                if last is not None and last.at >= now_wall
+                else f"the {min(self.probes, cap)} of those slots this node tried are held"
             )
+            why = f"{cap}/{total} GPU nodes may be tainted ({limit}) and {seen}: at or above the limit"
             return self._refuse(name, cap, total, why, now)
 
     def _count_tainted(
@@ -342,6 +324,12 @@ class Brake:
             except Exception as exc:
                 log.warning("brake: looking for the slot of %s failed: %s", node_name, describe_error(exc))
 
+    def claim(self, node_name: str) -> str | None:
+        """The `<prefix>/brake-slot` label's value while *node_name* holds a slot (None: absent)."""
+        with self._lock:
+            slot = self._held.get(node_name)
+        return self._slots.claim(slot) if slot else None
+
     def holders(self) -> set[str]:
         """The nodes this brake holds a slot for (counted against its cap whatever carries their
         taint)."""
@@ -352,6 +340,13 @@ class Brake:
         """*node_name*'s taint is off and wanted no more: free its slot. A failure is logged; the
         slot is freed at the next release (or with the Node)."""
         with self._lock:
+            if node_name not in self._looked and not self.off and not self._outside:
+                try:  # once a life: an untainted node frees the slots its last life (or a token) left
+                    self._look(node_name, 0, consistent=False)
+                except Exception as exc:
+                    log.info(
+                        "brake: looking for slots of %s to free failed: %s", node_name, describe_error(exc)
+                    )
             slot = self._held.get(node_name)
             if slot is None:
                 return
@@ -379,9 +374,7 @@ class Brake:
             self._state = None
             self._refused.clear()
             self._looked.clear()  # a lower cap: a slot above it is let go at the next look
-            if tuple(selectors) != self.selectors:
-                self._total = None
-            self.selectors = tuple(selectors)
+            self.gpus.select(selectors)
 
     def apply_config(self, old: Config, new: Config) -> None:
         """A reload (config/live_part.py): the node selection and the limits, through reconfigure()."""

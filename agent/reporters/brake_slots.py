@@ -15,15 +15,19 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from agent.core.brake_count import Ticket
+from agent.core.node_keys import Keys
 from agent.reporters.kube_rest import KubeRest, api_status
-from agent.reporters.node_names import NAMES_LIST_ACCEPT, names_in_list
+from agent.reporters.node_names import NAMES_LIST_ACCEPT, list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
 TAINT = "taint"  # the record kind (core/repair_budget.py RecordKeys.kind's value)
 TIMEOUT = (5, 30)
+OVERFLOW = "x"  # an overflow slot's name part: `<prefix>-taint-<brake>-x-<holder hash>`
 
 
 def leases(namespace: str, name: str = "") -> str:
@@ -51,8 +55,26 @@ class Slots:
     def name(self, i: int) -> str:
         return f"{self.prefix}-taint-{self.tag}-{i}"
 
+    def overflow_name(self, node_name: str) -> str:
+        """The one overflow slot *node_name* may hold (taken after a count, brake_count.py)."""
+        return f"{self.prefix}-taint-{self.tag}-{OVERFLOW}-{holder_value(node_name)[:16]}"
+
+    def is_overflow(self, name: str) -> bool:
+        return name.startswith(f"{self.prefix}-taint-{self.tag}-{OVERFLOW}-")
+
     def index(self, name: str) -> int:
-        return int(name.rsplit("-", 1)[1])
+        """A numbered slot's number; an overflow slot sorts after every number."""
+        tail = name.rsplit("-", 1)[1]
+        return int(tail) if tail.isdigit() and not self.is_overflow(name) else 1 << 30
+
+    def claim(self, name: str) -> str:
+        """The value of the `<prefix>/brake-slot` label its holder writes on its Node while it holds
+        slot *name*: the name without the prefix (a label value: at most 63 characters)."""
+        return name[len(f"{self.prefix}-taint-") :]
+
+    @property
+    def claim_label(self) -> str:
+        return Keys(self.prefix).brake_slot
 
     def _labels(self, node_name: str) -> dict[str, str]:
         p = self.prefix
@@ -62,9 +84,29 @@ class Slots:
         """Create slot *i* for *node_name* (owned by *node*, its Node, when given): True when it is
         ours now, False when another node holds it (409). Any other answer raises: a create whose
         answer was lost may have landed (the caller looks for its slots again)."""
+        return self._create(self.name(i), node_name, node) is not None
+
+    def take_overflow(self, node_name: str, node: Mapping[str, Any] | None = None) -> Ticket:
+        """Create (or find, after a lost answer or a restart) *node_name*'s overflow slot."""
+        made = self._create(self.overflow_name(node_name), node_name, node, overflow=True)
+        if made is not None:
+            return made
+        doc = self.rest.json("GET", leases(self.namespace, self.overflow_name(node_name)), timeout=TIMEOUT)
+        got = self.ticket(doc)
+        if got.holder != node_name:
+            raise RuntimeError(f"brake: overflow slot {got.name} names {got.holder!r}, not {node_name}")
+        return got
+
+    def _create(
+        self, name: str, node_name: str, node: Mapping[str, Any] | None, *, overflow: bool = False
+    ) -> Ticket | None:
+        """The slot created, or None when it exists (409). Other answers raise."""
+        labels = self._labels(node_name)
+        if overflow:
+            labels[f"{self.prefix}/overflow"] = "true"
         meta: dict[str, Any] = {
-            "name": self.name(i),
-            "labels": self._labels(node_name),
+            "name": name,
+            "labels": labels,
             "annotations": {f"{self.prefix}/node": node_name},
         }
         uid = ((node or {}).get("metadata") or {}).get("uid")
@@ -73,12 +115,60 @@ class Slots:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta}
         body["spec"] = {"holderIdentity": node_name}
         try:
-            self.rest.json("POST", leases(self.namespace), body=body, timeout=TIMEOUT)
+            doc = self.rest.json("POST", leases(self.namespace), body=body, timeout=TIMEOUT)
         except Exception as exc:
             if api_status(exc) == 409:
-                return False
+                return None
             raise
-        return True
+        return self.ticket(doc)
+
+    def ticket(self, doc: Mapping[str, Any]) -> Ticket:
+        """A listed, read or created slot as a Ticket."""
+        meta = doc.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        try:
+            rv = int(meta.get("resourceVersion") or 0)
+        except ValueError:
+            rv = 0
+        try:
+            at = datetime.fromisoformat(str(meta.get("creationTimestamp")).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            at = 0.0
+        holder = str((meta.get("annotations") or {}).get(f"{self.prefix}/node") or "")
+        return Ticket(name=name, holder=holder, at=at, rv=rv, overflow=self.is_overflow(name))
+
+    def tickets(self, *, min_rv: int | None = None, overflow_only: bool = False) -> list[Ticket]:
+        """Every slot of this brake (the count's list: only when a count is due, never per ask), from
+        the watch cache not older than *min_rv* (our own overflow slot: every slot before it shows)."""
+        p = self.prefix
+        selector = f"{p}/record={TAINT},{p}/brake={self.tag}" + (
+            f",{p}/overflow=true" if overflow_only else ""
+        )
+        query = {"labelSelector": selector, "resourceVersion": str(min_rv or 0)}
+        if min_rv:
+            query["resourceVersionMatch"] = "NotOlderThan"
+        doc = self.rest.json("GET", leases(self.namespace), query=query, timeout=TIMEOUT)
+        return [self.ticket(i) for i in doc.get("items") or ()]
+
+    def get(self, i: int) -> Ticket | None:
+        """Slot *i* as it is (None: free)."""
+        try:
+            return self.ticket(self.rest.json("GET", leases(self.namespace, self.name(i)), timeout=TIMEOUT))
+        except Exception as exc:
+            if api_status(exc) == 404:
+                return None
+            raise
+
+    def claimed(self, holder: str, name: str) -> bool:
+        """Does Node *holder* claim slot *name* (its `<prefix>/brake-slot` label says so)? One
+        names-only list of that one Node, from the watch cache."""
+        doc = list_names_doc(
+            self.rest,
+            "/api/v1/nodes",
+            f"{self.claim_label}={self.claim(name)}",
+            field_selector=f"metadata.name={holder}",
+        )
+        return holder in names_in_list(doc)
 
     def held_by(self, node_name: str, *, consistent: bool = False) -> list[str]:
         """The names of the slots *node_name* holds (one list filtered by its holder label: what
@@ -156,4 +246,4 @@ def node_exists(rest: KubeRest, name: str) -> bool:
     return (doc.get("metadata") or {}).get("name") == name  # the object itself: a server without Tables
 
 
-__all__ = ["TAINT", "Slots", "brake_tag", "holder_value", "leases", "node_exists"]
+__all__ = ["OVERFLOW", "TAINT", "Slots", "brake_tag", "holder_value", "leases", "node_exists"]

@@ -78,6 +78,21 @@ class Metrics:
         self.brake_open = Gauge(
             f"{NS}_brake_open", "1 while the cluster-wide taint brake holds a taint back", registry=r
         )
+        self.brake_counted = Gauge(
+            f"{NS}_brake_counted_nodes",
+            "GPU nodes counted against the brake's cap (tainted, or holding a slot they claim) at this "
+            "agent's last count of nodes (only asked when slot numbers alone cannot settle a taint)",
+            registry=r,
+        )
+        self.brake_cap = Gauge(
+            f"{NS}_brake_cap", "the brake's cap at this agent's last count of nodes", registry=r
+        )
+        self.brake_over_cap = Gauge(
+            f"{NS}_brake_over_cap",
+            "1 when this agent's last count of nodes found more nodes counted than the cap allows "
+            "(nodes tainted without a slot: an older version's, or by hand)",
+            registry=r,
+        )
         self.probe_errors = Counter(
             f"{NS}_probe_errors_total", "inputs that could not be read", ["input", "kind"], registry=r
         )
@@ -266,6 +281,11 @@ class Metrics:
 
     def record_brake_open(self, is_open: bool) -> None:
         self.brake_open.set(1 if is_open else 0)
+
+    def record_brake_count(self, counted: int, cap: int) -> None:
+        self.brake_counted.set(counted)
+        self.brake_cap.set(cap)
+        self.brake_over_cap.set(1 if counted > cap else 0)
 
     def record_gpu_nodes(self, total: int, this_node_selected: bool) -> None:
         self.gpu_nodes.set(total)

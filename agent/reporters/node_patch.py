@@ -52,15 +52,17 @@ def taint_disabled(node: Mapping[str, Any], prefix: str) -> bool:
 
 
 def desired_labels(
-    marks: Marks, prefix: str, taint_on: bool, label_on: bool = False
+    marks: Marks, prefix: str, taint_on: bool, label_on: bool = False, slot: str | None = None
 ) -> dict[str, str | None]:
-    """Our labels; None = must be absent. *label_on*: mode `label`'s `<prefix>/unhealthy`."""
+    """Our labels; None = must be absent. *label_on*: mode `label`'s `<prefix>/unhealthy`; *slot*:
+    the brake slot this node holds, claimed on its Node (core/brake_count.py)."""
     keys = Keys(prefix)
     out: dict[str, str | None] = {
         keys.status: marks.status.value,
         keys.severity: marks.severity.label,
         keys.tainted: TRUE if taint_on else None,
         keys.unhealthy: marks.taint_value if label_on else None,
+        keys.brake_slot: slot,
     }
     if marks.risk:
         out[keys.risk] = marks.risk
@@ -68,7 +70,13 @@ def desired_labels(
 
 
 def plan_node_patch(
-    node: Mapping[str, Any], marks: Marks, *, prefix: str, taint_on: bool, label_on: bool = False
+    node: Mapping[str, Any],
+    marks: Marks,
+    *,
+    prefix: str,
+    taint_on: bool,
+    label_on: bool = False,
+    slot: str | None = None,
 ) -> dict[str, Any] | None:
     """The merge patch (without resourceVersion) that makes our metadata and taint match, or None.
 
@@ -79,7 +87,7 @@ def plan_node_patch(
     marks.testing: validating_taint.py).
     """
     labels, annotations = labels_of(node), annotations_of(node)
-    desired = desired_labels(marks, prefix, taint_on, label_on)
+    desired = desired_labels(marks, prefix, taint_on, label_on, slot)
     label_patch = {k: v for k, v in desired.items() if labels.get(k) != v}
     ann_key = Keys(prefix).results
     ann_patch: dict[str, str | None] = (

@@ -150,14 +150,23 @@ class NodeRequests:
                 if self.gate.asks_brake(node, marks) and not self.dry_run:
                     # Our failing labels first, without the taint: the Node says it fails (and the
                     # repair budget counts it) whatever the brake answers.
-                    first = plan_node_patch(node, marks, prefix=self.prefix, taint_on=False)
+                    first = plan_node_patch(
+                        node, marks, prefix=self.prefix, taint_on=False, slot=self.gate.claim()
+                    )
                     if first is not None:
                         node = write(node, first)
                 decided = self.gate.decide(node, marks)
                 taint_on = decided.taint_on
                 had_taint = find_our_taint(node, self.prefix) is not None
                 label_on = marks.unhealthy_label and not taint_disabled(node, self.prefix)
-                patch = plan_node_patch(node, marks, prefix=self.prefix, taint_on=taint_on, label_on=label_on)
+                patch = plan_node_patch(
+                    node,
+                    marks,
+                    prefix=self.prefix,
+                    taint_on=taint_on,
+                    label_on=label_on,
+                    slot=self.gate.claim(),
+                )
                 keep = self.history if not self.dry_run else None
                 entry = keep.annotation(node, marks, decided) if keep is not None else {}
                 if entry:  # in the PATCH of the change it records

@@ -55,6 +55,14 @@ class TaintGate:
         self._adopted = False  # the brake was asked about a taint found on the Node (once)
         self._wants_none = False  # the Marks of the last decide want no taint, and the node is not failing
 
+    def claim(self, decision: TaintDecision | None = None) -> str | None:
+        """The brake slot this node holds, as its Node claims it (`<prefix>/brake-slot`; None:
+        absent), in every PATCH: on with the taint that took the slot, off with the taint of a node
+        that wants none (its slot is freed after that PATCH; a slot nobody claims counts for nothing)."""
+        if self.brake is None or (decision is not None and not decision.taint_on and self._wants_none):
+            return None
+        return self.brake.claim(self.node_name)
+
     # -- the decision --------------------------------------------------------------------------------
     def asks_brake(self, node: Mapping[str, Any], marks: Marks) -> bool:
         """Would decide() ask the brake (a new taint) rather than answer by itself?"""
