@@ -51,3 +51,54 @@ def test_racing_overflow_askers_never_pass_the_cap_together() -> None:
     seen = [*base, first, second]
     assert len(occupants(seen, {"a"}, set(), asker="p", now=NOW, own_rv=50)) < 2
     assert len(occupants(seen, {"a"}, set(), asker="q", now=NOW, own_rv=51)) >= 2
+
+
+def test_status_names_the_sets_the_brake_counts() -> None:
+    """The review's state: gpu-1, gpu-2 tainted by an older version (no slot); gpu-4 holds slot 0 and
+    claims it; gpu-6 holds slot 1 by a stolen token and claims none; gpu-3 is held back; gpu-6 also
+    carries our taint though its agent says pass."""
+    from agent.cli.status_brake import brake_lines
+    from agent.cli.status_node import NodeStatus
+    from agent.cli.status_rollout import Rollout
+    from agent.core.node_keys import Keys
+
+    k = Keys()
+
+    def node(name: str, **labels: str) -> dict[str, object]:
+        return {"metadata": {"name": name, "labels": labels}}
+
+    def st(name: str, status: str, taint: str | None, would: str | None) -> NodeStatus:
+        return NodeStatus(
+            node=name, status=status, severity="-", worstFinding="-", nextStep="-", lastCheck="-",
+            lastCheckMaxSeconds=None, agent="ready", agentPod=None, changedAt=None, taint=taint,
+            instanceType=None, agentVersion=None, rollout=Rollout("main", "d", "taint", would),
+        )  # fmt: skip
+
+    tainted = {k.tainted: "true"}
+    nodes = [
+        node("gpu-1", **tainted), node("gpu-2", **tainted), node("gpu-3"),
+        node("gpu-4", **tainted, **{k.brake_slot: "fleet-0"}), node("gpu-6", **tainted),
+    ]  # fmt: skip
+    would = "reboot:NoSchedule"
+    statuses = [
+        st("gpu-1", "fail", "reboot", would),
+        st("gpu-2", "fail", "reboot", would),
+        st("gpu-3", "fail", None, would),
+        st("gpu-4", "fail", "reboot", would),
+        st("gpu-6", "pass", "reboot", None),
+    ]
+    tickets = [
+        t("gpu-healthcheck-taint-fleet-0", "gpu-4", rv=1),
+        t("gpu-healthcheck-taint-fleet-1", "gpu-6", rv=2),
+    ]
+    kw = {"cap": 2, "total": 6, "prefix": "gpu-healthcheck", "now": NOW}
+    lines = brake_lines(nodes, statuses, tickets, limit="maxTaintedFraction 0.2", **kw)  # type: ignore[arg-type]
+    text = "\n".join(lines)
+    assert lines[0] == "BRAKE (cap 2 of 6 GPU nodes, maxTaintedFraction 0.2; 4 count: OVER THE CAP)"
+    assert (
+        "holding a slot: gpu-4 (gpu-healthcheck-taint-fleet-0), gpu-6 (gpu-healthcheck-taint-fleet-1)" in text
+    )
+    assert "tainted without a slot (they count: an older version's, or by hand): gpu-1, gpu-2" in text
+    assert "held back by the brake (would be tainted): gpu-3" in text
+    assert "WARNING our taint on a node whose agent does not want it: gpu-6" in text
+    assert brake_lines(nodes[2:3], [], [], limit="", **kw) == []  # type: ignore[arg-type]

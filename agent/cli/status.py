@@ -370,9 +370,11 @@ def render_status(
     pods = list_agent_pods(core, agent_selector)
     statuses = status_list(nodes, pods, prefix=prefix, now=now)
     out = render(statuses, fmt, now)
-    if fmt in ("table", "wide"):  # held nodes and releases (cli/brake.py)
+    if fmt in ("table", "wide"):  # the brake's cap and counts, held nodes and releases
         from agent.cli.brake import brake_footer
+        from agent.cli.status_brake import brake_section
 
+        out += brake_section(core, nodes, statuses, namespace, prefix)
         out += brake_footer(core, nodes, namespace, prefix, now)
     if fmt in ("table", "wide") and node is not None:  # its per-GPU DeviceTaintRules (cli/status_devices.py)
         from agent.cli.status_devices import device_taint_lines
