@@ -204,7 +204,9 @@ class Brake:
             for i in held:
                 if self._slots.reap(i) and self._slots.take(i, node_name, node):
                     return self._keep(node_name, self._slots.name(i))
-        if self._audit.due(node_name) and self._audit.suspect(held):
+        if (
+            held and self._audit.due(node_name) and self._audit.suspect(held[:1])
+        ):  # one: a probe, not a survey
             return self._keep(node_name, self._audit.take(node_name, cap, node))
         return None
 

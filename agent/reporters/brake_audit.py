@@ -8,8 +8,10 @@ count of nodes instead, and this module makes it:
   an older version, or by hand), or an overflow slot. A node granted a number asks two small lists
   (usually empty) before it takes the taint; when either finds one, it counts instead.
 - a number is held by a slot that counts for nothing (one token's extra slots, a slot an older agent
-  never freed). A refused node asks whether the slots it tried are claimed by their holders (one
-  names-only list of one Node each), at most every `period_s`; when one is not, it counts.
+  never freed). A refused node asks whether one slot it tried is claimed by its holder (a GET of the
+  slot and a names-only list of one Node), at most every `period_s`; when it is not, it counts. One
+  slot a minute per refused node finds a forged slot quickly in a wave (many nodes look) and costs a
+  held fleet two small requests per node a minute.
 
 The count lists every slot of the brake, the Nodes that claim one and the Nodes that carry our taint
 (names only, from the watch cache), after taking this node's overflow slot: racing counters are
