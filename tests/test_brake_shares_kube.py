@@ -37,6 +37,12 @@ K = Keys()
 GRACE_S = 2.0  # the slots' grace, short for the test (shipped: 120 s)
 
 
+def taints_soon(w: NodeWriter, tries: int = 20) -> bool:
+    """Applies a failing Marks until tainted: a refused node checks one slot it tried per ask (a
+    random one), so a forged slot is found within a few asks, not always the first."""
+    return any(w.apply(marks(True)).tainted for _ in range(tries))
+
+
 def marks(fail: bool) -> Marks:
     status, sev = (Status.FAIL, Severity.RESET) if fail else (Status.PASS, Severity.NONE)
     doc = {"version": 1, "status": status.value, "severity": sev.label, "checks": [], "latched": []}
@@ -128,8 +134,8 @@ def test_one_stolen_token_filling_every_slot_leaves_the_other_nodes_taints_unaff
     time.sleep(GRACE_S + 0.5)
 
     writers = {n: f.writer(n, max_nodes=2) for n in (a, b, c)}
-    assert writers[a].apply(marks(True)).tainted
-    assert writers[b].apply(marks(True)).tainted
+    assert taints_soon(writers[a])
+    assert taints_soon(writers[b])
     held = writers[c].apply(marks(True))
     assert held.brake_open and not held.tainted
     assert f.tainted() == {a, b}
@@ -141,7 +147,7 @@ def test_one_stolen_token_filling_every_slot_leaves_the_other_nodes_taints_unaff
 
     # a recovered node frees its share: the held one gets it
     assert not writers[a].apply(marks(False)).tainted
-    assert writers[c].apply(marks(True)).tainted
+    assert taints_soon(writers[c])
     assert f.tainted() == {b, c}
 
 
@@ -158,9 +164,8 @@ def test_the_attacker_claiming_a_slot_counts_once(fleet: Any) -> None:
         content_type="application/merge-patch+json")  # fmt: skip
     time.sleep(GRACE_S + 0.5)
     wa, wb = f.writer(a, max_nodes=2), f.writer(b, max_nodes=2)
-    assert wa.apply(marks(True)).tainted  # x counts once: 1 < 2
-    refused = wb.apply(marks(True))
-    assert refused.brake_open and not refused.tainted  # x and a: 2, the cap
+    assert taints_soon(wa)  # x counts once: 1 < 2
+    assert not taints_soon(wb, tries=6)  # x and a: 2, the cap
     assert f.tainted() == {a}
 
 
