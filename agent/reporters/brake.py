@@ -183,17 +183,22 @@ class Brake:
             self._held[node_name] = keep
         self._looked.add(node_name)
 
-    def _take(self, node_name: str, cap: int, node: Mapping[str, Any] | None) -> str | None:
+    def _take(
+        self, node_name: str, cap: int, node: Mapping[str, Any] | None, *, adopting: bool = False
+    ) -> str | None:
         """Try up to `probes` free numbers below *cap*; the slot taken, or None when all were held.
         Owned by its Node (read when the asker did not pass it), so that a deleted Node frees it.
         Nodes no number shows, or a number held by a slot that counts for nothing: a count of
-        nodes decides instead (brake_audit.py)."""
+        nodes decides instead (brake_audit.py). *adopting*: the node carries our taint already (it
+        counts either way): a free number is its own, and no count is made for it."""
         if node is None:
             node = self._rest.json("GET", f"/api/v1/nodes/{node_name}", timeout=REQUEST_TIMEOUT)
         held = []
         for i in random.sample(range(cap), min(self.probes, cap)):
             try:
                 if self._slots.take(i, node_name, node):
+                    if adopting:
+                        return self._keep(node_name, self._slots.name(i))
                     return self._keep(node_name, self._settle_number(node_name, i, cap, node))
             except Exception:
                 self._looked.discard(node_name)  # it may have landed: look again next time
@@ -321,7 +326,8 @@ class Brake:
                 cap, _ = self.cap(node)
                 if cap > 0 and node_name not in self._looked:
                     self._look(node_name, cap)
-                if node_name not in self._held and cap > 0 and self._take(node_name, cap, node) is None:
+                free = node_name in self._held or cap <= 0 or self._take(node_name, cap, node, adopting=True)
+                if not free:  # it counts as tainted all the same (core/brake_count.py)
                     log.warning("brake: %s carries our taint but every slot tried is held", node_name)
             except Exception as exc:
                 log.warning("brake: looking for the slot of %s failed: %s", node_name, describe_error(exc))
@@ -388,7 +394,4 @@ class Brake:
         """Drop a cached refusal (the node no longer wants a taint)."""
         with self._lock:
             self._state = None
-            if node_name is None:
-                self._refused.clear()
-            else:
-                self._refused.pop(node_name, None)
+            self._refused.clear() if node_name is None else self._refused.pop(node_name, None)
