@@ -239,7 +239,7 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
     records = find("Role", "gpu-healthcheck-agent-records")  # the repair budget's, in its own namespace
     assert records["metadata"]["namespace"] == NS
-    verbs = ["create", "list", "delete"]
+    verbs = ["create", "get", "list", "delete"]
     leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}
     mark = {"apiGroups": ["fence.gpu-healthcheck.io"], "resources": ["nodes"], "verbs": ["fenced"]}
     daemonsets = {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]}  # the brake's total

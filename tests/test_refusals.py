@@ -251,7 +251,7 @@ def rbac_docs(ns: str, sa: str, name: str) -> list[dict[str, Any]]:
                 {  # the repair budget's Leases (counted before a remediation condition's mark)
                     "apiGroups": ["coordination.k8s.io"],
                     "resources": ["leases"],
-                    "verbs": ["create", "list", "delete"],  # as manifests/10-rbac.yaml grants
+                    "verbs": ["create", "get", "list", "delete"],  # as manifests/10-rbac.yaml grants
                 },
             ],
         },
