@@ -261,12 +261,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     from agent.config import CONFIG_FILES
 
     try:
-        load_config_dir(args.dir, rules=RULE_BOOK)
+        cfg = load_config_dir(args.dir, rules=RULE_BOOK)
     except ConfigError as exc:
         print(f"{args.dir}: invalid: {exc}", file=sys.stderr)
         return EXIT_CODES[Status.FAIL]
     missing = [name for name in CONFIG_FILES if not (args.dir / name).is_file()]
     shipped = f" (shipped: {', '.join(missing)})" if missing else ""
+    if cfg.ignored:  # written for a newer schema: what this version would leave out
+        shipped += f" (schemaVersion {cfg.schema_version}: ignored by this version: {', '.join(cfg.ignored)})"
     print(f"{args.dir}: valid{shipped}")
     return 0
 
