@@ -226,8 +226,10 @@ def test_uninstall_takes_every_mark_of_ours_off_every_node_and_nothing_else(
     assert view(kube, validating)["conditions"]["NetworkReady"] == "RouteCreated"
     assert view(kube, untouched) == before[untouched]
 
-    again = uninstall_cli(kcfg, *args)
+    # Again, with the ConfigMaps gone (another namespace): the shipped config's condition type.
+    again = uninstall_cli(kcfg, *args, "--namespace", f"{ns}-gone")
     assert again.returncode == 0 and f"{canary}: nothing of ours" in again.stdout, again.stdout
+    assert f"conditions GPUHealthy and any with a reason of ours (no ConfigMap in {ns}-gone" in again.stdout
     assert uninstall_cli(Path("/nonexistent/kubeconfig")).returncode == 69
 
 

@@ -135,7 +135,10 @@ def configured_types(rest: KubeRest, namespace: str) -> tuple[str | None, list[s
             path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
             cm = rest.json("GET", path, timeout=REQUEST_TIMEOUT)
         except Exception as exc:
-            if api_status(exc) in (403, 404):
+            if api_status(exc) == 404:
+                continue
+            if api_status(exc) == 403:
+                seen.append(f"{name} (forbidden: skipped)")
                 continue
             raise
         try:
@@ -146,7 +149,7 @@ def configured_types(rest: KubeRest, namespace: str) -> tuple[str | None, list[s
         prefix = prefix or cfg.prefix
         types += [t for t in condition_types(cfg.node) if t not in types]
         seen.append(name)
-    if DEFAULT_CONDITION_TYPE not in types and not seen:
+    if not types:  # none read: the shipped config's
         types.append(DEFAULT_CONDITION_TYPE)
     where = f"{namespace}/{', '.join(seen)}" if seen else f"no ConfigMap in {namespace}: the shipped config"
     return prefix, types, where
