@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli.main import main
+from agent.config.schema import SCHEMA_VERSION
 
 ROOT = Path(__file__).parent.parent
 SNAP = ROOT / "examples" / "snapshots"
@@ -243,7 +244,8 @@ VALIDATE_CASES = {
     "only-tables": {"xid-catalog.yaml": None},  # None: the shipped file, copied
     "empty-dir": {},
     "bad-value": {"config.yaml": "intervals:\n  gpu: soon\n"},
-    "newer-key": {"config.yaml": "node:\n  futureKnob: 1\n"},
+    "newer-key": {"config.yaml": "node:\n  futureKnob: 1\n"},  # no schemaVersion: a typo
+    "newer-schema": {"config.yaml": f"schemaVersion: {SCHEMA_VERSION + 1}\nnode:\n  futureKnob: 1\n"},
     "unknown-rule": {"config.yaml": "severities:\n  gpu.pcie.widht: reset\n"},
     "bad-yaml": {"config.yaml": "intervals: [\n"},
     "empty-catalog": {"xid-catalog.yaml": ""},
@@ -272,7 +274,9 @@ def test_config_validate_agrees_with_the_agent(
     assert code in (0, 1) and "Traceback" not in out.err
     if code:
         assert agent_problem.endswith(": " + out.err.strip().split(": invalid: ", 1)[1])
-    assert (code == 0) == (case in ("valid", "only-tables", "empty-dir"))
+    assert (code == 0) == (case in ("valid", "only-tables", "empty-dir", "newer-schema"))
+    if case == "newer-schema":
+        assert "ignored by this version: node.futureKnob" in out.out
 
 
 def test_config_validate_usage() -> None:

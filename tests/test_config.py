@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.checks import gpu, gpu_memory
 from agent.checks.registry import CHECKS, RULE_BOOK, RULES
 from agent.config import ConfigError, load_config_dir, parse_config, yaml_safe
+from agent.config.schema import REMEDIATION_ENTRY, SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY
 from agent.core.severity import Severity
 
 CONFIG = Path(__file__).parent.parent / "config"
@@ -94,3 +98,101 @@ def test_severity_overrides_name_rules_the_checks_own() -> None:
     assert cfg.severity(gpu.PCIE_WIDTH) is Severity.RESET
     assert cfg.severity(RULES["xid.sxid"]) is Severity.NONE
     assert cfg.severity(gpu_memory.ECC_DRAM_UNCORRECTABLE) is Severity.RESET  # not overridden: the default
+
+
+# ------------------------------------------------ a newer release's config (schemaVersion)
+
+NEWER = SCHEMA_VERSION + 1
+
+
+def test_the_shipped_config_names_this_schema_version() -> None:
+    """config/config.yaml (and so the generated ConfigMap and the chart's copy) says which schema it
+    was written for: an older agent under it ignores this release's keys instead of refusing them."""
+    doc = yaml_safe.load((CONFIG / "config.yaml").read_text())
+    assert doc[SCHEMA_VERSION_KEY] == SCHEMA_VERSION
+    assert load_config_dir(CONFIG).schema_version == SCHEMA_VERSION
+    for copy in ("charts/gpu-healthcheck/files/config.yaml", "manifests/20-configmap.yaml"):
+        assert f"{SCHEMA_VERSION_KEY}: {SCHEMA_VERSION}\n" in (CONFIG.parent / copy).read_text(), copy
+
+
+def test_a_newer_configs_unknown_keys_are_ignored_and_listed() -> None:
+    doc = {
+        SCHEMA_VERSION_KEY: NEWER,
+        "futureTopLevel": {"a": 1},
+        "intervals": {"gpu": 30, "futureTier": 5},
+        "checks": {"future.check": False, "gpu.ecc": False},
+        "severities": {"future.rule": "reset"},
+        "node": {
+            "remediationConditions": [{"type": "GPUReady", "futureField": "x"}],
+            "futureNodeKey": True,
+        },
+    }
+    cfg = parse_config(doc, rules=RULE_BOOK)
+    assert cfg.ignored == (
+        "futureTopLevel",
+        "intervals.futureTier",
+        "node.futureNodeKey",
+        "checks.future.check",
+        "severities.future.rule",
+        "node.remediationConditions[0].futureField",
+    )
+    assert cfg.schema_version == NEWER
+    # what this agent knows still applies, and is still checked
+    assert cfg.intervals.gpu == 30 and not cfg.enabled("gpu.ecc")
+    assert [c.type for c in cfg.node.remediation_conditions] == ["GPUReady"]
+    assert "future.check" not in cfg.raw["checks"] and "futureTier" not in cfg.raw["intervals"]
+    assert doc["node"]["remediationConditions"][0]["futureField"] == "x"  # the document is not changed
+    with pytest.raises(ConfigError, match=r"intervals\.gpu: 0 is below the minimum"):
+        parse_config({SCHEMA_VERSION_KEY: NEWER, "intervals": {"gpu": 0}})  # a known key's value
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION, SCHEMA_VERSION - 1, None])
+def test_an_unknown_key_of_this_or_an_older_schema_is_a_typo(version: int | None) -> None:
+    doc: dict[str, object] = {"intervals": {"gpuu": 30}}
+    if version is not None:
+        doc[SCHEMA_VERSION_KEY] = version
+    with pytest.raises(ConfigError, match=r"intervals\.gpuu: unknown key"):
+        parse_config(doc, rules=RULE_BOOK)
+    with pytest.raises(ConfigError, match="unknown check"):
+        parse_config({**doc, "intervals": {}, "checks": {"gpu.ecc.typo": False}}, rules=RULE_BOOK)
+    assert parse_config({**doc, "intervals": {"gpu": 30}}).ignored == ()
+
+
+@pytest.mark.parametrize("value", ["3", 0, -1, 2.5, True, [3]])
+def test_a_schema_version_that_is_no_positive_integer_is_rejected(value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{SCHEMA_VERSION_KEY}: .* is not a schema version"):
+        parse_config({SCHEMA_VERSION_KEY: value})
+
+
+def schema_keys(schema: Mapping[str, Any], where: str = "") -> list[str]:
+    out = []
+    for key, spec in schema.items():
+        out.append(f"{where}{key}")
+        if isinstance(spec, Mapping):
+            out += schema_keys(spec, f"{where}{key}.")
+    return out
+
+
+# The digest of the schema's keys at each SCHEMA_VERSION: a key added or renamed without a bump would
+# let an agent of the same version refuse it as a typo in a newer release's config (or take one).
+SCHEMA_KEYS_AT = {2: "217c44969947"}
+
+
+def test_a_new_key_comes_with_a_new_schema_version() -> None:
+    keys = schema_keys(SCHEMA) + [f"node.remediationConditions[].{k}" for k in REMEDIATION_ENTRY]
+    digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:12]
+    assert SCHEMA_KEYS_AT.get(SCHEMA_VERSION) == digest, (
+        f"config/schema.py's keys changed (digest {digest}): bump SCHEMA_VERSION, write it into "
+        "config/config.yaml (then scripts/gen-configmap.py) and add the digest here"
+    )
+
+
+def test_the_readme_says_a_newer_config_is_taken_and_a_typo_is_not() -> None:
+    from agent.reporters.metrics import Metrics
+
+    text = " ".join((CONFIG.parent / "README.md").read_text().split())
+    assert "A newer release's config is taken, not rejected." in text
+    assert "an unknown key there is a typo and the config is rejected" in text
+    metric = "gpu_healthcheck_config_ignored_keys"
+    assert f"`{metric}`" in text
+    assert Metrics().registry.get_sample_value(metric) == 0.0  # the metric the README names exists

@@ -3,12 +3,17 @@ timeouts (every live key of the schema, through the wired agent: test_reload_key
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from agent.cli.agent_parts import DcgmPart
 from agent.config import Config, load_config_dir, parse_config
+from agent.config.schema import SCHEMA_VERSION, SCHEMA_VERSION_KEY
 from agent.config.watch import ConfigWatcher
 from agent.core.facts import Input
+from agent.core.node_keys import EventReason
 from agent.engine.loop import Agent
 from agent.probes.live import LiveSource
 from agent.reporters.metrics import Metrics
@@ -97,3 +102,57 @@ def test_the_watcher_names_changed_keys_and_keeps_restart_only_ones(tmp_path: Pa
     assert outcome.needs_restart == ("prefix: gpu-healthcheck → other", "metrics.port: 9402 → 9999")
     assert outcome.config.prefix == "gpu-healthcheck" and outcome.config.metrics_port == 9402
     assert outcome.config.node.taint_effect == "NoExecute"
+
+
+def test_a_newer_releases_keys_are_a_warning_and_a_metric_not_a_rejection(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgrade's ConfigMap (schemaVersion above this agent's) mounted under this agent: the keys
+    it does not know are left out with a warning and gpu_healthcheck_config_ignored_keys, what it knows
+    applies, and no ConfigRejected; a typo in a config of its own version is still rejected."""
+    (tmp_path / "config.yaml").write_text(f"{SCHEMA_VERSION_KEY}: {SCHEMA_VERSION}\n")
+    metrics = Metrics()
+    source = LiveSource()
+    part = DcgmPart(metrics, None, dcgm_wanted=False, loop=lambda: agent)
+    agent = Agent(
+        source,
+        load_config_dir(tmp_path),
+        config_dir=tmp_path,
+        writer=None,
+        node_getter=None,
+        kernel_path=None,
+        kernel_is_device=False,
+        metrics=metrics,
+        parts=(source, part),
+    )
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(f"gpu_healthcheck_{name}", labels)
+
+    assert sample("config_ignored_keys") == 0.0
+    (tmp_path / "config.yaml").write_text(
+        f"{SCHEMA_VERSION_KEY}: {SCHEMA_VERSION + 1}\nstall:\n  newKnob: 3\nintervals:\n  gpu: 7\n"
+        "futureSection: {}\n"
+    )
+    with caplog.at_level(logging.WARNING):
+        assert agent._reload()
+    assert agent.cfg.intervals.gpu == 7 and agent.config_problem == ""
+    assert sample("config_ignored_keys") == 2.0
+    assert sample("config_reloads_total", result="applied") == 1.0
+    assert sample("config_reloads_total", result="rejected") is None
+    assert sample("config_rejected") == 0.0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [
+        f"config written for schemaVersion {SCHEMA_VERSION + 1} (this agent: {SCHEMA_VERSION}): "
+        "ignoring the keys it does not know: futureSection, stall.newKnob"
+    ]
+    (reloaded,) = [e for e in agent.pending_events if e.reason == EventReason.CONFIG_RELOADED]
+    assert "ignored (a newer release's keys): futureSection, stall.newKnob" in reloaded.message
+    assert not [e for e in agent.pending_events if e.reason == EventReason.CONFIG_REJECTED]
+
+    # The same key in a config written for this agent's own schema: a typo, rejected.
+    (tmp_path / "config.yaml").write_text(f"{SCHEMA_VERSION_KEY}: {SCHEMA_VERSION}\nstall:\n  newKnob: 3\n")
+    assert agent._reload()
+    assert "stall.newKnob: unknown key" in agent.config_problem
+    assert sample("config_rejected") == 1.0 and agent.cfg.intervals.gpu == 7  # the last good stays
+    assert sample("config_ignored_keys") == 2.0  # still the config in force

@@ -234,6 +234,26 @@ def cmd_brake(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    from agent.cli.agent import kube_core
+    from agent.cli.uninstall import uninstall
+
+    try:
+        return uninstall(
+            kube_core(args.kubeconfig),
+            prefix=args.prefix,
+            extra_types=args.condition_type,
+            namespace=args.namespace,
+            agent_selector=args.agent_selector,
+            dry_run=args.dry_run,
+            force=args.force,
+            say=lambda line: print(line, flush=True),
+        )
+    except Exception as exc:  # no cluster, no permission to list: one clear line
+        print(f"gpu-healthcheck: cannot uninstall: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
 def cmd_inject(args: argparse.Namespace) -> int:
     from agent.probes.kmsg_inject import InjectRefused, write_xid_line
 
@@ -261,12 +281,14 @@ def cmd_config(args: argparse.Namespace) -> int:
     from agent.config import CONFIG_FILES
 
     try:
-        load_config_dir(args.dir, rules=RULE_BOOK)
+        cfg = load_config_dir(args.dir, rules=RULE_BOOK)
     except ConfigError as exc:
         print(f"{args.dir}: invalid: {exc}", file=sys.stderr)
         return EXIT_CODES[Status.FAIL]
     missing = [name for name in CONFIG_FILES if not (args.dir / name).is_file()]
     shipped = f" (shipped: {', '.join(missing)})" if missing else ""
+    if cfg.ignored:  # written for a newer schema: what this version would leave out
+        shipped += f" (schemaVersion {cfg.schema_version}: ignored by this version: {', '.join(cfg.ignored)})"
     print(f"{args.dir}: valid{shipped}")
     return 0
 
@@ -281,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clear": cmd_clear,
         "diag": cmd_diag,
         "brake": cmd_brake,
+        "uninstall": cmd_uninstall,
         "inject": cmd_inject,
         "rules": cmd_rules,
         "config": cmd_config,

@@ -174,6 +174,28 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     sw.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
 
+    un = sub.add_parser(
+        "uninstall",
+        help="remove every label, annotation, taint and condition of ours from every Node, once the "
+        "agents are stopped (exit 0 done, 1 agents still run, 2 a Node not cleaned, 64 usage, 69 no cluster)",
+    )
+    un.add_argument("--dry-run", action="store_true", help="list what it would remove; write nothing")
+    un.add_argument("--force", action="store_true", help="clean although agent pods are still listed")
+    un.add_argument(
+        "--prefix", default=None, help="the agents' config `prefix` (default: the ConfigMap's, or shipped)"
+    )
+    un.add_argument(
+        "--condition-type",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="also remove this condition type, whatever its reason (repeatable; the ConfigMap's "
+        "node.conditionType and node.remediationConditions are read from the cluster)",
+    )
+    un.add_argument("--namespace", default="gpu-healthcheck", help="the agents' namespace (its ConfigMaps)")
+    un.add_argument("--agent-selector", default=AGENT_SELECTOR, help="the agent pods' labels (any namespace)")
+    un.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+
     inj = sub.add_parser("inject", help="fault injection for end-to-end tests (test nodes only)")
     inj_sub = inj.add_subparsers(dest="target", required=True, parser_class=_Parser)
     km = inj_sub.add_parser("kmsg", help="write a realistic NVRM Xid line into the kernel log")

@@ -1,4 +1,5 @@
-"""Configuration: defaults in config/config.yaml, validated strictly (unknown keys are errors).
+"""Configuration: defaults in config/config.yaml, validated strictly (unknown keys are errors, but
+for the keys of a config written for a newer schema: config/schema.py schema_version).
 
 A config directory holds the CONFIG_FILES (the ConfigMap mounted as a directory). A file it lacks
 falls back to the shipped one, read as package data (agent/config/defaults links to config/), so an
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.abc import Traversable
@@ -21,7 +23,15 @@ import yaml
 from agent.config import settings, yaml_safe
 from agent.config.dcgm_incidents import IncidentTable, parse_incident_table
 from agent.config.profiles import parse_profiles
-from agent.config.schema import SCHEMA, ConfigError, validate
+from agent.config.schema import (
+    REMEDIATION_ENTRY,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    ConfigError,
+    schema_version,
+    validate,
+)
 from agent.config.xid_catalog import XidCatalog, parse_catalog
 from agent.core import gpu_nodes
 from agent.core.gpu_stall import StallPolicy
@@ -51,6 +61,10 @@ class Config:
     # the results annotation says which config each node runs.
     source: str = ""
     digest: str = ""
+    # config.yaml's schemaVersion (None: none named) and, when it is above SCHEMA_VERSION, the keys
+    # (dotted) this agent does not know and left out: a newer release's, warned about, not refused.
+    schema_version: int | None = None
+    ignored: tuple[str, ...] = ()
 
     def severity(self, rule: Rule) -> Severity:
         """The configured severity of a rule (`severities:`), else its default; never above the
@@ -138,10 +152,22 @@ def parse_config(
 
     `rules` (the check registry's RuleBook) names the checks and rules `checks:` and `severities:`
     may name; every entry point of the agent passes it. Without it those names are not checked.
+
+    A config.yaml whose `schemaVersion` is above this agent's SCHEMA_VERSION was written for a newer
+    release (an upgrade's ConfigMap applied before the DaemonSet rolled, or a rollback of the image
+    under it): a key, check or rule name this agent does not know is that release's, so it is left
+    out and listed in Config.ignored instead of rejecting the whole config fleet-wide. Without
+    schemaVersion, or at this agent's version or below, an unknown name is a typo and refused.
     """
-    raw = validate(doc, SCHEMA, "")
+    written_for = schema_version(doc)
+    ignored: list[str] | None = [] if written_for is not None and written_for > SCHEMA_VERSION else None
+    if isinstance(doc, Mapping):
+        doc = {k: v for k, v in doc.items() if k != SCHEMA_VERSION_KEY}
+    raw = validate(doc, SCHEMA, "", ignored=ignored)
     if rules is not None:
-        _check_names(raw, rules)
+        _check_names(raw, rules, ignored)
+    if ignored is not None:
+        _drop_unknown_entry_keys(raw, ignored)
     for code in raw["xid"]["overrides"]:
         if not str(code).isdigit():
             raise ConfigError(f"xid.overrides.{code}: Xid codes are integers")
@@ -168,14 +194,24 @@ def parse_config(
         xid_catalog=catalog,
         severity_overrides={k: Severity.parse(v) for k, v in raw["severities"].items()},
         dcgm_incidents=incidents,
+        schema_version=written_for,
+        ignored=tuple(ignored or ()),
     )
 
 
-def _check_names(raw: dict[str, Any], rules: RuleBook) -> None:
+def _check_names(raw: dict[str, Any], rules: RuleBook, ignored: list[str] | None = None) -> None:
+    """Refuse a check or rule name the registry does not know; with *ignored* (a newer config), leave
+    it out of *raw* and list it there (a newer release's check)."""
     unknown_checks = sorted(set(raw["checks"]) - set(rules.checks))
+    unknown_rules = sorted(set(raw["severities"]) - set(rules.rules))
+    if ignored is not None:
+        for section, names in (("checks", unknown_checks), ("severities", unknown_rules)):
+            for name in names:
+                del raw[section][name]
+                ignored.append(f"{section}.{name}")
+        unknown_checks = unknown_rules = []
     if unknown_checks:
         raise ConfigError(f"checks: unknown check(s) {unknown_checks}; known: {', '.join(rules.checks)}")
-    unknown_rules = sorted(set(raw["severities"]) - set(rules.rules))
     if unknown_rules:
         raise ConfigError(f"severities: unknown rule(s) {unknown_rules}; see `gpu-healthcheck rules`")
     for name, value in raw["severities"].items():
@@ -185,6 +221,19 @@ def _check_names(raw: dict[str, Any], rules: RuleBook) -> None:
                 f"severities.{name}: {value} is above what this rule may be ({ceiling.label}): "
                 "a warning before a fault never taints"
             )
+
+
+def _drop_unknown_entry_keys(raw: dict[str, Any], ignored: list[str]) -> None:
+    """A newer config's node.remediationConditions entries without the keys this agent does not know
+    (settings.py validates the rest of each entry as strictly as ever)."""
+    entries = []
+    for i, entry in enumerate(raw["node"]["remediationConditions"]):
+        if isinstance(entry, Mapping):
+            where = f"node.remediationConditions[{i}]"
+            ignored.extend(f"{where}.{k}" for k in entry if k not in REMEDIATION_ENTRY)
+            entry = {k: v for k, v in entry.items() if k in REMEDIATION_ENTRY}
+        entries.append(entry)
+    raw["node"]["remediationConditions"] = entries  # a new list: the parsed document stays as it was
 
 
 def _read_yaml(path: Path | Traversable) -> Any:

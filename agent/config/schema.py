@@ -1,6 +1,7 @@
 """The schema of config.yaml: every key with its type, default and range, and the strict validation
 that turns a parsed document into a complete one (unknown keys, wrong types and out-of-range values
-are errors that name the key)."""
+are errors that name the key), and the schema version that lets an agent take a newer release's
+config: its unknown keys are that release's, not typos (schema_version below)."""
 
 from __future__ import annotations
 
@@ -183,7 +184,31 @@ REMEDIATION_ENTRY: dict[str, Any] = {
 RESTART_ONLY = ("prefix", "metrics.port")
 
 
-def validate(doc: Any, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
+# config.yaml's top-level `schemaVersion`: the version of this schema the file was written for. Bump
+# SCHEMA_VERSION in a release that adds a key (and write it into config/config.yaml). Not in SCHEMA:
+# it is about the file, not a setting (nothing reloads it). Version 1 is 0.1.0's schema, which had no
+# such key; 2 is the first that writes it.
+SCHEMA_VERSION_KEY = "schemaVersion"
+SCHEMA_VERSION = 2
+
+
+def schema_version(doc: Any) -> int | None:
+    """The schemaVersion a config.yaml document names (None: it names none, so it is read as written
+    for this agent's own schema: strict). Raises ConfigError for anything but a positive integer."""
+    if not isinstance(doc, Mapping) or doc.get(SCHEMA_VERSION_KEY) is None:
+        return None
+    value = doc[SCHEMA_VERSION_KEY]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{SCHEMA_VERSION_KEY}: {value!r} is not a schema version (an integer, 1 or more)")
+    return value
+
+
+def validate(
+    doc: Any, schema: Mapping[str, Any], where: str, *, ignored: list[str] | None = None
+) -> dict[str, Any]:
+    """*doc* complete and checked against *schema* (raises ConfigError). With *ignored* (a config
+    written for a newer schema) an unknown key is appended there, dotted, and left out instead of
+    refused: a key that release added, which this agent cannot act on."""
     if doc is None:
         doc = {}
     if not isinstance(doc, Mapping):
@@ -192,6 +217,9 @@ def validate(doc: Any, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
     free = schema.get("*")
     for key in doc:
         if key not in schema and free is None:
+            if ignored is not None:
+                ignored.append(f"{where}{key}")
+                continue
             raise ConfigError(
                 f"{where}{key}: unknown key (allowed: {', '.join(k for k in schema if k != '*')})"
             )
@@ -199,17 +227,17 @@ def validate(doc: Any, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
         if key == "*":
             continue
         value = doc.get(key)
-        out[key] = _leaf_or_section(value, spec, f"{where}{key}")
+        out[key] = _leaf_or_section(value, spec, f"{where}{key}", ignored)
     if free is not None:
         for key in doc:
             if key not in schema:
-                out[str(key)] = _leaf_or_section(doc[key], free, f"{where}{key}")
+                out[str(key)] = _leaf_or_section(doc[key], free, f"{where}{key}", ignored)
     return out
 
 
-def _leaf_or_section(value: Any, spec: Any, path: str) -> Any:
+def _leaf_or_section(value: Any, spec: Any, path: str, ignored: list[str] | None = None) -> Any:
     if isinstance(spec, Mapping):
-        return validate(value, spec, path + ".")
+        return validate(value, spec, path + ".", ignored=ignored)
     assert isinstance(spec, Spec)
     if value is None:
         return spec.default

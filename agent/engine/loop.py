@@ -16,6 +16,7 @@ from agent.config import Config
 from agent.config.canary import CANARY as FROM_CANARY
 from agent.config.canary import MAIN
 from agent.config.live_part import LivePart
+from agent.config.schema import SCHEMA_VERSION
 from agent.config.watch import ConfigWatcher
 from agent.core.active_checks import ActiveState
 from agent.core.facts import Input
@@ -105,6 +106,7 @@ class Agent:
         self.retry_at = 0.0
         self.write_policy = WritePolicy(lambda: brake_reask_s(self.cfg))
         self.config_problem = ""  # why the mounted config is not in force ("" = it is)
+        self._config_ignored(cfg)
         if config_problem:
             self._config_rejected(config_problem)
         self.follower: KernelFollower | None = None
@@ -196,7 +198,10 @@ class Agent:
             self.metrics.record_config_rejected(False)
         self.take_config(outcome.config)
         self.metrics.record_config_reload(ConfigReloadResult.APPLIED)
+        self._config_ignored(outcome.config)
         applied = ", ".join(outcome.changed) or "no key changed"
+        if outcome.config.ignored:
+            applied += f"; ignored (a newer release's keys): {', '.join(outcome.config.ignored)}"
         where = f"{outcome.source.describe()}, digest {outcome.config.digest}"
         if outcome.switched and outcome.previous != outcome.source:
             where += f"; was {outcome.previous.describe()}"
@@ -231,6 +236,17 @@ class Agent:
                         EventReason.CONFIG_REJECTED, f"applying the reloaded config failed: {exc}", WARNING
                     )
                 )
+
+    def _config_ignored(self, cfg: Config) -> None:
+        """A config written for a newer release is taken without the keys this agent does not know:
+        a warning naming them and a gauge (config/__init__.py parse_config), never ConfigRejected."""
+        self.metrics.record_config_ignored(len(cfg.ignored))
+        if cfg.ignored:
+            log.warning(
+                f"config written for schemaVersion {cfg.schema_version} (this agent: {SCHEMA_VERSION}): "
+                f"ignoring the keys it does not know: {', '.join(cfg.ignored)}",
+                extra={"event": "config"},
+            )
 
     def _config_rejected(self, problem: str) -> None:
         """The mounted config is invalid (at start or on an edit): say so in an Event, the log, the

@@ -75,6 +75,12 @@ class Metrics:
             "1 while the mounted config is invalid and the agent runs on its last good or the shipped one",
             registry=r,
         )
+        self.config_ignored_keys = Gauge(
+            f"{NS}_config_ignored_keys",
+            "keys of the config in force that a newer release added (its schemaVersion is above this "
+            "agent's): left out, with a warning, instead of rejecting the config",
+            registry=r,
+        )
         self.brake_open = Gauge(
             f"{NS}_brake_open", "1 while the cluster-wide taint brake holds a taint back", registry=r
         )
@@ -278,6 +284,9 @@ class Metrics:
 
     def record_config_rejected(self, rejected: bool) -> None:
         self.config_rejected.set(1 if rejected else 0)
+
+    def record_config_ignored(self, keys: int) -> None:
+        self.config_ignored_keys.set(keys)
 
     def record_brake_open(self, is_open: bool) -> None:
         self.brake_open.set(1 if is_open else 0)
