@@ -102,3 +102,17 @@ def test_status_names_the_sets_the_brake_counts() -> None:
     assert "held back by the brake (would be tainted): gpu-3" in text
     assert "WARNING our taint on a node whose agent does not want it: gpu-6" in text
     assert brake_lines(nodes[2:3], [], [], limit="", **kw) == []  # type: ignore[arg-type]
+
+
+def test_an_overflow_slot_reads_as_a_number_above_any_cap_to_an_older_agent() -> None:
+    """Rolled back, an agent that knows only numbered slots parses a slot's last part as its number
+    (int(name.rsplit("-", 1)[1])): an overflow slot must parse, and sit above every cap, so that
+    the old agent frees it instead of failing its look."""
+    from agent.reporters.brake_slots import Slots
+
+    slots = Slots(None, "gpu-healthcheck", "gpu-healthcheck")  # type: ignore[arg-type]  # no request made
+    name = slots.overflow_name("ip-10-0-0-1.ec2.internal")
+    assert slots.is_overflow(name) and int(name.rsplit("-", 1)[1]) >= 10**15
+    assert slots.index(name) > 10**9 and slots.index(slots.name(3)) == 3
+    assert len(slots.claim(name)) <= 63  # a label value
+    assert slots.overflow_name("a") != slots.overflow_name("b")

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 TAINT = "taint"  # the record kind (core/repair_budget.py RecordKeys.kind's value)
 TIMEOUT = (5, 30)
-OVERFLOW = "x"  # an overflow slot's name part: `<prefix>-taint-<brake>-x-<holder hash>`
+OVERFLOW = "x"  # an overflow slot's name part: `<prefix>-taint-<brake>-x-<number of the holder's hash>`
 
 
 def leases(namespace: str, name: str = "") -> str:
@@ -56,8 +56,10 @@ class Slots:
         return f"{self.prefix}-taint-{self.tag}-{i}"
 
     def overflow_name(self, node_name: str) -> str:
-        """The one overflow slot *node_name* may hold (taken after a count, brake_count.py)."""
-        return f"{self.prefix}-taint-{self.tag}-{OVERFLOW}-{holder_value(node_name)[:16]}"
+        """The one overflow slot *node_name* may hold (taken after a count, brake_count.py). Its
+        last part is a number (of the holder's hash) far above any cap, so that a rolled-back agent
+        that knows only numbered slots reads it as one above its cap, and frees it."""
+        return f"{self.prefix}-taint-{self.tag}-{OVERFLOW}-{int(holder_value(node_name)[:12], 16) + 10**15}"
 
     def is_overflow(self, name: str) -> bool:
         return name.startswith(f"{self.prefix}-taint-{self.tag}-{OVERFLOW}-")
