@@ -71,6 +71,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         trends=trend_history.to_doc(state.trends),
         remediation=state.remediation_document(),
         last_clear=state.last_clear,
+        clear_cover=state.cover_document(),
         last_diag=d.last_diag,
         rollout=rollout_fields(cfg, state.taint, state.remediation),
         validated=validation.record,

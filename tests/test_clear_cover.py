@@ -1,0 +1,223 @@
+"""A clear sticks (issue 44 item 3, production review 3 U3): what an operator's clear covered of this
+boot's kernel log is kept on the Node (the results annotation's clearCover, core/clear_cover.py), so
+that an agent restarted in the same boot, which reads the log from its start, does not fail the node
+again on the cleared lines; a new line does, and a clear of an earlier boot covers nothing.
+
+Pure: the rule, its codec, where the kernel tail says each line stands. On a snapshot: the engine
+cleared, then a new engine restored from the first one's results annotation (what a restart, an
+upgrade or a rollback to a version with this fix does), the Xid line still in kmsg.log. On the real
+API server: tests/test_clear_sticks_kube.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import load_config_dir
+from agent.core import clear_cover
+from agent.core.clear_cover import CLEAR_COVER_FIELD, ClearCover, covers, extend
+from agent.core.findings import Finding
+from agent.core.kernel import LinePos
+from agent.core.node import NodeObject
+from agent.core.node_keys import EventReason, Keys
+from agent.core.severity import Severity, Status
+from agent.engine.engine import Engine
+from agent.probes.kernel_tail import KernelTail
+from agent.probes.snapshot import SnapshotSource
+
+ROOT = Path(__file__).parent.parent
+HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+K = Keys()
+XID = "xid/79/0000:97:00.0"
+OTHER = "xid/79/0000:53:00.0"
+STAMP = "2025-01-21T03:12:44,118231+00:00"
+LATER = "2025-01-21T04:00:01,000001+00:00"
+
+
+def xid_line(pci: str = "97", stamp: str = STAMP) -> str:
+    return (
+        f"kern  :err   : {stamp} NVRM: Xid (PCI:0000:{pci}:00): 79, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus.\n"
+    )
+
+
+SEQ_10 = LinePos("seq", 10)
+
+
+def finding(key: str = XID, last: LinePos | None = SEQ_10) -> Finding:
+    return Finding("xid", "xid.79", Severity.REBOOT, "Xid 79", key=key, latched=True, last_line=last)
+
+
+# ------------------------------------------------------------------------------------------- the rule
+
+
+def test_a_clear_covers_its_keys_lines_up_to_the_newest_it_saw_in_its_own_boot() -> None:
+    cover = extend(None, "boot-1", [finding(last=LinePos("seq", 10))])
+    assert cover == ClearCover("boot-1", {XID: LinePos("seq", 10)})
+    assert covers(cover, "boot-1", finding(last=LinePos("seq", 10)))  # the same line, read again
+    assert covers(cover, "boot-1", finding(last=LinePos("seq", 7)))  # older (the ring lost some)
+    assert not covers(cover, "boot-1", finding(last=LinePos("seq", 11)))  # a new line: new evidence
+    assert not covers(cover, "boot-1", finding(OTHER, LinePos("seq", 3)))  # a key it did not clear
+    assert not covers(cover, "boot-2", finding(last=LinePos("seq", 1)))  # another boot: nothing
+    assert not covers(cover, None, finding())  # boot unknown: cannot tell, so it fails
+    assert not covers(cover, "boot-1", finding(last=LinePos("line", 1)))  # read another way: fails
+    assert not covers(cover, "boot-1", finding(last=None))  # no kernel-log evidence
+
+
+def test_clears_of_one_boot_add_up_and_a_new_boot_starts_afresh() -> None:
+    first = extend(None, "boot-1", [finding(last=LinePos("seq", 10))])
+    both = extend(first, "boot-1", [finding(OTHER, LinePos("seq", 20)), finding(last=LinePos("seq", 15))])
+    assert both is not None and dict(both.lines) == {OTHER: LinePos("seq", 20), XID: LinePos("seq", 15)}
+    fresh = extend(both, "boot-2", [finding(OTHER, LinePos("seq", 2))])
+    assert fresh == ClearCover("boot-2", {OTHER: LinePos("seq", 2)})
+    assert extend(both, None, [finding()]) is None  # without a boot id nothing is kept
+    assert extend(None, "boot-1", [finding(last=None)]) is None  # nothing of the kernel log cleared
+    assert clear_cover.for_boot(both, "boot-2") is None and clear_cover.for_boot(both, "boot-1") == both
+    many = extend(None, "b", [finding(f"xid/{i}/x", LinePos("seq", i)) for i in range(100)])
+    assert many is not None and len(many.lines) == clear_cover.MAX_KEYS and "xid/99/x" in many.lines
+
+
+def test_the_cover_round_trips_and_a_damaged_field_covers_nothing() -> None:
+    cover = ClearCover("boot-1", {XID: LinePos("seq", 10), OTHER: LinePos("line", 4)})
+    doc = clear_cover.to_doc(cover)
+    lines = {XID: {"kind": "seq", "n": 10}, OTHER: {"kind": "line", "n": 4}}
+    assert doc == {"bootId": "boot-1", "lines": lines}
+    assert clear_cover.parse(json.loads(json.dumps(doc))) == cover
+    for bad in (None, "x", {}, {"bootId": ""}, {"bootId": "b", "lines": {XID: {"kind": "time", "n": 1}}}):
+        assert clear_cover.parse(bad) is None
+    assert clear_cover.parse({"bootId": "b", "lines": {XID: {"kind": "seq", "n": True}}}) is None
+
+
+# ------------------------------------------------------------------------- where a line stands
+
+
+def test_each_xid_line_stands_at_its_kmsg_sequence_number_even_a_repeated_text(tmp_path: Path) -> None:
+    """The tail parses a text seen before only once (its memo keeps the first line's sequence number):
+    the position comes from each record, so a repeated identical Xid line is a newer line."""
+    line = "NVRM: Xid (PCI:0000:97:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    log = tmp_path / "kmsg"
+    log.write_text(f"6,100,5000000,-;some driver line\n3,101,5000100,-;{line}\n")
+    tail = KernelTail(str(log), device=False)
+    tail.poll()
+    (tally,) = tail.view().tallies
+    assert tally.last == LinePos("seq", 101)
+    with log.open("a") as fh:
+        fh.write(f"6,102,6000000,-;other\n3,103,6000100,-;{line}\n")
+    tail.poll()
+    (tally,) = tail.view().tallies
+    assert tally.count == 2 and tally.last == LinePos("seq", 103)
+
+
+def test_without_sequence_numbers_a_line_stands_at_its_ordinal_in_the_boot(tmp_path: Path) -> None:
+    log = tmp_path / "dmesg"
+    log.write_text("kern  :info  : 2025-01-21T03:12:40,000001+00:00 hello\n" + xid_line())
+    tail = KernelTail(str(log), device=False)
+    tail.poll()
+    assert [t.last for t in tail.view().tallies] == [LinePos("line", 2)]
+    again = KernelTail(str(log), device=False)  # a restart reads it from its start: the same place
+    again.poll()
+    assert again.view().tallies == tail.view().tallies
+
+
+# ------------------------------------------------------------------------------- engine, restart
+
+
+@pytest.fixture
+def snap(tmp_path: Path) -> Path:
+    dest = tmp_path / "snap"
+    shutil.copytree(HEALTHY, dest, symlinks=True)
+    return dest
+
+
+class Agent:
+    """An engine on the snapshot and a Node whose annotations it reads (the clear request)."""
+
+    def __init__(self, snap: Path, saved: dict[str, Any] | None = None) -> None:
+        self.annotations: dict[str, str] = {}
+        self.engine = Engine(
+            SnapshotSource(snap),
+            load_config_dir(ROOT / "config"),
+            node_getter=lambda: NodeObject("n1", {}, 8, 8, annotations=dict(self.annotations)),
+        )
+        self.engine.restore(saved)  # what the agent's loop does first, from the Node's annotation
+        self.cycle()
+
+    def cycle(self, *tiers: str) -> tuple[Status, Any]:
+        for tier in tiers or ("gpu", "xid", "efa", "topology"):
+            self.engine.run_tier(tier)
+        verdict, marks = self.engine.evaluate()
+        self.saved = json.loads(marks.results_json)
+        self.marks = marks
+        return verdict.status, marks
+
+    def clear(self) -> None:
+        self.annotations[K.clear_latched] = "all"
+        self.cycle("xid")
+        self.annotations.clear()  # consumed by that write
+
+
+def append(snap: Path, *lines: str) -> None:
+    with (snap / "kmsg.log").open("a") as fh:
+        fh.writelines(lines)
+
+
+def test_a_cleared_xid_stays_cleared_after_a_restart_and_a_new_xid_fails(snap: Path) -> None:
+    append(snap, xid_line())
+    agent = Agent(snap)
+    assert agent.marks.status is Status.FAIL and XID in agent.engine.latches
+    agent.clear()
+    assert agent.marks.status is Status.PASS and not agent.marks.taint
+    cover = agent.saved[CLEAR_COVER_FIELD]  # the boot, and the last record of the log (its ordinal)
+    assert cover["bootId"] == (snap / "boot_id").read_text().strip()
+    assert cover["lines"] == {XID: {"kind": "line", "n": agent.engine.source.kernel_tail.records}}
+
+    # A restart in the same boot (same code, an upgrade or a rollback alike): the log is read from
+    # its start, the cleared line is still in it, and the node stays pass.
+    restarted = Agent(snap, agent.saved)
+    status, marks = restarted.cycle()
+    assert status is Status.PASS and not marks.taint and restarted.engine.latches == {}
+    assert EventReason.LATCHED_FINDING not in [e.reason for e in marks.events]
+    assert restarted.saved[CLEAR_COVER_FIELD] == agent.saved[CLEAR_COVER_FIELD]  # kept for the next one
+    again = Agent(snap, restarted.saved)  # and a second restart
+    assert again.marks.status is Status.PASS
+
+    # A new Xid on another GPU after the clear fails the node; the cleared one stays hidden.
+    append(snap, xid_line("53", LATER))
+    status, marks = again.cycle("xid")
+    assert status is Status.FAIL and marks.taint and list(again.engine.latches) == [OTHER]
+    assert [e.reason for e in marks.events].count(EventReason.LATCHED_FINDING) == 1
+
+
+def test_a_new_line_of_the_cleared_key_fails_after_a_restart(snap: Path) -> None:
+    append(snap, xid_line())
+    agent = Agent(snap)
+    agent.clear()
+    append(snap, xid_line(stamp=LATER))  # the same GPU and code, a new line: new evidence
+    restarted = Agent(snap, agent.saved)
+    assert restarted.marks.status is Status.FAIL and list(restarted.engine.latches) == [XID]
+    assert "×2" in restarted.engine.latches[XID].message
+
+
+def test_a_clear_of_an_earlier_boot_hides_nothing_of_a_new_boot(snap: Path) -> None:
+    append(snap, xid_line())
+    agent = Agent(snap)
+    agent.clear()
+    assert agent.marks.status is Status.PASS
+    # A reboot: a new boot id, and the new boot's log has an Xid at the same place (same ordinal).
+    (snap / "boot_id").write_text("another-boot\n")
+    rebooted = Agent(snap, agent.saved)
+    assert rebooted.marks.status is Status.FAIL and list(rebooted.engine.latches) == [XID]
+    assert CLEAR_COVER_FIELD not in rebooted.saved  # the old boot's cover is not carried on
+
+
+def test_a_reboot_seen_while_running_drops_the_cover(snap: Path) -> None:
+    append(snap, xid_line())
+    agent = Agent(snap)
+    agent.clear()
+    (snap / "boot_id").write_text("another-boot\n")
+    status, _ = agent.cycle("gpu", "xid")  # the gpu tier reads the new boot id
+    assert status is Status.FAIL and agent.engine.state.cover is None
