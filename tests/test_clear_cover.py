@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +105,12 @@ def test_each_xid_line_stands_at_its_kmsg_sequence_number_even_a_repeated_text(t
     tail = KernelTail(str(log), device=False)
     tail.poll()
     (tally,) = tail.view().tallies
-    assert tally.last == LinePos("seq", 101)
+    assert tally.last == LinePos("seq", 101, "mono", 5.0001)  # and its stamp, seconds since boot
     with log.open("a") as fh:
         fh.write(f"6,102,6000000,-;other\n3,103,6000100,-;{line}\n")
     tail.poll()
     (tally,) = tail.view().tallies
-    assert tally.count == 2 and tally.last == LinePos("seq", 103)
+    assert tally.count == 2 and tally.last == LinePos("seq", 103, "mono", 6.0001)
 
 
 def test_without_sequence_numbers_a_line_stands_at_its_ordinal_in_the_boot(tmp_path: Path) -> None:
@@ -117,7 +118,8 @@ def test_without_sequence_numbers_a_line_stands_at_its_ordinal_in_the_boot(tmp_p
     log.write_text("kern  :info  : 2025-01-21T03:12:40,000001+00:00 hello\n" + xid_line())
     tail = KernelTail(str(log), device=False)
     tail.poll()
-    assert [t.last for t in tail.view().tallies] == [LinePos("line", 2)]
+    stamp = datetime(2025, 1, 21, 3, 12, 44).timestamp()  # its second, as the ledger reads stamps
+    assert [t.last for t in tail.view().tallies] == [LinePos("line", 2, "wall", stamp)]
     again = KernelTail(str(log), device=False)  # a restart reads it from its start: the same place
     again.poll()
     assert again.view().tallies == tail.view().tallies
@@ -221,3 +223,51 @@ def test_a_reboot_seen_while_running_drops_the_cover(snap: Path) -> None:
     (snap / "boot_id").write_text("another-boot\n")
     status, _ = agent.cycle("gpu", "xid")  # the gpu tier reads the new boot id
     assert status is Status.FAIL and agent.engine.state.cover is None
+
+
+# ---------------------------------------------------------- a clear an older agent acted on
+
+
+def at_iso(stamp: str, minutes: float) -> str:
+    """RFC 3339 UTC of a kernel-log stamp's second (as the ledger reads it) plus some minutes."""
+    t = datetime.fromisoformat(stamp[:19]).timestamp() + minutes * 60
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def test_an_older_agents_clear_covers_the_lines_stamped_before_it() -> None:
+    wall, mono = LinePos("line", 5, "wall", 1000.0), LinePos("seq", 9, "mono", 100.0)
+    last_clear = {"at": datetime.fromtimestamp(1060, tz=timezone.utc).isoformat(), "latches": [XID, OTHER]}
+    got = clear_cover.adopt(last_clear, "b", [finding(last=wall), finding(OTHER, mono)], boot_wall=900.0)
+    assert got == ClearCover("b", {XID: wall, OTHER: mono})  # 1000 and 900 + 100 are before 1060
+    assert clear_cover.adopt(last_clear, "b", [finding(last=wall)], 5000.0) == ClearCover("b", {XID: wall})
+    assert clear_cover.adopt(last_clear, "b", [finding(OTHER, mono)], boot_wall=961.0) is None  # after
+    unstamped = finding(last=LinePos("line", 5))  # no stamp: cannot tell, so it fails
+    assert clear_cover.adopt(last_clear, "b", [unstamped], boot_wall=0.0) is None
+    assert clear_cover.adopt({**last_clear, "latches": [OTHER]}, "b", [finding(last=wall)], 0.0) is None
+    for bad in (None, {"at": "yesterday", "latches": [XID]}, {"latches": [XID]}):
+        assert clear_cover.adopt(bad, "b", [finding(last=wall)], 0.0) is None
+    assert clear_cover.adopt(last_clear, None, [finding(last=wall)], 0.0) is None
+
+
+def older_agents(saved: dict[str, Any], at: str) -> dict[str, Any]:
+    """The results annotation as an agent without clearCover left it after the same clear."""
+    doc = {k: v for k, v in saved.items() if k != CLEAR_COVER_FIELD}
+    return {**doc, "lastClear": {**doc["lastClear"], "at": at}}
+
+
+def test_an_upgrade_keeps_a_clear_an_older_agent_made_and_a_line_after_it_fails(snap: Path) -> None:
+    append(snap, xid_line())
+    agent = Agent(snap)
+    agent.clear()
+    old = older_agents(agent.saved, at_iso(STAMP, 20))  # cleared 20 min after the Xid
+    upgraded = Agent(snap, old)
+    assert upgraded.marks.status is Status.PASS and upgraded.engine.latches == {}
+    assert list(upgraded.saved[CLEAR_COVER_FIELD]["lines"]) == [XID]  # from now on, as its own
+    assert Agent(snap, upgraded.saved).marks.status is Status.PASS  # and the next restart keeps it
+
+    append(snap, xid_line(stamp=LATER))  # a line after the clear
+    assert Agent(snap, old).marks.status is Status.FAIL
+    before = older_agents(agent.saved, at_iso(STAMP, -1))  # a clear stamped before the line: none
+    assert Agent(snap, before).marks.status is Status.FAIL
+    other_boot = {**old, "bootId": "an-earlier-boot"}  # its lastClear is not of this boot
+    assert Agent(snap, other_boot).marks.status is Status.FAIL

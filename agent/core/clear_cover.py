@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from agent.core.findings import Finding
@@ -62,6 +63,34 @@ def extend(cover: ClearCover | None, boot: str | None, cleared: Iterable[Finding
     while len(lines) > MAX_KEYS:
         del lines[next(iter(lines))]
     return ClearCover(boot, lines) if lines else None
+
+
+def adopt(
+    last_clear: Any, boot: str | None, findings: Iterable[Finding], boot_wall: float
+) -> ClearCover | None:
+    """The cover of a clear an agent without clearCover acted on (0.1.0, 0.2.0 before issue 44),
+    from its `lastClear` ({"at": RFC 3339, "latches": [keys]}) in a results annotation of this boot:
+    the findings of those keys whose newest line the kernel stamped at or before `at` (a "mono"
+    stamp is seconds since boot: `boot_wall` is the boot's epoch second). A line without a stamp,
+    or stamped after the clear, is not covered. Only the last clear was kept, so an earlier one of
+    the same boot is lost; and a clear is minutes after its Xid, so a clock skew of a second or two
+    between the kernel's stamps and the wall clock does not matter."""
+    if not isinstance(last_clear, dict) or not boot:
+        return None
+    try:
+        at = datetime.fromisoformat(str(last_clear.get("at")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+    keys = last_clear.get("latches")
+    keys = set(keys) if isinstance(keys, list) else set()
+    covered = []
+    for f in findings:
+        pos = f.last_line
+        if f.key not in keys or pos is None or not pos.clock:
+            continue
+        if (pos.t if pos.clock == "wall" else boot_wall + pos.t) <= at:
+            covered.append(f)
+    return extend(None, boot, covered)
 
 
 def for_boot(cover: ClearCover | None, boot: str | None) -> ClearCover | None:

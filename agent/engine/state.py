@@ -9,6 +9,7 @@ must never clear a taint."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,6 +71,7 @@ class EngineState:
         # never fail the node again, whatever agent reads the log from its start.
         self.cover: ClearCover | None = None
         self._told_covered: set[str] = set()  # keys whose restored cover was logged (once each)
+        self.legacy_clear: dict[str, Any] | None = None  # a lastClear of this boot with no clearCover
         self.taint = Recovery()  # the taint's hysteresis (node.taintMinSeverity)
         # node.remediationConditions: one hysteresis per type, at the entry's minSeverity
         self.remediation: dict[str, Recovery] = {}
@@ -145,6 +147,8 @@ class EngineState:
         self.last_clear = clear if isinstance(clear, dict) else None
         # Kept whatever its boot: covers() holds it to its own (the boot may be read only later).
         self.cover = clear_cover.parse(doc.get(CLEAR_COVER_FIELD))
+        if same_boot and CLEAR_COVER_FIELD not in doc and self.last_clear:
+            self.legacy_clear = self.last_clear  # an older agent's clear: judged by the first xid run
         try:
             self.last_status = Status(str(doc.get("status")))
         except ValueError:
@@ -168,6 +172,12 @@ class EngineState:
 
     def latch(self, res: CheckResult, stamp: str) -> None:
         """Latch the result's new latched findings (each gets an Event at the next evaluation)."""
+        if self.legacy_clear is not None and res.name == "xid" and res.unknown is res.skipped is None:
+            # its lines stamped before the clear: covered as if this agent had cleared them
+            boot_wall = time.time() - time.monotonic()  # a kmsg stamp is CLOCK_MONOTONIC seconds
+            adopted = clear_cover.adopt(self.legacy_clear, self.boot_id, res.findings, boot_wall)
+            self.cover = adopted or self.cover
+            self.legacy_clear = None
         new = []
         for f in res.findings:
             if self.hidden(f):

@@ -129,8 +129,13 @@ class KernelTail:
     def _count(self, ev: XidEvent, rec: KernelRecord) -> None:
         """`rec` is this boot's latest record (self.records counts it): its kmsg sequence number, or
         without one its ordinal, is where its line stands (LinePos)."""
-        pos = LinePos("seq", rec.seq) if rec.seq is not None else LinePos("line", self.records)
-        self._changed(self.ledger.add(ev, rec, pos))
+        if rec.ts_us is not None:
+            clock, t = "mono", rec.ts_us / 1e6
+        else:
+            wall = self.ledger.wall_time(rec.wallclock) if rec.wallclock is not None else None
+            clock, t = ("wall", wall) if wall is not None else ("", 0.0)
+        kind, n = ("seq", rec.seq) if rec.seq is not None else ("line", self.records)
+        self._changed(self.ledger.add(ev, rec, LinePos(kind, n, clock, t)))
 
     def _count_at(self, ev: XidEvent, t: float, n: int, pos: LinePos) -> None:
         self._changed(self.ledger.add_at(ev, t, n, pos))
@@ -212,9 +217,9 @@ class KernelTail:
         counts = Counter(kinds)
         ends = {kind: before + i + 1 for i, kind in enumerate(kinds)}  # each kind's last line
         for kind in last:
-            self._count_at(first[kind], t, counts[kind], LinePos("line", ends[kind]))
+            self._count_at(first[kind], t, counts[kind], LinePos("line", ends[kind], "wall", t))
         for kind in reversed(first):
-            self.ledger.latest(last[kind], LinePos("line", ends[kind]))
+            self.ledger.latest(last[kind], LinePos("line", ends[kind], "wall", t))
 
     def _data(self, data: bytes, *, first: bool = False) -> None:
         if first:
