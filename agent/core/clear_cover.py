@@ -68,7 +68,7 @@ def extend(cover: ClearCover | None, boot: str | None, cleared: Iterable[Finding
 def adopt(
     last_clear: Any, boot: str | None, findings: Iterable[Finding], boot_wall: float
 ) -> ClearCover | None:
-    """The cover of a clear an agent without clearCover acted on (0.1.0, 0.2.0 before issue 44),
+    """The cover of a clear an agent without clearCover acted on (0.1.0, and 0.2.0 before clearCover),
     from its `lastClear` ({"at": RFC 3339, "latches": [keys]}) in a results annotation of this boot:
     the findings of those keys whose newest line the kernel stamped at or before `at` (a "mono"
     stamp is seconds since boot: `boot_wall` is the boot's epoch second). A line without a stamp,
