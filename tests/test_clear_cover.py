@@ -22,6 +22,7 @@ from agent.config import load_config_dir
 from agent.core import clear_cover
 from agent.core.clear_cover import CLEAR_COVER_FIELD, ClearCover, covers, extend
 from agent.core.findings import Finding
+from agent.core.history_annotation import transition
 from agent.core.kernel import LinePos
 from agent.core.node import NodeObject
 from agent.core.node_keys import EventReason, Keys
@@ -271,3 +272,24 @@ def test_an_upgrade_keeps_a_clear_an_older_agent_made_and_a_line_after_it_fails(
     assert Agent(snap, before).marks.status is Status.FAIL
     other_boot = {**old, "bootId": "an-earlier-boot"}  # its lastClear is not of this boot
     assert Agent(snap, other_boot).marks.status is Status.FAIL
+
+
+# ------------------------------------------------------------------------------------- history
+
+
+def test_the_history_says_when_a_restart_met_cleared_lines(snap: Path) -> None:
+    """One `clear-kept` entry (by the agent) for the restart's first verdict, none after; the
+    steady state adds nothing (core/history_annotation.py transition)."""
+    same = dict(status="pass", key="", boot="boot-a-1234", taint="", mark="")
+    first = transition(None, at="t1", **same)
+    kept = transition(first, at="t2", **same, clear_kept=True)
+    assert kept is not None and (kept.status, kept.did, kept.by) == ("pass", "clear-kept", "agent")
+    assert transition(kept, at="t3", **same) is None
+
+    append(snap, xid_line())
+    agent = Agent(snap)
+    agent.clear()
+    assert agent.marks.clear_kept == ()  # this process cleared it: nothing to say
+    restarted = Agent(snap, agent.saved)
+    assert restarted.marks.clear_kept == (XID,)
+    assert restarted.cycle()[1].clear_kept == ()  # said once per process

@@ -113,11 +113,15 @@ def test_a_clear_survives_restarts_and_only_new_lines_fail_the_node(
             assert results(world)["latched"] == [] and results(world)[CLEAR_COVER_FIELD] == cover
             assert SAID in log.read_text()  # it met the line, and said why it is no failure
         assert len(event_messages(world, "LatchedFinding")) == 1  # the Xid's own, never again
-        since_clear = [e for e in history(kube.kubeconfig, world["node"]) if "clear" in e.get("did", "")]
+        since_clear = [
+            e for e in history(kube.kubeconfig, world["node"]) if "clear" in e.get("did", "").split("+")
+        ]
         assert since_clear, "the clear is in the history"
         after = history(kube.kubeconfig, world["node"])
         tail = after[after.index(since_clear[-1]) + 1 :]
         assert all(e["status"] != "fail" for e in tail), tail  # no resurrection
+        kept = [(e["status"], e["did"], e["by"]) for e in tail if e.get("did") == "clear-kept"]
+        assert kept == [("pass", "clear-kept", "agent")] * 2, after  # one per restart says why
 
         # A new Xid on another GPU after the clear fails the node (only that one is latched).
         with (world["snap"] / "kmsg.log").open("a") as fh:

@@ -3,8 +3,7 @@
 over them, which marks_builder writes down as Marks for the Node.
 
 Each tier refreshes only its own inputs; a check reads the freshest value of every input it needs
-(the xid check maps PCI ids to GPUs with the gpu tier's last inventory, not a new nvidia-smi run).
-"""
+(the xid check maps PCI ids to GPUs with the gpu tier's last inventory, not a new nvidia-smi run)."""
 
 from __future__ import annotations
 
@@ -242,6 +241,7 @@ class Engine:
             checked_at=now_iso(),
             doing=self.progress() if self.progress else "",
             cleared=cleared,
+            kept=self.state.take_kept(),
             last_diag=self.last_diag,
         )
         marks = build(decided, self.state, self.validation, self.cfg)

@@ -71,6 +71,7 @@ class EngineState:
         # never fail the node again, whatever agent reads the log from its start.
         self.cover: ClearCover | None = None
         self._told_covered: set[str] = set()  # keys whose restored cover was logged (once each)
+        self._kept: list[str] = []  # of those, the ones no verdict has carried yet (history entry)
         self.legacy_clear: dict[str, Any] | None = None  # a lastClear of this boot with no clearCover
         self.taint = Recovery()  # the taint's hysteresis (node.taintMinSeverity)
         # node.remediationConditions: one hysteresis per type, at the entry's minSeverity
@@ -199,12 +200,18 @@ class EngineState:
             return False
         if f.key not in self._told_covered and f.key not in self.cleared:
             self._told_covered.add(f.key)  # a restarted agent met lines a clear covered: said once
+            self._kept.append(f.key)
             log.info(
                 f"{f.key}: its kernel-log lines up to {f.last_line} were cleared in this boot "
                 "(the Node's clearCover); not a new failure",
                 extra={"event": "clear-kept"},
             )
         return True
+
+    def take_kept(self) -> tuple[str, ...]:
+        """The cleared keys this process met again since the last verdict (its history entry)."""
+        kept, self._kept = tuple(self._kept), []
+        return kept
 
     def cover_document(self) -> dict[str, Any] | None:
         """The results annotation's clearCover field: this boot's cover (None: none)."""
