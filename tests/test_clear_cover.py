@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from agent.config import load_config_dir
+from agent.config import Config, load_config_dir, parse_config
 from agent.core import clear_cover
 from agent.core.clear_cover import CLEAR_COVER_FIELD, ClearCover, covers, extend
 from agent.core.findings import Finding
@@ -28,6 +28,7 @@ from agent.core.node import NodeObject
 from agent.core.node_keys import EventReason, Keys
 from agent.core.severity import Severity, Status
 from agent.engine.engine import Engine
+from agent.engine.scheduler import TIER_INPUTS
 from agent.probes.kernel_tail import KernelTail
 from agent.probes.snapshot import SnapshotSource
 
@@ -139,18 +140,18 @@ def snap(tmp_path: Path) -> Path:
 class Agent:
     """An engine on the snapshot and a Node whose annotations it reads (the clear request)."""
 
-    def __init__(self, snap: Path, saved: dict[str, Any] | None = None) -> None:
+    def __init__(self, snap: Path, saved: dict[str, Any] | None = None, cfg: Config | None = None) -> None:
         self.annotations: dict[str, str] = {}
         self.engine = Engine(
             SnapshotSource(snap),
-            load_config_dir(ROOT / "config"),
+            cfg or load_config_dir(ROOT / "config"),
             node_getter=lambda: NodeObject("n1", {}, 8, 8, annotations=dict(self.annotations)),
         )
         self.engine.restore(saved)  # what the agent's loop does first, from the Node's annotation
         self.cycle()
 
     def cycle(self, *tiers: str) -> tuple[Status, Any]:
-        for tier in tiers or ("gpu", "xid", "efa", "topology"):
+        for tier in tiers or TIER_INPUTS:
             self.engine.run_tier(tier)
         verdict, marks = self.engine.evaluate()
         self.saved = json.loads(marks.results_json)
@@ -293,3 +294,18 @@ def test_the_history_says_when_a_restart_met_cleared_lines(snap: Path) -> None:
     restarted = Agent(snap, agent.saved)
     assert restarted.marks.clear_kept == (XID,)
     assert restarted.cycle()[1].clear_kept == ()  # said once per process
+
+
+def test_a_cleared_xid_still_in_the_log_does_not_hold_the_validating_taint(snap: Path) -> None:
+    """node.validate.addTaint: a clear puts the validating taint on until every tier passes; the xid
+    tier passes without the lines the clear covered (it never did while they stayed in the log)."""
+    shipped = load_config_dir(ROOT / "config")
+    raw = json.loads(json.dumps(shipped.raw))
+    raw["node"]["validate"]["addTaint"] = True
+    cfg = type(shipped)(raw=parse_config(raw).raw, profiles=shipped.profiles, xid_catalog=shipped.xid_catalog)
+    append(snap, xid_line())
+    agent = Agent(snap, cfg=cfg)
+    agent.clear()
+    assert agent.marks.validating is True  # the clear asks for a pass first
+    status, marks = agent.cycle()  # every tier once more, the Xid line still in kmsg.log
+    assert status is Status.PASS and marks.validating is False and agent.engine.validation.complete

@@ -26,7 +26,7 @@ from agent.core.findings import Finding
 from agent.core.kernel import LinePos
 
 CLEAR_COVER_FIELD = "clearCover"  # {"bootId": ..., "lines": {key: {"kind": "seq"|"line", "n": int}}}
-MAX_KEYS = 64  # cleared keys kept per boot (a node has a few dozen distinct Xid keys at most)
+MAX_KEYS = 32  # cleared keys kept per boot, the oldest clear's first to go (about 2 KB at most)
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ class Engine:
         for spec in CHECKS:  # a check switched off in config no longer counts
             if not self.cfg.enabled(spec.name):
                 self.results.pop(spec.name, None)
-        self.validation.ran(tier, results, self.inputs, self.cfg.node.validate.diag_level)
+        self.validation.ran(tier, self.state.visible(results), self.inputs, self.cfg.node.validate.diag_level)
         now = self.clock()
         self.schedule.ran(tier, now)
         self.metrics.record_tier_run(tier, now - started)

@@ -173,7 +173,8 @@ class EngineState:
 
     def latch(self, res: CheckResult, stamp: str) -> None:
         """Latch the result's new latched findings (each gets an Event at the next evaluation)."""
-        if self.legacy_clear is not None and res.name == "xid" and res.unknown is res.skipped is None:
+        read = res.unknown is None and res.skipped is None
+        if self.legacy_clear is not None and res.name == "xid" and read:
             # its lines stamped before the clear: covered as if this agent had cleared them
             boot_wall = time.time() - time.monotonic()  # a kmsg stamp is CLOCK_MONOTONIC seconds
             adopted = clear_cover.adopt(self.legacy_clear, self.boot_id, res.findings, boot_wall)
@@ -281,14 +282,16 @@ class EngineState:
         drop = (annotation,) + ((by_annotation,) if by_annotation in node.annotations else ())
         return drop, NodeEvent(EventReason.LATCHES_CLEARED, msg)
 
+    def visible(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        """The results without the findings an operator cleared (a cleared Xid still in the log is no
+        failure: not for the verdict, nor for the pass that lifts the validating taint)."""
+        if not self.cleared and self.cover is None:
+            return list(results)
+        return [replace(r, findings=tuple(f for f in r.findings if not self.hidden(f))) for r in results]
+
     def current_results(self, latest: Mapping[str, CheckResult], order: list[str]) -> list[CheckResult]:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
-        results = {
-            name: replace(res, findings=tuple(f for f in res.findings if not self.hidden(f)))
-            if self.cleared or self.cover is not None
-            else res
-            for name, res in latest.items()
-        }
+        results = {res.name: res for res in self.visible(list(latest.values()))}
         for latch in self.latches.values():
             res = results.get(latch.check) or CheckResult(latch.check)
             if any(f.key == latch.key for f in res.findings):
