@@ -3,10 +3,11 @@ boot's kernel log is kept on the Node (the results annotation's clearCover, core
 that an agent restarted in the same boot, which reads the log from its start, does not fail the node
 again on the cleared lines; a new line does, and a clear of an earlier boot covers nothing.
 
-Pure: the rule, its codec, where the kernel tail says each line stands. On a snapshot: the engine
-cleared, then a new engine restored from the first one's results annotation (what a restart, an
-upgrade or a rollback to a version with this fix does), the Xid line still in kmsg.log. On the real
-API server: tests/test_clear_sticks_kube.py."""
+Pure: the rule, its codec, where the kernel tail says each line stands, the adoption of an older
+agent's `lastClear`, the history's `clear-kept` entry. On a snapshot: the engine cleared, then a new
+engine restored from the first one's results annotation (what a restart, an upgrade or a rollback to
+a version with this fix does), the Xid line still in kmsg.log; the validating taint after a clear. On
+the real API server: tests/test_clear_sticks_kube.py, tests/test_clear_upgrade_kube.py."""
 
 from __future__ import annotations
 
