@@ -31,8 +31,8 @@ from agent.core.remediation_types import (
     RemediationReason,
 )
 from agent.core.severity import Severity, Status
+from agent.engine.recovery import Recovery
 from agent.engine.remediation import remediation_marks
-from agent.engine.state import Recovery
 
 ROOT = Path(__file__).parent.parent
 AHR = "AcceleratedHardwareReady"

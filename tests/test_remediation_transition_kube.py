@@ -22,8 +22,8 @@ from agent.core.marks import Marks
 from agent.core.remediation_reasons import STYLE_EKS
 from agent.core.remediation_types import RemediationCondition, RemediationReason
 from agent.core.severity import Severity, Status
+from agent.engine.recovery import Recovery
 from agent.engine.remediation import remediation_marks
-from agent.engine.state import Recovery
 from agent.reporters import write_order
 from agent.reporters.node_writer import NodeWriter
 

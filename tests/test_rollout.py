@@ -20,8 +20,8 @@ from agent.core.remediation_types import RemediationReason
 from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.core.severity import Severity
 from agent.engine.engine import Engine
+from agent.engine.recovery import Recovery
 from agent.engine.rollout import MARK_MAX, would_document
-from agent.engine.state import Recovery
 from agent.probes.snapshot import SnapshotSource
 
 ROOT = Path(__file__).parent.parent

@@ -85,6 +85,7 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "MARK_HELD_BY_BUDGET": "budget-held",
         "MARK_HELD_BY_WAVE": "wave-held",
         "CLEAR": "clear",
+        "CLEAR_KEPT": "clear-kept",
         "OPERATOR_DIAG": "diag",
         "REBOOT": "reboot",
     },

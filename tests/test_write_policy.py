@@ -94,6 +94,7 @@ OTHER: dict[str, Any] = {
     "drop_annotations": ("gpu-healthcheck.io/clear-latched",),
     "worst_key": "xid/79/0000:97:00.0",
     "boot_id": "b2",
+    "clear_kept": ("xid/79/0000:97:00.0",),
 }
 
 

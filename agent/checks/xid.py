@@ -36,7 +36,7 @@ from agent.core.actions import from_nvidia_bucket
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Finding
 from agent.core.gpu import GpuInventory
-from agent.core.kernel import KernelXids, XidTally
+from agent.core.kernel import KernelXids, LinePos, XidTally
 from agent.core.pci import normalize_pci, short_pci
 from agent.core.rdma import RdmaSample
 from agent.core.rules import Rule
@@ -77,6 +77,15 @@ def recovery_severity(action: str | None) -> Severity:
     return Severity.MONITOR
 
 
+def newest(*positions: LinePos | None) -> LinePos | None:
+    """The newest of some lines' positions (one log, one kind; the last given when kinds differ)."""
+    out: LinePos | None = None
+    for pos in positions:
+        if pos is not None and (out is None or pos.kind != out.kind or pos.n > out.n):
+            out = pos
+    return out
+
+
 def _trim(text: str) -> str:
     text = " ".join(text.split())
     return shorten(text, MAX_TEXT)
@@ -115,7 +124,7 @@ def _aer_finding(
         where = f"RDMA adapter {nics[pci]} ({short})"
     else:
         where = f"GPU {short} (a device of the nvidia driver)"
-    return rule_finding(
+    found = rule_finding(
         cfg,
         NAME,
         PCIE_AER,
@@ -124,6 +133,7 @@ def _aer_finding(
         latched=True,
         whole_key=f"aer/{short}",
     )
+    return replace(found, last_line=tally.last)
 
 
 def _nvlink_severity(cfg: Config) -> Severity:
@@ -179,6 +189,7 @@ def _merge_nvlink5(
                     latest=tally.latest,
                     count=t.count + tally.count,
                     per_minute=t.per_minute + tally.per_minute,
+                    last=newest(t.last, tally.last),
                 ),
                 row,
             )
@@ -200,7 +211,7 @@ def _finding(
     count = named_by or _count(tally)
     text = _trim(ev.message)
     if ev.sxid:
-        return rule_finding(
+        found = rule_finding(
             cfg,
             NAME,
             SXID,
@@ -209,6 +220,7 @@ def _finding(
             latched=True,
             whole_key=f"sxid/{ev.code}/{pci}",
         )
+        return replace(found, last_line=tally.last)
     known = ev.code in cfg.xid_catalog.entries or cfg.xid_overridden(ev.code)
     if known:
         rule = f"xid.{ev.code}"
@@ -254,6 +266,7 @@ def _finding(
         latched=True,
         action=action,
         evidence_key=f"{count}{note}: {text}",  # not the GPU's label, which comes and goes with nvidia-smi
+        last_line=tally.last,
     )
 
 
@@ -322,7 +335,14 @@ def _with_causes(
         evidence = first.first._replace(
             code=cause, cause=None, variant="", subcode=None, recovery_action=None
         )
-        named = replace(first, first=evidence, latest=evidence, per_minute=0.0)
+        # its count is the consequences' lines: the newest of them is its evidence's newest line
+        named = replace(
+            first,
+            first=evidence,
+            latest=evidence,
+            per_minute=0.0,
+            last=newest(*(t.last for t in tallies)),
+        )
         out.append(
             _finding(
                 named, labels, cfg, xids, named_by=f"(named by {caused}: 'caused by previous Xid {cause}')"

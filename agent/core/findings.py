@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from agent.core.actions import Action, Recommendation, recommend
+from agent.core.kernel import LinePos
 from agent.core.probed import SourceLine
 from agent.core.severity import Severity, Status
 
@@ -47,6 +48,9 @@ class Finding:
     # words that change without it (the GPU's label, known only while nvidia-smi answers): a finding
     # an operator cleared stays hidden while this is the same. "" = the message.
     evidence_key: str = field(default="", compare=False)
+    # The newest kernel-log line its evidence rests on (an Xid's): what a persisted clear compares
+    # (core/clear_cover.py). None: not kernel-log evidence.
+    last_line: LinePos | None = field(default=None, compare=False)
 
     @property
     def seen(self) -> str:

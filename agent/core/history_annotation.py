@@ -74,6 +74,7 @@ class HistoryAction(Vocabulary):
     MARK_HELD_BY_BUDGET = "budget-held"
     MARK_HELD_BY_WAVE = "wave-held"
     CLEAR = "clear"
+    CLEAR_KEPT = "clear-kept"  # an agent met kernel-log lines a clear of this boot covered: no failure
     OPERATOR_DIAG = "diag"  # an operator's `gpu-healthcheck diag` started (its requester in `by`)
     REBOOT = "reboot"
 
@@ -210,13 +211,15 @@ def transition(
     mark: HistoryMark | str,
     cleared_by: str | None = None,
     diag_by: str | None = None,
+    clear_kept: bool = False,
 ) -> Entry | None:
     """The entry to add after *last*, or None when nothing it records changed and no clear was
     acted on (*cleared_by*: its requester, "" when unnamed) nor an operator's diag started
-    (*diag_by*: likewise)."""
+    (*diag_by*: likewise) nor a clear's lines were met again without failing the node (*clear_kept*:
+    a restarted agent's, so that the history shows why the same Xid did not come back)."""
     boot = short_boot(boot)
     new = (status, shorten(key, KEY_MAX), boot, str(taint), str(mark))  # as parse() reads them back
-    if last is not None and last.state == new and cleared_by is None and diag_by is None:
+    if last is not None and last.state == new and cleared_by is None and diag_by is None and not clear_kept:
         return None
     before = last or Entry(at="", status="", boot=boot)
     did: list[HistoryAction | None] = []
@@ -224,6 +227,8 @@ def transition(
         did.append(HistoryAction.CLEAR)
     if diag_by is not None:
         did.append(HistoryAction.OPERATOR_DIAG)
+    if clear_kept:
+        did.append(HistoryAction.CLEAR_KEPT)
     if before.boot and boot and before.boot != boot:
         did.append(HistoryAction.REBOOT)
     if taint != before.taint:

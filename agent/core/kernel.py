@@ -19,6 +19,21 @@ class KernelRecord(NamedTuple):
     priority: int | None = None
 
 
+class LinePos(NamedTuple):
+    """Where a line stands in its boot's kernel log, so that a clear can say which lines it covered
+    (core/clear_cover.py): kind "seq", a /dev/kmsg record's sequence number (it survives the ring
+    overwriting older records), or "line", the record's ordinal among this boot's records of a log
+    read from its start (a file without sequence numbers). Positions of different kinds never compare.
+    `clock`/`t`: the line's own time, "mono" (seconds since boot, the kernel's stamp) or "wall" (epoch
+    seconds of its wall-clock stamp), "" when it has none; only a clear recorded by an agent before
+    clearCover is judged by it (core/clear_cover.py adopt), and it is never persisted."""
+
+    kind: str
+    n: int
+    clock: str = ""
+    t: float = 0.0
+
+
 class XidEvent(NamedTuple):
     """An NVRM Xid (or SXid) line. pci is normalised. A NamedTuple for the same reason as KernelRecord."""
 
@@ -55,6 +70,7 @@ class XidTally:
     count: int
     per_minute: float
     burst: int = 0  # which burst of its device its latest line belongs to (a burst ends after BURST_QUIET_S)
+    last: LinePos | None = None  # the newest line that moved its count or latest line (None: not known)
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,12 @@ class WriteContext:
         default="",
         metadata={EXEMPT: "read by the history entry a write adds; the results annotation's bootId has it"},
     )
+    # The cleared keys whose kernel-log lines this agent process met again and did not fail the node
+    # on (the results annotation's clearCover): the history entry says so (`clear-kept`).
+    clear_kept: tuple[str, ...] = field(
+        default=(),
+        metadata={EXEMPT: "said once per process; the loop writes whenever there are some, as for Events"},
+    )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
+from agent.core.clear_cover import CLEAR_COVER_FIELD
 from agent.core.findings import CheckResult, Verdict
 from agent.core.severity import Severity
 from agent.core.text import shorten
@@ -23,6 +24,7 @@ HISTORY_FIELD = "history"  # failing findings per GPU, the boots each was seen i
 STALE_AFTER_FIELD = "staleAfterSeconds"  # the agent is unready (and unlive) past this without a check
 REMEDIATION_FIELD = "remediation"  # {type: {"severity", "passes", "cause"}} while an entry is unhealthy
 LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted on (ClearRequest + at)
+# CLEAR_COVER_FIELD ("clearCover", core/clear_cover.py): the kernel-log lines this boot's clears covered
 # The last `gpu-healthcheck diag` request whose diag started: {by, reason, requestedAt, level,
 # outcome (started | completed | aborted), startedAt[, endedAt, abortReason]} (core/active_checks.py)
 LAST_DIAG_FIELD = "lastDiag"
@@ -59,6 +61,7 @@ def results_document(
     trends: dict[str, Any] | None = None,
     remediation: dict[str, Any] | None = None,
     last_clear: dict[str, Any] | None = None,
+    clear_cover: dict[str, Any] | None = None,
     last_diag: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
     validated: dict[str, Any] | None = None,
@@ -117,6 +120,8 @@ def results_document(
         doc[REMEDIATION_FIELD] = remediation
     if last_clear:
         doc[LAST_CLEAR_FIELD] = last_clear
+    if clear_cover:
+        doc[CLEAR_COVER_FIELD] = clear_cover
     if last_diag:
         doc[LAST_DIAG_FIELD] = last_diag
     doc.update(rollout or {})  # CONFIG_FIELD, WOULD_FIELD

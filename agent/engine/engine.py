@@ -3,8 +3,7 @@
 over them, which marks_builder writes down as Marks for the Node.
 
 Each tier refreshes only its own inputs; a check reads the freshest value of every input it needs
-(the xid check maps PCI ids to GPUs with the gpu tier's last inventory, not a new nvidia-smi run).
-"""
+(the xid check maps PCI ids to GPUs with the gpu tier's last inventory, not a new nvidia-smi run)."""
 
 from __future__ import annotations
 
@@ -150,7 +149,7 @@ class Engine:
         for spec in CHECKS:  # a check switched off in config no longer counts
             if not self.cfg.enabled(spec.name):
                 self.results.pop(spec.name, None)
-        self.validation.ran(tier, results, self.inputs, self.cfg.node.validate.diag_level)
+        self.validation.ran(tier, self.state.visible(results), self.inputs, self.cfg.node.validate.diag_level)
         now = self.clock()
         self.schedule.ran(tier, now)
         self.metrics.record_tier_run(tier, now - started)
@@ -242,6 +241,7 @@ class Engine:
             checked_at=now_iso(),
             doing=self.progress() if self.progress else "",
             cleared=cleared,
+            kept=self.state.take_kept(),
             last_diag=self.last_diag,
         )
         marks = build(decided, self.state, self.validation, self.cfg)

@@ -270,7 +270,7 @@ class Agent:
         if self.pending_events:
             marks = replace(marks, events=(*self.pending_events, *marks.events))
         fp = fingerprint(marks)
-        if fp == self.last_fingerprint and not marks.events and not self.retry_at:
+        if fp == self.last_fingerprint and not (marks.events or marks.clear_kept) and not self.retry_at:
             return
         if self.writer is None:
             log.info(

@@ -51,6 +51,7 @@ class Decided:
     checked_at: str  # now, RFC 3339
     doing: str  # what runs now (a DCGM diag in progress; "" or "idle": nothing)
     cleared: bool  # an operator's clear was acted on now
+    kept: tuple[str, ...]  # cleared keys this process met again and did not fail on (clearCover)
     last_diag: dict[str, Any] | None  # the last `diag` request's record (lastDiag)
 
 
@@ -71,6 +72,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         trends=trend_history.to_doc(state.trends),
         remediation=state.remediation_document(),
         last_clear=state.last_clear,
+        clear_cover=state.cover_document(),
         last_diag=d.last_diag,
         rollout=rollout_fields(cfg, state.taint, state.remediation),
         validated=validation.record,
@@ -90,6 +92,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
             + d.gate.events
         ),
         drop_annotations=d.drop + d.hold.drop,
+        clear_kept=d.kept,
         taint_severity=state.taint_severity if d.wanted else None,
         taint_effect=policy.effect_for(state.taint_severity),
         unhealthy_label=d.wanted and policy.mode == MODE_LABEL,

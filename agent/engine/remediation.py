@@ -6,7 +6,7 @@ them last), and writes what remediation_condition() returns, nothing of its own.
 
 The rules, so that no engine replaces or reboots a node it should not:
 - An entry wants its unhealthy status only in mode `taint`, for a failure at its minSeverity or
-  above, and keeps it through hysteresis exactly as the taint does (state.Recovery): an `unknown`
+  above, and keeps it through hysteresis exactly as the taint does (recovery.Recovery): an `unknown`
   cycle never sets it, and a node that was unhealthy stays so through unknown cycles.
 - The wish turns into the unhealthy status only where our taint is on after the brake: a node the
   brake holds back, labelled `<prefix>/taint=disabled`, or not tainted (or not in mode taint:
@@ -31,7 +31,7 @@ from agent.core.remediation_reasons import FaultReason, reason_for
 from agent.core.remediation_types import RemediationCondition, RemediationMark, RemediationReason
 from agent.core.repair_budget import Hold, HoldReason, finding_key
 from agent.core.severity import Severity, Status
-from agent.engine.state import Recovery
+from agent.engine.recovery import Recovery
 
 
 def describe(verdict: Verdict) -> str:

@@ -2,7 +2,7 @@
 
 An SRE stages a rollout observe → label → taint → remediation (README "Roll out in stages") and, at
 each step, `gpu-healthcheck status` counts what the next one would do. The engine settles the
-taint's and each remediation condition's hysteresis in every mode (state.Recovery), so the answer
+taint's and each remediation condition's hysteresis in every mode (recovery.Recovery), so the answer
 costs no read; both fields change only when the verdict does (or on a reload), so a healthy node in
 steady state costs no write.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from agent.config import Config
 from agent.config.canary import MAIN
 from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
-from agent.engine.state import Recovery
+from agent.engine.recovery import Recovery
 
 MARK_MAX = 8  # condition types listed under would.mark; more are counted ("+3 more")
 

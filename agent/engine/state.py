@@ -1,6 +1,7 @@
 """What the engine remembers from one cycle to the next: latched findings of this boot (restored from
 the Node's results annotation after a restart), the reboot history and the trend reads (restored
-across boots), the findings an operator cleared, and the hysteresis
+across boots), the findings an operator cleared (their kernel-log lines, restored too: a restart in
+the same boot must not find them again, core/clear_cover.py), and the hysteresis
 that keeps a failing node tainted until recoverAfter passing gpu-tier cycles. Only pass/warn cycles
 count: an unknown one (a tool unreadable, the engine down) freezes the count, since a missing signal
 must never clear a taint."""
@@ -8,11 +9,14 @@ must never clear a taint."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agent.core import clear_cover
 from agent.core.actions import Recommendation
+from agent.core.clear_cover import CLEAR_COVER_FIELD, ClearCover
 from agent.core.findings import CheckResult, Finding
 from agent.core.marks import ClearRequest, NodeEvent
 from agent.core.node import NodeObject
@@ -22,11 +26,11 @@ from agent.core.remediation_types import RemediationCondition
 from agent.core.results_doc import LAST_CLEAR_FIELD, REMEDIATION_FIELD, TAINT_FIELD
 from agent.core.severity import Severity, Status
 from agent.core.telemetry import Telemetry
-from agent.core.text import shorten
 from agent.core.trend_history import TRENDS_FIELD, TrendHistory
 from agent.core.trend_history import parse as parse_trends
 from agent.engine import reboot_escalation
 from agent.engine.confirm import Confirmations
+from agent.engine.recovery import Recovery, severity_or
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -53,79 +57,6 @@ class Latch:
         return out
 
 
-CAUSE_MAX = 256  # a recovering remediation condition's cause, as the results annotation keeps it
-
-
-@dataclass
-class Recovery:
-    """Hysteresis of one mark that a failure sets (the taint, a remediation condition): a failure at
-    min_severity or above sets it; it is lifted only after recover_after gpu-tier cycles whose verdict
-    was pass or warn, or at once when an operator cleared the latches. Any other cycle (unknown, or a
-    failure below min_severity) freezes the count where it is: a missing signal never lifts it."""
-
-    wanted: bool = False
-    severity: Severity = Severity.NONE  # the last failing severity (the taint's value)
-    passes: int = 0
-    frozen: bool = False  # the last gpu cycle while set was not a pass/warn
-    cause: str = ""  # what the failure that set it said
-
-    def settle(
-        self,
-        status: Status,
-        severity: Severity,
-        new_cycle: bool,
-        recover_after: int,
-        min_severity: Severity,
-        cleared: bool,
-        cause: str = "",
-    ) -> None:
-        if status is Status.FAIL and severity >= min_severity:
-            self.wanted, self.passes, self.frozen = True, 0, False
-            self.severity, self.cause = severity, cause
-        elif cleared:
-            self.wanted, self.passes, self.frozen = False, 0, False  # the operator said it is fixed
-        elif self.wanted and new_cycle:
-            if status in (Status.PASS, Status.WARN):
-                self.frozen = False
-                self.passes += 1
-                if self.passes >= recover_after:
-                    self.wanted, self.passes = False, 0
-            else:
-                self.frozen = True
-
-    def note(self, recover_after: int) -> str:
-        """Why it is still set while the verdict is not a failure; "" when it is not set."""
-        if not self.wanted:
-            return ""
-        if self.frozen:
-            return (
-                f"recovery paused at {self.passes}/{recover_after} passing cycles: "
-                "an unknown cycle does not count as passing"
-            )
-        return f"recovering: {self.passes}/{recover_after} passing cycles"
-
-    def document(self, *, with_cause: bool = False) -> dict[str, Any] | None:
-        if not self.wanted:
-            return None
-        doc: dict[str, Any] = {"severity": self.severity.label, "passes": self.passes}
-        if with_cause and self.cause:
-            doc["cause"] = shorten(self.cause, CAUSE_MAX)
-        return doc
-
-    @classmethod
-    def restore(cls, doc: Any, failing: bool, severity: Severity) -> Recovery:
-        """From its results-annotation field; without one, set when the node was failing."""
-        if isinstance(doc, dict):
-            passes = doc.get("passes")
-            return cls(
-                wanted=True,
-                severity=_severity_or(doc.get("severity"), Severity.RESET),
-                passes=passes if isinstance(passes, int) and passes >= 0 else 0,
-                cause=str(doc.get("cause") or ""),
-            )
-        return cls(wanted=True, severity=severity) if failing else cls()
-
-
 class EngineState:
     def __init__(self, boot_id: str | None, metrics: Telemetry) -> None:
         self.boot_id = boot_id
@@ -136,6 +67,12 @@ class EngineState:
         self.cleared: dict[str, str] = {}
         self.operator_cleared = False
         self.last_clear: dict[str, Any] | None = None  # the last clear request acted on (lastClear)
+        # The kernel-log lines this boot's clears covered (clearCover): on the Node, so that they
+        # never fail the node again, whatever agent reads the log from its start.
+        self.cover: ClearCover | None = None
+        self._told_covered: set[str] = set()  # keys whose restored cover was logged (once each)
+        self._kept: list[str] = []  # of those, the ones no verdict has carried yet (history entry)
+        self.legacy_clear: dict[str, Any] | None = None  # a lastClear of this boot with no clearCover
         self.taint = Recovery()  # the taint's hysteresis (node.taintMinSeverity)
         # node.remediationConditions: one hysteresis per type, at the entry's minSeverity
         self.remediation: dict[str, Recovery] = {}
@@ -195,7 +132,7 @@ class EngineState:
         self.history = reboot_escalation.parse(doc)  # across boots: that is its point
         self.trends = parse_trends(doc.get(TRENDS_FIELD))  # across boots too (each counter knows its boot)
         failing = doc.get("status") == Status.FAIL.value
-        doc_severity = _severity_or(doc.get("severity"), Severity.RESET)
+        doc_severity = severity_or(doc.get("severity"), Severity.RESET)
         # Tainted, maybe recovering or frozen: keep the count and value. Without the field but
         # failing: hysteresis survives a restart, recoverAfter passes are needed again.
         self.taint = Recovery.restore(doc.get(TAINT_FIELD), failing, doc_severity)
@@ -209,6 +146,10 @@ class EngineState:
                 self.remediation[entry.type] = Recovery.restore(None, wanted, doc_severity)
         clear = doc.get(LAST_CLEAR_FIELD)
         self.last_clear = clear if isinstance(clear, dict) else None
+        # Kept whatever its boot: covers() holds it to its own (the boot may be read only later).
+        self.cover = clear_cover.parse(doc.get(CLEAR_COVER_FIELD))
+        if same_boot and CLEAR_COVER_FIELD not in doc and self.last_clear:
+            self.legacy_clear = self.last_clear  # an older agent's clear: judged by the first xid run
         try:
             self.last_status = Status(str(doc.get("status")))
         except ValueError:
@@ -226,14 +167,22 @@ class EngineState:
             self.latches.clear()
             self.cleared.clear()
         self.boot_id = boot or self.boot_id
+        self.cover = clear_cover.for_boot(self.cover, self.boot_id)  # another boot's covers nothing
 
     # ------------------------------------------------------------------ latches
 
     def latch(self, res: CheckResult, stamp: str) -> None:
         """Latch the result's new latched findings (each gets an Event at the next evaluation)."""
+        read = res.unknown is None and res.skipped is None
+        if self.legacy_clear is not None and res.name == "xid" and read:
+            # its lines stamped before the clear: covered as if this agent had cleared them
+            boot_wall = time.time() - time.monotonic()  # a kmsg stamp is CLOCK_MONOTONIC seconds
+            adopted = clear_cover.adopt(self.legacy_clear, self.boot_id, res.findings, boot_wall)
+            self.cover = adopted or self.cover
+            self.legacy_clear = None
         new = []
         for f in res.findings:
-            if self.cleared.get(f.key) == f.seen:
+            if self.hidden(f):
                 continue
             if f.latched and f.key and f.key not in self.latches and f.severity > Severity.NONE:
                 latch = Latch(f.check, f.key, f.severity, stamp, f.message, f.recommendation)
@@ -242,6 +191,32 @@ class EngineState:
                 if f.check == "xid" and f.key.startswith("xid/"):
                     self.metrics.record_xid(f.key.split("/")[1])
         self.new_latches.extend(new)
+
+    def hidden(self, f: Finding) -> bool:
+        """A finding an operator cleared: the same evidence as when cleared (this process), or
+        kernel-log lines a clear of this boot covered (the Node's clearCover, any process)."""
+        if self.cleared.get(f.key) == f.seen:
+            return True
+        if not clear_cover.covers(self.cover, self.boot_id, f):
+            return False
+        if f.key not in self._told_covered and f.key not in self.cleared:
+            self._told_covered.add(f.key)  # a restarted agent met lines a clear covered: said once
+            self._kept.append(f.key)
+            log.info(
+                f"{f.key}: its kernel-log lines up to {f.last_line} were cleared in this boot "
+                "(the Node's clearCover); not a new failure",
+                extra={"event": "clear-kept"},
+            )
+        return True
+
+    def take_kept(self) -> tuple[str, ...]:
+        """The cleared keys this process met again since the last verdict (its history entry)."""
+        kept, self._kept = tuple(self._kept), []
+        return kept
+
+    def cover_document(self) -> dict[str, Any] | None:
+        """The results annotation's clearCover field: this boot's cover (None: none)."""
+        return clear_cover.to_doc(clear_cover.for_boot(self.cover, self.boot_id))
 
     def take_new_latches(self) -> list[Latch]:
         new, self.new_latches = self.new_latches, []
@@ -278,10 +253,11 @@ class EngineState:
         for key in keys:
             self.cleared[key] = self.latches.pop(key).message
         self.history = reboot_escalation.forget(self.history, keys)  # a cleared latch starts afresh
-        for res in results.values():
-            for f in res.findings:
-                if f.key in keys:
-                    self.cleared[f.key] = f.seen
+        covered = [f for res in results.values() for f in res.findings if f.key in keys]
+        for f in covered:
+            self.cleared[f.key] = f.seen
+        # Their lines, persisted: a restart, an upgrade or a rollback reads them again (U3).
+        self.cover = clear_cover.extend(self.cover, self.boot_id, covered)
         self.operator_cleared = True
         request = ClearRequest.decode(node.annotations.get(by_annotation)) if by_annotation else None
         who = (
@@ -306,14 +282,16 @@ class EngineState:
         drop = (annotation,) + ((by_annotation,) if by_annotation in node.annotations else ())
         return drop, NodeEvent(EventReason.LATCHES_CLEARED, msg)
 
+    def visible(self, results: Sequence[CheckResult]) -> list[CheckResult]:
+        """The results without the findings an operator cleared (a cleared Xid still in the log is no
+        failure: not for the verdict, nor for the pass that lifts the validating taint)."""
+        if not self.cleared and self.cover is None:
+            return list(results)
+        return [replace(r, findings=tuple(f for f in r.findings if not self.hidden(f))) for r in results]
+
     def current_results(self, latest: Mapping[str, CheckResult], order: list[str]) -> list[CheckResult]:
         """Latest results, with latched findings whose evidence is gone kept in their check."""
-        results = {
-            name: replace(res, findings=tuple(f for f in res.findings if self.cleared.get(f.key) != f.seen))
-            if self.cleared
-            else res
-            for name, res in latest.items()
-        }
+        results = {res.name: res for res in self.visible(list(latest.values()))}
         for latch in self.latches.values():
             res = results.get(latch.check) or CheckResult(latch.check)
             if any(f.key == latch.key for f in res.findings):
@@ -376,11 +354,3 @@ class EngineState:
             self._last_gpu_run_seen = ran
             return True
         return False
-
-
-def _severity_or(text: Any, default: Severity) -> Severity:
-    try:
-        sev = Severity.parse(str(text))
-    except ValueError:
-        return default
-    return sev if sev >= Severity.RESET else default

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from agent.core.kernel import KernelRecord, KernelXids, XidEvent
+from agent.core.kernel import KernelRecord, KernelXids, LinePos, XidEvent
 from agent.probes.kernel_log import NEW_BOOT, LineReader, clean_lines, garbled, is_binary, looks_quoted
 from agent.probes.kernel_repeat import Bulk, Repeat
 from agent.probes.xid_events import XidReader, whole
@@ -127,10 +127,18 @@ class KernelTail:
         self._count(ev, rec)
 
     def _count(self, ev: XidEvent, rec: KernelRecord) -> None:
-        self._changed(self.ledger.add(ev, rec))
+        """`rec` is this boot's latest record (self.records counts it): its kmsg sequence number, or
+        without one its ordinal, is where its line stands (LinePos)."""
+        if rec.ts_us is not None:
+            clock, t = "mono", rec.ts_us / 1e6
+        else:
+            wall = self.ledger.wall_time(rec.wallclock) if rec.wallclock is not None else None
+            clock, t = ("wall", wall) if wall is not None else ("", 0.0)
+        kind, n = ("seq", rec.seq) if rec.seq is not None else ("line", self.records)
+        self._changed(self.ledger.add(ev, rec, LinePos(kind, n, clock, t)))
 
-    def _count_at(self, ev: XidEvent, t: float, n: int) -> None:
-        self._changed(self.ledger.add_at(ev, t, n))
+    def _count_at(self, ev: XidEvent, t: float, n: int, pos: LinePos) -> None:
+        self._changed(self.ledger.add_at(ev, t, n, pos))
 
     def _changed(self, news: bool) -> None:
         if news:
@@ -197,6 +205,7 @@ class KernelTail:
         new, which numbered line comes first after a companion); then each tally's latest line is
         the last line of the kind whose last line came last."""
         n = len(kinds)
+        before = self.records  # line i is record before + i + 1 of this boot (no sequence numbers here)
         self.lines_read += n
         self.records += n
         self.lines.count(fmt, n)
@@ -206,10 +215,11 @@ class KernelTail:
         last = dict(zip(kinds, events, strict=True))  # in the order of each kind's first line
         first = dict(zip(reversed(kinds), reversed(events), strict=True))  # reversed: of its last line
         counts = Counter(kinds)
+        ends = {kind: before + i + 1 for i, kind in enumerate(kinds)}  # each kind's last line
         for kind in last:
-            self._count_at(first[kind], t, counts[kind])
+            self._count_at(first[kind], t, counts[kind], LinePos("line", ends[kind], "wall", t))
         for kind in reversed(first):
-            self.ledger.latest(last[kind])
+            self.ledger.latest(last[kind], LinePos("line", ends[kind], "wall", t))
 
     def _data(self, data: bytes, *, first: bool = False) -> None:
         if first:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from agent.core.kernel import KernelRecord, KernelXids, XidEvent, XidTally
+from agent.core.kernel import KernelRecord, KernelXids, LinePos, XidEvent, XidTally
 
 WINDOW_S = 60.0
 BURST_QUIET_S = 180.0  # a device's burst of Xids ends after 3 min of silence (NVIDIA Fleet Intelligence)
@@ -33,6 +33,7 @@ class _Tally:
     prev_count: int
     first_companion: bool = False  # `first` is a number-less line: the first numbered one replaces it
     burst: int = 0
+    last: LinePos | None = None  # the newest line that moved the count or `latest` (what a clear covers)
 
     def count(self) -> int:
         return self.numbered or self.companions
@@ -115,20 +116,20 @@ class XidLedger:
             self._last_second, self._last_seconds = second, _wall_seconds(second)
         return self._last_seconds
 
-    def add(self, ev: XidEvent, rec: KernelRecord | None = None) -> bool:
-        """Fold one event in (its time from `rec`, the line it came from, when given); True when the
-        engine should look now (a new kind/code/device, or an Xid 154 whose recovery action
-        changed), False when only counts moved."""
+    def add(self, ev: XidEvent, rec: KernelRecord | None = None, pos: LinePos | None = None) -> bool:
+        """Fold one event in (its time from `rec`, the line it came from, when given; `pos`: where
+        that line stands in the log); True when the engine should look now (a new kind/code/device,
+        or an Xid 154 whose recovery action changed), False when only counts moved."""
         t = (
             self._log_time(ev.ts_us, ev.wallclock)
             if rec is None
             else self._log_time(rec.ts_us, rec.wallclock)
         )
-        return self.add_at(ev, t)
+        return self.add_at(ev, t, 1, pos)
 
-    def add_at(self, ev: XidEvent, t: float, n: int = 1) -> bool:
+    def add_at(self, ev: XidEvent, t: float, n: int = 1, pos: LinePos | None = None) -> bool:
         """Fold n lines of one event at log time t in: what n add() calls with that time do (a
-        storm's lines of one second, counted together)."""
+        storm's lines of one second, counted together; `pos`: the last of them's position)."""
         if t > self.now:
             self.now = t
         self.version += n
@@ -142,13 +143,14 @@ class XidLedger:
             burst = self._burst(ev.pci, t)
             m = 1 if ev.wrapped else n  # the lines after a wrapped one's first only repeat its action
             self.tallies[key] = _Tally(
-                ev, ev, m if numbered else 0, 0 if numbered else m, t, m, 0, not numbered, burst
+                ev, ev, m if numbered else 0, 0 if numbered else m, t, m, 0, not numbered, burst, pos
             )
             return True
         tally.burst = self._burst(ev.pci, t)
         if ev.wrapped:  # the rest of the line counted already: only its recovery action is news
             changed = ev.recovery_action != tally.latest.recovery_action
             tally.latest = ev
+            tally.last = pos or tally.last
             return changed
         if numbered:
             tally.numbered += n
@@ -163,16 +165,18 @@ class XidLedger:
         if numbered or not tally.numbered:
             tally.win_count += n
         changed = ev.recovery_action != tally.latest.recovery_action
-        if numbered or not tally.numbered:
+        if numbered or not tally.numbered:  # a companion beside numbered lines moves neither
             tally.latest = ev
+            tally.last = pos or tally.last
         return changed
 
-    def latest(self, ev: XidEvent) -> None:
-        """`ev` is its tally's latest line (after add_at() took lines of several events of one
-        tally together, not in the order they came)."""
+    def latest(self, ev: XidEvent, pos: LinePos | None = None) -> None:
+        """`ev` is its tally's latest line, at `pos` (after add_at() took lines of several events of
+        one tally together, not in the order they came)."""
         tally = self.tallies.get(_key(ev))
         if tally is not None and (_numbered(ev) or not tally.numbered):
             tally.latest = ev
+            tally.last = pos or tally.last
 
     def _burst(self, device: str | None, t: float) -> int:
         """The burst number of a line on `device` at time t (O(1); one entry per tallied device)."""
@@ -189,7 +193,7 @@ class XidLedger:
     ) -> KernelXids:
         return KernelXids(
             tallies=tuple(
-                XidTally(t.first, t.latest, t.count(), t.per_minute(self.now), t.burst)
+                XidTally(t.first, t.latest, t.count(), t.per_minute(self.now), t.burst, t.last)
                 for t in self.tallies.values()
             ),
             records=records,

@@ -111,6 +111,7 @@ class History:
             mark=shown_mark(node, marks, planned=True) if decided.taint_on else HistoryMark.MARK_OFF,
             cleared_by=cleared_by(node, marks, self.keys),
             diag_by=diag_by(node, marks, self.keys),
+            clear_kept=bool(marks.clear_kept),
         )
         if self.added is None:
             return {}
