@@ -116,3 +116,18 @@ def test_an_overflow_slot_reads_as_a_number_above_any_cap_to_an_older_agent() ->
     assert slots.index(name) > 10**9 and slots.index(slots.name(3)) == 3
     assert len(slots.claim(name)) <= 63  # a label value
     assert slots.overflow_name("a") != slots.overflow_name("b")
+
+
+def test_racing_counters_holding_numbers_count_each_other_once_in_order() -> None:
+    """Two nodes each hold a number (kept when granted: an older agent sees only numbers) and an
+    overflow slot that orders their counts: the earlier does not count the later, the later counts
+    the earlier. Neither refuses for the other's sake alone, and both never pass the cap together."""
+    seen = [
+        t("0", "a"),
+        t("1", "p", at=NOW, rv=48),
+        t("x-p", "p", at=NOW, rv=50, overflow=True),
+        t("2", "q", at=NOW, rv=49),
+        t("x-q", "q", at=NOW, rv=51, overflow=True),
+    ]
+    assert occupants(seen, {"a"}, set(), asker="p", now=NOW, own_rv=50) == {"a"}
+    assert occupants(seen, {"a"}, set(), asker="q", now=NOW, own_rv=51) == {"a", "p"}

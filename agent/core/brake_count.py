@@ -13,9 +13,11 @@ hand, holds none. The count therefore is of *nodes*, never of slots:
 - a slot of a Node that neither carries our taint nor claims a slot, once older than `grace_s`, is
   void: it counts for nothing (the stolen token's extra slots, a slot an older agent never freed).
 
-Overflow slots (one per node, taken after this count) are ordered by resourceVersion as the repair
-budget's marks are: an asker counts the overflow slots written before its own, so that racing askers
-agree without a lock and never pass the cap together.
+Overflow slots (one per node, taken for this count) are ordered by resourceVersion as the repair
+budget's marks are: an asker counts the nodes whose overflow slots were written before its own, and
+not those written after (which count it), so that racing askers agree without a lock and never pass
+the cap together. A counter granted while it holds a number keeps the number and frees its overflow
+slot: an older agent in a mixed fleet sees only numbers, and must find that one held.
 """
 
 from __future__ import annotations
@@ -54,12 +56,15 @@ def occupants(
     grace_s: float = GRACE_S,
 ) -> set[str]:
     """The nodes that count against the cap, the asker left out: tainted nodes, and holders of a
-    slot that counts (an overflow slot only when written before the asker's own, *own_rv*)."""
+    slot that counts, except a node counting after the asker (its overflow slot written after the
+    asker's own, *own_rv*): that one counts the asker, not the asker it. A counter may hold a number
+    as well (it keeps the number when granted, so that an older agent, which sees only numbers,
+    never takes it); its overflow slot orders it all the same."""
+    tickets = list(tickets)
+    late = {t.holder for t in tickets if t.overflow and own_rv is not None and t.rv >= own_rv}
     out = set(tainted)
     for t in tickets:
-        if t.overflow and own_rv is not None and t.rv >= own_rv:
-            continue  # written after ours: that asker counts us, not we it
-        if counts(t, claimers, now, grace_s):
+        if t.holder not in late and counts(t, claimers, now, grace_s):
             out.add(t.holder)
     out.discard(asker)
     return out

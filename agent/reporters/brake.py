@@ -216,17 +216,18 @@ class Brake:
         return None
 
     def _settle_number(self, node_name: str, i: int, cap: int, node: Mapping[str, Any]) -> str | None:
-        """Number *i* is ours: it settles the ask unless nodes count that no number shows, then a
-        count of nodes does (the number is let go first; also when that look fails)."""
+        """Number *i* is ours: it settles the ask unless nodes count that no number shows; then a count
+        does, and the number is kept when it grants (an older agent counts only numbers)."""
+        name = self._slots.name(i)
         try:
-            outside = self._audit.outside_numbers(node_name)
+            if not self._audit.outside_numbers(node_name):
+                return name
+            counted = self._audit.take(node_name, cap, node)
         except Exception:
-            self._slots.free(self._slots.name(i))
+            self._slots.free(name)
             raise
-        if not outside:
-            return self._slots.name(i)
-        self._slots.free(self._slots.name(i))
-        return self._audit.take(node_name, cap, node)
+        self._slots.free(counted or name)  # granted: the overflow slot ordered the count, the number holds
+        return name if counted else None
 
     def _keep(self, node_name: str, slot: str | None) -> str | None:
         if slot is not None:
