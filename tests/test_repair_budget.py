@@ -94,6 +94,24 @@ def test_the_budget_counts_marks_written_before_ours_within_the_window() -> None
     assert budget_spent(records, now=1000 + 3600 + 5, window_s=3600, pool=None) == 3
 
 
+def test_the_budget_counts_distinct_nodes_not_records() -> None:
+    """One node's token can write any number of marks of its own node (production review 3, C2): they
+    count as one node, so 3 marks of x spend one share of a budget, not three."""
+    forged = [mark("x", 1000, 1), mark("x", 1000, 2), mark("x", 1001, 3)]
+    own = mark("y", 1002, 4)
+    assert budget_count([*forged, own], own, 3600, None) == 2  # x once, and y
+    assert (
+        budget_hold(budget_count([*forged, own], own, 3600, None), 2, BudgetPolicy(2, 1.0), "k", None) is None
+    )
+    # the resourceVersion order still decides who is first: x's marks after y's do not count against y
+    later = [mark("y", 1000, 1), mark("x", 1001, 5), mark("x", 1001, 6)]
+    assert budget_count(later, later[0], 3600, None) == 1
+    # the cheap look before writing: the other nodes marked (x once), this node's own earlier one not
+    assert budget_spent(forged, now=1003, window_s=3600, pool=None) == 1
+    assert budget_spent([*forged, mark("y", 900, 0)], 1003, 3600, None, node="y") == 1
+    assert budget_spent(forged, 1003, 3600, None, node="x") == 0
+
+
 def test_the_budget_per_label_counts_only_the_same_pool() -> None:
     records = [mark("a", 10, 1, "zone-a"), mark("b", 11, 2, "zone-b"), mark("c", 12, 3, "zone-a")]
     assert budget_count(records, records[2], 3600, "zone-a") == 2

@@ -6,7 +6,8 @@ frees its slot. These two rules bound what the engines may *newly* be asked to r
 - The budget: at most `limit` nodes may newly turn a remediation condition unhealthy per window
   (the smaller of maxNodes and maxFraction of the GPU nodes, at least one), optionally counted per
   value of a node label (a pool, a zone). Each new mark leaves a record that outlives the Node, so
-  a node the engine deleted still counts until the window has passed.
+  a node the engine deleted still counts until the window has passed. What counts is distinct
+  nodes, not records: a node's marks count once (any agent may write marks of its own node).
 - The wave hold: when at least `threshold` nodes newly failed on the same finding key (rule plus
   code: `xid/79`, `gpu.responsive/timeout`) within one stretch of `window_s`, new marks for that key
   are held fleet-wide. The hold lasts while that many nodes still fail on the key (a node that
@@ -215,28 +216,36 @@ def wave_decision(
     return None
 
 
+def _marked_nodes(records: Iterable[Record], since: float, upto_rv: int | None, pool: str | None) -> set[str]:
+    """The distinct nodes with a mark in the window (written after *since*), after the last release of
+    the budget, at or before *upto_rv* (None: any), in *pool* when the budget is counted per label: a
+    node counts once however many marks it wrote (one identity holds back no more than its share)."""
+    records = list(records)
+    after = released_rv(records, RELEASE_ALL)
+    return {
+        r.node
+        for r in records
+        if r.kind == MARK
+        and r.rv > after
+        and (upto_rv is None or r.rv <= upto_rv)
+        and r.at > since
+        and (pool is None or r.pool == pool)
+    }
+
+
 def budget_count(records: Iterable[Record], own: Record, window_s: float, pool: str | None) -> int:
-    """Mark records that count against *own* (itself included): written at or before it (by
-    resourceVersion), within the window before it, after the last release of the budget, and in its
-    pool when the budget is counted per label (*pool* not None)."""
-    records = list(records)
-    since, after = own.at - window_s - RESOLUTION_S, released_rv(records, RELEASE_ALL)
-    return sum(
-        1
-        for r in records
-        if r.kind == MARK and after < r.rv <= own.rv and r.at > since and (pool is None or r.pool == pool)
-    )
+    """Distinct nodes marked against *own* (its node included, once): with a mark written at or before
+    it (by resourceVersion: racing agents agree), within the window before it, after the last release
+    of the budget, and in its pool when the budget is counted per label (*pool* not None)."""
+    return len(_marked_nodes(records, own.at - window_s - RESOLUTION_S, own.rv, pool) | {own.node})
 
 
-def budget_spent(records: Iterable[Record], now: float, window_s: float, pool: str | None) -> int:
-    """Mark records in the window before *now* (the cheap look before this node writes its own)."""
-    records = list(records)
-    since, after = now - window_s - RESOLUTION_S, released_rv(records, RELEASE_ALL)
-    return sum(
-        1
-        for r in records
-        if r.kind == MARK and r.rv > after and r.at > since and (pool is None or r.pool == pool)
-    )
+def budget_spent(
+    records: Iterable[Record], now: float, window_s: float, pool: str | None, node: str = ""
+) -> int:
+    """Distinct nodes other than *node* with a mark in the window before *now* (the cheap look before
+    this node writes its own: *node* is the one it adds)."""
+    return len(_marked_nodes(records, now - window_s - RESOLUTION_S, None, pool) - {node})
 
 
 def budget_hold(count: int, limit: int, policy: BudgetPolicy, key: str, pool: str | None) -> Hold | None:

@@ -291,7 +291,7 @@ class RepairBudget:
         """The cheap look before writing a mark: held when the window's marks are at the limit."""
         pool = self._pool(node)
         limit = budget_limit(self.budget, self._pool_total(pool))
-        spent = budget_spent(ledger, now, self.budget.window_s, pool)
+        spent = budget_spent(ledger, now, self.budget.window_s, pool, self.node_name)
         return budget_hold(spent + 1, limit, self.budget, key, pool)
 
     def _pool(self, node: Mapping[str, Any]) -> str | None:
