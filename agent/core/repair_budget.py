@@ -12,7 +12,10 @@ frees its slot. These two rules bound what the engines may *newly* be asked to r
   code: `xid/79`, `gpu.responsive/timeout`) within one stretch of `window_s`, new marks for that key
   are held fleet-wide. The hold lasts while that many nodes still fail on the key (a node that
   recovers, or whose Node is gone, no longer counts), or until an operator releases it
-  (`gpu-healthcheck brake release`): records from before a release do not count.
+  (`gpu-healthcheck brake release`): records from before a release do not count. A wave marker
+  (written by the node whose full count found the wave) holds the other nodes only on its quorum:
+  while at least minNodes distinct nodes have a fail record of the key; short of it, a marker holds
+  back only its own node.
 
 Records are ordered by resourceVersion (the API server's global write order): a node that created
 its mark record counts every record written before its own, so racing agents agree without a lock.
@@ -248,6 +251,25 @@ def budget_spent(
     return len(_marked_nodes(records, now - window_s - RESOLUTION_S, None, pool) - {node})
 
 
+def quorum_met(
+    fails: Iterable[Record], key: str, after_rv: int, min_nodes: int, complete: bool
+) -> bool | None:
+    """Whether the wave markers of *key* stand on their quorum: at least *min_nodes* distinct nodes
+    with a fail record of the key written after its last release (True); fewer in a complete list
+    (False); fewer in a list cut at its bound (None: not known, the full count decides). One node's
+    records make no quorum: a marker is anyone's to write for its own node."""
+    nodes = {r.node for r in fails if r.kind == FAIL and r.key == key and r.rv > after_rv}
+    if len(nodes) >= min_nodes:
+        return True
+    return False if complete else None
+
+
+def markers_holding(standing: Iterable[Record], node: str, quorum: bool) -> list[Record]:
+    """The standing wave markers that hold *node*: every one while their quorum stands, else only
+    *node*'s own (a node's records may hold back only that node)."""
+    return [m for m in standing if quorum or m.node == node]
+
+
 def budget_hold(count: int, limit: int, policy: BudgetPolicy, key: str, pool: str | None) -> Hold | None:
     """Held when the count (this node's own mark included, when it has one) is over the limit."""
     if count <= limit:
@@ -306,7 +328,9 @@ __all__ = [
     "expired",
     "finding_key",
     "key_slug",
+    "markers_holding",
     "newly_marking",
+    "quorum_met",
     "released_rv",
     "wave_decision",
     "wave_nodes",

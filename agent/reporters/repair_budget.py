@@ -39,12 +39,21 @@ from agent.core.repair_budget import (
     budget_hold,
     budget_limit,
     budget_spent,
+    markers_holding,
     newly_marking,
     released_rv,
     wave_decision,
 )
 from agent.reporters.brake import Brake
-from agent.reporters.budget_records import create_record, epoch, leases_path, list_records, record_of
+from agent.reporters.budget_records import (
+    create_fixed,
+    create_record,
+    epoch,
+    leases_path,
+    list_records,
+    record_of,
+    wave_quorum,
+)
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 from agent.reporters.node_names import names_in_list
 
@@ -160,8 +169,10 @@ class RepairBudget:
         marker counts the wave in full (the key's fail records and the failing Nodes): at its first
         ask of an episode, or when the budget would let it mark. A full count that finds a wave
         leaves a marker (its node's own record), so that the other nodes of the wave are held by
-        one small list; a marker's owner counts again every `marker_recheck_s` and takes its marker
-        away when the wave has ended (a marker left by a node that recovered goes with it)."""
+        two small lists (the markers; the key's fail records up to a bound: the marker's quorum,
+        else the full count decides); a marker's owner counts again every `marker_recheck_s` and
+        takes its marker away when the wave has ended (a marker left by a node that recovered goes
+        with it)."""
         now = self._clock()
         if self._held is not None and now - self._held[0] < self.hold_cache_s and self._held[1].key == key:
             return self._held[1]
@@ -169,9 +180,10 @@ class RepairBudget:
         min_rv = self._record_failure(key, node)
         ledger = self._ledger(min_rv, now)
         self._collect(ledger, now)
-        hold = self._marked_wave(key, ledger, now) if self.wave.on else None
+        hold, recount = self._marked_wave(key, ledger, now) if self.wave.on else (None, False)
         spent = self._budget_spent(node, key, ledger, now) if hold is None and self.budget.on else None
-        if hold is None and self.wave.on and (first or spent is None) and not self._marker_fresh(key, now):
+        due = (first or spent is None) and not self._marker_fresh(key, now)
+        if hold is None and self.wave.on and (recount or due):
             node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
             hold = self._count_wave(key, ledger, node, node_rv, min_rv, now)
         hold = hold or spent
@@ -198,9 +210,10 @@ class RepairBudget:
         own = self._markers.get(key)
         return own is not None and now - own[1] < self.marker_recheck_s
 
-    def _marked_wave(self, key: str, ledger: list[Record], now: float) -> Hold | None:
-        """A wave marker of *key* written after its last release: held, without counting (unless it
-        is this node's own and due to be counted again)."""
+    def _marked_wave(self, key: str, ledger: list[Record], now: float) -> tuple[Hold | None, bool]:
+        """A wave marker of *key* written after its last release, on its quorum: held without
+        counting in full (unless it is this node's own and due to be counted again); and whether the
+        caller must count in full (a quorum the bounded list could not confirm)."""
         markers = list_records(self.rest, self.namespace, self.prefix, kinds=(WAVE,), key=key)
         after = released_rv(ledger, key)
         standing = [m for m in markers if m.rv > after and m.kind == WAVE and m.key == key]
@@ -214,13 +227,23 @@ class RepairBudget:
             del self._markers[key]
             self._delete(own[0])
             own = None
-        if own is not None and now - own[1] >= self.marker_recheck_s:
-            return None  # ours and due: the caller counts again
-        if not standing:
-            return None
-        first = min(standing, key=lambda m: m.rv)
-        why = first.reason or f"a correlated wave on {key} (node.waveHold)"
-        return Hold(HoldReason.WAVE, key, why)
+        if (own is not None and now - own[1] >= self.marker_recheck_s) or not standing:
+            return None, False  # ours and due (the caller counts again), or none
+        newest = str(max(m.rv for m in standing))  # the fail records listed not older than it
+        quorum = (
+            wave_quorum(self.rest, self.namespace, self.prefix, key, after, self.wave.min_nodes, newest)
+            if any(m.node != self.node_name for m in standing)
+            else True
+        )
+        if quorum is None:
+            return None, True  # the bounded list could not confirm it: the full count decides
+        holding = markers_holding(standing, self.node_name, quorum)
+        if not holding:
+            return None, False
+        first = min(holding, key=lambda m: m.rv)
+        return Hold(
+            HoldReason.WAVE, key, first.reason or f"a correlated wave on {key} (node.waveHold)"
+        ), False
 
     def _count_wave(
         self,
@@ -253,20 +276,9 @@ class RepairBudget:
         digest = hashlib.sha256(f"{self.node_name}\0{key}\0wave".encode()).hexdigest()[:20]
         name = f"{self.prefix}-wave-{digest}"
         ann = {keys.node: self.node_name, keys.key: key, keys.reason: hold.message}
-        try:
-            create_record(
-                self.rest,
-                self.namespace,
-                self.prefix,
-                WAVE,
-                ann,
-                name=name,
-                holder=self.node_name,
-                owner=node,
-            )
-        except Exception as exc:
-            if api_status(exc) != 409:
-                raise
+        create_fixed(
+            self.rest, self.namespace, self.prefix, WAVE, ann, name=name, holder=self.node_name, owner=node
+        )
         self._own_records.add(name)
         return name
 
@@ -329,24 +341,12 @@ class RepairBudget:
         digest = hashlib.sha256(f"{self.node_name}\0{key}".encode()).hexdigest()[:20]
         name = f"{self.prefix}-fail-{digest}"
         self._own_records.add(name)
-        try:
-            rec = create_record(
-                self.rest,
-                self.namespace,
-                self.prefix,
-                FAIL,
-                {keys.node: self.node_name, keys.key: key},
-                name=name,
-                holder=self.node_name,
-                owner=node,
-            )
-        except Exception as exc:
-            if api_status(exc) != 409:
-                raise
-            self._failed.add(key)
-            return None
+        ann = {keys.node: self.node_name, keys.key: key}
+        rec = create_fixed(
+            self.rest, self.namespace, self.prefix, FAIL, ann, name=name, holder=self.node_name, owner=node
+        )
         self._failed.add(key)
-        return str(rec.rv)
+        return str(rec.rv) if rec is not None else None
 
     def _failing(self, min_rv: str | None) -> set[str]:
         """The Nodes failing now (`<prefix>/status=fail`), names only, from the watch cache."""
