@@ -217,33 +217,32 @@ class RepairBudget:
         markers = list_records(self.rest, self.namespace, self.prefix, kinds=(WAVE,), key=key)
         after = released_rv(ledger, key)
         standing = [m for m in markers if m.rv > after and m.kind == WAVE and m.key == key]
+        if not standing:
+            return None, False
         mine = next((m for m in standing if m.node == self.node_name), None)
         if mine is not None and key not in self._markers:  # left by this node's last life: count it again
             self._markers[key] = (mine.name, float("-inf"))
             self._own_records.add(mine.name)
+        quorum: bool | None = True
+        if any(m.node != self.node_name for m in standing):  # fail records not older than the newest
+            newest = str(max(m.rv for m in standing))
+            quorum = wave_quorum(
+                self.rest, self.namespace, self.prefix, key, after, self.wave.min_nodes, newest
+            )
+        if quorum is None:
+            return None, True  # the bounded list could not confirm theirs: the full count decides
+        holding = markers_holding(standing, self.node_name, quorum)
         own = self._markers.get(key)
-        older = [m for m in standing if m.node != self.node_name and (mine is None or m.rv < mine.rv)]
-        if own is not None and older:  # another node's marker came first: it counts, ours goes
+        older = [m for m in holding if m.node != self.node_name and (mine is None or m.rv < mine.rv)]
+        if own is not None and older:  # another node's marker (on its quorum) came first: ours goes
             del self._markers[key]
             self._delete(own[0])
             own = None
-        if (own is not None and now - own[1] >= self.marker_recheck_s) or not standing:
-            return None, False  # ours and due (the caller counts again), or none
-        newest = str(max(m.rv for m in standing))  # the fail records listed not older than it
-        quorum = (
-            wave_quorum(self.rest, self.namespace, self.prefix, key, after, self.wave.min_nodes, newest)
-            if any(m.node != self.node_name for m in standing)
-            else True
-        )
-        if quorum is None:
-            return None, True  # the bounded list could not confirm it: the full count decides
-        holding = markers_holding(standing, self.node_name, quorum)
-        if not holding:
-            return None, False
+        if (own is not None and now - own[1] >= self.marker_recheck_s) or not holding:
+            return None, False  # ours and due (the caller counts again), or none holds this node
         first = min(holding, key=lambda m: m.rv)
-        return Hold(
-            HoldReason.WAVE, key, first.reason or f"a correlated wave on {key} (node.waveHold)"
-        ), False
+        why = first.reason or f"a correlated wave on {key} (node.waveHold)"
+        return Hold(HoldReason.WAVE, key, why), False
 
     def _count_wave(
         self,
