@@ -336,5 +336,13 @@ def test_a_wave_is_counted_by_few_and_held_for_the_rest_by_a_marker(
     assert not [q for q in asked if "/api/v1/nodes" in q], asked
     fail_lists = [q for q in asked if "record in (fail)" in q]
     assert fail_lists and all(q.endswith("limit=6") for q in fail_lists), asked  # 2 x minNodes
+    # asked again while the same markers stand, within marker_recheck_s: the quorum seen is kept
+    again = RepairBudget(
+        Counting(core.api_client), d, namespace=kube_namespace, brake=repair.brake, budget=NO_BUDGET,
+        wave=WavePolicy(3, 0.0, 900), prefix="gpu-healthcheck", hold_cache_s=0, marker_recheck_s=60,
+    )  # fmt: skip
+    asked.clear()
+    assert all(again.decide(node_d, "xid/79") is not None for _ in range(3))
+    assert sum("record in (fail)" in q for q in asked) == 1, asked
     fleet.writers[c].apply(marks(fail=False))  # the marker's node recovers: its marker goes with it
     assert not [r for r in fleet.records_of(WAVE) if r.node == c]

@@ -22,7 +22,7 @@ garbage collector, never by another agent:
   longer count.
 - wave: a marker left by the node whose full count found a wave on a key (labelled with the key's
   slug), owned by its Node; it holds the rest of the wave with small lists (the markers, and the
-  key's fail records up to a bound: its quorum, wave_quorum), and its node deletes it when the wave
+  key's fail records up to a bound: its quorum, WaveQuorum), and its node deletes it when the wave
   has ended or the node recovers. Any agent may write a marker of its own node: without its quorum
   of distinct failing nodes it holds back only that node.
 """
@@ -123,22 +123,44 @@ def list_page(
     return records, not (doc.get("metadata") or {}).get("continue")
 
 
-def wave_quorum(
-    rest: KubeRest, namespace: str, prefix: str, key: str, after_rv: int, min_nodes: int, min_rv: str
-) -> bool | None:
-    """Whether the wave markers of *key* stand on their quorum (core quorum_met; None: the full count
+class WaveQuorum:
+    """Whether the wave markers of a key stand on their quorum (core quorum_met; None: the full count
     decides), from the key's fail records listed up to QUORUM_BOUND times minNodes, metadata only:
-    flat in the fleet's size. Not older than *min_rv* (the newest marker's): the watch cache then
-    honours the limit, which it ignores for resourceVersion 0. A list that fails keeps the markers'
-    hold: an unreadable count never lifts one (today's safe side)."""
-    try:
-        fails, complete = list_page(
-            rest, namespace, prefix, min_rv, kinds=(FAIL,), key=key, limit=QUORUM_BOUND * min_nodes
-        )
-    except Exception as exc:
-        log.info("confirming the wave on %s failed, its markers hold: %s", key, describe_error(exc))
-        return True
-    return quorum_met(fails, key, after_rv, min_nodes, complete)
+    flat in the fleet's size; not older than the newest marker (the watch cache then honours the
+    limit, which it ignores for resourceVersion 0). A quorum seen is kept for *keep_s* while the same
+    markers stand: as long as a marker's own node takes to count its wave again and see it end. A
+    list that fails keeps the markers' hold (an unreadable count never lifts one) and is not kept."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}  # key -> (newest marker's rv, when seen met)
+
+    def confirm(
+        self,
+        rest: KubeRest,
+        namespace: str,
+        prefix: str,
+        key: str,
+        *,
+        after_rv: int,
+        min_nodes: int,
+        newest_rv: int,
+        now: float,
+        keep_s: float,
+    ) -> bool | None:
+        seen = self._seen.pop(key, None)
+        if seen is not None and seen[0] == newest_rv and now - seen[1] < keep_s:
+            self._seen[key] = seen
+            return True
+        limit = QUORUM_BOUND * min_nodes
+        try:
+            fails, complete = list_page(rest, namespace, prefix, str(newest_rv), (FAIL,), key, limit=limit)
+        except Exception as exc:
+            log.info("confirming the wave on %s failed, its markers hold: %s", key, describe_error(exc))
+            return True
+        quorum = quorum_met(fails, key, after_rv, min_nodes, complete)
+        if quorum:
+            self._seen[key] = (newest_rv, now)
+        return quorum
 
 
 def create_record(

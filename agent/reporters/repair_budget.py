@@ -46,13 +46,13 @@ from agent.core.repair_budget import (
 )
 from agent.reporters.brake import Brake
 from agent.reporters.budget_records import (
+    WaveQuorum,
     create_fixed,
     create_record,
     epoch,
     leases_path,
     list_records,
     record_of,
-    wave_quorum,
 )
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 from agent.reporters.node_names import names_in_list
@@ -95,6 +95,7 @@ class RepairBudget:
         self._failed: set[str] = set()  # keys this node's fail record was written for (this episode)
         self._own_records: set[str] = set()  # this node's fail records and wave markers, written or listed
         self._markers: dict[str, tuple[str, float]] = {}  # key -> (its marker's name, when counted)
+        self._quorum = WaveQuorum()  # other nodes' markers: whether they stand on their quorum
         self._own_marks: dict[str, float] = {}  # this node's marks: name -> when (deleted past the window)
         self._held: tuple[float, Hold] | None = None
         self._pool_totals: dict[str, tuple[float, int]] = {}
@@ -105,8 +106,8 @@ class RepairBudget:
         return self.budget.on or self.wave.on
 
     def reconfigure(self, budget: BudgetPolicy, wave: WavePolicy) -> None:
-        """A reloaded config counts from the next ask (a cached hold is dropped)."""
-        self.budget, self.wave, self._held = budget, wave, None
+        """A reloaded config counts from the next ask (a cached hold and quorum are dropped)."""
+        self.budget, self.wave, self._held, self._quorum = budget, wave, None, WaveQuorum()
 
     def apply_config(self, old: Config, new: Config) -> None:
         """A reload (config/live_part.py): node.repairBudget and node.waveHold, through reconfigure()."""
@@ -224,11 +225,11 @@ class RepairBudget:
             self._markers[key] = (mine.name, float("-inf"))
             self._own_records.add(mine.name)
         quorum: bool | None = True
-        if any(m.node != self.node_name for m in standing):  # fail records not older than the newest
-            newest = str(max(m.rv for m in standing))
-            quorum = wave_quorum(
-                self.rest, self.namespace, self.prefix, key, after, self.wave.min_nodes, newest
-            )
+        if any(m.node != self.node_name for m in standing):
+            quorum = self._quorum.confirm(
+                self.rest, self.namespace, self.prefix, key, after_rv=after, min_nodes=self.wave.min_nodes,
+                newest_rv=max(m.rv for m in standing), now=now, keep_s=self.marker_recheck_s,
+            )  # fmt: skip
         if quorum is None:
             return None, True  # the bounded list could not confirm theirs: the full count decides
         holding = markers_holding(standing, self.node_name, quorum)
