@@ -70,6 +70,25 @@ def test_a_node_counts_the_live_slots_written_before_its_own() -> None:
     assert slots_before([slot("c", 10), own], own, 1100.0, 600.0) == []  # its own older one
 
 
+def test_a_nodes_slots_count_once_however_many_it_wrote() -> None:
+    """One token can write any number of slot records of its own node (production review 3, C3): its
+    node counts once, by its earliest live record, so it takes one slot of the bound, not all."""
+
+    def slot(node: str, rv: int, at: float = 1000.0) -> Record:
+        return Record(f"s-{node}-{rv}", "slot", node, at=at, rv=rv)
+
+    own = slot("y", 40)
+    forged = [slot("x", 10), slot("x", 20), slot("x", 30)]
+    before = slots_before([*forged, own], own, now=1100.0, expire_s=600.0)
+    assert [(r.node, r.rv) for r in before] == [("x", 10)]
+    assert len(before) < ActivePolicy("2").limit(10)  # y runs beside x's one share
+    # x's earliest expired: it counts by its earliest live one, still once
+    aged = [slot("x", 5, at=0.0), *forged, slot("a", 35), own]
+    assert [(r.node, r.rv) for r in slots_before(aged, own, 1100.0, 600.0)] == [("x", 10), ("a", 35)]
+    # records x wrote after y's do not count against y (resourceVersion order)
+    assert slots_before([slot("x", 50), slot("x", 60), own], own, 1100.0, 600.0) == []
+
+
 def test_the_testing_taint_goes_on_and_off_beside_everyone_elses() -> None:
     node: dict[str, Any] = {
         "metadata": {"labels": {K.status: "pass", K.severity: "none"}, "annotations": {K.results: "{}"}},

@@ -174,7 +174,11 @@ def test_the_agents_repair_budget_runs_under_its_token_without_a_refusal(agent: 
         fail = next(r for r in mine if r.kind == FAIL)
         got = kube.request("GET", f"{LEASES}/{fail.name}")[1]
         assert got["metadata"]["ownerReferences"][0]["name"] == node  # the garbage collector's link
-        # the same node asking again within the window (its Node says nothing of the mark): held
+        # another node marked since (as its agent writes it): asking again within the window (its
+        # Node says nothing of the mark), this node is held, 2 nodes over a limit of 1
+        status, theirs = kube.request("POST", LEASES, lease(MARK, agent["other"]))
+        assert status == 201, theirs
+        records_settled(rest, agent["other"], [MARK])
         hold = repair.decide(node_doc, "xid/79")
         assert hold is not None and hold.why == "budget", hold
         assert sum(r.kind == MARK for r in list_records(rest, NS, PREFIX) if r.node == node) == 1

@@ -27,6 +27,8 @@ from agent.core.repair_budget import (
     budget_spent,
     finding_key,
     key_slug,
+    markers_holding,
+    quorum_met,
     wave_decision,
     wave_threshold,
 )
@@ -92,6 +94,40 @@ def test_the_budget_counts_marks_written_before_ours_within_the_window() -> None
     # the cheap look before writing our own
     assert budget_spent(records, now=2003, window_s=3600, pool=None) == 4
     assert budget_spent(records, now=1000 + 3600 + 5, window_s=3600, pool=None) == 3
+
+
+def test_the_budget_counts_distinct_nodes_not_records() -> None:
+    """One node's token can write any number of marks of its own node (production review 3, C2): they
+    count as one node, so 3 marks of x spend one share of a budget, not three."""
+    forged = [mark("x", 1000, 1), mark("x", 1000, 2), mark("x", 1001, 3)]
+    own = mark("y", 1002, 4)
+    assert budget_count([*forged, own], own, 3600, None) == 2  # x once, and y
+    assert (
+        budget_hold(budget_count([*forged, own], own, 3600, None), 2, BudgetPolicy(2, 1.0), "k", None) is None
+    )
+    # the resourceVersion order still decides who is first: x's marks after y's do not count against y
+    later = [mark("y", 1000, 1), mark("x", 1001, 5), mark("x", 1001, 6)]
+    assert budget_count(later, later[0], 3600, None) == 1
+    # the cheap look before writing: the other nodes marked (x once), this node's own earlier one not
+    assert budget_spent(forged, now=1003, window_s=3600, pool=None) == 1
+    assert budget_spent([*forged, mark("y", 900, 0)], 1003, 3600, None, node="y") == 1
+    assert budget_spent(forged, 1003, 3600, None, node="x") == 0
+
+
+def test_a_wave_marker_holds_other_nodes_only_on_its_quorum() -> None:
+    """A marker is anyone's to write for its own node (C2): it holds the rest of the fleet only while
+    minNodes distinct nodes have a fail record of its key written after the key's last release."""
+    forged = [fail("x", "xid/79", 10, rv=1), Record("f2", FAIL, "x", "xid/79", at=11, rv=2)]
+    assert quorum_met(forged, "xid/79", 0, 3, complete=True) is False  # one node, twice
+    assert quorum_met(forged, "xid/79", 0, 3, complete=False) is None  # cut at its bound: not known
+    wave = [fail(n, "xid/79", 10 + i, rv=10 + i) for i, n in enumerate("abc")]
+    assert quorum_met(wave, "xid/79", 0, 3, complete=False) is True
+    assert quorum_met(wave, "xid/79", 11, 3, complete=True) is False  # a and b came before the release
+    assert quorum_met(wave, "gpu.responsive/timeout", 0, 3, complete=True) is False  # another key
+    markers = [Record("w-x", "wave", "x", "xid/79", rv=20), Record("w-y", "wave", "y", "xid/79", rv=21)]
+    assert markers_holding(markers, "y", quorum=True) == markers
+    assert markers_holding(markers, "z", quorum=False) == []  # x's marker holds back only x
+    assert markers_holding(markers, "x", quorum=False) == markers[:1]
 
 
 def test_the_budget_per_label_counts_only_the_same_pool() -> None:

@@ -308,8 +308,9 @@ def test_a_wave_is_counted_by_few_and_held_for_the_rest_by_a_marker(
     core: k8s.CoreV1Api, gpu_node: Any, kube_namespace: str
 ) -> None:
     """The node that finds the wave leaves a marker (its own record); a node failing later on the key
-    is held by it with one small list, without listing the wave's fail records or the failing Nodes
-    (what one agent reads does not grow with the wave); the marker goes when its node recovers."""
+    is held by it with two small lists (the markers; the key's fail records up to a bound, the
+    marker's quorum), without listing every fail record of the wave or the failing Nodes (what one
+    agent reads does not grow with the wave); the marker goes when its node recovers."""
     fleet = Fleet(core, gpu_node, kube_namespace, 4, NO_BUDGET, WavePolicy(3, 0.0, 900))
     a, b, c, d = fleet.names
     for n in (a, b, c):
@@ -324,13 +325,24 @@ def test_a_wave_is_counted_by_few_and_held_for_the_rest_by_a_marker(
 
     class Counting(KubeRest):
         def json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-            asked.append(f"{method} {path} {(kw.get('query') or {}).get('labelSelector', '')}")
+            query = kw.get("query") or {}
+            asked.append(f"{method} {path} {query.get('labelSelector', '')} limit={query.get('limit')}")
             return super().json(method, path, **kw)
 
     repair.rest = Counting(core.api_client)
     node_d = core.api_client.sanitize_for_serialization(core.read_node(d))
     hold = repair.decide(node_d, "xid/79")
     assert hold is not None and hold.why == "wave" and "3 GPU nodes fail on xid/79" in hold.message
-    assert not [q for q in asked if "record in (fail)" in q or "/api/v1/nodes" in q], asked
+    assert not [q for q in asked if "/api/v1/nodes" in q], asked
+    fail_lists = [q for q in asked if "record in (fail)" in q]
+    assert fail_lists and all(q.endswith("limit=6") for q in fail_lists), asked  # 2 x minNodes
+    # asked again while the same markers stand, within marker_recheck_s: the quorum seen is kept
+    again = RepairBudget(
+        Counting(core.api_client), d, namespace=kube_namespace, brake=repair.brake, budget=NO_BUDGET,
+        wave=WavePolicy(3, 0.0, 900), prefix="gpu-healthcheck", hold_cache_s=0, marker_recheck_s=60,
+    )  # fmt: skip
+    asked.clear()
+    assert all(again.decide(node_d, "xid/79") is not None for _ in range(3))
+    assert sum("record in (fail)" in q for q in asked) == 1, asked
     fleet.writers[c].apply(marks(fail=False))  # the marker's node recovers: its marker goes with it
     assert not [r for r in fleet.records_of(WAVE) if r.node == c]

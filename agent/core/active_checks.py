@@ -7,8 +7,9 @@ apart from work:
 - a fleet-wide bound: at most `node.activeChecks.maxConcurrent` GPU nodes run one at once (a count,
   or a share of the GPU nodes, at least 1), coordinated through the API server as the repair budget
   is: a `slot` record (a Lease in the agent's namespace) per node while it runs, each node counting
-  the live slots written before its own (by resourceVersion, the API server's write order) and
-  taking its own back when the bound is reached;
+  the other nodes with a live slot written before its own (by resourceVersion, the API server's
+  write order; distinct nodes, not records: a node counts once) and taking its own back when the
+  bound is reached;
 - a pod that arrives anyway (tolerating the taint) aborts the diag: its result is `unknown`.
 
 An operator asks for a diag at the next idle window with `gpu-healthcheck diag NODE` (the annotation
@@ -100,16 +101,15 @@ def parse_max_concurrent(value: object) -> str:
 
 
 def slots_before(records: Iterable[Record], own: Record, now: float, expire_s: float) -> list[Record]:
-    """The live slots written before *own* (by resourceVersion) by other nodes: a slot older than
-    *expire_s* (an agent that died while it held one) no longer counts."""
-    return sorted(
-        (
-            r
-            for r in records
-            if r.kind == SLOT and r.rv < own.rv and r.node != own.node and now - r.at <= expire_s
-        ),
-        key=lambda r: r.rv,
-    )
+    """The other nodes whose live slot was written before *own* (by resourceVersion), one record per
+    node (its earliest live one): a node's slots count once, however many its token wrote, so one
+    identity takes at most one slot. A slot older than *expire_s* (an agent that died while it held
+    one) no longer counts."""
+    first: dict[str, Record] = {}
+    for r in sorted(records, key=lambda r: r.rv):
+        if r.kind == SLOT and r.node != own.node and now - r.at <= expire_s:
+            first.setdefault(r.node, r)
+    return [r for r in first.values() if r.rv < own.rv]
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,16 @@ frees its slot. These two rules bound what the engines may *newly* be asked to r
 - The budget: at most `limit` nodes may newly turn a remediation condition unhealthy per window
   (the smaller of maxNodes and maxFraction of the GPU nodes, at least one), optionally counted per
   value of a node label (a pool, a zone). Each new mark leaves a record that outlives the Node, so
-  a node the engine deleted still counts until the window has passed.
+  a node the engine deleted still counts until the window has passed. What counts is distinct
+  nodes, not records: a node's marks count once (any agent may write marks of its own node).
 - The wave hold: when at least `threshold` nodes newly failed on the same finding key (rule plus
   code: `xid/79`, `gpu.responsive/timeout`) within one stretch of `window_s`, new marks for that key
   are held fleet-wide. The hold lasts while that many nodes still fail on the key (a node that
   recovers, or whose Node is gone, no longer counts), or until an operator releases it
-  (`gpu-healthcheck brake release`): records from before a release do not count.
+  (`gpu-healthcheck brake release`): records from before a release do not count. A wave marker
+  (written by the node whose full count found the wave) holds the other nodes only on its quorum:
+  while at least minNodes distinct nodes have a fail record of the key; short of it, a marker holds
+  back only its own node.
 
 Records are ordered by resourceVersion (the API server's global write order): a node that created
 its mark record counts every record written before its own, so racing agents agree without a lock.
@@ -215,28 +219,55 @@ def wave_decision(
     return None
 
 
+def _marked_nodes(records: Iterable[Record], since: float, upto_rv: int | None, pool: str | None) -> set[str]:
+    """The distinct nodes with a mark in the window (written after *since*), after the last release of
+    the budget, at or before *upto_rv* (None: any), in *pool* when the budget is counted per label: a
+    node counts once however many marks it wrote (one identity holds back no more than its share)."""
+    records = list(records)
+    after = released_rv(records, RELEASE_ALL)
+    return {
+        r.node
+        for r in records
+        if r.kind == MARK
+        and r.rv > after
+        and (upto_rv is None or r.rv <= upto_rv)
+        and r.at > since
+        and (pool is None or r.pool == pool)
+    }
+
+
 def budget_count(records: Iterable[Record], own: Record, window_s: float, pool: str | None) -> int:
-    """Mark records that count against *own* (itself included): written at or before it (by
-    resourceVersion), within the window before it, after the last release of the budget, and in its
-    pool when the budget is counted per label (*pool* not None)."""
-    records = list(records)
-    since, after = own.at - window_s - RESOLUTION_S, released_rv(records, RELEASE_ALL)
-    return sum(
-        1
-        for r in records
-        if r.kind == MARK and after < r.rv <= own.rv and r.at > since and (pool is None or r.pool == pool)
-    )
+    """Distinct nodes marked against *own* (its node included, once): with a mark written at or before
+    it (by resourceVersion: racing agents agree), within the window before it, after the last release
+    of the budget, and in its pool when the budget is counted per label (*pool* not None)."""
+    return len(_marked_nodes(records, own.at - window_s - RESOLUTION_S, own.rv, pool) | {own.node})
 
 
-def budget_spent(records: Iterable[Record], now: float, window_s: float, pool: str | None) -> int:
-    """Mark records in the window before *now* (the cheap look before this node writes its own)."""
-    records = list(records)
-    since, after = now - window_s - RESOLUTION_S, released_rv(records, RELEASE_ALL)
-    return sum(
-        1
-        for r in records
-        if r.kind == MARK and r.rv > after and r.at > since and (pool is None or r.pool == pool)
-    )
+def budget_spent(
+    records: Iterable[Record], now: float, window_s: float, pool: str | None, node: str = ""
+) -> int:
+    """Distinct nodes other than *node* with a mark in the window before *now* (the cheap look before
+    this node writes its own: *node* is the one it adds)."""
+    return len(_marked_nodes(records, now - window_s - RESOLUTION_S, None, pool) - {node})
+
+
+def quorum_met(
+    fails: Iterable[Record], key: str, after_rv: int, min_nodes: int, complete: bool
+) -> bool | None:
+    """Whether the wave markers of *key* stand on their quorum: at least *min_nodes* distinct nodes
+    with a fail record of the key written after its last release (True); fewer in a complete list
+    (False); fewer in a list cut at its bound (None: not known, the full count decides). One node's
+    records make no quorum: a marker is anyone's to write for its own node."""
+    nodes = {r.node for r in fails if r.kind == FAIL and r.key == key and r.rv > after_rv}
+    if len(nodes) >= min_nodes:
+        return True
+    return False if complete else None
+
+
+def markers_holding(standing: Iterable[Record], node: str, quorum: bool) -> list[Record]:
+    """The standing wave markers that hold *node*: every one while their quorum stands, else only
+    *node*'s own (a node's records may hold back only that node)."""
+    return [m for m in standing if quorum or m.node == node]
 
 
 def budget_hold(count: int, limit: int, policy: BudgetPolicy, key: str, pool: str | None) -> Hold | None:
@@ -297,7 +328,9 @@ __all__ = [
     "expired",
     "finding_key",
     "key_slug",
+    "markers_holding",
     "newly_marking",
+    "quorum_met",
     "released_rv",
     "wave_decision",
     "wave_nodes",

@@ -11,7 +11,8 @@ garbage collector, never by another agent:
   it counts toward the key's wave while the Node carries `<prefix>/status=fail`, and its agent
   deletes it once its node no longer wants a mark.
 - mark: one per new mark, written, then counted with every record written before it (the list not
-  older than its own resourceVersion): beyond the limit, it deletes itself and the node is held.
+  older than its own resourceVersion), as distinct nodes (a node's marks count once, however many
+  its token wrote): beyond the limit, it deletes itself and the node is held.
   Marks count for the window whether or not their Node still exists (no owner: a repaired Node
   must not free budget); each is labelled with its window's bucket (writer's clock // window), so
   an ask lists those that can still count; past the window they no longer count, and their agent
@@ -20,21 +21,27 @@ garbage collector, never by another agent:
 - release: `gpu-healthcheck brake release` (cli/brake.py), an operator's: records before it no
   longer count.
 - wave: a marker left by the node whose full count found a wave on a key (labelled with the key's
-  slug), owned by its Node; it holds the rest of the wave with one small list, and its node deletes
-  it when the wave has ended or the node recovers.
+  slug), owned by its Node; it holds the rest of the wave with small lists (the markers, and the
+  key's fail records up to a bound: its quorum, WaveQuorum), and its node deletes it when the wave
+  has ended or the node recovers. Any agent may write a marker of its own node: without its quorum
+  of distinct failing nodes it holds back only that node.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from agent.core.repair_budget import FAIL, MARK, RELEASE, WAVE, Record, RecordKeys, key_slug
-from agent.reporters.kube_rest import KubeRest
+from agent.core.repair_budget import FAIL, MARK, RELEASE, WAVE, Record, RecordKeys, key_slug, quorum_met
+from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 from agent.reporters.node_names import METADATA_LIST_ACCEPT
 
+log = logging.getLogger(__name__)
+
 REQUEST_TIMEOUT = (5, 30)
+QUORUM_BOUND = 2  # a wave marker's quorum is read from at most this many times minNodes fail records
 
 
 def leases_path(namespace: str, name: str = "") -> str:
@@ -86,16 +93,74 @@ def list_records(
     """The records of *kinds* in *namespace* (of the finding *key* alone, when given: fail records
     and wave markers carry its slug as a label), metadata only, from the watch cache (not older
     than *min_rv* when given: every record written before it is seen)."""
+    return list_page(rest, namespace, prefix, min_rv, kinds, key, extra)[0]
+
+
+def list_page(
+    rest: KubeRest,
+    namespace: str,
+    prefix: str,
+    min_rv: str | None = None,
+    kinds: Sequence[str] = (FAIL, MARK, RELEASE),
+    key: str | None = None,
+    extra: str = "",
+    limit: int = 0,
+) -> tuple[list[Record], bool]:
+    """list_records, at most *limit* records when given (a bounded read, whatever the fleet), and
+    whether the list is complete (no continue token: a server that ignores the limit lists all)."""
     keys = RecordKeys(prefix)
     selector = f"{keys.kind} in ({','.join(kinds)})" + (f",{keys.key_label}={key_slug(key)}" if key else "")
     selector += f",{extra}" if extra else ""
     query = {"labelSelector": selector, "resourceVersion": min_rv or "0"}
     if min_rv:
         query["resourceVersionMatch"] = "NotOlderThan"
+    if limit > 0:
+        query["limit"] = str(limit)
     doc = rest.json(
         "GET", leases_path(namespace), query=query, accept=METADATA_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
     )
-    return [r for r in (record_of(i, prefix) for i in doc.get("items") or ()) if r is not None]
+    records = [r for r in (record_of(i, prefix) for i in doc.get("items") or ()) if r is not None]
+    return records, not (doc.get("metadata") or {}).get("continue")
+
+
+class WaveQuorum:
+    """Whether the wave markers of a key stand on their quorum (core quorum_met; None: the full count
+    decides), from the key's fail records listed up to QUORUM_BOUND times minNodes, metadata only:
+    flat in the fleet's size; not older than the newest marker (the watch cache then honours the
+    limit, which it ignores for resourceVersion 0). A quorum seen is kept for *keep_s* while the same
+    markers stand: as long as a marker's own node takes to count its wave again and see it end. A
+    list that fails keeps the markers' hold (an unreadable count never lifts one) and is not kept."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}  # key -> (newest marker's rv, when seen met)
+
+    def confirm(
+        self,
+        rest: KubeRest,
+        namespace: str,
+        prefix: str,
+        key: str,
+        *,
+        after_rv: int,
+        min_nodes: int,
+        newest_rv: int,
+        now: float,
+        keep_s: float,
+    ) -> bool | None:
+        seen = self._seen.pop(key, None)
+        if seen is not None and seen[0] == newest_rv and now - seen[1] < keep_s:
+            self._seen[key] = seen
+            return True
+        limit = QUORUM_BOUND * min_nodes
+        try:
+            fails, complete = list_page(rest, namespace, prefix, str(newest_rv), (FAIL,), key, limit=limit)
+        except Exception as exc:
+            log.info("confirming the wave on %s failed, its markers hold: %s", key, describe_error(exc))
+            return True
+        quorum = quorum_met(fails, key, after_rv, min_nodes, complete)
+        if quorum:
+            self._seen[key] = (newest_rv, now)
+        return quorum
 
 
 def create_record(
@@ -139,4 +204,27 @@ def create_record(
     return rec
 
 
-__all__ = ["create_record", "epoch", "leases_path", "list_records", "record_of"]
+def create_fixed(
+    rest: KubeRest,
+    namespace: str,
+    prefix: str,
+    kind: str,
+    annotations: Mapping[str, str],
+    *,
+    name: str,
+    holder: str,
+    owner: Mapping[str, Any],
+) -> Record | None:
+    """create_record of a fixed *name* owned by the Node *owner*; None when it is there already (a
+    retry, or a restarted agent: the record is the same)."""
+    try:
+        return create_record(
+            rest, namespace, prefix, kind, annotations, name=name, holder=holder, owner=owner
+        )
+    except Exception as exc:
+        if api_status(exc) != 409:
+            raise
+        return None
+
+
+__all__ = ["create_fixed", "create_record", "epoch", "leases_path", "list_page", "list_records", "record_of"]

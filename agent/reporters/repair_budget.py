@@ -39,12 +39,21 @@ from agent.core.repair_budget import (
     budget_hold,
     budget_limit,
     budget_spent,
+    markers_holding,
     newly_marking,
     released_rv,
     wave_decision,
 )
 from agent.reporters.brake import Brake
-from agent.reporters.budget_records import create_record, epoch, leases_path, list_records, record_of
+from agent.reporters.budget_records import (
+    WaveQuorum,
+    create_fixed,
+    create_record,
+    epoch,
+    leases_path,
+    list_records,
+    record_of,
+)
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 from agent.reporters.node_names import names_in_list
 
@@ -86,6 +95,7 @@ class RepairBudget:
         self._failed: set[str] = set()  # keys this node's fail record was written for (this episode)
         self._own_records: set[str] = set()  # this node's fail records and wave markers, written or listed
         self._markers: dict[str, tuple[str, float]] = {}  # key -> (its marker's name, when counted)
+        self._quorum = WaveQuorum()  # other nodes' markers: whether they stand on their quorum
         self._own_marks: dict[str, float] = {}  # this node's marks: name -> when (deleted past the window)
         self._held: tuple[float, Hold] | None = None
         self._pool_totals: dict[str, tuple[float, int]] = {}
@@ -96,8 +106,8 @@ class RepairBudget:
         return self.budget.on or self.wave.on
 
     def reconfigure(self, budget: BudgetPolicy, wave: WavePolicy) -> None:
-        """A reloaded config counts from the next ask (a cached hold is dropped)."""
-        self.budget, self.wave, self._held = budget, wave, None
+        """A reloaded config counts from the next ask (a cached hold and quorum are dropped)."""
+        self.budget, self.wave, self._held, self._quorum = budget, wave, None, WaveQuorum()
 
     def apply_config(self, old: Config, new: Config) -> None:
         """A reload (config/live_part.py): node.repairBudget and node.waveHold, through reconfigure()."""
@@ -160,8 +170,10 @@ class RepairBudget:
         marker counts the wave in full (the key's fail records and the failing Nodes): at its first
         ask of an episode, or when the budget would let it mark. A full count that finds a wave
         leaves a marker (its node's own record), so that the other nodes of the wave are held by
-        one small list; a marker's owner counts again every `marker_recheck_s` and takes its marker
-        away when the wave has ended (a marker left by a node that recovered goes with it)."""
+        two small lists (the markers; the key's fail records up to a bound: the marker's quorum,
+        else the full count decides); a marker's owner counts again every `marker_recheck_s` and
+        takes its marker away when the wave has ended (a marker left by a node that recovered goes
+        with it)."""
         now = self._clock()
         if self._held is not None and now - self._held[0] < self.hold_cache_s and self._held[1].key == key:
             return self._held[1]
@@ -169,9 +181,10 @@ class RepairBudget:
         min_rv = self._record_failure(key, node)
         ledger = self._ledger(min_rv, now)
         self._collect(ledger, now)
-        hold = self._marked_wave(key, ledger, now) if self.wave.on else None
+        hold, recount = self._marked_wave(key, ledger, now) if self.wave.on else (None, False)
         spent = self._budget_spent(node, key, ledger, now) if hold is None and self.budget.on else None
-        if hold is None and self.wave.on and (first or spent is None) and not self._marker_fresh(key, now):
+        due = (first or spent is None) and not self._marker_fresh(key, now)
+        if hold is None and self.wave.on and (recount or due):
             node_rv = str((node.get("metadata") or {}).get("resourceVersion") or "") or None
             hold = self._count_wave(key, ledger, node, node_rv, min_rv, now)
         hold = hold or spent
@@ -198,29 +211,39 @@ class RepairBudget:
         own = self._markers.get(key)
         return own is not None and now - own[1] < self.marker_recheck_s
 
-    def _marked_wave(self, key: str, ledger: list[Record], now: float) -> Hold | None:
-        """A wave marker of *key* written after its last release: held, without counting (unless it
-        is this node's own and due to be counted again)."""
+    def _marked_wave(self, key: str, ledger: list[Record], now: float) -> tuple[Hold | None, bool]:
+        """A wave marker of *key* written after its last release, on its quorum: held without
+        counting in full (unless it is this node's own and due to be counted again); and whether the
+        caller must count in full (a quorum the bounded list could not confirm)."""
         markers = list_records(self.rest, self.namespace, self.prefix, kinds=(WAVE,), key=key)
         after = released_rv(ledger, key)
         standing = [m for m in markers if m.rv > after and m.kind == WAVE and m.key == key]
+        if not standing:
+            return None, False
         mine = next((m for m in standing if m.node == self.node_name), None)
         if mine is not None and key not in self._markers:  # left by this node's last life: count it again
             self._markers[key] = (mine.name, float("-inf"))
             self._own_records.add(mine.name)
+        quorum: bool | None = True
+        if any(m.node != self.node_name for m in standing):
+            quorum = self._quorum.confirm(
+                self.rest, self.namespace, self.prefix, key, after_rv=after, min_nodes=self.wave.min_nodes,
+                newest_rv=max(m.rv for m in standing), now=now, keep_s=self.marker_recheck_s,
+            )  # fmt: skip
+        if quorum is None:
+            return None, True  # the bounded list could not confirm theirs: the full count decides
+        holding = markers_holding(standing, self.node_name, quorum)
         own = self._markers.get(key)
-        older = [m for m in standing if m.node != self.node_name and (mine is None or m.rv < mine.rv)]
-        if own is not None and older:  # another node's marker came first: it counts, ours goes
+        older = [m for m in holding if m.node != self.node_name and (mine is None or m.rv < mine.rv)]
+        if own is not None and older:  # another node's marker (on its quorum) came first: ours goes
             del self._markers[key]
             self._delete(own[0])
             own = None
-        if own is not None and now - own[1] >= self.marker_recheck_s:
-            return None  # ours and due: the caller counts again
-        if not standing:
-            return None
-        first = min(standing, key=lambda m: m.rv)
+        if (own is not None and now - own[1] >= self.marker_recheck_s) or not holding:
+            return None, False  # ours and due (the caller counts again), or none holds this node
+        first = min(holding, key=lambda m: m.rv)
         why = first.reason or f"a correlated wave on {key} (node.waveHold)"
-        return Hold(HoldReason.WAVE, key, why)
+        return Hold(HoldReason.WAVE, key, why), False
 
     def _count_wave(
         self,
@@ -253,20 +276,9 @@ class RepairBudget:
         digest = hashlib.sha256(f"{self.node_name}\0{key}\0wave".encode()).hexdigest()[:20]
         name = f"{self.prefix}-wave-{digest}"
         ann = {keys.node: self.node_name, keys.key: key, keys.reason: hold.message}
-        try:
-            create_record(
-                self.rest,
-                self.namespace,
-                self.prefix,
-                WAVE,
-                ann,
-                name=name,
-                holder=self.node_name,
-                owner=node,
-            )
-        except Exception as exc:
-            if api_status(exc) != 409:
-                raise
+        create_fixed(
+            self.rest, self.namespace, self.prefix, WAVE, ann, name=name, holder=self.node_name, owner=node
+        )
         self._own_records.add(name)
         return name
 
@@ -291,7 +303,7 @@ class RepairBudget:
         """The cheap look before writing a mark: held when the window's marks are at the limit."""
         pool = self._pool(node)
         limit = budget_limit(self.budget, self._pool_total(pool))
-        spent = budget_spent(ledger, now, self.budget.window_s, pool)
+        spent = budget_spent(ledger, now, self.budget.window_s, pool, self.node_name)
         return budget_hold(spent + 1, limit, self.budget, key, pool)
 
     def _pool(self, node: Mapping[str, Any]) -> str | None:
@@ -329,24 +341,12 @@ class RepairBudget:
         digest = hashlib.sha256(f"{self.node_name}\0{key}".encode()).hexdigest()[:20]
         name = f"{self.prefix}-fail-{digest}"
         self._own_records.add(name)
-        try:
-            rec = create_record(
-                self.rest,
-                self.namespace,
-                self.prefix,
-                FAIL,
-                {keys.node: self.node_name, keys.key: key},
-                name=name,
-                holder=self.node_name,
-                owner=node,
-            )
-        except Exception as exc:
-            if api_status(exc) != 409:
-                raise
-            self._failed.add(key)
-            return None
+        ann = {keys.node: self.node_name, keys.key: key}
+        rec = create_fixed(
+            self.rest, self.namespace, self.prefix, FAIL, ann, name=name, holder=self.node_name, owner=node
+        )
         self._failed.add(key)
-        return str(rec.rv)
+        return str(rec.rv) if rec is not None else None
 
     def _failing(self, min_rv: str | None) -> set[str]:
         """The Nodes failing now (`<prefix>/status=fail`), names only, from the watch cache."""
