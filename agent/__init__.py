@@ -1,3 +1,3 @@
 """gpu-healthcheck: a node agent that finds broken GPUs and GPU-network adapters."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

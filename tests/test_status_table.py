@@ -288,7 +288,11 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
         "FINDING",
     ]
     assert lines[0].split() == head
-    assert len(lines) == 3 and len(HEADER) == 8
+    table = lines[: lines.index("") if "" in lines else len(lines)]
+    assert len(table) == 3 and len(HEADER) == 8
+    # its taint was written without a brake slot (a writer without a brake): it counts, and is named
+    brake = [line for line in lines[3:] if line.startswith("BRAKE (") or "tainted without a slot" in line]
+    assert brake and brake[0].startswith("BRAKE (") and broken in brake[-1], out
     assert code == 1  # a node fails
     assert lines[1].startswith(broken) and "fail" in lines[1] and "reboot" in lines[1]
     assert "xid: GPU 2: Xid 48 double-bit ECC error" in lines[1]
