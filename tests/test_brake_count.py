@@ -131,3 +131,17 @@ def test_racing_counters_holding_numbers_count_each_other_once_in_order() -> Non
     ]
     assert occupants(seen, {"a"}, set(), asker="p", now=NOW, own_rv=50) == {"a"}
     assert occupants(seen, {"a"}, set(), asker="q", now=NOW, own_rv=51) == {"a", "p"}
+
+
+def test_status_counts_an_older_agents_isolated_node_by_its_slot() -> None:
+    """A node an older agent isolated by device taints: it holds a slot, carries no taint, claims
+    none, and fails. Its slot counts (it is not void), once."""
+    from agent.cli.status_brake import brake_lines
+    from agent.core.node_keys import Keys
+
+    k = Keys()
+    nodes = [{"metadata": {"name": "iso", "labels": {k.status: "fail"}}}]
+    tickets = [t("gpu-healthcheck-taint-fleet-0", "iso")]
+    kw = {"cap": 1, "total": 6, "prefix": "gpu-healthcheck", "now": NOW, "limit": "x"}
+    lines = brake_lines(nodes, [], tickets, **kw)  # type: ignore[arg-type]
+    assert lines[0].endswith("; 1 count)") and "count for nothing" not in "\n".join(lines)

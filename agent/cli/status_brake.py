@@ -43,7 +43,7 @@ def brake_lines(
     keys = Keys(prefix)
     labels = {str(n["metadata"]["name"]): (n["metadata"].get("labels") or {}) for n in nodes}
     tainted = {n for n, lab in labels.items() if lab.get(keys.tainted) == TRUE}
-    claimers = {n for n, lab in labels.items() if lab.get(keys.brake_slot)}
+    claimers = {n for n, lab in labels.items() if lab.get(keys.brake_slot) or lab.get(keys.status) == "fail"}
     counted = occupants(tickets, claimers, tainted, asker="", now=now)
     bad = void(tickets, claimers, tainted, now)
     holders = {t.holder: t for t in tickets if t not in bad}

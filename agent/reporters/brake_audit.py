@@ -29,7 +29,9 @@ from typing import Any
 
 from agent.core.brake_count import GRACE_S, occupants, void
 from agent.core.node_keys import TRUE, Keys
+from agent.core.severity import Status
 from agent.reporters.brake_slots import Slots
+from agent.reporters.node_names import list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +96,22 @@ class Audit:
             t = self.slots.get(i)
             if t is None:
                 return True
-            if now - t.at >= self.grace_s and not (t.holder and self.slots.claimed(t.holder, t.name)):
+            if now - t.at >= self.grace_s and not (t.holder and self._stands(t.holder, t.name)):
                 log.info("brake: slot %s is not claimed by its holder %r: counting nodes", t.name, t.holder)
                 return True
         return False
+
+    def _stands(self, holder: str, name: str) -> bool:
+        """Does *holder* stand behind its slot *name*: it claims it, or its Node fails (a node an
+        older agent isolated by device taints holds a slot, carries no taint and claims none)?"""
+        if self.slots.claimed(holder, name):
+            return True
+        failing = f"{self.keys.status}={Status.FAIL.value}"
+        return holder in names_in_list(
+            list_names_doc(
+                self.slots.rest, "/api/v1/nodes", failing, field_selector=f"metadata.name={holder}"
+            )
+        )
 
     def take(self, asker: str, cap: int, node: Mapping[str, Any] | None) -> str | None:
         """Count the nodes after taking *asker*'s overflow slot: the slot's name when fewer than
@@ -105,7 +119,10 @@ class Audit:
         own = self.slots.take_overflow(asker, node)
         try:
             tickets = self.slots.tickets(min_rv=own.rv)
-            claimers = self.selected(self.keys.brake_slot)
+            # a failing Node stands behind its slot too (an older agent's isolated node claims none)
+            claimers = self.selected(self.keys.brake_slot) | self.selected(
+                f"{self.keys.status}={Status.FAIL.value}"
+            )
             tainted = self.selected(f"{self.keys.tainted}={TRUE}")
         except Exception:
             self.slots.free(own.name)
