@@ -1,0 +1,377 @@
+"""A fleet upgraded from the previous release (0.2.0, commit a8b8806) to this tree and rolled back,
+on the real API server, in README.md's order ("Upgrade and roll back").
+
+Five GPU Nodes, each with its own agent process on a copy of the healthy snapshot, one config
+directory for all (the ConfigMap), the brake on with a cap of 2 (`maxTaintedNodes: 2`) and repair
+marks written (`node.remediationConditions`, a repair budget per node). At 0.2.0 (its own code:
+`git archive` of the commit, `python -m agent.cli` in that tree): one node fails on an Xid 79 and is
+cleared (`gpu-healthcheck clear`), then three nodes fail at once on an Xid 79: two are tainted and
+marked, the third is held by the brake (one more failing node than the cap).
+
+The upgrade: the agents are replaced one at a time with this tree's while the ConfigMap stays the
+0.2.0 one (0.2.0 refuses `schemaVersion`), then the ConfigMap with `schemaVersion` goes in last. The
+roll back: the 0.2.0 ConfigMap first (`kubectl apply -f OLD/manifests/` applies it with the rest),
+then the agents one at a time; from this tree back to 0.2.0 the README has nothing to delete.
+
+Throughout, a watch of the five Nodes asserts, after every replacement and config change:
+- the brake stays exact: never more than 2 of the Nodes carry our taint, and the same two stay
+  tainted, the held node stays held (failing, untainted);
+- no clear is lost by the upgrade: the cleared node stays pass and untainted, at 0.2.0 and after
+  its agent is new (the kernel log still holds the cleared Xid line);
+- no `ConfigRejected`: no node's GPUHealthy condition ever has that reason, and no such Event;
+- at the end of the roll back nothing is left acting: no overflow brake slot
+  (`gpu-healthcheck/overflow=true`), every slot numbered below the cap and held by a node that
+  carries our taint, no more slots than the cap.
+
+What a roll back to 0.2.0 cannot keep: the clear. 0.2.0 records no cover of a clear (only
+`lastClear`), so its agent, started again in the same boot on the kernel log that still holds the
+cleared Xid line, fails the node on that line again; the brake holds it back (both slots are held),
+so the cap holds there too. The test asserts exactly that.
+
+It prints a timeline (seconds from the start): run with `-s` to see it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import SCHEMA_VERSION
+from agent.core.node_keys import DEFAULT_CONDITION_TYPE, ConditionReason, Keys
+from agent.core.remediation_types import RemediationReason
+from agent.reporters.kube_rest import KubeRest
+from tests.kubeenv.env import unique_name
+from tests.test_agent_kube import HEALTHY, XID_LINE, AgentProcess, events, node_dict, our_taint, wait_for
+from tests.test_clear import clear_cli
+from tests.test_clear_upgrade_kube import OldAgent, old_tree
+from tests.test_remediation_kube import AHR, ONE_ENTRY
+
+pytestmark = pytest.mark.kube
+
+K = Keys()
+R = RemediationReason
+OLD_COMMIT, OLD_VERSION = "a8b8806", "0.2.0"
+CAP = 2
+NS = "gpu-healthcheck"
+CONFIG_020 = ONE_ENTRY.replace(
+    "  maxTaintedFraction: 1\n", f"  maxTaintedFraction: 1\n  maxTaintedNodes: {CAP}\n"
+)
+CONFIG_NEW = f"schemaVersion: {SCHEMA_VERSION}\n" + CONFIG_020
+ROLES = ("a", "b", "c", "cleared", "healthy")  # a, b, c fail at once: two tainted, one held
+NEW = "this tree"
+POOL = "test.example/upgrade-pool"
+REJECTED = ConditionReason.CONFIG_REJECTED.value
+SETTLE_CYCLES = 3  # gpu cycles a replaced agent runs before the fleet is checked
+
+
+class Fleet:
+    """The five Nodes, their agents, one config directory, and a watch of the Nodes that keeps the
+    peak of tainted Nodes, every condition reason ConfigRejected, and the timeline."""
+
+    def __init__(self, kube: Any, gpu_node: Callable[..., Any], tmp_path: Path, tree: Path) -> None:
+        self.kube, self.tmp, self.tree = kube, tmp_path, tree
+        self.t0 = time.monotonic()
+        self.timeline: list[str] = []
+        self.cfg = tmp_path / "config"
+        self.cfg.mkdir()
+        (self.cfg / "config.yaml").write_text(CONFIG_020)
+        self.pool = unique_name("upgrade")
+        self.worlds: dict[str, dict[str, Any]] = {}
+        for role in ROLES:
+            node = gpu_node(instance_type="p5.48xlarge", gpus=8, labels={POOL: self.pool}).metadata.name
+            (tmp_path / role).mkdir()
+            snap = tmp_path / role / "snap"
+            shutil.copytree(HEALTHY, snap, symlinks=True)
+            self.worlds[role] = {
+                "kube": kube,
+                "node": node,
+                "snap": snap,
+                "cfg": self.cfg,
+                "core": kube.api_client(),
+            }
+        self.role_of = {w["node"]: role for role, w in self.worlds.items()}
+        self.agents: dict[str, AgentProcess] = {}
+        self.version: dict[str, str] = {}
+        self.lives = 0
+        self.rest = KubeRest.of(kube.api_client())
+        self.tainted: set[str] = set()  # roles whose Node carries our taint, as the watch saw last
+        self.peak = 0
+        self.rejected: list[str] = []
+        self.overflow: set[str] = set()  # overflow brake slots seen (a count of nodes was made)
+        self.broken: list[str] = []  # a watch that failed: the test would see nothing
+        self._stop = threading.Event()
+        self._streams: dict[str, Any] = {}
+        leases = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+        self._watchers = [
+            threading.Thread(target=self._follow, args=("/api/v1/nodes", f"{POOL}={self.pool}", self._seen)),
+            threading.Thread(target=self._follow, args=(leases, f"{K.prefix}/record=taint", self._slot)),
+        ]
+        for t in self._watchers:
+            t.daemon = True
+            t.start()
+        wait_for(lambda: len(self._streams) == len(self._watchers), what="the watches")
+
+    # -- the watches ----------------------------------------------------------------------------
+    def _follow(self, path: str, selector: str, seen: Callable[[str, dict[str, Any]], None]) -> None:
+        """List, then watch from the list's resourceVersion until close(): every change, in order."""
+        try:
+            rest = KubeRest.of(self.kube.api_client())
+            listed = rest.json("GET", path, query={"labelSelector": selector})
+            for item in listed["items"]:
+                seen("ADDED", item)
+            rv = listed["metadata"]["resourceVersion"]
+            while not self._stop.is_set():
+                query = {"labelSelector": selector, "resourceVersion": rv, "timeoutSeconds": 30}
+                self._streams[path] = stream = rest.watch(path, query=query, timeout=(5, 40))
+                for ev in stream:
+                    obj = ev.get("object") or {}
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    seen(ev.get("type", ""), obj)
+        except Exception as exc:
+            if not self._stop.is_set():
+                self.broken.append(f"{path}: {exc!r}")
+                raise
+
+    def _slot(self, kind: str, lease: dict[str, Any]) -> None:
+        meta = lease.get("metadata") or {}
+        if kind == "ADDED" and (meta.get("labels") or {}).get(f"{K.prefix}/overflow") == "true":
+            holder = self.role_of.get((meta.get("annotations") or {}).get(f"{K.prefix}/node", ""))
+            if holder is not None:
+                self.overflow.add(meta["name"])
+                self.note(f"watch: {holder} took an overflow slot (a count of nodes)")
+
+    def _seen(self, kind: str, node: dict[str, Any]) -> None:
+        if kind not in ("ADDED", "MODIFIED"):
+            return
+        role = self.role_of.get(node["metadata"]["name"])
+        if role is None:
+            return
+        was = role in self.tainted
+        if our_taint(node) is not None:
+            self.tainted.add(role)
+        else:
+            self.tainted.discard(role)
+        if (role in self.tainted) != was:
+            self.note(
+                f"watch: {role} {'tainted' if role in self.tainted else 'untainted'} "
+                f"({len(self.tainted)} tainted: {','.join(sorted(self.tainted)) or '-'})"
+            )
+        self.peak = max(self.peak, len(self.tainted))
+        for c in (node.get("status") or {}).get("conditions") or ():
+            if c.get("type") == DEFAULT_CONDITION_TYPE and c.get("reason") == REJECTED:
+                self.rejected.append(f"{role}: {c.get('message')}")
+                self.note(f"watch: {role} {DEFAULT_CONDITION_TYPE} reason {REJECTED}")
+
+    def close(self) -> None:
+        self._stop.set()
+        for stream in list(self._streams.values()):
+            stream.stop()
+        for agent in self.agents.values():
+            agent.stop(signal.SIGKILL)
+
+    # -- the agents -----------------------------------------------------------------------------
+    def note(self, what: str) -> None:
+        self.timeline.append(f"{time.monotonic() - self.t0:6.1f}s  {what}")
+
+    def start(self, role: str, version: str) -> None:
+        w = self.worlds[role]
+        self.lives += 1
+        log = self.tmp / role / f"{self.lives:02d}-{version.replace(' ', '-')}.log"
+        if version == OLD_VERSION:
+            self.agents[role] = OldAgent(w, self.tree, log)
+        else:
+            self.agents[role] = AgentProcess(self.kube, w["node"], w["snap"], self.cfg, log)
+        self.version[role] = version
+
+    def cycles(self, role: str) -> int:
+        return self.agents[role].log.read_text().count("tier gpu:")
+
+    def replace(self, role: str, version: str) -> None:
+        """Stop *role*'s agent (SIGTERM, as a rollout does) and start *version*'s on its Node."""
+        was = self.version[role]
+        self.agents[role].stop()
+        assert self.agents[role].proc.returncode == 0, self.agents[role].log.read_text()[-3000:]
+        self.start(role, version)
+        wait_for(lambda: self.cycles(role) >= SETTLE_CYCLES, timeout=60, what=f"{role}: {version} running")
+        self.note(f"{role}: agent {was} -> {version}")
+
+    def write_config(self, text: str, what: str) -> None:
+        """The ConfigMap changes (kubectl apply): config.yaml swapped in one rename, as the kubelet
+        swaps a ConfigMap volume; every agent reloads it (one more ConfigReloaded Event each)."""
+        before = {r: events(w).count("ConfigReloaded") for r, w in self.worlds.items()}
+        (self.tmp / "config.yaml.new").write_text(text)
+        os.replace(self.tmp / "config.yaml.new", self.cfg / "config.yaml")
+        for role, w in self.worlds.items():
+            wait_for(
+                lambda w=w, role=role: events(w).count("ConfigReloaded") > before[role],
+                timeout=60,
+                what=f"{role}: ConfigReloaded ({what})",
+            )
+        self.note(f"ConfigMap: {what}, reloaded by all 5 agents")
+
+    # -- what the Nodes say ---------------------------------------------------------------------
+    def node(self, role: str) -> dict[str, Any]:
+        return node_dict(self.worlds[role])
+
+    def ahr(self, role: str) -> dict[str, Any]:
+        conds = self.node(role)["status"].get("conditions") or []
+        return next((c for c in conds if c["type"] == AHR), {})
+
+    def state(self, role: str) -> tuple[str, bool]:
+        node = self.node(role)
+        return node["metadata"]["labels"].get(K.status, ""), our_taint(node) is not None
+
+    def records(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        """(role, Lease) of the fleet records of *kind* (`taint`: brake slots; `mark`) of our Nodes."""
+        doc = self.rest.json(
+            "GET",
+            f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases",
+            query={"labelSelector": f"{K.prefix}/record={kind}"},
+        )
+        out = []
+        for lease in doc["items"]:
+            node = (lease["metadata"].get("annotations") or {}).get(f"{K.prefix}/node")
+            if node in self.role_of:
+                out.append((self.role_of[node], lease))
+        return out
+
+    def slots(self) -> list[dict[str, Any]]:
+        return [lease for _, lease in self.records("taint")]
+
+    def slot_summary(self) -> str:
+        out = [
+            f"{s['metadata']['name'].removeprefix(K.prefix + '-taint-')}:{r}"
+            for r, s in self.records("taint")
+        ]
+        claims = {r: c for r in ROLES if (c := self.node(r)["metadata"]["labels"].get(K.brake_slot))}
+        return f"slots [{' '.join(sorted(out)) or '-'}] claims {claims or '-'}"
+
+    def marks(self) -> set[str]:
+        return {role for role, _ in self.records("mark")}
+
+    def rejected_events(self) -> list[str]:
+        """ConfigRejected Events about our Nodes (one list of the reason, any namespace)."""
+        doc = self.rest.json("GET", "/api/v1/events", query={"fieldSelector": f"reason={REJECTED}"})
+        return [
+            f"{self.role_of[n]}: {e.get('message')}"
+            for e in doc["items"]
+            if (n := (e.get("involvedObject") or {}).get("name")) in self.role_of
+        ]
+
+    def check(self, expect: dict[str, tuple[str, bool]], what: str) -> None:
+        """The fleet as *expect*ed ({role: (status label, tainted)}), the peak at or under the cap so
+        far, and no ConfigRejected; a timeline line."""
+        try:
+            wait_for(lambda: all(self.state(r) == expect[r] for r in ROLES), timeout=30, what=what)
+        except AssertionError:
+            raise AssertionError(f"{what}: { ({r: self.state(r) for r in ROLES}) } != {expect}") from None
+        assert self.peak <= CAP, f"{what}: {self.peak} Nodes carried our taint at once (cap {CAP})"
+        assert not self.rejected, self.rejected
+        assert not self.broken and all(t.is_alive() for t in self._watchers), self.broken
+        assert not self.rejected_events(), self.rejected_events()
+        assert len([r for r in ROLES if expect[r][1]]) <= CAP
+        versions = ",".join(f"{r}={'old' if v == OLD_VERSION else 'new'}" for r, v in self.version.items())
+        self.note(f"checked {what}: peak {self.peak}/{CAP}; {versions}; {self.slot_summary()}")
+
+
+def xid(fleet: Fleet, *roles: str) -> None:
+    for role in roles:
+        with (fleet.worlds[role]["snap"] / "kmsg.log").open("a") as fh:
+            fh.write(XID_LINE)
+    fleet.note(f"Xid 79 appended to the kernel log of {', '.join(roles)}")
+
+
+@pytest.fixture
+def fleet(kube: Any, gpu_node: Callable[..., Any], tmp_path: Path) -> Iterator[Fleet]:
+    tree = old_tree(OLD_COMMIT, tmp_path / "old")  # skips where the commit is not in the clone
+    assert f'__version__ = "{OLD_VERSION}"' in (tree / "agent" / "__init__.py").read_text()
+    kube.ensure_namespace(NS)
+    f = Fleet(kube, gpu_node, tmp_path, tree)
+    try:
+        yield f
+    finally:
+        f.close()
+        print("\n".join(["", "timeline (seconds from the start):", *f.timeline]))
+
+
+def test_an_upgrade_from_020_and_the_roll_back_keep_the_brake_exact_and_the_clear(fleet: Fleet) -> None:
+    f = fleet
+    f.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in f.worlds.items()))
+    for role in ROLES:
+        f.start(role, OLD_VERSION)
+    passing = {r: ("pass", False) for r in ROLES}
+    f.check(passing, "all five at 0.2.0, pass")
+
+    # A node fails, is tainted and marked, and is cleared (0.2.0 consumes the clear).
+    xid(f, "cleared")
+    wait_for(
+        lambda: f.state("cleared") == ("fail", True) and f.ahr("cleared").get("status") == "False",
+        timeout=30,
+        what="cleared: tainted and marked",
+    )
+    f.note("cleared: fail, tainted, AHR=False (0.2.0)")
+    done = clear_cli(
+        f.kube.kubeconfig, f.worlds["cleared"]["node"], "--all", "--reason", "reseated", "--wait", "30"
+    )
+    assert done.returncode == 0 and "the node is now pass" in done.stdout, done.stdout + done.stderr
+    f.note("gpu-healthcheck clear cleared --all: the node is now pass")
+    f.check(passing, "the clear under 0.2.0")
+    wait_for(lambda: not f.slots(), timeout=30, what="the cleared node's slot freed")
+
+    # Three nodes fail at once: the cap (2) taints two, the third is held.
+    xid(f, "a", "b", "c")
+    wait_for(
+        lambda: len(f.tainted) == CAP and all(f.state(r)[0] == "fail" for r in "abc"),
+        timeout=40,
+        what="two of a, b, c tainted",
+    )
+    (held,) = [r for r in "abc" if not f.state(r)[1]]
+    wait_for(lambda: f.ahr(held).get("reason") == R.BRAKE_HELD, timeout=30, what=f"{held}: {R.BRAKE_HELD}")
+    f.note(f"{held} held by the brake ({R.BRAKE_HELD}); the others tainted")
+    expect = {**passing, "a": ("fail", True), "b": ("fail", True), "c": ("fail", True), held: ("fail", False)}
+    f.check(expect, "0.2.0 settled")
+    marked = f.marks()
+    assert set("abc") - {held} <= marked and "cleared" in marked and held not in marked, marked
+    f.note(f"repair budget mark records: {','.join(sorted(marked))}")
+
+    # The upgrade: the agents first, one at a time, the 0.2.0 ConfigMap in place.
+    for role in ROLES:
+        f.replace(role, NEW)
+        f.check(expect, f"{role} upgraded")
+    results = json.loads(f.node("cleared")["metadata"]["annotations"][K.results])
+    assert results.get("clearCover"), results  # the new agent adopted the 0.2.0 clear (lastClear)
+    # The ConfigMap last: schemaVersion, which 0.2.0 would have rejected.
+    f.write_config(CONFIG_NEW, f"schemaVersion: {SCHEMA_VERSION}")
+    f.check(expect, "the new ConfigMap")
+    assert f.ahr(held).get("reason") == R.BRAKE_HELD and f.ahr("cleared").get("status") == "True"
+
+    # The roll back: the 0.2.0 ConfigMap (with the rest of its manifests), then the agents.
+    f.write_config(CONFIG_020, "back to 0.2.0's (no schemaVersion)")
+    f.check(expect, "the 0.2.0 ConfigMap under new agents")
+    for role in ROLES:
+        f.replace(role, OLD_VERSION)
+        if role == "cleared":  # 0.2.0 keeps no clear: the cleared Xid line fails the node again...
+            expect["cleared"] = ("fail", False)  # ...and the brake holds it back (both slots held)
+        f.check(expect, f"{role} rolled back")
+        if role == "cleared":
+            assert f.ahr("cleared").get("reason") == R.BRAKE_HELD, f.ahr("cleared")
+            f.note(f"cleared: 0.2.0 fails it again on the cleared Xid line, held ({R.BRAKE_HELD})")
+
+    # Nothing is left acting: no overflow slot, every slot numbered below the cap and held by a
+    # Node carrying our taint (0.2.0 counts those), no ConfigRejected Event.
+    slots = f.slots()
+    names = [s["metadata"]["name"] for s in slots]
+    assert not [s for s in slots if s["metadata"]["labels"].get(f"{K.prefix}/overflow")], names
+    assert len(slots) <= CAP and all(int(n.rsplit("-", 1)[1]) < CAP for n in names), names
+    holders = {role for role, _ in f.records("taint")}
+    assert holders <= f.tainted, (holders, f.tainted)
+    assert f.peak <= CAP and not f.rejected
+    f.note(f"end: peak {f.peak}/{CAP}, no ConfigRejected, {f.slot_summary()}")
