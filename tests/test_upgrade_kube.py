@@ -32,6 +32,7 @@ It prints a timeline (seconds from the start): run with `-s` to see it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -229,6 +230,9 @@ class Fleet:
         node = self.node(role)
         return node["metadata"]["labels"].get(K.status, ""), our_taint(node) is not None
 
+    def states(self) -> dict[str, tuple[str, bool]]:
+        return {r: self.state(r) for r in ROLES}
+
     def records(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
         """(role, Lease) of the fleet records of *kind* (`taint`: brake slots; `mark`) of our Nodes."""
         doc = self.rest.json(
@@ -269,17 +273,21 @@ class Fleet:
     def check(self, expect: dict[str, tuple[str, bool]], what: str) -> None:
         """The fleet as *expect*ed ({role: (status label, tainted)}), the peak at or under the cap so
         far, and no ConfigRejected; a timeline line."""
-        try:
-            wait_for(lambda: all(self.state(r) == expect[r] for r in ROLES), timeout=30, what=what)
-        except AssertionError:
-            raise AssertionError(f"{what}: { ({r: self.state(r) for r in ROLES}) } != {expect}") from None
-        assert self.peak <= CAP, f"{what}: {self.peak} Nodes carried our taint at once (cap {CAP})"
+        with contextlib.suppress(AssertionError):  # asserted below, with what was seen
+            wait_for(lambda: self.peak > CAP or self.states() == expect, timeout=30, what=what)
+        states = self.states()
+        as_expected = states == expect
+        versions = ",".join(f"{r}={'old' if v == OLD_VERSION else 'new'}" for r, v in self.version.items())
+        seen = f"peak {self.peak}/{CAP}; {versions}; {self.slot_summary()}"
+        if self.peak > CAP or not as_expected:
+            self.note(f"FAILED {what}: {seen}; (status, tainted) {states}")
+        assert self.peak <= CAP, f"{what}: {self.peak} Nodes carried our taint at once (cap {CAP}): {seen}"
+        assert as_expected, f"{what}: (status, tainted) {states} != {expect}: {seen}"
         assert not self.rejected, self.rejected
         assert not self.broken and all(t.is_alive() for t in self._watchers), self.broken
         assert not self.rejected_events(), self.rejected_events()
         assert len([r for r in ROLES if expect[r][1]]) <= CAP
-        versions = ",".join(f"{r}={'old' if v == OLD_VERSION else 'new'}" for r, v in self.version.items())
-        self.note(f"checked {what}: peak {self.peak}/{CAP}; {versions}; {self.slot_summary()}")
+        self.note(f"checked {what}: {seen}")
 
 
 def xid(fleet: Fleet, *roles: str) -> None:
@@ -375,3 +383,53 @@ def test_an_upgrade_from_020_and_the_roll_back_keep_the_brake_exact_and_the_clea
     assert holders <= f.tainted, (holders, f.tainted)
     assert f.peak <= CAP and not f.rejected
     f.note(f"end: peak {f.peak}/{CAP}, no ConfigRejected, {f.slot_summary()}")
+
+
+MIXED_FLEET_BUG = (
+    "the brake is not exact in a fleet mixing 0.2.0 and this tree: a new agent granted by a count "
+    "of nodes (its number freed, an overflow slot kept: a 0.2.0 node tainted claims no slot) leaves "
+    "a number free that a 0.2.0 agent, which counts numbered slots only, takes: cap + 1 tainted"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=MIXED_FLEET_BUG)
+def test_a_node_recovering_and_another_failing_mid_upgrade_keep_the_brake_exact(fleet: Fleet) -> None:
+    """The mixed fleet of a rollout that takes hours, where nodes recover and fail meanwhile: at
+    0.2.0 two of a, b, c are tainted and one held (cap 2); the held node's agent is upgraded first.
+    Then one tainted node (its agent still 0.2.0) is cleared: the held node takes its share. Then the
+    healthy node, its agent still 0.2.0, fails: the brake must hold it back (two nodes count).
+
+    It does not (MIXED_FLEET_BUG, found by this test): the new agent takes the freed number, finds
+    a tainted node that claims no slot (the other one, tainted by 0.2.0), frees the number and counts
+    nodes on an overflow slot (`...-taint-fleet-x-<n>`), which 0.2.0 neither counts nor sees; the
+    0.2.0 agent of the failing node finds the number free and takes it: three Nodes tainted. The
+    same holds in a roll back while a new agent keeps an overflow slot."""
+    f = fleet
+    f.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in f.worlds.items()))
+    for role in ROLES:
+        f.start(role, OLD_VERSION)
+    passing = {r: ("pass", False) for r in ROLES}
+    f.check(passing, "all five at 0.2.0, pass")
+    xid(f, "a", "b", "c")
+    wait_for(lambda: len(f.tainted) == CAP and all(f.state(r)[0] == "fail" for r in "abc"), timeout=40,
+             what="two of a, b, c tainted")  # fmt: skip
+    (held,) = [r for r in "abc" if not f.state(r)[1]]
+    first, second = sorted(set("abc") - {held})
+    wait_for(lambda: f.ahr(held).get("reason") == R.BRAKE_HELD, timeout=30, what=f"{held}: {R.BRAKE_HELD}")
+    expect = {**passing, first: ("fail", True), second: ("fail", True), held: ("fail", False)}
+    f.check(expect, f"0.2.0 settled, {held} held")
+
+    f.replace(held, NEW)
+    f.check(expect, f"{held} upgraded")
+    done = clear_cli(
+        f.kube.kubeconfig, f.worlds[first]["node"], "--all", "--reason", "reseated", "--wait", "30"
+    )
+    assert done.returncode == 0 and "the node is now pass" in done.stdout, done.stdout + done.stderr
+    f.note(f"gpu-healthcheck clear {first} --all (its agent 0.2.0): the node is now pass")
+    expect = {**expect, first: ("pass", False), held: ("fail", True)}
+    f.check(expect, f"{held} (new) tainted in {first}'s share")
+
+    xid(f, "healthy")  # its agent is 0.2.0
+    wait_for(lambda: f.state("healthy")[0] == "fail", timeout=30, what="healthy: fail")
+    time.sleep(3)  # a few of its brake's asks
+    f.check({**expect, "healthy": ("fail", False)}, "healthy (0.2.0) failing: held")
