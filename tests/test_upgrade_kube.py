@@ -30,8 +30,9 @@ so the cap holds there too. The test asserts exactly that.
 
 Two more tests put the brake to a mixed fleet (some agents 0.2.0, some new) where nodes recover and
 fail meanwhile, or where 0.2.0 isolated a node by device rules (`node.isolation: gpu`). Both found
-it not exact (cap + 1 Nodes kept from work) and are marked xfail (strict): MIXED_FLEET_BUG and
-ISOLATED_BUG say why, their docstrings how.
+the brake not exact when first written (cap + 1 Nodes kept from work: MIXED_FLEET_BUG and
+ISOLATED_BUG say how); fixed since (a counter granted keeps its number; a failing Node stands behind
+its slot), they hold the cap.
 
 Each test prints a timeline (seconds from the start): run with `-s` to see it."""
 
@@ -472,14 +473,14 @@ MIXED_FLEET_BUG = (
 )
 
 
-@pytest.mark.xfail(strict=True, raises=BrakeExceeded, reason=MIXED_FLEET_BUG)
 def test_a_node_recovering_and_another_failing_mid_upgrade_keep_the_brake_exact(fleet: Fleet) -> None:
     """The mixed fleet of a rollout that takes hours, where nodes recover and fail meanwhile: at
     0.2.0 two of a, b, c are tainted and one held (cap 2); the held node's agent is upgraded first.
     Then one tainted node (its agent still 0.2.0) is cleared: the held node takes its share. Then the
     healthy node, its agent still 0.2.0, fails: the brake must hold it back (two nodes count).
 
-    It does not (MIXED_FLEET_BUG, found by this test): the new agent takes the freed number, finds
+    It did not before the fix (MIXED_FLEET_BUG, found by this test): the new agent took the freed
+    number, finds
     a tainted node that claims no slot (the other one, tainted by 0.2.0), frees the number and counts
     nodes on an overflow slot (`...-taint-fleet-x-<n>`), which 0.2.0 neither counts nor sees; the
     0.2.0 agent of the failing node finds the number free and takes it: three Nodes tainted. A roll
@@ -525,7 +526,6 @@ ISOLATED_BUG = (
 )
 
 
-@pytest.mark.xfail(strict=True, raises=BrakeExceeded, reason=ISOLATED_BUG)
 def test_a_node_isolated_by_a_device_rule_under_020_keeps_its_share_through_the_upgrade(
     make_fleet: Callable[..., Fleet], kube: Any
 ) -> None:
@@ -536,7 +536,8 @@ def test_a_node_isolated_by_a_device_rule_under_020_keeps_its_share_through_the_
     then the fleet is upgraded (the held node first) and rolled back as in the first test; the
     brake's measure is the Nodes carrying our taint or our device rules.
 
-    It is not kept (ISOLATED_BUG, found by this test): the held node's new agent tries both numbers
+    It was not kept before the fix (ISOLATED_BUG, found by this test): the held node's new agent
+    tries both numbers
     (held), finds the slot it checks unclaimed and past its grace, and counts nodes: the tainted one
     (its `tainted` label) and no other, since core/brake_count.py counts a slot only when its holder
     claims it or it is young, and counts neither device rules nor 0.2.0's slot of the isolated node.
