@@ -127,6 +127,8 @@ def test_a_clear_survives_restarts_and_only_new_lines_fail_the_node(
         with (world["snap"] / "kmsg.log").open("a") as fh:
             fh.write(OTHER_LINE)
         wait_for(lambda: failing(world, OTHER, marked=False), timeout=20, what="failed on the new Xid alone")
+        # its Event is posted after the Node's PATCH, and listed a moment later
+        wait_for(lambda: len(event_messages(world, "LatchedFinding")) >= 2, timeout=15, what="its Event")
         assert len(event_messages(world, "LatchedFinding")) == 2
 
         # A new boot: the clear of the old one covers nothing, the same line fails again.
