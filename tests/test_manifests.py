@@ -177,7 +177,6 @@ def test_gke_quota_admits_the_critical_priority_class() -> None:
     assert expr["scopeName"] == "PriorityClass" and "system-node-critical" in expr["values"]
 
 
-
 def test_the_policies_record_kinds_are_the_vocabulary_s() -> None:
     """The kinds the two Lease policies hold are core/record_kind.py's (gen-configmap writes them),
     and together they cover every kind: a new kind is fenced by one policy or the other."""
@@ -192,6 +191,7 @@ def test_the_policies_record_kinds_are_the_vocabulary_s() -> None:
     assert variable("gpu-healthcheck-own-records", "agentKinds") == list(AGENT_RECORD_KINDS)
     assert RecordKind.RELEASE not in AGENT_RECORD_KINDS  # an operator's
     assert set(SLOT_POLICY_KINDS).isdisjoint(AGENT_RECORD_KINDS)
+
 
 def test_hostengine_daemonset_service_and_networkpolicy() -> None:
     ds = find("DaemonSet", "nvidia-dcgm")
