@@ -43,15 +43,17 @@ from typing import Any
 
 from agent.config import load_config_dir
 from agent.core.marks import Marks
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationReason
-from agent.core.repair_budget import FAIL, MARK, RELEASE, budget_limit, wave_threshold
+from agent.core.repair_budget import budget_limit, wave_threshold
 from agent.engine.engine import Engine
 from agent.engine.write_policy import WritePolicy
 from agent.probes.snapshot import SnapshotSource
 from agent.reporters.brake import Brake
+from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
-from agent.reporters.repair_budget import RepairBudget, list_records
+from agent.reporters.repair_budget import RepairBudget
 from bench._kube import (
     XID79,
     MemoryGuard,
@@ -362,11 +364,11 @@ def main() -> None:
 
     window, wave_s = cfg.node.repair_budget.window_s, cfg.node.wave_hold.window_s
     recs = list(engine.records.values())
-    rel = min((r.rv for r in recs if r.kind == RELEASE), default=10**18)
+    rel = min((r.rv for r in recs if r.kind == RecordKind.RELEASE), default=10**18)
     # The mark the agents decided for each node the engine saw marked: its last mark record (a marked
     # node asks no more; a loser's records, taken back, may live seconds on a loaded server).
     last: dict[str, Any] = {}
-    for r in sorted((r for r in recs if r.kind == MARK), key=lambda r: r.rv):
+    for r in sorted((r for r in recs if r.kind == RecordKind.MARK), key=lambda r: r.rv):
         last[r.node] = r
     decided = [r for node, r in last.items() if node in engine.seen]
     most = 0
@@ -381,7 +383,7 @@ def main() -> None:
         f"before and after the release: at most {most} (budget {limit})"
     )
     first_fails: dict[str, float] = {}
-    for r in sorted((r for r in recs if r.kind == FAIL and r.rv < rel), key=lambda r: r.rv):
+    for r in sorted((r for r in recs if r.kind == RecordKind.FAIL and r.rv < rel), key=lambda r: r.rv):
         first_fails.setdefault(r.node, r.at)
     times = sorted(first_fails.values())
     engaged = (times[need - 1] - times[0]) * speed / 60 if len(times) >= need else None

@@ -28,6 +28,7 @@ from agent.config import load_config_dir, yaml_safe
 from agent.config.fence_view import condition_types
 from agent.core.gpu_nodes import node_selector_terms
 from agent.core.node_keys import CANARY, TRACK_LABEL, Keys
+from agent.core.record_kind import AGENT_RECORD_KINDS, SLOT_POLICY_KINDS
 from agent.core.remediation_types import OUR_CONDITION_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,22 +164,33 @@ FENCE_BEGIN = (
     "# BEGIN GENERATED prefix and condition types (scripts/gen-configmap.py, from config/config.yaml)"
 )
 FENCE_END = "# END GENERATED prefix and condition types"
-RECORDS_BEGIN = "# BEGIN GENERATED record keys (scripts/gen-configmap.py, from config/config.yaml)"
-RECORDS_END = "# END GENERATED record keys"
+RECORDS_BEGIN = (
+    "# BEGIN GENERATED record keys and kinds"
+    " (scripts/gen-configmap.py, from config/config.yaml, core/record_kind.py)"
+)
+RECORDS_END = "# END GENERATED record keys and kinds"
 # The chart's policy takes them from the config.yaml it renders (templates/_helpers.tpl).
 CHART_PREFIX = '{{ include "gpu-healthcheck.prefixCel" . }}'
-SLOT_BEGIN = "# BEGIN GENERATED slot prefix (scripts/gen-configmap.py, from config/config.yaml)"
-SLOT_END = "# END GENERATED slot prefix"
+SLOT_BEGIN = (
+    "# BEGIN GENERATED slot prefix and kinds"
+    " (scripts/gen-configmap.py, from config/config.yaml, core/record_kind.py)"
+)
+SLOT_END = "# END GENERATED slot prefix and kinds"
+
+
+def slot_kinds() -> list[str]:
+    """The slot policy's record kinds, a CEL list (core/record_kind.py SLOT_POLICY_KINDS)."""
+    return [
+        "- name: slotKinds  # the record kinds gpu-healthcheck-own-slots holds (core/record_kind.py)",
+        "  expression: >-",
+        f"    {cel_list([str(k) for k in SLOT_POLICY_KINDS])}",
+    ]
 
 
 def slot_variables(prefix: str) -> str:
-    """The slot policy's prefix variable (*prefix*: a CEL string ending in /)."""
-    return (
-        "\n".join(
-            ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
-        )
-        + "\n"
-    )
+    """The slot policy's prefix variable (*prefix*: a CEL string ending in /) and its record kinds."""
+    lines = ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+    return "\n".join([*lines, *slot_kinds()]) + "\n"
 
 
 CHART_TYPES = '{{ include "gpu-healthcheck.conditionTypes" . }}'
@@ -226,10 +238,29 @@ def fence_variables(prefix: str, types: str) -> str:
     )
 
 
+def in_words(items: list[str]) -> str:
+    """`a, b and c`: a list in a sentence."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def record_variables(prefix: str) -> str:
-    """The records policy's variable: the key prefix (*prefix*, a CEL string ending in /) of the
-    repair budget's record label and annotations (core/repair_budget.py RecordKeys)."""
-    lines = ["- name: prefix  # config.yaml `prefix`, and a slash", "  expression: >-", f"    {prefix}"]
+    """The records policy's variables: the key prefix (*prefix*, a CEL string ending in /) of the
+    records' label and annotations (core/repair_budget.py RecordKeys), the kinds left to the slot
+    policy, and the kinds a fenced agent may write, as a CEL list and in words for the refusal
+    (core/record_kind.py)."""
+    kinds = [str(k) for k in AGENT_RECORD_KINDS]
+    lines = [
+        "- name: prefix  # config.yaml `prefix`, and a slash",
+        "  expression: >-",
+        f"    {prefix}",
+        *slot_kinds(),
+        "- name: agentKinds  # the record kinds a fenced agent may write of its node (core/record_kind.py)",
+        "  expression: >-",
+        f"    {cel_list(kinds)}",
+        "- name: agentKindsText  # the same in words, for the refusal's message",
+        "  expression: >-",
+        f"    {cel_string(in_words(kinds))}",
+    ]
     return "\n".join(lines) + "\n"
 
 

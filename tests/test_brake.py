@@ -14,16 +14,17 @@ from kubernetes.client.exceptions import ApiException
 
 from agent.core.marks import Marks
 from agent.core.node_keys import TRUE, EventReason, Keys
+from agent.core.record_kind import RecordKind
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import Brake, names_in_list
 from agent.reporters.brake_rule import brake_cap
-from agent.reporters.brake_slots import TAINT as SLOT
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
 from tests.kubeenv import unique_name
 
 K = Keys()
+SLOT = RecordKind.TAINT  # the brake's slots
 TAINT = K.taint
 
 

@@ -69,10 +69,12 @@ def test_each_contract_breaks_on_a_planted_violation(tmp_path: Path) -> None:
         fh.write(CORE_BACK_EDGE)
     with (tmp_path / "agent" / "cli" / "status_clear.py").open("a") as fh:
         fh.write(CLI_BACK_EDGE)
+    with (tmp_path / "agent" / "reporters" / "active_checks.py").open("a") as fh:
+        fh.write("\nfrom agent.reporters import brake  # noqa\n")  # one fleet control leaning on another
     broken = lint_imports(tmp_path)
     assert broken.returncode != 0
     verdicts = verdicts_of(broken)
-    assert len(verdicts) == 7 and all(v == "BROKEN" for v in verdicts.values()), broken.stdout
+    assert len(verdicts) == 8 and all(v == "BROKEN" for v in verdicts.values()), broken.stdout
 
 
 def test_core_is_acyclic_and_a_type_checking_back_edge_breaks_it(tmp_path: Path) -> None:

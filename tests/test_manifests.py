@@ -24,6 +24,7 @@ import agent
 from agent.config import load_config_dir, yaml_safe
 from agent.core.gpu_nodes import node_selector_terms
 from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRACK_LABEL, TRUE, EventReason, Keys
+from agent.core.record_kind import AGENT_RECORD_KINDS, SLOT_POLICY_KINDS, RecordKind
 
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -174,6 +175,22 @@ def test_gke_quota_admits_the_critical_priority_class() -> None:
     quota = find("ResourceQuota", "gpu-healthcheck-critical-pods")
     (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
     assert expr["scopeName"] == "PriorityClass" and "system-node-critical" in expr["values"]
+
+
+def test_the_policies_record_kinds_are_the_vocabulary_s() -> None:
+    """The kinds the two Lease policies hold are core/record_kind.py's (gen-configmap writes them),
+    and together they cover every kind: a new kind is fenced by one policy or the other."""
+    policies = {d["metadata"]["name"]: d for d in ALL if d["kind"] == "ValidatingAdmissionPolicy"}
+
+    def variable(policy: str, name: str) -> list[str]:
+        v = next(v for v in policies[policy]["spec"]["variables"] if v["name"] == name)
+        return [w.strip(" '") for w in v["expression"].strip("[]").split(",")]
+
+    assert variable("gpu-healthcheck-own-slots", "slotKinds") == list(SLOT_POLICY_KINDS)
+    assert variable("gpu-healthcheck-own-records", "slotKinds") == list(SLOT_POLICY_KINDS)
+    assert variable("gpu-healthcheck-own-records", "agentKinds") == list(AGENT_RECORD_KINDS)
+    assert RecordKind.RELEASE not in AGENT_RECORD_KINDS  # an operator's
+    assert set(SLOT_POLICY_KINDS).isdisjoint(AGENT_RECORD_KINDS)
 
 
 def test_hostengine_daemonset_service_and_networkpolicy() -> None:

@@ -24,8 +24,9 @@ from agent.core.active_checks import ActivePolicy
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.reporters.active_checks import FleetSlots
 from agent.reporters.brake import Brake
+from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
-from agent.reporters.repair_budget import RepairBudget, list_records
+from agent.reporters.repair_budget import RepairBudget
 from tests.kubeenv import unique_name
 
 pytestmark = pytest.mark.kube

@@ -19,15 +19,18 @@ from typing import Any
 
 import pytest
 
-from agent.core.repair_budget import FAIL, MARK, RELEASE, BudgetPolicy, WavePolicy
+from agent.core.record_kind import RecordKind
+from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.reporters.brake import Brake
+from agent.reporters.budget_records import list_records
 from agent.reporters.fence import FenceResult, prove_fence
 from agent.reporters.kube_rest import KubeRest
-from agent.reporters.repair_budget import RepairBudget, list_records
+from agent.reporters.repair_budget import RepairBudget
 from tests.kubeenv import unique_name
 
 pytestmark = pytest.mark.kube
 
+FAIL, MARK, RELEASE = RecordKind.FAIL, RecordKind.MARK, RecordKind.RELEASE
 ROOT = Path(__file__).parent.parent
 MANIFESTS = ROOT / "manifests"
 NS, SA, PREFIX = "gpu-healthcheck", "gpu-healthcheck-agent", "gpu-healthcheck"

@@ -11,11 +11,9 @@ import pytest
 from agent.config import ConfigError, parse_config
 from agent.core.findings import Finding
 from agent.core.marks import Marks
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import OUR_CONDITION_REASONS, RemediationMark, RemediationReason
 from agent.core.repair_budget import (
-    FAIL,
-    MARK,
-    RELEASE,
     BudgetPolicy,
     Hold,
     HoldReason,
@@ -28,14 +26,16 @@ from agent.core.repair_budget import (
     finding_key,
     key_slug,
     markers_holding,
+    newly_marking,
     quorum_met,
     wave_decision,
     wave_threshold,
 )
 from agent.core.severity import Severity, Status
 from agent.engine.remediation import remediation_condition
-from agent.reporters.repair_budget import newly_marking, record_of
+from agent.reporters.budget_records import record_of
 
+FAIL, MARK, RELEASE = RecordKind.FAIL, RecordKind.MARK, RecordKind.RELEASE
 R = RemediationReason
 AHR = "AcceleratedHardwareReady"
 

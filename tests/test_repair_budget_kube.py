@@ -17,18 +17,21 @@ from agent.cli.brake import brake_footer, release
 from agent.cli.status import render_status
 from agent.core.marks import Marks
 from agent.core.node_keys import EventReason
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationMark, RemediationReason
-from agent.core.repair_budget import FAIL, MARK, RELEASE, WAVE, BudgetPolicy, WavePolicy
+from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.core.results_doc import CONFIG_FIELD, WOULD_FIELD
 from agent.core.severity import Severity, Status
 from agent.reporters.brake import Brake
+from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
-from agent.reporters.repair_budget import RepairBudget, list_records
+from agent.reporters.repair_budget import RepairBudget
 from tests.kubeenv import unique_name
 
 pytestmark = pytest.mark.kube
 
+FAIL, MARK, RELEASE, WAVE = RecordKind.FAIL, RecordKind.MARK, RecordKind.RELEASE, RecordKind.WAVE
 R = RemediationReason
 AHR = "AcceleratedHardwareReady"
 NO_BUDGET = BudgetPolicy(max_nodes=0, max_fraction=1.0)

@@ -21,14 +21,14 @@ import pytest
 from agent.cli.status import AGENT_SELECTOR
 from agent.cli.uninstall import metadata_patch, plan
 from agent.config import yaml_safe
-from agent.core.active_checks import SLOT
 from agent.core.node_keys import TRACK_LABEL, Keys
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import RecordKeys
-from agent.reporters.brake_slots import TAINT
 
 ROOT = Path(__file__).parent.parent
 K = Keys()
+TAINT, SLOT = RecordKind.TAINT, RecordKind.SLOT
 FOREIGN_LABEL = ("team.example.com/owner", "ml")
 FOREIGN_ANNOTATION = ("example.com/ticket", "OPS-1")
 FOREIGN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

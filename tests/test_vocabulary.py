@@ -23,6 +23,7 @@ import agent
 from agent.core.history_annotation import HistoryAction, HistoryActor, HistoryMark, HistoryTaint
 from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, ToolOutcome
 from agent.core.node_keys import ConditionReason, EventReason
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationReason
 from agent.core.repair_budget import HoldReason
 from agent.core.vocabulary import Vocabulary
@@ -73,6 +74,14 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "WAVE_HELD": "GPUHealthcheckWaveHeld",
     },
     HoldReason: {"BUDGET": "budget", "WAVE": "wave"},
+    RecordKind: {
+        "FAIL": "fail",
+        "MARK": "mark",
+        "RELEASE": "release",
+        "WAVE": "wave",
+        "TAINT": "taint",
+        "SLOT": "slot",
+    },
     HistoryTaint: {"ON": "on", "HELD": "held", "DISABLED": "disabled", "OFF": ""},
     HistoryMark: {"MARK_ON": "on", "HELD_BY_BUDGET": "budget", "HELD_BY_WAVE": "wave", "MARK_OFF": ""},
     HistoryAction: {
@@ -110,8 +119,9 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "RULE_NOT_COUNTED": "not-counted",
     },
 }
-# The one word in two vocabularies, by design: the condition says ConfigRejected while its Event does.
-SHARED = {"CONFIG_REJECTED"}
+# The words in two vocabularies, by design: the condition says ConfigRejected while its Event does;
+# a record kind is the word of what it records (a mark, a taint, a wave: history's and a hold's).
+SHARED = {"CONFIG_REJECTED", "MARK", "TAINT", "WAVE"}
 
 
 def agent_modules() -> list[object]:

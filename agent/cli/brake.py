@@ -22,11 +22,13 @@ from datetime import datetime
 from typing import Any
 
 from agent.core.node_keys import COMPONENT
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationReason
-from agent.core.repair_budget import FAIL, MARK, RELEASE, RELEASE_ALL, Record, RecordKeys
+from agent.core.repair_budget import RELEASE_ALL, Record, RecordKeys
 from agent.core.results_doc import now_iso
+from agent.reporters.budget_records import create_record, list_records
 from agent.reporters.kube_rest import KubeRest, api_status
-from agent.reporters.repair_budget import create_record, leases_path, list_records
+from agent.reporters.lease_records import lease_path
 
 RELEASES_SHOWN_S = 24 * 3600
 RELEASE_KEEP_S = 7 * 86400  # a release is kept a week by `sweep` (the records it voids may outlive it)
@@ -37,7 +39,7 @@ def release(rest: KubeRest, *, namespace: str, prefix: str, key: str, reason: st
     """Write the release record and its Event; the sentence to print. API errors propagate."""
     keys = RecordKeys(prefix)
     ann = {keys.key: key, keys.by: who, keys.reason: reason}
-    rec = create_record(rest, namespace, prefix, RELEASE, ann, holder=COMPONENT)
+    rec = create_record(rest, namespace, prefix, RecordKind.RELEASE, ann, holder=COMPONENT)
     what = (
         f"the wave hold on {key}" if key != RELEASE_ALL else "every wave hold and the repair budget's window"
     )
@@ -73,25 +75,27 @@ def sweep(rest: KubeRest, *, namespace: str, prefix: str, older_than_s: float, n
     is gone), releases older than a week, and fail records whose Node is gone (written before they
     carried an owner reference). The sentence to print. API errors propagate."""
     records = list_records(rest, namespace, prefix)
-    gone = [r for r in records if r.kind == MARK and now - r.at > older_than_s]
-    gone += [r for r in records if r.kind == RELEASE and now - r.at > RELEASE_KEEP_S]
-    for node in sorted({r.node for r in records if r.kind == FAIL}):
+    gone = [r for r in records if r.kind == RecordKind.MARK and now - r.at > older_than_s]
+    gone += [r for r in records if r.kind == RecordKind.RELEASE and now - r.at > RELEASE_KEEP_S]
+    for node in sorted({r.node for r in records if r.kind == RecordKind.FAIL}):
         try:
             rest.json("GET", f"/api/v1/nodes/{node}")
         except Exception as exc:
             if api_status(exc) != 404:
                 raise
-            gone += [r for r in records if r.kind == FAIL and r.node == node]
+            gone += [r for r in records if r.kind == RecordKind.FAIL and r.node == node]
     for r in gone:
         try:
-            rest.json("DELETE", leases_path(namespace, r.name))
+            rest.json("DELETE", lease_path(namespace, r.name))
         except Exception as exc:
             if api_status(exc) != 404:
                 raise
-    kinds = {k: sum(r.kind == k for r in gone) for k in (MARK, RELEASE, FAIL)}
+    marks, releases, fails = (
+        sum(r.kind == k for r in gone) for k in (RecordKind.MARK, RecordKind.RELEASE, RecordKind.FAIL)
+    )
     return (
-        f"deleted {len(gone)} of {len(records)} records in {namespace}: {kinds[MARK]} marks older than "
-        f"{older_than_s / 3600:g} h, {kinds[RELEASE]} releases older than a week, {kinds[FAIL]} fail "
+        f"deleted {len(gone)} of {len(records)} records in {namespace}: {marks} marks older than "
+        f"{older_than_s / 3600:g} h, {releases} releases older than a week, {fails} fail "
         "records of Nodes that are gone"
     )
 
@@ -100,7 +104,7 @@ def release_lines(records: Sequence[Record], now: datetime) -> list[str]:
     """The releases of the last 24 h, newest first: when, who, which key, why."""
     out = []
     for r in sorted(records, key=lambda r: -r.at):
-        if r.kind == RELEASE and now.timestamp() - r.at <= RELEASES_SHOWN_S:
+        if r.kind == RecordKind.RELEASE and now.timestamp() - r.at <= RELEASES_SHOWN_S:
             when = datetime.fromtimestamp(r.at, now.tzinfo).strftime("%Y-%m-%d %H:%M:%S")
             out.append(f"{when} by {r.by or 'unknown'}: {r.key or 'all keys and the budget'}: {r.reason}")
     return out

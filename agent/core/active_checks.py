@@ -33,11 +33,11 @@ from typing import Any, Protocol
 
 from agent.core.marks import NodeEvent
 from agent.core.node_keys import DIAG_ABORTED, DIAG_OUTCOMES, DIAG_STARTED
+from agent.core.record_kind import RecordKind
 from agent.core.repair_budget import Record
 from agent.core.results_doc import decode_results, encode
 from agent.core.text import shorten
 
-SLOT = "slot"  # the record kind (label `<prefix>/record=slot`)
 PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 
 # This node's active-check state (metric gpu_healthcheck_active_check_state{state}): no diag due; due
@@ -107,7 +107,7 @@ def slots_before(records: Iterable[Record], own: Record, now: float, expire_s: f
     one) no longer counts."""
     first: dict[str, Record] = {}
     for r in sorted(records, key=lambda r: r.rv):
-        if r.kind == SLOT and r.node != own.node and now - r.at <= expire_s:
+        if r.kind == RecordKind.SLOT and r.node != own.node and now - r.at <= expire_s:
             first.setdefault(r.node, r)
     return [r for r in first.values() if r.rv < own.rv]
 
@@ -264,7 +264,6 @@ class Slots(Protocol):
 
 __all__ = [
     "ABORT_REASONS",
-    "SLOT",
     "STATES",
     "Abort",
     "ActivePolicy",

@@ -33,12 +33,11 @@ from typing import Any
 
 from agent.core.findings import Finding
 from agent.core.marks import Marks
+from agent.core.record_kind import RecordKind
 from agent.core.remediation_reasons import is_eks_reason
 from agent.core.remediation_types import UNHEALTHY_REMEDIATION_REASONS
 from agent.core.vocabulary import Vocabulary
 
-FAIL, MARK, RELEASE = "fail", "mark", "release"  # the kinds of record
-WAVE = "wave"  # a marker: a full count found this key's wave (reporters/repair_budget.py)
 RELEASE_ALL = ""  # a release without --key: every wave hold, and the budget's window
 # creationTimestamp has whole seconds: a mark counts one second longer than its window (safe side).
 RESOLUTION_S = 1.0
@@ -128,7 +127,7 @@ class Record:
     (resourceVersion). A release names its key ("" = all) and who asked, why."""
 
     name: str
-    kind: str
+    kind: RecordKind
     node: str = ""
     key: str = ""
     pool: str = ""
@@ -184,7 +183,9 @@ def released_rv(records: Iterable[Record], key: str) -> int:
     """The resourceVersion of the last release that covers *key* (0: never): records written after
     it (a higher resourceVersion: the API server's write order, exact where creationTimestamp has
     whole seconds) count. A release without a key covers every key and the budget."""
-    return max((r.rv for r in records if r.kind == RELEASE and r.key in (RELEASE_ALL, key)), default=0)
+    return max(
+        (r.rv for r in records if r.kind == RecordKind.RELEASE and r.key in (RELEASE_ALL, key)), default=0
+    )
 
 
 def wave_nodes(records: Iterable[Record], key: str, failing: set[str], after_rv: int) -> list[Record]:
@@ -192,7 +193,7 @@ def wave_nodes(records: Iterable[Record], key: str, failing: set[str], after_rv:
     release), one per node (the earliest)."""
     first: dict[str, Record] = {}
     for r in sorted(records, key=lambda r: (r.at, r.rv)):
-        if r.kind == FAIL and r.key == key and r.node in failing and r.rv > after_rv:
+        if r.kind == RecordKind.FAIL and r.key == key and r.node in failing and r.rv > after_rv:
             first.setdefault(r.node, r)
     return sorted(first.values(), key=lambda r: (r.at, r.rv))
 
@@ -228,7 +229,7 @@ def _marked_nodes(records: Iterable[Record], since: float, upto_rv: int | None, 
     return {
         r.node
         for r in records
-        if r.kind == MARK
+        if r.kind == RecordKind.MARK
         and r.rv > after
         and (upto_rv is None or r.rv <= upto_rv)
         and r.at > since
@@ -258,7 +259,7 @@ def quorum_met(
     with a fail record of the key written after its last release (True); fewer in a complete list
     (False); fewer in a list cut at its bound (None: not known, the full count decides). One node's
     records make no quorum: a marker is anyone's to write for its own node."""
-    nodes = {r.node for r in fails if r.kind == FAIL and r.key == key and r.rv > after_rv}
+    nodes = {r.node for r in fails if r.kind == RecordKind.FAIL and r.key == key and r.rv > after_rv}
     if len(nodes) >= min_nodes:
         return True
     return False if complete else None
@@ -285,7 +286,7 @@ def budget_hold(count: int, limit: int, policy: BudgetPolicy, key: str, pool: st
 
 def expired(records: Iterable[Record], now: float, keep_s: float) -> list[Record]:
     """Mark and release records older than *keep_s*: whoever lists them deletes them."""
-    return [r for r in records if r.kind in (MARK, RELEASE) and now - r.at > keep_s]
+    return [r for r in records if r.kind in (RecordKind.MARK, RecordKind.RELEASE) and now - r.at > keep_s]
 
 
 def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str | None:
@@ -311,9 +312,6 @@ def newly_marking(node: Mapping[str, Any], marks: Marks, taint_on: bool) -> str 
 
 
 __all__ = [
-    "FAIL",
-    "MARK",
-    "RELEASE",
     "RELEASE_ALL",
     "BudgetPolicy",
     "Hold",

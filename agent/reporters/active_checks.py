@@ -30,22 +30,21 @@ from agent.core.active_checks import (
     GPU_HELD,
     KUBELET_UNREADABLE,
     POD_ARRIVED,
-    SLOT,
     Abort,
     ActivePolicy,
     ActiveState,
     slots_before,
 )
 from agent.core.node_keys import MODE_TAINT, Keys
-from agent.core.repair_budget import Record, RecordKeys
+from agent.core.record_kind import RecordKind
+from agent.core.repair_budget import Record
 from agent.core.workloads import NVIDIA_RESOURCE
-from agent.reporters.brake import Brake
+from agent.reporters.gpu_total import GpuFleet
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
-from agent.reporters.repair_budget import epoch, leases_path
+from agent.reporters.lease_records import LeaseRecords, parse
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = (5, 30)
 API_POLL_S = 2.0  # the API server is asked at most this often for pods arriving during a diag
 
 
@@ -53,18 +52,13 @@ def slot_name(prefix: str, node: str) -> str:
     return f"{prefix}-slot-{hashlib.sha256(node.encode()).hexdigest()[:20]}"
 
 
-def slot_of(item: Mapping[str, Any], prefix: str) -> Record | None:
-    """A listed (or created) Lease as a slot Record; None when it is not one."""
-    keys = RecordKeys(prefix)
-    meta = item.get("metadata") or {}
-    if (meta.get("labels") or {}).get(keys.kind) != SLOT:
+def slot_record(item: Mapping[str, Any], prefix: str) -> Record | None:
+    """A listed (or created) Lease as a slot Record (core slots_before counts them); None when it is
+    not one."""
+    lease = parse(item, prefix)
+    if lease.kind != RecordKind.SLOT:
         return None
-    try:
-        rv = int(meta.get("resourceVersion") or 0)
-    except ValueError:
-        rv = 0
-    node = str((meta.get("annotations") or {}).get(keys.node) or "")
-    return Record(str(meta.get("name") or ""), SLOT, node, at=epoch(meta.get("creationTimestamp")), rv=rv)
+    return Record(lease.name, RecordKind.SLOT, lease.node, at=lease.at, rv=lease.rv)
 
 
 class FleetSlots:
@@ -77,7 +71,7 @@ class FleetSlots:
         *,
         namespace: str,
         prefix: str,
-        brake: Brake,
+        brake: GpuFleet,
         policy: Callable[[], ActivePolicy],
         expire_s: Callable[[], float],
         node_uid: Callable[[], str | None] = lambda: None,
@@ -89,6 +83,7 @@ class FleetSlots:
         self.policy, self.expire_s, self.node_uid = policy, expire_s, node_uid
         self._clock = clock
         self.name = slot_name(prefix, node_name)
+        self.records = LeaseRecords(self.rest, namespace, prefix)
 
     def acquire(self) -> str | None:
         """None: this node holds a slot now; else why not. Never raises: a count that cannot be
@@ -116,59 +111,35 @@ class FleetSlots:
 
     def release(self) -> None:
         try:
-            self.rest.json("DELETE", leases_path(self.namespace, self.name), timeout=REQUEST_TIMEOUT)
+            self.records.delete(self.name)
         except Exception as exc:
-            if api_status(exc) != 404:
-                log.warning(
-                    "node %s: giving back the fleet slot failed: %s", self.node_name, describe_error(exc)
-                )
-
-    def _body(self) -> dict[str, Any]:
-        keys = RecordKeys(self.prefix)
-        meta: dict[str, Any] = {
-            "name": self.name,
-            "labels": {keys.kind: SLOT},
-            "annotations": {keys.node: self.node_name},
-        }
-        uid = self.node_uid()
-        if uid:
-            meta["ownerReferences"] = [
-                {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": uid}
-            ]
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": meta,
-            "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": max(1, int(self.expire_s()))},
-        }
+            log.warning("node %s: giving back the fleet slot failed: %s", self.node_name, describe_error(exc))
 
     def _create(self) -> Record:
         """Write this node's slot record; one already there (this node's, from a run that never gave
         it back) is replaced, so the new one takes its turn by its own resourceVersion."""
         for attempt in (1, 2):
             try:
-                doc = self.rest.json(
-                    "POST", leases_path(self.namespace), body=self._body(), timeout=REQUEST_TIMEOUT
-                )
+                uid = self.node_uid()
+                doc = self.records.create(
+                    RecordKind.SLOT, self.node_name, name=self.name, holder=self.node_name,
+                    owner={"metadata": {"name": self.node_name, "uid": uid}} if uid else None,
+                    duration_s=max(1, int(self.expire_s())),
+                )  # fmt: skip
             except Exception as exc:
                 if api_status(exc) != 409 or attempt == 2:
                     raise
                 self.release()
                 continue
-            rec = slot_of(doc, self.prefix)
+            rec = slot_record(doc, self.prefix)
             if rec is None:
                 raise ValueError(f"the API server answered a slot create with {str(doc)[:200]}")
             return rec
         raise AssertionError("unreachable")
 
     def _list(self, min_rv: str) -> list[Record]:
-        query = {
-            "labelSelector": f"{RecordKeys(self.prefix).kind}={SLOT}",
-            "resourceVersion": min_rv,
-            "resourceVersionMatch": "NotOlderThan",
-        }
-        doc = self.rest.json("GET", leases_path(self.namespace), query=query, timeout=REQUEST_TIMEOUT)
-        return [r for r in (slot_of(i, self.prefix) for i in doc.get("items") or ()) if r is not None]
+        items, _ = self.records.list((RecordKind.SLOT,), min_rv=min_rv)
+        return [r for r in (slot_record(i, self.prefix) for i in items) if r is not None]
 
 
 def wants_gpu(pod: Mapping[str, Any]) -> str | None:
@@ -282,4 +253,4 @@ class NodeHold:
         return any(t.get("key") == self.key for t in (node.get("spec") or {}).get("taints") or ())
 
 
-__all__ = ["FleetSlots", "NodeHold", "PodArrivals", "slot_name", "slot_of", "wants_gpu"]
+__all__ = ["FleetSlots", "NodeHold", "PodArrivals", "slot_name", "slot_record", "wants_gpu"]

@@ -15,23 +15,19 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from agent.core.brake_count import Ticket
 from agent.core.node_keys import Keys
+from agent.core.record_kind import RecordKind
 from agent.reporters.kube_rest import KubeRest, api_status
+from agent.reporters.lease_records import LeaseRecords, parse
 from agent.reporters.node_names import NAMES_LIST_ACCEPT, list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
-TAINT = "taint"  # the record kind (core/repair_budget.py RecordKeys.kind's value)
 TIMEOUT = (5, 30)
 OVERFLOW = "x"  # an overflow slot's name part: `<prefix>-taint-<brake>-x-<number of the holder's hash>`
-
-
-def leases(namespace: str, name: str = "") -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
 
 
 def brake_tag(scope: str) -> str:
@@ -51,6 +47,7 @@ class Slots:
     def __init__(self, rest: KubeRest, namespace: str, prefix: str, scope: str = "") -> None:
         self.rest, self.namespace, self.prefix = rest, namespace, prefix
         self.tag = brake_tag(scope)
+        self.records = LeaseRecords(rest, namespace, prefix)
 
     def name(self, i: int) -> str:
         return f"{self.prefix}-taint-{self.tag}-{i}"
@@ -78,9 +75,10 @@ class Slots:
     def claim_label(self) -> str:
         return Keys(self.prefix).brake_slot
 
-    def _labels(self, node_name: str) -> dict[str, str]:
+    def _selector(self, **more: str) -> str:
+        """The label selector beyond the kind: this brake's slots, and *more* (`<prefix>/<key>=<value>`)."""
         p = self.prefix
-        return {f"{p}/record": TAINT, f"{p}/brake": self.tag, f"{p}/holder": holder_value(node_name)}
+        return ",".join([f"{p}/brake={self.tag}", *(f"{p}/{k}={v}" for k, v in more.items())])
 
     def take(self, i: int, node_name: str, node: Mapping[str, Any] | None = None) -> bool:
         """Create slot *i* for *node_name* (owned by *node*, its Node, when given): True when it is
@@ -93,7 +91,9 @@ class Slots:
         made = self._create(self.overflow_name(node_name), node_name, node, overflow=True)
         if made is not None:
             return made
-        doc = self.rest.json("GET", leases(self.namespace, self.overflow_name(node_name)), timeout=TIMEOUT)
+        doc = self.records.read(self.overflow_name(node_name))
+        if doc is None:  # taken (409) and gone since: the caller looks for its slots again
+            raise RuntimeError(f"brake: overflow slot {self.overflow_name(node_name)} went away")
         got = self.ticket(doc)
         if got.holder != node_name:
             raise RuntimeError(f"brake: overflow slot {got.name} names {got.holder!r}, not {node_name}")
@@ -103,21 +103,16 @@ class Slots:
         self, name: str, node_name: str, node: Mapping[str, Any] | None, *, overflow: bool = False
     ) -> Ticket | None:
         """The slot created, or None when it exists (409). Other answers raise."""
-        labels = self._labels(node_name)
+        p = self.prefix
+        labels = {f"{p}/brake": self.tag, f"{p}/holder": holder_value(node_name)}
         if overflow:
-            labels[f"{self.prefix}/overflow"] = "true"
-        meta: dict[str, Any] = {
-            "name": name,
-            "labels": labels,
-            "annotations": {f"{self.prefix}/node": node_name},
-        }
+            labels[f"{p}/overflow"] = "true"
         uid = ((node or {}).get("metadata") or {}).get("uid")
-        if uid:
-            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": uid}]
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta}
-        body["spec"] = {"holderIdentity": node_name}
+        owner = {"metadata": {"name": node_name, "uid": uid}} if uid else None
         try:
-            doc = self.rest.json("POST", leases(self.namespace), body=body, timeout=TIMEOUT)
+            doc = self.records.create(
+                RecordKind.TAINT, node_name, name=name, labels=labels, owner=owner, holder=node_name
+            )
         except Exception as exc:
             if api_status(exc) == 409:
                 return None
@@ -126,40 +121,22 @@ class Slots:
 
     def ticket(self, doc: Mapping[str, Any]) -> Ticket:
         """A listed, read or created slot as a Ticket."""
-        meta = doc.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        try:
-            rv = int(meta.get("resourceVersion") or 0)
-        except ValueError:
-            rv = 0
-        try:
-            at = datetime.fromisoformat(str(meta.get("creationTimestamp")).replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            at = 0.0
-        holder = str((meta.get("annotations") or {}).get(f"{self.prefix}/node") or "")
-        return Ticket(name=name, holder=holder, at=at, rv=rv, overflow=self.is_overflow(name))
+        rec = parse(doc, self.prefix)
+        return Ticket(
+            name=rec.name, holder=rec.node, at=rec.at, rv=rec.rv, overflow=self.is_overflow(rec.name)
+        )
 
     def tickets(self, *, min_rv: int | None = None, overflow_only: bool = False) -> list[Ticket]:
         """Every slot of this brake (the count's list: only when a count is due, never per ask), from
         the watch cache not older than *min_rv* (our own overflow slot: every slot before it shows)."""
-        p = self.prefix
-        selector = f"{p}/record={TAINT},{p}/brake={self.tag}" + (
-            f",{p}/overflow=true" if overflow_only else ""
-        )
-        query = {"labelSelector": selector, "resourceVersion": str(min_rv or 0)}
-        if min_rv:
-            query["resourceVersionMatch"] = "NotOlderThan"
-        doc = self.rest.json("GET", leases(self.namespace), query=query, timeout=TIMEOUT)
-        return [self.ticket(i) for i in doc.get("items") or ()]
+        selector = self._selector(overflow="true") if overflow_only else self._selector()
+        items, _ = self.records.list((RecordKind.TAINT,), extra=selector, min_rv=min_rv)
+        return [self.ticket(i) for i in items]
 
     def get(self, i: int) -> Ticket | None:
         """Slot *i* as it is (None: free)."""
-        try:
-            return self.ticket(self.rest.json("GET", leases(self.namespace, self.name(i)), timeout=TIMEOUT))
-        except Exception as exc:
-            if api_status(exc) == 404:
-                return None
-            raise
+        doc = self.records.read(self.name(i))
+        return self.ticket(doc) if doc is not None else None
 
     def claimed(self, holder: str, name: str) -> bool:
         """Does Node *holder* claim slot *name* (its `<prefix>/brake-slot` label says so)? One
@@ -176,24 +153,15 @@ class Slots:
         """The names of the slots *node_name* holds (one list filtered by its holder label: what
         comes back is its own, never the fleet's). From the watch cache, or *consistent* (after a
         create whose answer was lost: it must be seen)."""
-        p = self.prefix
-        selector = f"{p}/record={TAINT},{p}/brake={self.tag},{p}/holder={holder_value(node_name)}"
-        query = {"labelSelector": selector}
-        if not consistent:
-            query["resourceVersion"] = "0"
-        doc = self.rest.json("GET", leases(self.namespace), query=query, timeout=TIMEOUT)
-        names = [str((i.get("metadata") or {}).get("name") or "") for i in doc.get("items") or ()]
+        selector = self._selector(holder=holder_value(node_name))
+        items, _ = self.records.list((RecordKind.TAINT,), extra=selector, consistent=consistent)
+        names = [parse(i, self.prefix).name for i in items]
         return sorted((n for n in names if n), key=self.index)
 
     def holder(self, i: int) -> str | None:
         """The node that holds slot *i* ("" when the slot names none; None: nobody, it is free)."""
-        try:
-            doc = self.rest.json("GET", leases(self.namespace, self.name(i)), timeout=TIMEOUT)
-        except Exception as exc:
-            if api_status(exc) == 404:
-                return None
-            raise
-        return str(((doc.get("metadata") or {}).get("annotations") or {}).get(f"{self.prefix}/node") or "")
+        doc = self.records.read(self.name(i))
+        return parse(doc, self.prefix).node if doc is not None else None
 
     def reap(self, i: int) -> bool:
         """Free slot *i* when the Node that holds it is gone and the garbage collector has not freed
@@ -219,11 +187,7 @@ class Slots:
 
     def free(self, name: str) -> None:
         """Delete a slot of ours (gone already: nothing to do)."""
-        try:
-            self.rest.json("DELETE", leases(self.namespace, name), timeout=TIMEOUT)
-        except Exception as exc:
-            if api_status(exc) != 404:
-                raise
+        self.records.delete(name)
 
 
 def node_exists(rest: KubeRest, name: str) -> bool:
@@ -248,4 +212,4 @@ def node_exists(rest: KubeRest, name: str) -> bool:
     return (doc.get("metadata") or {}).get("name") == name  # the object itself: a server without Tables
 
 
-__all__ = ["OVERFLOW", "TAINT", "Slots", "brake_tag", "holder_value", "leases", "node_exists"]
+__all__ = ["OVERFLOW", "Slots", "brake_tag", "holder_value", "node_exists"]

@@ -31,51 +31,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-from agent.core.repair_budget import FAIL, MARK, RELEASE, WAVE, Record, RecordKeys, key_slug, quorum_met
+from agent.core.record_kind import RecordKind
+from agent.core.repair_budget import Record, RecordKeys, key_slug, quorum_met
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.lease_records import LeaseRecords, parse
 from agent.reporters.node_names import METADATA_LIST_ACCEPT
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = (5, 30)
 QUORUM_BOUND = 2  # a wave marker's quorum is read from at most this many times minNodes fail records
-
-
-def leases_path(namespace: str, name: str = "") -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")
-
-
-def epoch(stamp: str | None) -> float:
-    """An RFC 3339 timestamp as epoch seconds (0 when absent or unreadable)."""
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+BUDGET_KINDS = (RecordKind.FAIL, RecordKind.MARK, RecordKind.RELEASE, RecordKind.WAVE)
+LEDGER = (RecordKind.FAIL, RecordKind.MARK, RecordKind.RELEASE)  # what a list reads unless told
 
 
 def record_of(item: Mapping[str, Any], prefix: str) -> Record | None:
-    """A listed (or created) Lease as a Record; None when it is not one of ours."""
-    keys = RecordKeys(prefix)
-    meta = item.get("metadata") or {}
-    kind = (meta.get("labels") or {}).get(keys.kind)
-    if kind not in (FAIL, MARK, RELEASE, WAVE):
+    """A listed (or created) Lease as a Record; None when it is not one of the budget's."""
+    lease = parse(item, prefix)
+    if lease.kind not in BUDGET_KINDS or lease.kind is None:
         return None
-    ann = meta.get("annotations") or {}
-    try:
-        rv = int(meta.get("resourceVersion") or 0)
-    except ValueError:
-        rv = 0
+    keys, ann = RecordKeys(prefix), lease.annotations
     return Record(
-        name=str(meta.get("name") or ""),
-        kind=kind,
-        node=str(ann.get(keys.node) or ""),
+        name=lease.name,
+        kind=lease.kind,
+        node=lease.node,
         key=str(ann.get(keys.key) or ""),
         pool=str(ann.get(keys.pool) or ""),
-        at=epoch(meta.get("creationTimestamp")),
-        rv=rv,
+        at=lease.at,
+        rv=lease.rv,
         by=str(ann.get(keys.by) or ""),
         reason=str(ann.get(keys.reason) or ""),
     )
@@ -86,7 +70,7 @@ def list_records(
     namespace: str,
     prefix: str,
     min_rv: str | None = None,
-    kinds: Sequence[str] = (FAIL, MARK, RELEASE),
+    kinds: Sequence[RecordKind] = LEDGER,
     key: str | None = None,
     extra: str = "",
 ) -> list[Record]:
@@ -101,7 +85,7 @@ def list_page(
     namespace: str,
     prefix: str,
     min_rv: str | None = None,
-    kinds: Sequence[str] = (FAIL, MARK, RELEASE),
+    kinds: Sequence[RecordKind] = LEDGER,
     key: str | None = None,
     extra: str = "",
     limit: int = 0,
@@ -109,18 +93,11 @@ def list_page(
     """list_records, at most *limit* records when given (a bounded read, whatever the fleet), and
     whether the list is complete (no continue token: a server that ignores the limit lists all)."""
     keys = RecordKeys(prefix)
-    selector = f"{keys.kind} in ({','.join(kinds)})" + (f",{keys.key_label}={key_slug(key)}" if key else "")
-    selector += f",{extra}" if extra else ""
-    query = {"labelSelector": selector, "resourceVersion": min_rv or "0"}
-    if min_rv:
-        query["resourceVersionMatch"] = "NotOlderThan"
-    if limit > 0:
-        query["limit"] = str(limit)
-    doc = rest.json(
-        "GET", leases_path(namespace), query=query, accept=METADATA_LIST_ACCEPT, timeout=REQUEST_TIMEOUT
+    selector = ",".join(([f"{keys.key_label}={key_slug(key)}"] if key else []) + ([extra] if extra else []))
+    items, complete = LeaseRecords(rest, namespace, prefix).list(
+        kinds, extra=selector, min_rv=min_rv, limit=limit, accept=METADATA_LIST_ACCEPT
     )
-    records = [r for r in (record_of(i, prefix) for i in doc.get("items") or ()) if r is not None]
-    return records, not (doc.get("metadata") or {}).get("continue")
+    return [r for r in (record_of(i, prefix) for i in items) if r is not None], complete
 
 
 class WaveQuorum:
@@ -153,7 +130,9 @@ class WaveQuorum:
             return True
         limit = QUORUM_BOUND * min_nodes
         try:
-            fails, complete = list_page(rest, namespace, prefix, str(newest_rv), (FAIL,), key, limit=limit)
+            fails, complete = list_page(
+                rest, namespace, prefix, str(newest_rv), (RecordKind.FAIL,), key, limit=limit
+            )
         except Exception as exc:
             log.info("confirming the wave on %s failed, its markers hold: %s", key, describe_error(exc))
             return True
@@ -167,7 +146,7 @@ def create_record(
     rest: KubeRest,
     namespace: str,
     prefix: str,
-    kind: str,
+    kind: RecordKind,
     annotations: Mapping[str, str],
     *,
     name: str = "",
@@ -179,25 +158,16 @@ def create_record(
     (its metadata: the garbage collector deletes the record with it); a fixed name already there is
     answered by ApiException 409."""
     keys = RecordKeys(prefix)
-    labels = {keys.kind: kind, **(labels or {})}
-    if annotations.get(keys.key) and kind in (FAIL, WAVE):
+    labels = dict(labels or {})
+    if annotations.get(keys.key) and kind in (RecordKind.FAIL, RecordKind.WAVE):
         labels[keys.key_label] = key_slug(annotations[keys.key])  # lists of one key's records
-    meta: dict[str, Any] = {"labels": labels, "annotations": dict(annotations)}
     owner_meta = (owner or {}).get("metadata") or {}
-    if owner_meta.get("name") and owner_meta.get("uid"):
-        ref = {"apiVersion": "v1", "kind": "Node", "name": owner_meta["name"], "uid": owner_meta["uid"]}
-        meta["ownerReferences"] = [ref]
-    if name:
-        meta["name"] = name
-    else:
-        meta["generateName"] = f"{prefix}-{kind}-"
-    body = {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": meta,
-        "spec": {"holderIdentity": holder or kind},
-    }
-    doc = rest.json("POST", leases_path(namespace), body=body, timeout=REQUEST_TIMEOUT)
+    owner = owner if owner_meta.get("name") and owner_meta.get("uid") else None
+    ann = {k: v for k, v in annotations.items() if k != keys.node}
+    doc = LeaseRecords(rest, namespace, prefix).create(
+        kind, str(annotations.get(keys.node) or ""), name=name, annotations=ann, labels=labels, owner=owner,
+        holder=holder,
+    )  # fmt: skip
     rec = record_of(doc, prefix)
     if rec is None:
         raise ValueError(f"the API server answered a record create with {str(doc)[:200]}")
@@ -208,7 +178,7 @@ def create_fixed(
     rest: KubeRest,
     namespace: str,
     prefix: str,
-    kind: str,
+    kind: RecordKind,
     annotations: Mapping[str, str],
     *,
     name: str,
@@ -227,4 +197,12 @@ def create_fixed(
         return None
 
 
-__all__ = ["create_fixed", "create_record", "epoch", "leases_path", "list_page", "list_records", "record_of"]
+__all__ = [
+    "BUDGET_KINDS",
+    "WaveQuorum",
+    "create_fixed",
+    "create_record",
+    "list_page",
+    "list_records",
+    "record_of",
+]

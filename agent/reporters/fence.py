@@ -21,7 +21,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.record_kind import RecordKind
 from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, api_status, describe_error, node_path
+from agent.reporters.lease_records import lease_path
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +81,14 @@ def _dry_release(rest: KubeRest, namespace: str, node_name: str, prefix: str) ->
         "kind": "Lease",
         "metadata": {
             "generateName": f"{prefix}-fence-probe-",
-            "labels": {f"{prefix}/record": "release"},
+            "labels": {f"{prefix}/record": RecordKind.RELEASE},
             "annotations": {f"{prefix}/node": node_name},
         },
     }
     try:
         rest.json(
             "POST",
-            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+            lease_path(namespace),
             query={"dryRun": "All", "fieldManager": "gpu-healthcheck-fence-probe"},
             body=body,
             timeout=TIMEOUT,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, matches
 from agent.core.node_keys import Keys
@@ -47,6 +47,19 @@ def daemonset_total(rest: KubeRest, namespace: str, service_account: str) -> int
     ]
     total = sum(int((d.get("status") or {}).get("desiredNumberScheduled") or 0) for d in ours)
     return total or None  # 0: the controller has not counted yet (this agent is one of its pods)
+
+
+class GpuFleet(Protocol):
+    """What the repair budget and the active checks ask of the fleet's GPU nodes: a Brake answers it
+    (its delegates to GpuNodes), so neither imports the brake."""
+
+    scope: str  # the tests' label selector that keeps their Nodes apart ("" in a cluster)
+
+    def gpu_node_total(self) -> int: ...
+
+    def count_selected(self, extra: str) -> int: ...
+
+    def list_doc(self, label_selector: str, *, min_rv: str | None = None) -> dict[str, Any]: ...
 
 
 class GpuNodes:
@@ -144,4 +157,9 @@ class GpuNodes:
         return list_names_doc(self.rest, "/api/v1/nodes", label_selector, min_rv=min_rv)
 
 
-__all__ = ["DEFAULT_SERVICE_ACCOUNT", "GpuNodes", "daemonset_total"]
+__all__ = [
+    "DEFAULT_SERVICE_ACCOUNT",
+    "GpuFleet",
+    "GpuNodes",
+    "daemonset_total",
+]

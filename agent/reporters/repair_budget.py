@@ -24,11 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import WARNING, EventReason, Keys
+from agent.core.record_kind import RecordKind
 from agent.core.repair_budget import (
-    FAIL,
-    MARK,
-    RELEASE,
-    WAVE,
     BudgetPolicy,
     Hold,
     HoldReason,
@@ -44,17 +41,10 @@ from agent.core.repair_budget import (
     released_rv,
     wave_decision,
 )
-from agent.reporters.brake import Brake
-from agent.reporters.budget_records import (
-    WaveQuorum,
-    create_fixed,
-    create_record,
-    epoch,
-    leases_path,
-    list_records,
-    record_of,
-)
-from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.budget_records import WaveQuorum, create_fixed, create_record, list_records
+from agent.reporters.gpu_total import GpuFleet
+from agent.reporters.kube_rest import KubeRest, describe_error
+from agent.reporters.lease_records import LeaseRecords
 from agent.reporters.node_names import names_in_list
 
 if TYPE_CHECKING:
@@ -62,7 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = (5, 30)
 GC_PER_LIST = 20  # an agent deletes at most this many of its own expired records per list
 
 
@@ -75,7 +64,7 @@ class RepairBudget:
         node_name: str,
         *,
         namespace: str,
-        brake: Brake,
+        brake: GpuFleet,
         budget: BudgetPolicy,
         wave: WavePolicy,
         prefix: str,
@@ -215,9 +204,9 @@ class RepairBudget:
         """A wave marker of *key* written after its last release, on its quorum: held without
         counting in full (unless it is this node's own and due to be counted again); and whether the
         caller must count in full (a quorum the bounded list could not confirm)."""
-        markers = list_records(self.rest, self.namespace, self.prefix, kinds=(WAVE,), key=key)
+        markers = list_records(self.rest, self.namespace, self.prefix, kinds=(RecordKind.WAVE,), key=key)
         after = released_rv(ledger, key)
-        standing = [m for m in markers if m.rv > after and m.kind == WAVE and m.key == key]
+        standing = [m for m in markers if m.rv > after and m.kind == RecordKind.WAVE and m.key == key]
         if not standing:
             return None, False
         mine = next((m for m in standing if m.node == self.node_name), None)
@@ -256,7 +245,9 @@ class RepairBudget:
     ) -> Hold | None:
         """The wave counted in full: the key's fail records and the failing Nodes. Leaves (or keeps)
         this node's marker when it holds, takes it away when it does not."""
-        fails = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(FAIL,), key=key)
+        fails = list_records(
+            self.rest, self.namespace, self.prefix, min_rv, kinds=(RecordKind.FAIL,), key=key
+        )
         self._own_records.update(r.name for r in fails if r.node == self.node_name)
         failing = self._failing(node_rv)
         hold = wave_decision([*fails, *ledger], key, failing, self.brake.gpu_node_total(), self.wave)
@@ -277,7 +268,14 @@ class RepairBudget:
         name = f"{self.prefix}-wave-{digest}"
         ann = {keys.node: self.node_name, keys.key: key, keys.reason: hold.message}
         create_fixed(
-            self.rest, self.namespace, self.prefix, WAVE, ann, name=name, holder=self.node_name, owner=node
+            self.rest,
+            self.namespace,
+            self.prefix,
+            RecordKind.WAVE,
+            ann,
+            name=name,
+            holder=self.node_name,
+            owner=node,
         )
         self._own_records.add(name)
         return name
@@ -290,12 +288,18 @@ class RepairBudget:
         b = int(now // self.budget.window_s)
         label = RecordKeys(self.prefix).window_label
         buckets = f"{label} in ({b - 1},{b},{b + 1})"
-        marks = list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK,), extra=buckets)
+        marks = list_records(
+            self.rest, self.namespace, self.prefix, min_rv, kinds=(RecordKind.MARK,), extra=buckets
+        )
         # marks written without a bucket (an agent from before buckets, during a rollout) count
         # too: only within the window, as any mark, and their nodes delete them at their next ask
         unbucketed = f"!{label}"
-        marks += list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(MARK,), extra=unbucketed)
-        return marks + list_records(self.rest, self.namespace, self.prefix, min_rv, kinds=(RELEASE,))
+        marks += list_records(
+            self.rest, self.namespace, self.prefix, min_rv, kinds=(RecordKind.MARK,), extra=unbucketed
+        )
+        return marks + list_records(
+            self.rest, self.namespace, self.prefix, min_rv, kinds=(RecordKind.RELEASE,)
+        )
 
     def _budget_spent(
         self, node: Mapping[str, Any], key: str, ledger: list[Record], now: float
@@ -318,7 +322,7 @@ class RepairBudget:
         ann = {keys.node: self.node_name, keys.key: key, keys.pool: pool or ""}
         bucket = {keys.window_label: str(int(now // self.budget.window_s))}
         own = create_record(
-            self.rest, self.namespace, self.prefix, MARK, ann, holder=self.node_name, labels=bucket
+            self.rest, self.namespace, self.prefix, RecordKind.MARK, ann, holder=self.node_name, labels=bucket
         )
         self._own_marks[own.name] = own.at or now
         after = self._ledger(str(own.rv), now)
@@ -343,7 +347,14 @@ class RepairBudget:
         self._own_records.add(name)
         ann = {keys.node: self.node_name, keys.key: key}
         rec = create_fixed(
-            self.rest, self.namespace, self.prefix, FAIL, ann, name=name, holder=self.node_name, owner=node
+            self.rest,
+            self.namespace,
+            self.prefix,
+            RecordKind.FAIL,
+            ann,
+            name=name,
+            holder=self.node_name,
+            owner=node,
         )
         self._failed.add(key)
         return str(rec.rv) if rec is not None else None
@@ -370,8 +381,8 @@ class RepairBudget:
         policy refuses that, and a record that no longer counts may linger, never count again), and
         remember its own fail records (deleted when the node recovers)."""
         own = [r for r in records if r.node == self.node_name]
-        self._own_records.update(r.name for r in own if r.kind in (FAIL, WAVE))
-        self._own_marks.update({r.name: r.at for r in own if r.kind == MARK})
+        self._own_records.update(r.name for r in own if r.kind in (RecordKind.FAIL, RecordKind.WAVE))
+        self._own_marks.update({r.name: r.at for r in own if r.kind == RecordKind.MARK})
         gone = [n for n, at in self._own_marks.items() if now - at > self.budget.window_s + 60]
         for name in gone[:GC_PER_LIST]:
             del self._own_marks[name]
@@ -379,18 +390,9 @@ class RepairBudget:
 
     def _delete(self, name: str) -> None:
         try:
-            self.rest.json("DELETE", leases_path(self.namespace, name), timeout=REQUEST_TIMEOUT)
+            LeaseRecords(self.rest, self.namespace, self.prefix).delete(name)
         except Exception as exc:
-            if api_status(exc) != 404:
-                log.info("repair budget: deleting record %s failed: %s", name, describe_error(exc))
+            log.info("repair budget: deleting record %s failed: %s", name, describe_error(exc))
 
 
-__all__ = [
-    "RepairBudget",
-    "create_record",
-    "epoch",
-    "leases_path",
-    "list_records",
-    "newly_marking",
-    "record_of",
-]
+__all__ = ["RepairBudget"]
