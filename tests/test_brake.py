@@ -424,3 +424,25 @@ def test_a_slot_whose_node_is_gone_is_freed_by_an_unfenced_brake(
     ok, reason = pool.brake(core, max_fraction=1.0, max_nodes=1).allows_new_taint(b)
     assert ok, reason
     assert len(pool.slots(core)) == 1
+
+
+@pytest.mark.kube
+def test_a_ghost_slot_is_freed_once_however_many_reap_it(core: k8s.CoreV1Api, pool: Any, kube: Any) -> None:
+    """Two unfenced brakes reap the same slot of a Node that is gone: the delete names the slot as
+    each read it (uid, resourceVersion), so the one that comes second finds the slot its rival took
+    in between and frees nothing (two reapers of one ghost once both took it: cap + 1)."""
+    from agent.reporters.brake_slots import Slots
+
+    a, b, c = pool(3)
+    assert pool.brake(core, max_fraction=1.0, max_nodes=1).allows_new_taint(a)[0]
+    kube.delete_node(a)
+    slots = Slots(KubeRest.of(core), pool.namespace, "gpu-healthcheck", pool.scope)
+    (ghost,) = pool.slots(core)
+    stale = slots.records.read(ghost)
+    assert stale is not None
+    assert slots.reap(0) and slots.take(0, b)  # the first reaper frees the ghost and takes the slot
+    with pytest.raises(Exception) as refused:  # the second one's delete, as it read the ghost
+        slots.records.delete(ghost, uid=stale["metadata"]["uid"], rv=stale["metadata"]["resourceVersion"])
+    assert "409" in str(refused.value) or "Conflict" in str(refused.value), refused.value
+    assert slots.get(0) is not None and slots.get(0).holder == b  # type: ignore[union-attr]
+    assert not pool.brake(core, max_fraction=1.0, max_nodes=1).allows_new_taint(c)[0]

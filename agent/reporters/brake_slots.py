@@ -168,17 +168,21 @@ class Slots:
         it yet (or does not run): only an identity the records policy does not fence may, a fenced
         agent's delete is refused and it leaves the slot to the collector. True when it is free."""
         try:
-            holder = self.holder(i)
-            if holder is None:
+            doc = self.records.read(self.name(i))
+            if doc is None:
                 return True
+            holder = self.ticket(doc).holder
             if not holder:
                 return False  # a slot that names no node: left as it is
             if node_exists(self.rest, holder):
                 return False  # its Node is there: the slot is held
         except Exception:
             return False  # could not tell: the slot stays held
-        try:
-            self.free(self.name(i))
+        meta = doc.get("metadata") or {}
+        try:  # that slot only, as read: two reapers of one ghost never both free (and take) it
+            self.records.delete(
+                self.name(i), uid=str(meta.get("uid") or ""), rv=str(meta.get("resourceVersion") or "")
+            )
         except Exception as exc:
             log.info("brake: slot %s of a Node that is gone is left to the garbage collector: %s", i, exc)
             return False

@@ -152,10 +152,15 @@ class LeaseRecords:
         doc = self.rest.json("GET", lease_path(self.namespace), query=query, timeout=REQUEST_TIMEOUT, **kw)
         return list(doc.get("items") or ()), not (doc.get("metadata") or {}).get("continue")
 
-    def delete(self, name: str) -> None:
-        """Delete a record (gone already: nothing to do); other refusals raise."""
+    def delete(self, name: str, *, uid: str = "", rv: str = "") -> None:
+        """Delete a record (gone already: nothing to do); other refusals raise. *uid* and *rv*: only
+        the record as read (a 409 when it changed since: another asker took it in between)."""
+        body = None
+        if uid or rv:
+            pre = {k: v for k, v in (("uid", uid), ("resourceVersion", rv)) if v}
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": pre}
         try:
-            self.rest.json("DELETE", lease_path(self.namespace, name), timeout=REQUEST_TIMEOUT)
+            self.rest.json("DELETE", lease_path(self.namespace, name), body=body, timeout=REQUEST_TIMEOUT)
         except Exception as exc:
             if api_status(exc) != 404:
                 raise
