@@ -9,9 +9,9 @@ count of nodes instead, and this module makes it:
   (usually empty) before it takes the taint; when either finds one, it counts instead.
 - a number is held by a slot that counts for nothing (one token's extra slots, a slot an older agent
   never freed). A refused node asks whether one slot it tried is claimed by its holder (a GET of the
-  slot and a names-only list of one Node), at most every `period_s`; when it is not, it counts. One
-  slot a minute per refused node finds a forged slot quickly in a wave (many nodes look) and costs a
-  held fleet two small requests per node a minute.
+  slot and a names-only list of one Node) at its first refusal, then at most every `period_s`; when
+  it is not, it counts. A victim finds a forged slot at its first refusal; a held fleet pays two
+  small requests per node every 5 minutes.
 
 The count lists every slot of the brake, the Nodes that claim one and the Nodes that carry our taint
 (names only, from the watch cache), after taking this node's overflow slot: racing counters are
@@ -35,7 +35,10 @@ from agent.reporters.node_names import list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
-AUDIT_PERIOD_S = 60.0  # a refused node asks whether the slots it tried count at most this often
+# A refused node asks whether a slot it tried counts at its first refusal, then at most this often
+# (as often as it looks for a slot whose Node is gone). Every minute cost a 4,000-node wave on one
+# 2-core API server a third more CPU than it had: 504s (bench/README.md, "One share per node").
+AUDIT_PERIOD_S = 300.0
 
 
 @dataclass(frozen=True)
