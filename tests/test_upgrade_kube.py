@@ -391,6 +391,7 @@ def fleet(make_fleet: Callable[..., Fleet]) -> Fleet:
     return make_fleet()
 
 
+@pytest.mark.timeout(600)  # agents replaced one at a time (and a 120 s grace): long on a loaded CI
 def test_an_upgrade_from_020_and_the_roll_back_keep_the_brake_exact_and_the_clear(fleet: Fleet) -> None:
     f = fleet
     f.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in f.worlds.items()))
@@ -473,6 +474,7 @@ MIXED_FLEET_BUG = (
 )
 
 
+@pytest.mark.timeout(600)  # agents replaced one at a time (and a 120 s grace): long on a loaded CI
 def test_a_node_recovering_and_another_failing_mid_upgrade_keep_the_brake_exact(fleet: Fleet) -> None:
     """The mixed fleet of a rollout that takes hours, where nodes recover and fail meanwhile: at
     0.2.0 two of a, b, c are tainted and one held (cap 2); the held node's agent is upgraded first.
@@ -526,6 +528,7 @@ ISOLATED_BUG = (
 )
 
 
+@pytest.mark.timeout(600)  # agents replaced one at a time (and a 120 s grace): long on a loaded CI
 def test_a_node_isolated_by_a_device_rule_under_020_keeps_its_share_through_the_upgrade(
     make_fleet: Callable[..., Fleet], kube: Any
 ) -> None:
