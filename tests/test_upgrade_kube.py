@@ -248,6 +248,15 @@ class Fleet:
             self.agents[role] = AgentProcess(self.kube, w["node"], w["snap"], self.cfg, log)
         self.version[role] = version
 
+    def start_old(self) -> dict[str, tuple[str, bool]]:
+        """Every role's agent at 0.2.0, all passing (checked): the expected state, all pass."""
+        self.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in self.worlds.items()))
+        for role in self.worlds:
+            self.start(role, OLD_VERSION)
+        passing = {r: ("pass", False) for r in self.worlds}
+        self.check(passing, f"all {len(self.worlds)} at 0.2.0, pass")
+        return passing
+
     def cycles(self, role: str) -> int:
         return self.agents[role].log.read_text().count("tier gpu:")
 
@@ -394,11 +403,7 @@ def fleet(make_fleet: Callable[..., Fleet]) -> Fleet:
 @pytest.mark.timeout(600)  # agents replaced one at a time (and a 120 s grace): long on a loaded CI
 def test_an_upgrade_from_020_and_the_roll_back_keep_the_brake_exact_and_the_clear(fleet: Fleet) -> None:
     f = fleet
-    f.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in f.worlds.items()))
-    for role in ROLES:
-        f.start(role, OLD_VERSION)
-    passing = {r: ("pass", False) for r in ROLES}
-    f.check(passing, "all five at 0.2.0, pass")
+    passing = f.start_old()
 
     # A node fails, is tainted and marked, and is cleared (0.2.0 consumes the clear).
     xid(f, "cleared")
@@ -488,11 +493,7 @@ def test_a_node_recovering_and_another_failing_mid_upgrade_keep_the_brake_exact(
     0.2.0 agent of the failing node finds the number free and takes it: three Nodes tainted. A roll
     back opens the same window while a new agent keeps an overflow slot (the same code; not run)."""
     f = fleet
-    f.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in f.worlds.items()))
-    for role in ROLES:
-        f.start(role, OLD_VERSION)
-    passing = {r: ("pass", False) for r in ROLES}
-    f.check(passing, "all five at 0.2.0, pass")
+    passing = f.start_old()
     xid(f, "a", "b", "c")
     wait_for(lambda: len(f.tainted) == CAP and all(f.state(r)[0] == "fail" for r in "abc"), timeout=40,
              what="two of a, b, c tainted")  # fmt: skip
@@ -557,11 +558,7 @@ def test_a_node_isolated_by_a_device_rule_under_020_keeps_its_share_through_the_
     code, body = kube.request("POST", "/apis/resource.k8s.io/v1/resourceslices", resource_slice(iso))
     assert code == 201, body
     try:
-        f.note("nodes: " + ", ".join(f"{r}={w['node']}" for r, w in f.worlds.items()))
-        for role in ISO_ROLES:
-            f.start(role, OLD_VERSION)
-        passing = {r: ("pass", False) for r in ISO_ROLES}
-        f.check(passing, "all three at 0.2.0, pass")
+        passing = f.start_old()
         with (f.worlds["iso"]["snap"] / "kmsg.log").open("a") as fh:
             fh.write(XID_GPU3)
         f.note("Xid 79 on GPU 3 appended to the kernel log of iso")

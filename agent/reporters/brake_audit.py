@@ -44,13 +44,11 @@ AUDIT_PERIOD_S = 300.0
 @dataclass(frozen=True)
 class Count:
     """What the last count found: the nodes counted (the asker among them when granted), the cap,
-    and the nodes it saw carrying our taint without a slot that counts."""
+    and when (epoch s)."""
 
     counted: int
     cap: int
-    unslotted: tuple[str, ...] = ()
-    void: tuple[str, ...] = ()  # slots that count for nothing
-    at: float = 0.0  # when (epoch s)
+    at: float = 0.0
 
 
 class Audit:
@@ -134,19 +132,14 @@ class Audit:
         others = occupants(
             tickets, claimers, tainted, asker=asker, now=now, own_rv=own.rv, grace_s=self.grace_s
         )
-        count = Count(
-            counted=len(others) + (1 if len(others) < cap else 0),
-            cap=cap,
-            unslotted=tuple(sorted(tainted - claimers - {asker})),
-            void=tuple(t.name for t in void(tickets, claimers, tainted, now, self.grace_s)),
-            at=now,
-        )
+        count = Count(counted=len(others) + (1 if len(others) < cap else 0), cap=cap, at=now)
         self.last = count
         if self._on_count is not None:
             self._on_count(count)
-        if count.void:
-            log.warning("brake: %d slots count for nothing (no holder claims them): %s", len(count.void),
-                        ", ".join(count.void[:5]))  # fmt: skip
+        nothing = [t.name for t in void(tickets, claimers, tainted, now, self.grace_s)]
+        if nothing:
+            log.warning("brake: %d slots count for nothing (no holder claims them): %s", len(nothing),
+                        ", ".join(nothing[:5]))  # fmt: skip
         if len(others) < cap:
             return own.name
         self.slots.free(own.name)
