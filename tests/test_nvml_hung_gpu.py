@@ -126,7 +126,7 @@ def test_a_hung_gpu_is_unknown_then_its_own_failure_and_the_others_are_judged(
     scope of GPU 1 and GPU 3, never the node."""
     h100x8.gpus[1]["memerr.1.0.2"] = "2"  # volatile DRAM uncorrectable on GPU 1: gpu.ecc, reset
     fake_nvml.write(h100x8)
-    eng = engine(tmp_path)
+    eng = engine(tmp_path, node={"isolationNodeAtGpus": 3})  # two GPUs at once stay per GPU here
     eng.run_tier("gpu")
     healthy = eng.inputs[next(i for i in eng.inputs if i.value == "gpus")]
     assert isinstance(healthy, GpuInventory)

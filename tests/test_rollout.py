@@ -216,9 +216,9 @@ FLEET = [
 def test_status_counts_would_taint_and_would_mark_in_observe() -> None:
     statuses = status_list(FLEET, None, prefix=K.prefix, now=NOW)
     out = render(statuses, "table", NOW).splitlines()
-    assert out[0].split()[7:11] == ["WOULD", "TAINT", "WOULD", "MARK"]
+    assert out[0].split()[10:14] == ["WOULD", "TAINT", "WOULD", "MARK"]
     row = {line.split()[0]: line.split() for line in out[1:6]}
-    assert row["b"][5:8] == ["-", "isolate:NoExecute", AHR] and row["d"][5:8] == ["-", "-", "-"]
+    assert row["b"][5:10] == ["-", "-", "-", "isolate:NoExecute", AHR] and row["d"][5:10] == ["-"] * 5
     assert "observe (5 nodes): 3 nodes would be tainted, 2 would be marked for remediation" in out
     (item,) = [i for i in json.loads(render(statuses, "json", NOW)) if i["node"] == "a"]
     assert item["rollout"] == {

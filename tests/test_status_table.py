@@ -20,8 +20,8 @@ from agent.cli.status import (
     render_status,
     status_list,
     status_rows,
-    worst_finding,
 )
+from agent.cli.status_findings import worst_finding
 from agent.config import yaml_safe
 from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
@@ -128,8 +128,8 @@ def test_rows_sorted_fail_first() -> None:
         "a-pass",
         "c-unmarked",
     ]
-    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "-", "-", "xid: Xid 79")
-    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-", "-", "-")
+    assert rows[0] == ("e-fail-isolate", "fail", "isolate", "≤30s", "?", "-", "-", "-", "-", "xid: Xid 79")
+    assert rows[-1] == ("c-unmarked", "-", "-", "-", "?", "-", "-", "-", "-", "-")
 
 
 def test_the_next_step_comes_from_the_agents_own_annotation() -> None:
@@ -141,12 +141,13 @@ def test_the_next_step_comes_from_the_agents_own_annotation() -> None:
         cli(["check", "--json", "--from-snapshot", str(XID79)])
     doc = json.loads(buf.getvalue())
     (row,) = status_rows([_node("broken", doc)], prefix=P, now=NOW)
-    assert row[2] == "reboot" and row[6] == "reboot (then: service)"
+    assert row[2] == "reboot" and row[8] == "reboot (then: service)"
+    assert row[6:8] == ("8/8", "-")  # GPUS: no taint of ours on the Node; DEVICE TAINTS: none
 
 
 def test_corrupt_annotation_does_not_break_the_table() -> None:
     node = {"metadata": {"name": "n", "labels": {K.status: "fail"}, "annotations": {K.results: "{"}}}
-    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-", "-", "-")]
+    assert status_rows([node], prefix=P, now=NOW) == [("n", "fail", "-", "-", "?", "-", "-", "-", "-", "-")]
 
 
 def _pod(node: str, ready: bool, period: int = 10, failures: int = 3) -> dict[str, Any]:
@@ -191,7 +192,20 @@ def test_json_yaml_and_wide_output() -> None:
     assert item["lastCheckMaxSeconds"] == 60 and item["agent"] == "ready"
     assert yaml_safe.load(render(statuses, "yaml", NOW)) == [item]
     wide = render(statuses, "wide", NOW).splitlines()
-    assert wide[0].split()[:8] == ["NODE", "STATUS", "SEVERITY", "LAST", "CHECK", "AGENT", "WARN", "TAINT"]
+    head = [
+        "NODE",
+        "STATUS",
+        "SEVERITY",
+        "LAST",
+        "CHECK",
+        "AGENT",
+        "WARN",
+        "GPUS",
+        "DEVICE",
+        "TAINTS",
+        "TAINT",
+    ]
+    assert wide[0].split()[:11] == head
     assert "reboot:NoExecute" in wide[1] and "p5.48xlarge" in wide[1] and "0.1.0" in wide[1]
 
 
@@ -282,6 +296,9 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
         "CHECK",
         "AGENT",
         "WARN",
+        "GPUS",
+        "DEVICE",
+        "TAINTS",
         "NEXT",
         "STEP",
         "WORST",
@@ -289,7 +306,7 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
     ]
     assert lines[0].split() == head
     table = lines[: lines.index("") if "" in lines else len(lines)]
-    assert len(table) == 3 and len(HEADER) == 8
+    assert len(table) == 3 and len(HEADER) == 10
     # its taint was written without a brake slot (a writer without a brake): it counts, and is named
     brake = [line for line in lines[3:] if line.startswith("BRAKE (") or "tainted without a slot" in line]
     assert brake and brake[0].startswith("BRAKE (") and broken in brake[-1], out

@@ -53,12 +53,15 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "ACTIVE_CHECK_ABORTED": "ActiveCheckAborted",
         "GPU_STALLED": "GPUStalled",
         "DEVICE_TAINTS_UNAVAILABLE": "DeviceTaintsUnavailable",
+        "GPU_ISOLATED": "GPUIsolated",
+        "GPU_RETURNED": "GPUReturned",
     },
     ConditionReason: {
         "ALL_CHECKS_PASSED": "AllChecksPassed",
         "CHECKS_WARN": "ChecksWarn",
         "CHECKS_FAILED": "ChecksFailed",
         "CHECKS_UNKNOWN": "CouldNotCheck",
+        "GPUS_ISOLATED": "GPUsIsolated",
         "CONFIG_REJECTED": "ConfigRejected",
     },
     RemediationReason: {

@@ -73,6 +73,13 @@ DOC = {
 BASE = Marks(Status.PASS, Severity.NONE, json.dumps(DOC), False, "pass: all checks passed")
 AHR = "AcceleratedHardwareReady"
 # A second value of every field of the Marks: a new field needs one here (the test below says so).
+BASE_DEGRADED = Marks(
+    status=Status.DEGRADED,
+    severity=Severity.REBOOT,
+    results_json="{}",
+    taint=False,
+    condition_message="degraded",
+)
 OTHER: dict[str, Any] = {
     "status": Status.FAIL,
     "severity": Severity.REBOOT,
@@ -95,6 +102,10 @@ OTHER: dict[str, Any] = {
     "worst_key": "xid/79/0000:97:00.0",
     "boot_id": "b2",
     "clear_kept": ("xid/79/0000:97:00.0",),
+    "device_effect": "NoExecute",
+    "in_service": "7-of-8",
+    "degraded": BASE_DEGRADED,
+    "gpu_notes": {"0000:97:00.0": "xid: Xid 79"},
 }
 
 

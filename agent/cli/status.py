@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,25 +26,36 @@ import yaml
 from agent.cli import status_rollout as rollout_view
 from agent.cli.status_clear import clear_lines, clear_pending, cleared_by_hand
 from agent.cli.status_diag import diag_lines, diag_pending, last_diag
+from agent.cli.status_findings import gpu_warnings, next_step, severity_of, worst_finding
+from agent.cli.status_gpus import degraded_lines, driver_taints, fleet_rules, in_service
 from agent.cli.status_node import AGENT_UNKNOWN, NO_AGENT, NOT_READY, READY, NodeStatus
 from agent.cli.status_time import age, human, seconds_since
 from agent.cli.status_validating import validating, validating_lines
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
 from agent.core.node_keys import DEFAULT_PREFIX, TRACK_LABEL, Keys
 from agent.core.results_doc import STALE_AFTER_FIELD, decode_results
-from agent.core.severity import Severity
-from agent.core.text import shorten
+from agent.core.severity import Status
+from agent.reporters.device_taint_rules import node_label
 from agent.reporters.kube_rest import KubeRest, api_status
 
 AGENT_SELECTOR = "app.kubernetes.io/name=gpu-healthcheck-agent"  # the agent DaemonSet's pod label
-HEADER = ("NODE", "STATUS", "SEVERITY", "LAST CHECK", "AGENT", "WARN", "NEXT STEP", "WORST FINDING")
+HEADER = (
+    "NODE",
+    "STATUS",
+    "SEVERITY",
+    "LAST CHECK",
+    "AGENT",
+    "WARN",
+    "GPUS",
+    "DEVICE TAINTS",
+    "NEXT STEP",
+    "WORST FINDING",
+)
 ROLLOUT = (*rollout_view.WOULD_HEADER, *rollout_view.CONFIG_HEADER)
-WIDE_HEADER = (*HEADER[:6], "TAINT", *ROLLOUT, "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[6:])
-WOULD_TABLE_HEADER = (*HEADER[:6], *rollout_view.WOULD_HEADER, *HEADER[6:])  # a node in observe or label
+WIDE_HEADER = (*HEADER[:8], "TAINT", *ROLLOUT, "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[8:])
+WOULD_TABLE_HEADER = (*HEADER[:8], *rollout_view.WOULD_HEADER, *HEADER[8:])  # a node in observe or label
 FORMATS = ("table", "wide", "json", "yaml")
-STATUS_ORDER = {"fail": 0, "unknown": 1, "warn": 2, "pass": 3}
-CHECK_STATUS_RANK = {"fail": 3, "unknown": 2, "warn": 1}
-FINDING_WIDTH = 80
+STATUS_ORDER = {"fail": 0, "degraded": 1, "unknown": 2, "warn": 3, "pass": 4}
 REQUEST_TIMEOUT = (5, 60)
 PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessProbe defaults
 
@@ -52,78 +63,6 @@ PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessP
 # 2 a node could not be judged (unknown, unmarked, or no Ready agent) and none fails; 64 usage;
 # 69 (EX_UNAVAILABLE) the cluster could not be read.
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN, EXIT_UNAVAILABLE = 0, 1, 2, 69
-
-
-def _severity(text: Any) -> Severity:
-    try:
-        return Severity.parse(str(text))
-    except ValueError:
-        return Severity.NONE
-
-
-def worst_finding(results: Mapping[str, Any] | None) -> str:
-    """The message of the most severe non-passing check (then latched finding), or "-"."""
-    return _worst(results)[0]
-
-
-def next_step(results: Mapping[str, Any] | None) -> str:
-    """The worst finding's next step and escalation ("reboot (then: service)"), or "-"."""
-    return _worst(results)[1]
-
-
-def _step(entry: Mapping[str, Any]) -> str:
-    action = entry.get("action")
-    if not action:
-        return "-"
-    then = entry.get("escalation")  # checks and latches alike (core/actions.Recommendation.as_dict)
-    if isinstance(then, list) and then:
-        return f"{action} (then: {', '.join(map(str, then))})"
-    return str(action)
-
-
-def _worst(results: Mapping[str, Any] | None) -> tuple[str, str]:
-    if not results:
-        return "-", "-"
-    best: tuple[int, int] | None = None
-    text, step = "-", "-"
-    for c in results.get("checks") or ():
-        if not isinstance(c, Mapping):
-            continue
-        rank = CHECK_STATUS_RANK.get(str(c.get("status")), 0)
-        if rank == 0:
-            continue
-        key = (int(_severity(c.get("severity"))), rank)
-        if best is None or key > best:
-            best, text, step = key, f"{c.get('name', '?')}: {c.get('message', '')}", _step(c)
-    for latch in results.get("latched") or ():
-        if not isinstance(latch, Mapping):
-            continue
-        key = (int(_severity(latch.get("severity"))), 3)
-        if best is None or key > best:
-            best, text = key, f"{latch.get('check', '?')}: {latch.get('message', '')} (latched)"
-            step = _step(latch)
-    text = " ".join(text.split())
-    return shorten(text, FINDING_WIDTH), step
-
-
-def gpu_warnings(results: Mapping[str, Any] | None) -> tuple[int, int, dict[str, int]]:
-    """(GPUs with a warning before a fault, GPUs listed, GPUs per trend rule) from the results
-    annotation's verdict per GPU (engine/gpu_verdicts.py)."""
-    entries = [e for e in (results or {}).get("gpus") or () if isinstance(e, Mapping)]
-    per_rule: dict[str, int] = {}
-    warned = 0
-    for entry in entries:
-        by_step = entry.get("warnings")
-        rules = {
-            str(rule)
-            for step in (by_step.values() if isinstance(by_step, Mapping) else ())
-            if isinstance(step, Mapping)
-            for rule in step
-        }
-        warned += bool(rules)
-        for rule in rules:
-            per_rule[rule] = per_rule.get(rule, 0) + 1
-    return warned, len(entries), dict(sorted(per_rule.items()))
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -178,12 +117,15 @@ def node_status(
     )
     warned, listed, per_rule = gpu_warnings(results)
     rollout = rollout_view.rollout_of(results)
+    step = next_step(results)
     return NodeStatus(
         node=str(meta.get("name", "?")),
         status=str(labels.get(keys.status) or results.get("status") or "-"),
         severity=str(labels.get(keys.severity) or results.get("severity") or "-"),
         worstFinding=worst_finding(results),
-        nextStep=next_step(results),
+        nextStep=step + " when drained"
+        if labels.get(keys.status) == Status.DEGRADED.value and step != "-"
+        else step,
         lastCheck=last,
         lastCheckMaxSeconds=bound,
         agent=agent,
@@ -203,6 +145,9 @@ def node_status(
         marked=rollout_view.mark_state(rollout, (node.get("status") or {}).get("conditions") or ()),
         validating=validating(node, results, keys, now),
         track=((pod.get("metadata") or {}).get("labels") or {}).get(TRACK_LABEL) if pod is not None else None,
+        gpusInService=in_service(results, listed, taint is not None),
+        deviceTaints=driver_taints(results),
+        deviceTaintsOf=node_label(str(meta.get("name", "?"))),
     )
 
 
@@ -224,7 +169,7 @@ def status_list(
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name", "?"))
         out.append(node_status(node, by_node.get(name), prefix=prefix, now=now, pods_known=pods is not None))
-    out.sort(key=lambda s: (STATUS_ORDER.get(s.status, 4), -int(_severity(s.severity)), s.node))
+    out.sort(key=lambda s: (STATUS_ORDER.get(s.status, 5), -int(severity_of(s.severity)), s.node))
     return out
 
 
@@ -233,7 +178,16 @@ def rows_of(statuses: Sequence[NodeStatus], now: datetime, *, wide: bool = False
     rows = []
     shadow = rollout_view.shows_would([s.rollout for s in statuses])
     for s in statuses:
-        base = (s.node, s.status, s.severity, s.lastCheck, s.agent, s.warn)
+        base = (
+            s.node,
+            s.status,
+            s.severity,
+            s.lastCheck,
+            s.agent,
+            s.warn,
+            s.gpusInService,
+            ", ".join(s.deviceTaints or ()) or "-",
+        )
         would, config = s.rollout.cells if s.rollout else (("-", "-"), ("-", "-"))
         extra = (
             s.taint or "-",
@@ -338,6 +292,7 @@ def render(statuses: Sequence[NodeStatus], fmt: str, now: datetime) -> str:
     out = format_table(rows_of(statuses, now, wide=wide), header_of(statuses, wide=wide))
     rollout = rollout_view.summary_lines([(s.rollout, s.taint is not None, s.marked) for s in statuses])
     rollout += version_lines(statuses, always=wide)
+    rollout += degraded_lines([(s.node, s.status, s.gpusInService) for s in statuses])
     out += "".join(f"{line}\n" for line in rollout)
     waiting = validating_lines(statuses)
     if waiting:
@@ -369,6 +324,12 @@ def render_status(
     nodes = [n for n in list_nodes(core, selectors) if node in (None, (n.get("metadata") or {}).get("name"))]
     pods = list_agent_pods(core, agent_selector)
     statuses = status_list(nodes, pods, prefix=prefix, now=now)
+    if fmt in ("table", "wide"):  # our DeviceTaintRules, one LIST for the fleet (cli/status_gpus.py)
+        rules = fleet_rules(core, prefix)
+        statuses = [
+            replace(s, deviceTaints=[*(rules or {}).get(s.deviceTaintsOf, ()), *(s.deviceTaints or ())])
+            for s in statuses
+        ]
     out = render(statuses, fmt, now)
     if fmt in ("table", "wide"):  # the brake's cap and counts, held nodes and releases
         from agent.cli.brake import brake_footer

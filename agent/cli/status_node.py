@@ -44,6 +44,9 @@ class NodeStatus:
     # While the Node carries the startup taint: {since, seconds, waitingFor} (status_validating)
     validating: dict[str, Any] | None = None
     track: str | None = None  # the agent pod's gpu-healthcheck/track label: "canary" on the image canary
+    gpusInService: str = "-"  # "7/8": the GPUs serving, of those listed (cli/status_gpus.py)
+    deviceTaints: list[str] | None = None  # ours "gpu-3=reboot:NoExecute", then "driver gpu-2:…"
+    deviceTaintsOf: str = ""  # its DeviceTaintRules' `<prefix>/node` label value (node_label)
 
     @property
     def version(self) -> str:

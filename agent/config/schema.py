@@ -17,6 +17,8 @@ from agent.core.node_keys import (
     DEFAULT_MODE,
     DEFAULT_PREFIX,
     DEFAULT_TAINT_EFFECT,
+    DEVICE_EFFECT_DEFAULTS,
+    DEVICE_TAINT_EFFECTS,
     MODES,
     TAINT_EFFECTS,
     TAINT_SEVERITIES,
@@ -101,6 +103,15 @@ SCHEMA: dict[str, Any] = {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),
         # node | gpu | auto: a fault confined to one GPU taints that DRA device, not the node
         "isolation": Spec(str, DEFAULT_ISOLATION, choices=ISOLATIONS),
+        # With isolation gpu|auto: this many GPUs failing at once make it a node fault (the node
+        # taint, the remediation conditions); fewer are isolated and the node reads degraded. 0: off
+        "isolationNodeAtGpus": Spec(int, 2, 0, 64),
+        # A DeviceTaintRule's effect per severity (a GPU that cannot serve: evict only its pods);
+        # a severity not named here takes the node's (taintEffectBySeverity, then taintEffect)
+        "deviceTaintEffectBySeverity": {
+            s: Spec(str, DEVICE_EFFECT_DEFAULTS.get(s), choices=DEVICE_TAINT_EFFECTS)
+            for s in TAINT_SEVERITIES
+        },
         "recoverAfter": _num(3, 1, 1000),
         "confirmAfter": Spec(int, 2, 1, 100),  # consecutive failing runs before a confirm rule fails
         "escalateAfterReboots": Spec(int, 2, 0, 10),
@@ -189,7 +200,7 @@ RESTART_ONLY = ("prefix", "metrics.port")
 # it is about the file, not a setting (nothing reloads it). Version 1 is 0.1.0's schema, which had no
 # such key; 2 is the first that writes it.
 SCHEMA_VERSION_KEY = "schemaVersion"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def schema_version(doc: Any) -> int | None:

@@ -96,10 +96,18 @@ class NodeSettings:
     validate: ValidateSettings = field(default_factory=lambda: ValidateSettings())
     risk: RiskPolicy = field(default_factory=lambda: RiskPolicy())  # node.risk: the risk label
     active_checks: ActivePolicy = field(default_factory=lambda: ActivePolicy())  # node.activeChecks
+    isolation_node_at: int = 2  # node.isolationNodeAtGpus: GPUs failing at once that make a node fault
+    device_effect_by_severity: Mapping[Severity, str] = field(default_factory=dict)
 
     def effect_for(self, severity: Severity) -> str:
         """The taint's effect for a failing severity: taintEffectBySeverity, else taintEffect."""
         return self.taint_effect_by_severity.get(severity, self.taint_effect)
+
+    def device_effect_for(self, severity: Severity) -> str:
+        """A DeviceTaintRule's effect: deviceTaintEffectBySeverity, else the node's (PreferNoSchedule,
+        which a device taint has not, as NoSchedule)."""
+        effect = self.device_effect_by_severity.get(severity) or self.effect_for(severity)
+        return "NoExecute" if effect == "NoExecute" else "NoSchedule"
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,10 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         validate=ValidateSettings(bool(s["validate"]["addTaint"]), int(s["validate"]["diagLevel"])),
         risk=RiskPolicy(int(s["risk"]["failures"]), int(s["risk"]["repairs"]), int(s["risk"]["windowDays"])),
         active_checks=active_policy(s["activeChecks"]),
+        isolation_node_at=int(s["isolationNodeAtGpus"]),
+        device_effect_by_severity={
+            Severity.parse(k): str(v) for k, v in s["deviceTaintEffectBySeverity"].items() if v is not None
+        },
     )
 
 

@@ -65,18 +65,25 @@ class Scope:
         return "node" if self.node_wide else "gpu:" + ",".join(self.gpus)
 
 
-def _pcis(finding: Finding) -> set[str]:
+def finding_pcis(finding: Finding) -> set[str]:
+    """The normalised PCI addresses a finding's key and entities name."""
     texts = (finding.key, *finding.entities)
     return {normalize_pci(m.group(1) + (m.group(2) or ".0")) for t in texts for m in PCI.finditer(t)}
 
 
-def confined_scope(results: Iterable[CheckResult], gpus: Any, min_severity: Severity) -> Scope | None:
+def confined_scope(
+    results: Iterable[CheckResult], gpus: Any, min_severity: Severity, node_at: int = 0
+) -> Scope | None:
     """The scope of the failing findings at *min_severity* or above; None when there is none.
 
     Node-wide when any of them is not a per-GPU rule, names no GPU of the inventory or more than one,
-    or when the GPUs hit are more than half of the node's (a node that lost most GPUs is a node fault).
+    when the GPUs hit are more than half of the node's (a node that lost most GPUs is a node fault),
+    or when they are *node_at* or more (node.isolation's nodeAtGpus; 0: off).
     """
-    return _scope(results, gpus, Status.FAIL, lambda f: f.severity >= min_severity, PER_GPU_RULES)
+    scope = _scope(results, gpus, Status.FAIL, lambda f: f.severity >= min_severity, PER_GPU_RULES)
+    if scope is not None and not scope.node_wide and node_at and len(scope.gpus) >= node_at:
+        return Scope(True, why=f"{len(scope.gpus)} GPUs fail at once (node.isolationNodeAtGpus: {node_at})")
+    return scope
 
 
 def warn_scope(results: Iterable[CheckResult], gpus: Any) -> Scope | None:
@@ -108,7 +115,7 @@ def _scope(
             if not counts(f):
                 continue
             seen = True
-            pcis = _pcis(f) & known
+            pcis = finding_pcis(f) & known
             if not (f.rule.startswith(per_gpu) or XID_RULE.match(f.rule)):
                 return Scope(True, why=f"{f.key or f.rule} is not confined to one GPU")
             if len(pcis) != 1:
@@ -186,6 +193,7 @@ __all__ = [
     "Scope",
     "confined_scope",
     "devices_for",
+    "finding_pcis",
     "rule_name",
     "slice_devices",
     "warn_scope",

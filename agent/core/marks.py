@@ -4,6 +4,7 @@ as the CLI writes it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,8 @@ class NodeWrite:
     # (None: the verdict's severity).
     taint_severity: Severity | None = None
     taint_effect: str = DEFAULT_TAINT_EFFECT  # node.taintEffect or node.taintEffectBySeverity
+    # A DeviceTaintRule's effect for the same severity (node.deviceTaintEffectBySeverity)
+    device_effect: str = DEFAULT_TAINT_EFFECT
     unhealthy_label: bool = False  # mode `label`: the label <prefix>/unhealthy instead of the taint
     config_rejected: bool = False  # the mounted config is invalid: the condition's reason says so
     # What of the annotation's trend reads makes a write necessary (core/trend_history.counters_digest).
@@ -88,6 +91,8 @@ class NodeWrite:
     testing: bool | None = None
     # The risk label's value (core/node_risk.py: high | normal); "" leaves the label as it is.
     risk: str = ""
+    # The gpus-in-service label ("7-of-8") of a degraded node; "" = absent (engine/degraded.py).
+    in_service: str = ""
 
     @property
     def taint_value(self) -> str:
@@ -134,6 +139,18 @@ class WriteContext:
     clear_kept: tuple[str, ...] = field(
         default=(),
         metadata={EXEMPT: "said once per process; the loop writes whenever there are some, as for Events"},
+    )
+    # The same verdict written as a degraded node (engine/degraded.py): the device-taint writer shows
+    # it where every failing GPU is isolated by a rule the server accepted; None: not possible now.
+    degraded: Marks | None = field(
+        default=None,
+        metadata={EXEMPT: "derived from the verdict, the scope and the GPUs, which the fingerprint holds"},
+    )
+    # Per failing GPU (normalised PCI address): what fails it and the pods on it, for the writer's
+    # GPUIsolated Event (the device and the rule are the writer's).
+    gpu_notes: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata={EXEMPT: "derived from the results, which the fingerprint holds"},
     )
 
 

@@ -17,6 +17,10 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 VALIDATING_EFFECT = "NoSchedule"  # the validating taint's effect (Keys.validating)
 TESTING_EFFECT = "NoSchedule"  # the testing taint's effect (Keys.testing)
 TAINT_SEVERITIES = ("reset", "reboot", "isolate")  # the severities that fail a node, mildest first
+# A DeviceTaintRule's effects (no PreferNoSchedule there), and the default per severity: a GPU that
+# needs a reboot or a replacement cannot serve, so only the pods holding it are evicted (DESIGN.md §3.7).
+DEVICE_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+DEVICE_EFFECT_DEFAULTS = {"reboot": "NoExecute", "isolate": "NoExecute"}
 # node.mode: observe = labels, annotation, condition and Events, never a taint; label = observe plus
 # the label <prefix>/unhealthy=<severity> where the taint would be; taint = the taint itself.
 MODE_OBSERVE, MODE_LABEL, MODE_TAINT = "observe", "label", "taint"
@@ -61,13 +65,19 @@ class Keys:
 
     @property
     def status(self) -> str:
-        """Label: pass | warn | fail | unknown."""
+        """Label: pass | warn | fail | unknown | degraded (every failing finding on isolated GPUs)."""
         return f"{self.prefix}/status"
 
     @property
     def severity(self) -> str:
         """Label: none | monitor | reset | reboot | isolate."""
         return f"{self.prefix}/severity"
+
+    @property
+    def gpus_in_service(self) -> str:
+        """Label `7-of-8` while the node is degraded (GPUs isolated by our DeviceTaintRules; the rest
+        serve); absent otherwise."""
+        return f"{self.prefix}/gpus-in-service"
 
     @property
     def tainted(self) -> str:
@@ -182,6 +192,7 @@ class ConditionReason(Vocabulary):
     CHECKS_WARN = "ChecksWarn"
     CHECKS_FAILED = "ChecksFailed"
     CHECKS_UNKNOWN = "CouldNotCheck"
+    GPUS_ISOLATED = "GPUsIsolated"  # degraded: the node serves its other GPUs
     CONFIG_REJECTED = "ConfigRejected"  # the mounted config is invalid; the same word as its Event's
 
 
@@ -196,6 +207,9 @@ CONDITIONS: dict[Status, Condition] = {
     Status.WARN: Condition("True", ConditionReason.CHECKS_WARN),
     Status.FAIL: Condition("False", ConditionReason.CHECKS_FAILED),
     Status.UNKNOWN: Condition("Unknown", ConditionReason.CHECKS_UNKNOWN),
+    # The node serves its other GPUs: as a node it is healthy; the isolated GPUs are out by their
+    # DeviceTaintRules, and repair engines watch node.remediationConditions, not this (DESIGN.md §3.7).
+    Status.DEGRADED: Condition("True", ConditionReason.GPUS_ISOLATED),
 }
 
 
@@ -223,6 +237,8 @@ class EventReason(Vocabulary):
     ACTIVE_CHECK_ABORTED = "ActiveCheckAborted"  # a pod arrived during a diag: aborted, unknown
     GPU_STALLED = "GPUStalled"  # a GPU held by a pod, busy at its idle power (checks/gpu_stall.py)
     DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"  # no DeviceTaintRule API: the node taint
+    GPU_ISOLATED = "GPUIsolated"  # a DeviceTaintRule of ours took one GPU out; the node still serves
+    GPU_RETURNED = "GPUReturned"  # that rule is gone: the GPU serves again
 
 
 NORMAL, WARNING = "Normal", "Warning"

@@ -29,6 +29,7 @@ LAST_CLEAR_FIELD = "lastClear"  # the last clear-latched request the agent acted
 # outcome (started | completed | aborted), startedAt[, endedAt, abortReason]} (core/active_checks.py)
 LAST_DIAG_FIELD = "lastDiag"
 CONFIG_FIELD = "config"  # {"source", "digest", "mode"}: the config in force (engine/rollout.py)
+IN_SERVICE_FIELD = "inService"  # a degraded node: {"gpus", "serving", "isolated"} (engine/degraded.py)
 WOULD_FIELD = "would"  # {"taint", "mark"}: what mode taint does, in any mode (engine/rollout.py)
 VALIDATED_FIELD = "validated"  # {"bootId", "at"}: the last complete pass (engine/validation.py)
 # {"since", "bootId", "waitingFor"}: while the Node carries the validating taint and has not passed

@@ -36,6 +36,9 @@ class Status(str, enum.Enum):
     FAIL = "fail"
     UNKNOWN = "unknown"
     SKIPPED = "skipped"  # per check only: not applicable or not captured; never a node status
+    # Node only, never a verdict: every failing finding is on GPUs that DeviceTaintRules the API server
+    # accepted isolate, so the node keeps serving its other GPUs (engine/degraded.py, DESIGN.md §3.7).
+    DEGRADED = "degraded"
 
     def __str__(self) -> str:
         return self.value

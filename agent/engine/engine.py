@@ -203,7 +203,7 @@ class Engine:
         cleared = clear_event is not None
         results = repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared)
         verdict = decide(results)
-        self.metrics.record_verdict(verdict.status, results)
+        self.metrics.record_verdict(self.state.showing(verdict.status), results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.
         policy = self.cfg.node
         wanted = self.state.settle_taint(
@@ -220,7 +220,7 @@ class Engine:
         new_latches = self.state.take_new_latches()
         stalled, self._stalled = stalls.stall_events(results, self._stalled)
         gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
-        last_status, self.state.last_status = self.state.last_status, verdict.status
+        last_status = self.state.shown(verdict.status)
         self.evaluations += 1
         self.heartbeat = self.clock()
         decided = Decided(

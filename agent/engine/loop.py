@@ -285,6 +285,9 @@ class Agent:
         self.retry_at = time.monotonic() + wait if wait is not None else 0.0
         if result.ok:
             self.last_fingerprint = fp
+            shown = getattr(result, "shown", None)
+            if shown is not None:
+                self.engine.state.last_status = shown  # degraded: the next health Event says from it
             self.metrics.record_brake_open(result.brake_open)
             self.metrics.record_remediation_held(result.remediation_held, result.held_key)
         else:

@@ -8,12 +8,12 @@ one line of build() beside its field."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.config import Config
 from agent.core import trend_history
-from agent.core.device_scope import confined_scope, warn_scope
+from agent.core.device_scope import ISOLATION_NODE, confined_scope, warn_scope
 from agent.core.findings import CheckResult, Verdict
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node import NodeObject
@@ -22,6 +22,7 @@ from agent.core.probed import Probed
 from agent.core.results_doc import encode, results_document, stale_after_s
 from agent.core.severity import Severity, Status
 from agent.engine.active import ActiveStep
+from agent.engine.degraded import degraded_marks, gpu_notes, isolable
 from agent.engine.gpu_verdicts import pods_text
 from agent.engine.history_annotation_reads import history_key, risk_label
 from agent.engine.remediation import remediation_marks
@@ -79,22 +80,20 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         validating=validation.document(boot_id),
     )
     recovering = state.recovery_note(policy.recover_after) if verdict.status is not Status.FAIL else ""
-    return Marks(
+    health = transition_events(verdict, d.last_status, d.new_latches, d.gpus)
+    scope = confined_scope(d.results, d.inventory, policy.taint_min_severity, policy.isolation_node_at)
+    marks = Marks(
         status=verdict.status,
         severity=verdict.severity,
         results_json=encode(doc),
         taint=d.wanted and policy.mode == MODE_TAINT,  # observe and label modes never taint
         condition_message=condition_message(verdict, d.results, (recovering, d.gate.note), d.doing),
-        events=(
-            transition_events(verdict, d.last_status, d.new_latches, d.gpus)
-            + d.events
-            + d.hold.events
-            + d.gate.events
-        ),
+        events=(health + d.events + d.hold.events + d.gate.events),
         drop_annotations=d.drop + d.hold.drop,
         clear_kept=d.kept,
         taint_severity=state.taint_severity if d.wanted else None,
         taint_effect=policy.effect_for(state.taint_severity),
+        device_effect=policy.device_effect_for(state.taint_severity),
         unhealthy_label=d.wanted and policy.mode == MODE_LABEL,
         trends_digest=trend_history.counters_digest(state.trends),
         remediation=remediation_marks(
@@ -106,12 +105,27 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         ),
         worst_key=history_key(verdict),
         boot_id=boot_id or "",
-        scope=confined_scope(d.results, d.inventory, policy.taint_min_severity),
+        scope=scope,
         warn_scope=warn_scope(d.results, d.inventory) if policy.mode == MODE_TAINT else None,
         validating=d.gate.wish,
         testing=d.hold.testing,
         risk=risk_label(d.node, cfg, verdict.status, boot_id, d.checked_at, d.cleared),
     )
+    if policy.mode != MODE_TAINT or policy.isolation == ISOLATION_NODE or scope is None:
+        return marks
+    if not isolable(d.results, d.inventory, scope, verdict):
+        return marks
+    marks = replace(marks, gpu_notes=gpu_notes(d.results, scope, d.gpus))
+    changed = health[0] if health and health[0].reason is EventReason.GPU_HEALTH_CHANGED else None
+    variant = degraded_marks(
+        marks,
+        verdict=verdict,
+        scope=scope,
+        inventory=d.inventory,
+        last_status=d.last_status,
+        health_event=changed,
+    )
+    return replace(marks, degraded=variant)
 
 
 def condition_message(
@@ -140,7 +154,10 @@ def transition_events(
     """GPUHealthChanged when the status changed (with the worst finding, its next step and the pods
     on its GPUs), and one LatchedFinding per new latch."""
     events: list[NodeEvent] = []
-    if verdict.status is not last_status:
+    # A degraded node that fails is the same verdict (its GPUs isolated or not is the writer's to
+    # say, reporters/device_isolation.py); any other change is told from what the Node showed.
+    seen = Status.FAIL if last_status is Status.DEGRADED else last_status
+    if verdict.status is not seen:
         worst = verdict.worst
         detail = ""
         if worst is not None:

@@ -30,6 +30,7 @@ from agent.core.trend_history import TRENDS_FIELD, TrendHistory
 from agent.core.trend_history import parse as parse_trends
 from agent.engine import reboot_escalation
 from agent.engine.confirm import Confirmations
+from agent.engine.degraded import still_shown
 from agent.engine.recovery import Recovery, severity_or
 
 log = logging.getLogger("gpu-healthcheck.engine")
@@ -159,6 +160,15 @@ class EngineState:
             log.info(
                 f"restored {len(self.latches)} latched finding(s) of this boot", extra={"event": "restore"}
             )
+
+    def showing(self, status: Status) -> Status:
+        """What the Node shows after a verdict of *status* (engine/degraded.still_shown)."""
+        return still_shown(self.last_status, status)
+
+    def shown(self, status: Status) -> Status | None:
+        """The status the Node showed before this verdict; from now on, what it shows after it."""
+        last, self.last_status = self.last_status, self.showing(status)
+        return last
 
     def observe_boot(self, boot: str | None) -> None:
         """The boot id as the gpu tier read it: a new boot drops the old boot's latches."""

@@ -7,6 +7,7 @@ from typing import Literal
 
 from agent.core.node_keys import EventReason
 from agent.core.repair_budget import HoldReason
+from agent.core.severity import Status
 from agent.reporters.refusals import Refusal
 
 
@@ -27,6 +28,9 @@ class ApplyResult:
     error: str | None = None
     dry_run: bool = False
     refused: Refusal | None = None  # the API server refused a write (ok=False; an Event said so)
+    # The status the Node was written with where it differs from the verdict's: `degraded`, the GPUs
+    # isolated (reporters/device_isolation.py); the engine's next health Event is said from it.
+    shown: Status | None = None
 
     @property
     def wrote(self) -> bool:

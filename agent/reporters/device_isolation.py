@@ -40,16 +40,17 @@ from typing import TYPE_CHECKING, Any
 from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
 from agent.core.marks import Marks, NodeEvent
 from agent.core.metric_labels import DeviceTaintFallback
-from agent.core.node_keys import WARNING, EventReason
+from agent.core.node_keys import WARNING, EventReason, Keys
 from agent.reporters.device_taint_rules import (
     NONE_EFFECT,
-    Unavailable,
     Wanted,
     describe,
-    device_effect,
+    fallback_reason,
+    selected_device,
     taint_of,
 )
 from agent.reporters.device_taints import DeviceTaints
+from agent.reporters.isolation_events import failed_again, isolated_events, returned_events
 from agent.reporters.kube_rest import api_status
 from agent.reporters.node_patch import find_our_taint, taint_disabled
 
@@ -59,16 +60,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SLICE_WAIT_S = 5.0  # the first apply waits this long for the slice watch's first list
-
-
-def fallback_reason(exc: BaseException) -> DeviceTaintFallback:
-    """Why a rule is not in place, for the metric."""
-    if isinstance(exc, Unavailable):
-        return DeviceTaintFallback.API_UNAVAILABLE
-    code = api_status(exc)
-    if code is None:
-        return DeviceTaintFallback.RULE_UNANSWERED
-    return DeviceTaintFallback.RULE_REFUSED if 400 <= code < 500 else DeviceTaintFallback.RULE_FAILED
 
 
 class IsolatingWriter:
@@ -83,9 +74,11 @@ class IsolatingWriter:
         *,
         brake: Any = None,
         metrics: Any = None,
+        node_at: int = 2,
     ) -> None:
         self.writer, self.slices, self.taints = writer, slices, taints
         self.isolation = isolation  # node.isolation: node | gpu | auto (follows a reload)
+        self.node_at = node_at  # node.isolationNodeAtGpus: this episode's GPUs that make it node-wide
         self.brake = brake
         self.metrics = metrics  # reporters/metrics.Metrics, or None
         self.node_wide = False  # this episode is node-wide
@@ -112,6 +105,7 @@ class IsolatingWriter:
         """A reload (config/live_part.py): node.isolation from the next apply, and the DeviceTaintRule
         version served is asked again then (the API server may have been upgraded meanwhile)."""
         self.isolation = new.node.isolation
+        self.node_at = new.node.isolation_node_at
         self.taints.forget()
 
     def apply(self, marks: Marks) -> Any:
@@ -127,6 +121,7 @@ class IsolatingWriter:
         taint_rules = self._episode(marks, mode, disabled, events)
         target = {**self._warnings(marks, mode, disabled, taint_rules), **taint_rules}
         isolating = bool(taint_rules) and not self.node_wide  # the rules, not the Node, isolate
+        had = self._taint_rules()
         failure: BaseException | None = None
         try:
             self.taints.upsert(target)
@@ -138,7 +133,11 @@ class IsolatingWriter:
             if isolating and self.covering:
                 self._uncover()
         isolated = isolating and not self.covering and not self.node_wide
-        node_marks = replace(marks, taint=False) if isolated else marks
+        node_marks = marks
+        if isolated:
+            node_marks = replace(marks.degraded or marks, taint=False)
+            events += isolated_events(taint_rules, set(taint_rules) - set(had), marks, self.taints.taint_key)
+        events += self._shown_events(node_marks)
         if events:
             node_marks = replace(node_marks, events=(*node_marks.events, *events))
         result = self.writer.apply(node_marks)
@@ -149,10 +148,15 @@ class IsolatingWriter:
                 self.taints.prune(target)
             except Exception as exc:
                 failure = failure or exc
+            else:
+                gone = {n: d for n, d in had.items() if n not in target}
+                self._returned(gone, bool(getattr(result, "tainted", False)))
         if failure is not None:
             log.warning("node %s: device taints not written: %s", self.taints.node_name, describe(failure))
             return replace(result, ok=False, error=f"device taints: {describe(failure)}")
-        return result
+        if self.metrics is not None and getattr(result, "ok", False):
+            self.metrics.record_isolated_gpus(len(taint_rules) if isolated else 0)
+        return replace(result, shown=node_marks.status) if hasattr(result, "shown") else result
 
     # -- the parts -------------------------------------------------------------------------------------
     def _prepare(self, mode: str) -> None:
@@ -213,6 +217,33 @@ class IsolatingWriter:
                 self._add(marks, scope.gpus, mode, events)
         return self._restamped(marks)
 
+    def _taint_rules(self) -> dict[str, str]:
+        """The rules of ours on the server that take a GPU out (not the warnings, effect None): name →
+        the device it selects."""
+        held = self.taints.held or {}
+        return {
+            n: selected_device(r)["device"]
+            for n, r in held.items()
+            if taint_of(r).get("effect") != NONE_EFFECT
+        }
+
+    def _shown_events(self, node_marks: Marks) -> list[NodeEvent]:
+        node = getattr(self.writer, "node", None) or {}
+        why = self.covering or ("the fault is node-wide" if self.node_wide else "the GPUs are not isolated")
+        return failed_again(node, Keys(self.taints.prefix).status, node_marks, why)
+
+    def _returned(self, gone: Mapping[str, str], tainted: bool) -> None:
+        """GPUReturned for each rule of ours removed while the node is not tainted (a GPU the node
+        taint covers instead has not returned): posted now, the Node write being done."""
+        if not gone or tainted:
+            return
+        events = returned_events(gone)
+        for ev in events:
+            log.warning("node %s: %s", self.taints.node_name, ev.message)
+        poster = getattr(self.writer, "poster", None)
+        if poster is not None:
+            poster.post(events, getattr(self.writer, "node", None) or {}, dry_run=self.taints.dry_run)
+
     def _go_node_wide(self, why: str) -> None:
         self.node_wide = True
         log.warning("node %s: the fault is node-wide (%s): tainting the node", self.taints.node_name, why)
@@ -252,7 +283,9 @@ class IsolatingWriter:
                 log.warning("node %s: brake open, no device taint: %s", self.taints.node_name, reason)
                 return
         for name, d in new.items():
-            self.wanted[name] = Wanted(d, marks.taint_value, device_effect(marks.taint_effect))
+            self.wanted[name] = Wanted(d, marks.taint_value, marks.device_effect)
+        if self.node_at and len(self.wanted) >= self.node_at:
+            self._go_node_wide(f"{len(self.wanted)} GPUs isolated (node.isolationNodeAtGpus: {self.node_at})")
 
     def _unavailable(self, gpus: tuple[str, ...], events: list[NodeEvent]) -> None:
         """No DeviceTaintRule version served: the node taint, one Event this episode, the metric."""
@@ -330,12 +363,12 @@ class IsolatingWriter:
             sel = ((rule.get("spec") or {}).get("deviceSelector")) or {}
             d = devices.get(str(sel.get("device") or ""))
             if d is not None:
-                out[name] = Wanted(d, marks.taint_value, device_effect(marks.taint_effect))
+                out[name] = Wanted(d, marks.taint_value, marks.device_effect)
         return out
 
     def _restamped(self, marks: Marks) -> dict[str, Wanted]:
         """The episode's rules with the taint's current value and effect (a worse severity moves them)."""
-        effect = device_effect(marks.taint_effect)
+        effect = marks.device_effect
         self.wanted = {n: Wanted(w.device, marks.taint_value, effect) for n, w in self.wanted.items()}
         return dict(self.wanted)
 
@@ -360,4 +393,4 @@ class IsolatingWriter:
         return out
 
 
-__all__ = ["IsolatingWriter", "fallback_reason"]
+__all__ = ["IsolatingWriter"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.device_scope import Device
+from agent.core.metric_labels import DeviceTaintFallback
 from agent.core.node_keys import DEFAULT_PREFIX
 from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 
@@ -148,6 +149,16 @@ def describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, Unavailable) else describe_error(exc)
 
 
+def fallback_reason(exc: BaseException) -> DeviceTaintFallback:
+    """Why a rule is not in place, for the metric."""
+    if isinstance(exc, Unavailable):
+        return DeviceTaintFallback.API_UNAVAILABLE
+    code = api_status(exc)
+    if code is None:
+        return DeviceTaintFallback.RULE_UNANSWERED
+    return DeviceTaintFallback.RULE_REFUSED if 400 <= code < 500 else DeviceTaintFallback.RULE_FAILED
+
+
 __all__ = [
     "FIELD_MANAGER",
     "GROUP",
@@ -163,6 +174,7 @@ __all__ = [
     "device_effect",
     "discover",
     "eviction_status",
+    "fallback_reason",
     "node_label",
     "node_owner",
     "selected_device",

@@ -225,6 +225,12 @@ class Metrics:
             ["version"],
             registry=r,
         )
+        self.isolated_gpus = Gauge(
+            f"{NS}_isolated_gpus",
+            "GPUs of this node that our DeviceTaintRules take out of service while the node serves the "
+            "others (status degraded); 0 otherwise",
+            registry=r,
+        )
         self.device_taint_fallbacks = Counter(
             f"{NS}_device_taint_fallbacks_total",
             "times the node taint stood in for a per-GPU DeviceTaintRule, by reason (unavailable: no "
@@ -237,7 +243,7 @@ class Metrics:
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
         _only(self.node_status, {(status.value,): 1}, self._shown)
-        for st in Status:
+        for st in (s for s in Status if s is not Status.DEGRADED):  # a node's only, never a check's
             self.checks.labels(st.value).set(sum(1 for r in results if r.status is st))
         bad: dict[tuple[str, ...], int] = {
             (r.name, r.status.value): 1
@@ -337,6 +343,12 @@ class Metrics:
 
     def record_device_taint_api(self, version: str) -> None:
         _only(self.device_taint_api, {(version,): 1}, self._shown)
+
+    def record_isolated_gpus(self, count: int) -> None:
+        """The GPUs our DeviceTaintRules take out of service now; with any, the node shows degraded."""
+        self.isolated_gpus.set(count)
+        if count:
+            _only(self.node_status, {(Status.DEGRADED.value,): 1}, self._shown)
 
     def record_device_taint_fallback(self, reason: DeviceTaintFallback) -> None:
         self.device_taint_fallbacks.labels(reason).inc()

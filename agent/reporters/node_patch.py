@@ -63,6 +63,7 @@ def desired_labels(
         keys.tainted: TRUE if taint_on else None,
         keys.unhealthy: marks.taint_value if label_on else None,
         keys.brake_slot: slot,
+        keys.gpus_in_service: marks.in_service or None,
     }
     if marks.risk:
         out[keys.risk] = marks.risk

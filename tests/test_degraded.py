@@ -1,0 +1,147 @@
+"""A node whose only failures are isolated GPUs is degraded, not failed (engine/degraded.py): the
+engine writes both versions of a verdict and the device-taint writer shows the degraded one only
+where the rules are in place (tests/test_device_taints_kube.py holds that on the real API server).
+These run the real engine over the bundled p5.48xlarge snapshot (8 H100s) with Xid lines appended."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import load_config_dir, parse_config
+from agent.core.node_keys import CONDITIONS, ConditionReason, EventReason
+from agent.core.severity import Severity, Status
+from agent.engine.degraded import still_shown
+from agent.engine.engine import Engine
+from agent.probes.snapshot import SnapshotSource
+
+ROOT = Path(__file__).parent.parent
+HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
+
+
+def xid(pci: str, number: int = 79) -> str:
+    return (
+        f"kern  :err   : 2025-01-21T03:12:44,118231+00:00 NVRM: Xid (PCI:{pci}): {number}, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus.\n"
+    )
+
+
+GPU3, GPU4 = "0000:86:00", "0000:97:00"  # GPU 3 and GPU 4 of the bundled snapshot (Minor Number)
+
+
+@pytest.fixture
+def snap(tmp_path: Path) -> Path:
+    dest = tmp_path / "snap"
+    shutil.copytree(HEALTHY, dest, symlinks=True)
+    return dest
+
+
+def engine(snap: Path, severities: dict[str, str] | None = None, **node: object) -> Engine:
+    cfg = load_config_dir(ROOT / "config")
+    doc: dict[str, object] = {"node": node, **({"severities": severities} if severities else {})}
+    base = parse_config(doc) if node or severities else cfg
+    cfg = type(cfg)(
+        raw=base.raw,
+        profiles=cfg.profiles,
+        xid_catalog=cfg.xid_catalog,
+        severity_overrides=cfg.severity_overrides,
+    )
+    return Engine(SnapshotSource(snap), cfg)
+
+
+def verdict_after(
+    snap: Path, lines: str, severities: dict[str, str] | None = None, **node: object
+) -> tuple[Engine, Any]:
+    eng = engine(snap, severities, **node)
+    for tier in ("gpu", "xid", "efa", "topology"):
+        eng.run_tier(tier)
+    eng.evaluate()  # the healthy verdict first: pass
+    with (snap / "kmsg.log").open("a") as fh:
+        fh.write(lines)
+    eng.run_tier("xid")
+    return eng, eng.evaluate()[1]
+
+
+def test_one_bad_gpu_under_isolation_writes_a_degraded_version(snap: Path) -> None:
+    _, marks = verdict_after(snap, xid(GPU3), isolation="gpu")
+    assert marks.status is Status.FAIL and marks.taint  # the verdict itself: the writer decides
+    d = marks.degraded
+    assert d is not None
+    assert (d.status, d.severity, d.in_service) == (Status.DEGRADED, Severity.REBOOT, "7-of-8")
+    assert CONDITIONS[d.status].status == "True" and d.condition_reason is ConditionReason.GPUS_ISOLATED
+    assert d.condition_message.startswith(
+        "degraded (7 of 8 GPUs in service; isolated: GPU 3 (0000:86:00.0)): "
+    )
+    assert "Xid 79" in d.condition_message and d.condition_message.endswith("when drained")
+    (health,) = [e for e in d.events if e.reason is EventReason.GPU_HEALTH_CHANGED]
+    assert health.message.startswith("pass → degraded: 7 of 8 GPUs in service; isolated: GPU 3"), health
+    (base_health,) = [e for e in marks.events if e.reason is EventReason.GPU_HEALTH_CHANGED]
+    assert base_health.message.startswith("pass → fail"), base_health
+    assert '"status":"degraded"' in d.results_json and '"inService":{"gpus":8,"serving":7' in d.results_json
+    assert '"isolate":"reboot:' in d.results_json and '"would":{"taint"' not in d.results_json
+    assert marks.device_effect == "NoExecute"  # the shipped default for a GPU that needs a reboot
+    assert marks.taint_effect == "NoSchedule"  # the node taint's stays as shipped
+    assert "Xid 79" in marks.gpu_notes["00000000:86:00.0"]  # keyed as the slices' devices are
+
+
+def test_without_isolation_there_is_no_degraded_version(snap: Path) -> None:
+    _, marks = verdict_after(snap, xid(GPU3))  # node.isolation: node, as shipped
+    assert marks.status is Status.FAIL and marks.degraded is None and marks.in_service == ""
+
+
+def test_two_bad_gpus_at_once_are_a_node_fault_by_default_and_isolated_when_told(
+    snap: Path, tmp_path: Path
+) -> None:
+    _, marks = verdict_after(snap, xid(GPU3) + xid(GPU4), isolation="gpu")
+    assert marks.scope is not None and marks.scope.node_wide and "isolationNodeAtGpus: 2" in marks.scope.why
+    assert marks.degraded is None  # the node taint and the remediation conditions, as today
+    other = tmp_path / "other"
+    shutil.copytree(HEALTHY, other, symlinks=True)
+    _, marks = verdict_after(other, xid(GPU3) + xid(GPU4), isolation="gpu", isolationNodeAtGpus=0)
+    assert marks.degraded is not None and marks.degraded.in_service == "6-of-8"
+
+
+def test_a_fault_not_confined_to_one_gpu_beside_an_isolated_gpu_is_a_failed_node(snap: Path) -> None:
+    """An Xid that names no GPU of the inventory (0000:ff:00) cannot be isolated: the node fails."""
+    _, marks = verdict_after(snap, xid(GPU3) + xid("0000:ff:00"), isolation="gpu")
+    assert marks.status is Status.FAIL and marks.degraded is None
+    assert marks.scope is not None and marks.scope.node_wide
+
+
+def test_a_degraded_node_stays_degraded_while_the_verdict_fails() -> None:
+    assert still_shown(Status.DEGRADED, Status.FAIL) is Status.DEGRADED
+    assert still_shown(Status.DEGRADED, Status.PASS) is Status.PASS
+    assert still_shown(Status.FAIL, Status.FAIL) is Status.FAIL
+
+
+def test_the_next_verdict_after_degraded_says_no_change_and_recovery_says_from_degraded(snap: Path) -> None:
+    eng, _ = verdict_after(snap, xid(GPU3), isolation="gpu")
+    eng.state.last_status = Status.DEGRADED  # what the writer reports having shown (ApplyResult.shown)
+    eng.run_tier("xid")
+    again = eng.evaluate()[1]
+    assert not [e for e in again.events if e.reason is EventReason.GPU_HEALTH_CHANGED]
+    assert again.degraded is not None
+    assert not [e for e in again.degraded.events if e.reason is EventReason.GPU_HEALTH_CHANGED]
+    assert eng.state.last_status is Status.DEGRADED  # a write skipped as unchanged keeps it
+
+
+def test_the_isolated_event_note_names_the_pods_on_the_gpu() -> None:
+    from agent.core.device_scope import Scope
+    from agent.core.findings import CheckResult, Finding
+    from agent.engine.degraded import gpu_notes
+
+    finding = Finding(
+        check="xid",
+        rule="xid.79",
+        severity=Severity.REBOOT,
+        message="Xid 79 on GPU 3",
+        key="xid/79/0000:86:00.0",
+        entities=("0000:86:00.0",),
+    )
+    result = CheckResult(name="xid", findings=(finding,))
+    gpus = [{"pci": "0000:86:00.0", "pods": ["team-a/holds-gpu-3/main"]}]
+    notes = gpu_notes([result], Scope(False, ("00000000:86:00.0",)), gpus)
+    assert notes == {"00000000:86:00.0": "xid: Xid 79 on GPU 3; pods on it: team-a/holds-gpu-3/main"}
