@@ -47,6 +47,8 @@ XID = Rule(
     Severity.MONITOR,
     "NVIDIA's DRA driver tainted a GPU for an Xid it deems fatal and our own checks see no fault there",
 )
+# Said, not judged (severity none): findings of their own names, not rules of `severities:` (every
+# rule's default is a real severity); alert on them by gpu_healthcheck_driver_device_taints.
 XID_NONFATAL = Rule(
     f"{NAME}.xid-nonfatal",
     Severity.NONE,
@@ -168,8 +170,9 @@ def _pcis(finding: Finding) -> set[str]:
 
 def corroborate(results: Iterable[CheckResult]) -> list[CheckResult]:
     """Pure, after the checks (engine.evaluate, `check`): each finding of the driver's taints on a GPU
-    (an Xid, gpu-lost) that one of our own findings on that GPU agrees with (one of our Xids, our
-    lost or hung GPU, or any fault of ours there at `reset` or above) becomes part of ours: our
+    (an Xid, gpu-lost) that one of our own findings on that GPU agrees with (our Xid of the same
+    number, whatever our catalog makes of it; else one of our Xids or our lost or hung GPU at least
+    as severe, or any fault of ours there at `reset` or above) becomes part of ours: our
     finding's message gains the driver's word, and the driver's finding goes. One that no finding of
     ours agrees with stays, its message saying that our own checks see nothing wrong there (and why
     they might not: our Xid check could not look). `unmonitored` stays as it is."""
@@ -246,6 +249,6 @@ CHECKS = (
         check_driver_taints,
         (Input.GPUS, Input.DRA),
         "gpu",
-        (XID, XID_NONFATAL, GPU_LOST, UNMONITORED),
+        (XID, GPU_LOST),
     ),
 )

@@ -60,7 +60,6 @@ FAULT_CLASSES: tuple[FaultRow, ...] = (
     FaultRow("xid.pcie-aer", "PCIe", "NvidiaPCIeError"),
     FaultRow("gpu.driver-taints", "GPULost"),  # NVIDIA's DRA driver's taints (checks/dra_taints.py)
     FaultRow("gpu.driver-taints.xid", "Xid"),
-    FaultRow("gpu.driver-taints.xid-nonfatal", "Xid"),
     FaultRow("gpu.fabric", "Fabric", "NvidiaFabricError"),
     FaultRow("nvlink", "NVLink", "NvidiaNVLinkError"),
     FaultRow("nvlink-speed", "NVLink", "NvidiaNVLinkError"),
