@@ -96,7 +96,8 @@ def test_no_check_is_skipped_for_want_of_nvidia_com_gpu() -> None:
     dra = {r.name: r for r in run_checks(CHECKS, base_facts(), CFG)}
     plugin = {r.name: r for r in run_checks(CHECKS, gather_facts(SnapshotSource(HEALTHY), CFG), CFG)}
     skipped = {n for n, r in dra.items() if r.status is Status.SKIPPED}
-    assert skipped == {n for n, r in plugin.items() if r.status is Status.SKIPPED}
+    # the driver's own taints (checks/dra_taints.py): nothing to read where no DRA driver publishes
+    assert skipped | {"gpu.driver-taints"} == {n for n, r in plugin.items() if r.status is Status.SKIPPED}
     assert not any("nvidia.com/gpu" in dra[n].message for n in skipped)
     assert dra["gpu.allocatable"].status is Status.PASS
 

@@ -21,7 +21,13 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 import agent
 from agent.core.history_annotation import HistoryAction, HistoryActor, HistoryMark, HistoryTaint
-from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, ToolOutcome
+from agent.core.metric_labels import (
+    ConfigReloadResult,
+    DeviceTaintFallback,
+    DriverTaintEffect,
+    DriverTaintKey,
+    ToolOutcome,
+)
 from agent.core.node_keys import ConditionReason, EventReason
 from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationReason
@@ -120,6 +126,18 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "RULE_FAILED": "failed",
         "RULE_UNANSWERED": "unanswered",
         "RULE_NOT_COUNTED": "not-counted",
+    },
+    DriverTaintKey: {
+        "DRIVER_XID": "gpu.nvidia.com/xid",
+        "DRIVER_GPU_LOST": "gpu.nvidia.com/gpu-lost",
+        "DRIVER_UNMONITORED": "gpu.nvidia.com/unmonitored",
+        "DRIVER_OTHER_KEY": "other",
+    },
+    DriverTaintEffect: {
+        "EFFECT_NONE": "None",
+        "EFFECT_NO_SCHEDULE": "NoSchedule",
+        "EFFECT_NO_EXECUTE": "NoExecute",
+        "EFFECT_OTHER": "other",
     },
 }
 # The words in two vocabularies, by design: the condition says ConfigRejected while its Event does;

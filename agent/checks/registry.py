@@ -11,6 +11,7 @@ from agent.checks import (
     connectx,
     dcgm,
     dcgm_suspect,
+    dra_taints,
     efa,
     gpu,
     gpu_stall,
@@ -32,6 +33,7 @@ from agent.core.rules import Rule, RuleBook
 # the severity rules it owns) and one line here.
 CHECKS: tuple[CheckSpec, ...] = (
     *gpu.CHECKS,
+    *dra_taints.CHECKS,  # the DRA driver's own device taints, beside ours
     *trends.CHECKS,
     *gpu_stall.CHECKS,
     *xid.CHECKS,
@@ -66,6 +68,12 @@ def select(only: Iterable[str] | None, cfg: Config) -> list[CheckSpec]:
 
 def needed_inputs(specs: Iterable[CheckSpec]) -> set[Input]:
     return {i for s in specs for i in s.inputs}
+
+
+def after_checks(results: Iterable[CheckResult]) -> list[CheckResult]:
+    """The pure steps over every check's result, before the verdict (the agent's, `check`'s): the
+    DRA driver's device taints joined with our own findings on the same GPU (dra_taints.corroborate)."""
+    return dra_taints.corroborate(results)
 
 
 def run_checks(specs: Iterable[CheckSpec], facts: NodeFacts, cfg: Config) -> list[CheckResult]:

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from agent.checks.registry import RULE_BOOK, RULES, needed_inputs, run_checks, select
+from agent.checks.registry import RULE_BOOK, RULES, after_checks, needed_inputs, run_checks, select
 from agent.cli.parser import EXIT_USAGE, build_parser
 from agent.cli.render import explain, table
 from agent.cli.status import EXIT_UNAVAILABLE
@@ -56,7 +56,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     # held back until node.confirmAfter runs found it, so `check` says "failing run 1 of 2,
     # confirming" (unknown, exit 2) where the agent would, not a failure the agent would not mark.
     results = Confirmations().judge(run_checks(specs, facts, cfg), cfg.node.confirm_after, RULES)
-    verdict = decide(results)
+    verdict = decide(after_checks(results))
     if args.json:
         doc = results_document(
             verdict,

@@ -1,4 +1,6 @@
-"""`gpu-healthcheck status NODE`: the node's per-GPU DeviceTaintRules and what became of them.
+"""`gpu-healthcheck status NODE`: the node's per-GPU DeviceTaintRules and what became of them, and
+beside them the taints NVIDIA's DRA driver put on its own devices (checks/dra_taints.py): never ours,
+read from its ResourceSlices.
 
 The rule's status (Kubernetes 1.35 and later) is written by kube-controller-manager's
 device-taint-eviction controller: condition EvictionInProgress, with the pods it still has to evict
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.core.device_scope import DRIVER
+from agent.probes.dra_slices import slices_from_objects
 from agent.reporters.device_taint_rules import (
     VERSIONS,
     RuleApi,
@@ -22,9 +26,13 @@ from agent.reporters.device_taint_rules import (
     selected_device,
     taint_of,
 )
-from agent.reporters.kube_rest import KubeRest, describe_error
+from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 
 TIMEOUT = (5, 30)
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+DRIVER_HEAD = (
+    f"NVIDIA's DRA driver's own taints ({DRIVER}, in its ResourceSlice; the agent never writes them)"
+)
 
 
 def rule_line(rule: Mapping[str, Any], node: str, api: RuleApi) -> str:
@@ -45,12 +53,31 @@ def rule_line(rule: Mapping[str, Any], node: str, api: RuleApi) -> str:
 
 
 def device_taint_lines(core: Any, node: str, prefix: str, *, wide: bool = False) -> Sequence[str]:
-    """The DEVICE TAINTS section of one node: empty when it has no rule (and, unless *wide*, when no
-    version is served); a line that says why where the rules cannot be read."""
+    """The DEVICE TAINTS section of one node: empty when it has no rule and the driver none (and,
+    unless *wide*, when no version is served); a line that says why where they cannot be read."""
     try:
-        return _lines(core, node, prefix, wide)
+        ours = _lines(core, node, prefix, wide)
     except Exception as exc:
-        return [f"DEVICE TAINTS: cannot read them: {describe_error(exc)}"]
+        ours = [f"DEVICE TAINTS: cannot read them: {describe_error(exc)}"]
+    theirs = driver_taint_lines(core, node)
+    if not theirs:
+        return ours
+    return [*(ours or ["DEVICE TAINTS (none of ours)"]), *theirs]
+
+
+def driver_taint_lines(core: Any, node: str) -> Sequence[str]:
+    """The taints NVIDIA's DRA driver put on this node's devices, per GPU, under a line that says
+    whose they are; [] when none (or no ResourceSlice is served)."""
+    query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
+    try:
+        doc = KubeRest.of(core).json("GET", SLICES, query=query, timeout=TIMEOUT)
+        gpus = slices_from_objects(doc.get("items") or (), node).gpus()
+    except Exception as exc:
+        if api_status(exc) == 404:
+            return []
+        return [f"{DRIVER_HEAD}: cannot read them: {describe_error(exc)}"]
+    lines = [f"  {p.device or p.label:<8} {text}" for p in gpus for text in p.taint_texts()]
+    return [f"{DRIVER_HEAD}:", *lines] if lines else []
 
 
 def _lines(core: Any, node: str, prefix: str, wide: bool) -> Sequence[str]:
@@ -73,4 +100,4 @@ def _lines(core: Any, node: str, prefix: str, wide: bool) -> Sequence[str]:
     return [f"DEVICE TAINTS ({api.api_version})", *(rule_line(r, node, api) for r in rules)]
 
 
-__all__ = ["device_taint_lines", "rule_line"]
+__all__ = ["device_taint_lines", "driver_taint_lines", "rule_line"]

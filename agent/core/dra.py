@@ -17,10 +17,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent.core.metric_labels import DriverTaintEffect, DriverTaintKey
 from agent.core.pci import normalize_pci, short_pci
 
 WHOLE, MIG, MIG_DYNAMIC, VFIO = "gpu", "mig", "migdyn", "vfio"  # the driver's `type` attribute
 WHOLE_NAME = re.compile(r"gpu-\d+$")  # a whole GPU's device name, where a device has no `type`
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """One taint the driver put on its own device (`spec.devices[].taints`): its health monitor's
+    verdict on that GPU (checks/dra_taints.py says what it writes)."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+
+    @property
+    def text(self) -> str:
+        """`gpu.nvidia.com/xid=48:NoSchedule`, `gpu.nvidia.com/gpu-lost:NoSchedule` (no value), as
+        `kubectl` writes a taint."""
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,7 @@ class DraDevice:
     uuid: str = ""  # its own (a MIG device's is MIG-…)
     parent_uuid: str = ""  # a MIG device's physical GPU
     product: str = ""
-    taints: tuple[str, ...] = ()  # the driver's own device taints, "key=value:Effect"
+    taints: tuple[DeviceTaint, ...] = ()  # the driver's own device taints
 
     @property
     def gpu_uuid(self) -> str:
@@ -70,6 +87,27 @@ class PublishedGpu:
     def passthrough_only(self) -> bool:
         """Bound to vfio-pci for a VM: NVML does not see such a GPU, and that is no fault."""
         return all(d.type == VFIO for d in self.devices)
+
+    @property
+    def taints(self) -> tuple[tuple[str, DeviceTaint], ...]:
+        """The driver's taints on this GPU's devices, (device, taint), once each, in order."""
+        return tuple(dict.fromkeys((d.name, t) for d in self.devices for t in d.taints))
+
+    def taint_texts(self) -> list[str]:
+        """Its taints as the per-GPU verdict lists them: `gpu.nvidia.com/xid=48:NoSchedule` where the
+        whole GPU's device (or every device of it) has it, else with the MIG device that has it
+        (`… on gpu-0-mig-1g.10gb-19-0`)."""
+        on: dict[DeviceTaint, list[str]] = {}
+        for name, t in self.taints:
+            on.setdefault(t, []).append(name)
+        everywhere = {d.name for d in self.devices}
+        out: set[str] = set()
+        for t, names in on.items():
+            if self.device in names or set(names) == everywhere:
+                out.add(t.text)
+            else:
+                out.update(f"{t.text} on {n}" for n in names)
+        return sorted(out)
 
     @property
     def label(self) -> str:
@@ -108,6 +146,17 @@ class DraSlices:
             out.append(PublishedGpu(pci, uuid, tuple(devs)))
         return tuple(out)
 
+    def taint_series(self) -> list[tuple[str, DriverTaintKey, DriverTaintEffect]]:
+        """(GPU, key, effect) of each of the driver's taints, once each, for the metric
+        gpu_healthcheck_driver_device_taints: the GPU by its whole device (`gpu-2`), else its PCI
+        address; keys and effects in their closed sets (core/metric_labels.py)."""
+        out: dict[tuple[str, DriverTaintKey, DriverTaintEffect], None] = {}
+        for p in self.gpus():
+            gpu = p.device or (short_pci(p.pci) if p.pci else p.label)
+            for _, t in p.taints:
+                out[(gpu, DriverTaintKey.of(t.key), DriverTaintEffect.of(t.effect))] = None
+        return sorted(out)
+
     def published(self, pci: str | None, uuid: str | None) -> PublishedGpu | None:
         """The published GPU at this PCI address, else with this UUID; None when the driver does
         not publish it."""
@@ -122,4 +171,4 @@ class DraSlices:
         return None
 
 
-__all__ = ["MIG", "MIG_DYNAMIC", "VFIO", "WHOLE", "DraDevice", "DraSlices", "PublishedGpu"]
+__all__ = ["MIG", "MIG_DYNAMIC", "VFIO", "WHOLE", "DeviceTaint", "DraDevice", "DraSlices", "PublishedGpu"]

@@ -39,4 +39,34 @@ class DeviceTaintFallback(Vocabulary):
     RULE_NOT_COUNTED = "not-counted"  # in place, but the brake does not count the rule
 
 
-__all__ = ["ConfigReloadResult", "DeviceTaintFallback", "ToolOutcome"]
+@unique
+class DriverTaintKey(Vocabulary):
+    """gpu_healthcheck_driver_device_taints{key}: the keys NVIDIA's DRA driver's health monitor
+    puts on its own devices (cmd/gpu-kubelet-plugin/device_health.go); any other key is `other`."""
+
+    DRIVER_XID = "gpu.nvidia.com/xid"  # value: the Xid NVML reported
+    DRIVER_GPU_LOST = "gpu.nvidia.com/gpu-lost"
+    DRIVER_UNMONITORED = "gpu.nvidia.com/unmonitored"  # the driver cannot health-check that GPU
+    DRIVER_OTHER_KEY = "other"
+
+    @classmethod
+    def of(cls, key: str) -> DriverTaintKey:
+        return next((k for k in cls if k.value == key), cls.DRIVER_OTHER_KEY)
+
+
+@unique
+class DriverTaintEffect(Vocabulary):
+    """gpu_healthcheck_driver_device_taints{effect}: a device taint's effect (the driver writes None
+    and NoSchedule; NoExecute is Kubernetes' third); anything else is `other`."""
+
+    EFFECT_NONE = "None"
+    EFFECT_NO_SCHEDULE = "NoSchedule"
+    EFFECT_NO_EXECUTE = "NoExecute"
+    EFFECT_OTHER = "other"
+
+    @classmethod
+    def of(cls, effect: str) -> DriverTaintEffect:
+        return next((e for e in cls if e.value == effect), cls.EFFECT_OTHER)
+
+
+__all__ = ["ConfigReloadResult", "DeviceTaintFallback", "DriverTaintEffect", "DriverTaintKey", "ToolOutcome"]

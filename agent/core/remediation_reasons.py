@@ -58,6 +58,8 @@ FAULT_CLASSES: tuple[FaultRow, ...] = (
     FaultRow("xid", "Xid", "NvidiaXID{code}Error"),
     FaultRow("xid.sxid", "Fabric"),
     FaultRow("xid.pcie-aer", "PCIe", "NvidiaPCIeError"),
+    FaultRow("gpu.driver-taints", "GPULost"),  # NVIDIA's DRA driver's taints (checks/dra_taints.py)
+    FaultRow("gpu.driver-taints.xid", "Xid"),
     FaultRow("gpu.fabric", "Fabric", "NvidiaFabricError"),
     FaultRow("nvlink", "NVLink", "NvidiaNVLinkError"),
     FaultRow("nvlink-speed", "NVLink", "NvidiaNVLinkError"),

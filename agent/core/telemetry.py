@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from agent.core.findings import CheckResult
-from agent.core.metric_labels import ConfigReloadResult, ToolOutcome
+from agent.core.metric_labels import ConfigReloadResult, DriverTaintEffect, DriverTaintKey, ToolOutcome
 from agent.core.repair_budget import HoldReason
 from agent.core.severity import Status
 
@@ -36,6 +36,10 @@ class Telemetry(Protocol):
     def record_dcgm_call_hang(self, op: str) -> None: ...
     # The validating taint: on the Node since *since* (wall seconds; None: not on it), waiting for *waiting*.
     def record_validating(self, since: float | None, waiting: Sequence[str]) -> None: ...
+    # NVIDIA's DRA driver's own device taints on this node's GPUs: (GPU's device, key, effect).
+    def record_driver_taints(
+        self, taints: Sequence[tuple[str, DriverTaintKey, DriverTaintEffect]]
+    ) -> None: ...
 
 
 class NoTelemetry:
@@ -90,4 +94,7 @@ class NoTelemetry:
         pass
 
     def record_validating(self, since: float | None, waiting: Sequence[str]) -> None:
+        pass
+
+    def record_driver_taints(self, taints: Sequence[tuple[str, DriverTaintKey, DriverTaintEffect]]) -> None:
         pass

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agent.checks.registry import CHECKS, RULES, run_checks
+from agent.checks.registry import CHECKS, RULES, after_checks, run_checks
 from agent.config import Config
 from agent.core.active_checks import ActiveState
 from agent.core.facts import Input, NodeFacts
@@ -201,7 +201,7 @@ class Engine:
         )
         results = reboot_escalation.escalate(results, self.state.history, gpus_seen, after)
         cleared = clear_event is not None
-        results = repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared)
+        results = after_checks(repair_escalation(results, node, self.cfg, self.boot_id, self.wall(), cleared))
         verdict = decide(results)
         self.metrics.record_verdict(self.state.showing(verdict.status), results)
         # Hysteresis: a failing node is untainted only after recoverAfter passing gpu-tier cycles.

@@ -60,15 +60,17 @@ def _status(severity: Severity, node_status: Status) -> Status:
 
 def dra_fields(dra: Any, pci: str | None, uuid: str | None) -> dict[str, Any]:
     """Where NVIDIA's DRA driver publishes this GPU (*dra*: the DraSlices read, or why not): `dra`,
-    its device for the whole GPU (`gpu-3`), and `draPartitions`, its MIG devices; {} where the
-    driver does not publish it (or was not read)."""
+    its device for the whole GPU (`gpu-3`), `draPartitions`, its MIG devices, and `driverTaints`,
+    the driver's own taints on them (`gpu.nvidia.com/xid=48:NoSchedule`, checks/dra_taints.py), only
+    where it has some; {} where the driver does not publish it (or was not read)."""
     if not isinstance(dra, DraSlices):
         return {}
     p = dra.published(pci, uuid)
     if p is None:
         return {}
     out: dict[str, Any] = {"dra": p.device} if p.device else {}
-    return {**out, "draPartitions": p.partitions} if p.partitions else out
+    out.update({"draPartitions": p.partitions} if p.partitions else {})
+    return {**out, "driverTaints": p.taint_texts()} if p.taints else out
 
 
 def gpu_verdicts(

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agent.core.device_scope import DRIVER, PCI_ATTRIBUTE, UUID_ATTRIBUTE
-from agent.core.dra import DraDevice, DraSlices
+from agent.core.dra import DeviceTaint, DraDevice, DraSlices
 from agent.core.pci import normalize_pci
 from agent.core.probed import ParseError
 
@@ -41,9 +41,9 @@ def _device(raw: Any, pool: str, where: str) -> DraDevice:
     attrs = _mapping(body.get("attributes"), f"{where}.attributes")
     pci = _text(attrs, PCI_ATTRIBUTE)
     taints = tuple(
-        f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}"
+        DeviceTaint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
         for t in body.get("taints") or ()
-        if isinstance(t, Mapping)
+        if isinstance(t, Mapping) and t.get("key")
     )
     return DraDevice(
         name=name,

@@ -51,13 +51,17 @@ def _kernel_metrics(metrics: Telemetry, kernel: KernelXids) -> None:
     metrics.record_kernel_log(kernel.records, kernel.lost, kernel.untallied)
 
 
+def _driver_taint_metrics(metrics: Telemetry, dra: DraSlices) -> None:
+    metrics.record_driver_taints(dra.taint_series())  # the DRA driver's own (checks/dra_taints.py)
+
+
 # In the order a whole read runs (gather_facts) and each tier reads its inputs.
 SPECS: tuple[InputSpec, ...] = (
     InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None),  # the writer's copy live
     # The previous inventory: a GPU's correctable-ECC rate when the DCGM engine stops answering.
     InputSpec(Input.GPUS, GpuInventory, LiveSource.gpus, SnapshotSource.gpus, "gpu", keep_previous=True),
     # The agent reads it from its ResourceSlice watch (an extra input, cli/agent.py), as of each gpu cycle.
-    InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu"),
+    InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu", on_read=_driver_taint_metrics),
     InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, SnapshotSource.topo, "topology"),
     InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, SnapshotSource.nvlink, "topology"),
     InputSpec(

@@ -3,7 +3,8 @@
 Sized for 2,000 nodes: a healthy agent exports about 50 series (bench/metrics_size.py), not one per
 check and status. Per-check series exist only for checks that fail, warn or could not look; tier
 durations are histograms per tier (their _count is the tier's runs); warnings before a fault are
-counted in GPUs per trend rule, never a series per GPU; no `_created` series.
+counted in GPUs per trend rule, never a series per GPU (the DRA driver's device taints are, only
+while it taints one); no `_created` series.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from agent.core.findings import CheckResult
-from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, ToolOutcome
+from agent.core.metric_labels import (
+    ConfigReloadResult,
+    DeviceTaintFallback,
+    DriverTaintEffect,
+    DriverTaintKey,
+    ToolOutcome,
+)
 from agent.core.repair_budget import HoldReason
 from agent.core.severity import Severity, Status
 from agent.core.trend_history import CHECK_PREFIX
@@ -217,6 +224,14 @@ class Metrics:
             ["what"],
             registry=r,
         )
+        self.driver_taints = Gauge(
+            f"{NS}_driver_device_taints",
+            "1 for each taint NVIDIA's DRA driver put on a GPU's device in its ResourceSlice, by the GPU's "
+            "device (gpu-2), key (gpu.nvidia.com/xid, gpu-lost, unmonitored; other) and effect (None, "
+            "NoSchedule, NoExecute; other); no series without one",
+            ["gpu", "key", "effect"],
+            registry=r,
+        )
         # ---- per-GPU isolation: the DeviceTaintRule API, and the node taint standing in for a rule
         self.device_taint_api = Gauge(
             f"{NS}_device_taint_api",
@@ -340,6 +355,11 @@ class Metrics:
         for *waiting*."""
         self._validating_since = since
         _only(self.validating_waiting, {(w,): 1 for w in waiting} if since is not None else {}, self._shown)
+
+    def record_driver_taints(self, taints: Sequence[tuple[str, DriverTaintKey, DriverTaintEffect]]) -> None:
+        """The driver's own device taints (checks/dra_taints.taint_series): a series per GPU only
+        while the driver taints it, at most its GPUs × 3 keys."""
+        _only(self.driver_taints, {(gpu, key, effect): 1 for gpu, key, effect in taints}, self._shown)
 
     def record_device_taint_api(self, version: str) -> None:
         _only(self.device_taint_api, {(version,): 1}, self._shown)

@@ -15,6 +15,7 @@ kube-controller-manager's device-taint-eviction controller.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +92,11 @@ GPUS = [
 ]
 
 
-def resource_slice(node: str) -> dict[str, Any]:
-    """One slice as cmd/gpu-kubelet-plugin publishes full GPUs (deviceinfo.go GpuInfo.Attributes)."""
+def resource_slice(node: str, taints: Mapping[int, list[dict[str, str]]] | None = None) -> dict[str, Any]:
+    """One slice as cmd/gpu-kubelet-plugin publishes full GPUs (deviceinfo.go GpuInfo.Attributes).
+    *taints*: GPU minor → its device's `taints`, as the driver's NVML health monitor writes them
+    (device_health.go healthEventToTaint: {"key": "gpu.nvidia.com/xid", "value": "48", "effect":
+    "NoSchedule"}; gpu-lost and unmonitored without value)."""
     devices = [
         {
             "name": f"gpu-{minor}",
@@ -104,6 +108,7 @@ def resource_slice(node: str) -> dict[str, Any]:
                 "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{pci[5:7]}"},
             },
             "capacity": {"memory": {"value": "80Gi"}},
+            **({"taints": (taints or {})[minor]} if minor in (taints or {}) else {}),
         }
         for minor, pci, uuid in GPUS
     ]
