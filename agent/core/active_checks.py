@@ -46,7 +46,8 @@ from agent.core.text import shorten
 PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 
 # This node's active-check state (metric gpu_healthcheck_active_check_state{state}): no diag due; due
-# and waiting for an idle window (GPUs held, or the testing taint not on in time); due and waiting
+# and waiting for an idle window (GPUs held, or the testing taint not on in time, or an aborted
+# diag's retry not due yet); due and waiting
 # for a fleet slot (the bound reached, or the slots could not be counted); a slot taken and the
 # testing taint going on; the diag running.
 IDLE, WAITING, NO_SLOT, HOLDING, RUNNING = "idle", "waiting", "no-slot", "holding", "running"
