@@ -153,7 +153,8 @@ def test_a_pod_arriving_aborts_a_requested_diag_counted_by_why(fake_dcgm: Any) -
         EventReason.ACTIVE_CHECK_STARTED,
         EventReason.ACTIVE_CHECK_ABORTED,
     )
-    assert "not run" in aborted.message and "not before 2026-11-28T10:10:00Z" in aborted.message
+    assert "not run: no diag completed yet" in aborted.message
+    assert "not before 2026-11-28T10:10:00Z" in aborted.message
     # No diag completed yet: "not run yet" (skipped), never `unknown`; and no validation pass.
     result = check_dcgm_diag(NodeFacts(dcgm_diag=tiers.runner.latest), cfg())
     assert result.status is Status.SKIPPED, result
@@ -187,6 +188,8 @@ def test_an_aborted_diag_keeps_the_last_completed_verdict_and_its_retry_runs_the
     after = check_dcgm_diag(NodeFacts(dcgm_diag=kept), cfg())
     assert after.status is Status.PASS and after.message.startswith(before.message)
     assert "since then a level 3 diag aborted: pod team-a/train-0" in after.message
+    said = [e.message for e in state.take_events() if e.reason == EventReason.ACTIVE_CHECK_ABORTED]
+    assert len(said) == 1 and "not run: the last completed diag's verdict stands" in said[0]
     assert "not before 2026-11-28T10:10:00Z" in after.message
 
     # Its retry runs the request again, and is aborted again: the second abort in a row waits twice as long.

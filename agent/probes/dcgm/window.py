@@ -33,7 +33,7 @@ from agent.core.active_checks import (
     DiagRequest,
     Slots,
 )
-from agent.core.dcgm_report import kept_after_abort
+from agent.core.dcgm_report import DiagReport, kept_after_abort
 from agent.core.marks import NodeEvent
 from agent.core.node_keys import DIAG_ABORTED, DIAG_COMPLETED, NORMAL, WARNING, EventReason
 from agent.core.probed import ProbeError
@@ -167,7 +167,15 @@ class DiagWindow:
         retry = self.state.retry_later(request, self.retry_after, self._clock(), self._wall())
         again = f"it runs again once the GPUs are idle, not before {retry.at}"
         runner.latest = kept_after_abort(runner.latest, f"a {result.message}, at {self._now()}; {again}")
-        text = f"{result.message}; not run: the last completed diag's verdict stands; {again}"
+        kept = runner.latest
+        stands = (
+            "the last completed diag's verdict stands"
+            if isinstance(kept, DiagReport) and kept.completed
+            else "no diag completed yet"
+            if isinstance(kept, DiagReport)
+            else "the last diag's result stands"
+        )
+        text = f"{result.message}; not run: {stands}; {again}"
         self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, text, WARNING))
         self.state.end(DIAG_ABORTED, self._now(), result.message, retry.at)
 
