@@ -6,7 +6,9 @@ a snapshot-backed node, with three things a snapshot agent lacks, each at the lo
   engine (tests/fakes/dcgm over the fake libdcgm.so.4: the engine lives in the library, so every
   process has one, as every node does). Its diag answers the recorded passing DCGM 4.x document
   (tests/fixtures/dcgm/*wrapped-pass.json) after --diag-seconds, or never (0) until it is aborted;
-- a kubelet PodResources socket (tests/fake_kubelet.py: a real gRPC server) whose pods hold nothing;
+- a kubelet PodResources socket (tests/fake_kubelet.py: a real gRPC server) whose pods hold nothing,
+  or, while the file `<work>/kubelet-pods` lists them (one `namespace/name` a line), those pods
+  holding the node's 8 GPUs (nvidia.com/gpu), as the kubelet shows a pod it admitted;
 - the fake libnvidia-ml.so.1 (tests/fakes/nvml), so the idle gate's NVML asks for compute processes
   (there are none).
 The diag's start and end, as the fake engine sees them, are printed as `DIAG start <epoch>` and
@@ -54,6 +56,23 @@ def diag_clock(engine: Any, diag_seconds: float) -> None:
         time.sleep(0.05)
 
 
+def kubelet_follows(listing: Path, pb2: Any, state: dict[str, Any]) -> None:
+    """The kubelet's answer follows *listing*: the pods it names hold every GPU, or none."""
+    from tests.fake_kubelet import pod
+
+    said = None
+    while True:
+        names = listing.read_text().split() if listing.exists() else []
+        if names != said:
+            said = names
+            pods = [
+                pod(pb2, *name.split("/", 1), "main", "nvidia.com/gpu", *(f"GPU-{i}" for i in range(8)))
+                for name in names
+            ]
+            state["response"] = pb2.ListPodResourcesResponse(pod_resources=pods)
+        time.sleep(0.1)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--node", required=True)
@@ -96,7 +115,9 @@ def main(argv: list[str]) -> int:
     wiring.reads_live_dcgm = lambda args: True  # the live DCGM tiers on a snapshot-backed node
     from agent.cli.main import main as cli
 
-    with serve(api, sock, api[0].ListPodResourcesResponse()):
+    with serve(api, sock, api[0].ListPodResourcesResponse()) as kubelet:
+        follow = (args.work / "kubelet-pods", api[0], kubelet)
+        threading.Thread(target=kubelet_follows, args=follow, daemon=True).start()
         return cli(
             [
                 "agent", "--node", args.node, "--from-snapshot", args.snapshot,

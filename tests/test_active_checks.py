@@ -232,6 +232,59 @@ def test_the_results_annotation_keeps_the_last_request_across_a_restart(tmp_path
     assert "lastDiag" not in json.loads(fresh.evaluate()[1].results_json)  # none asked: no field
 
 
+def test_a_diag_aborted_for_work_retries_after_retry_seconds_then_ever_more_slowly() -> None:
+    """The rule (README "Active checks"): retrySeconds after the first abort in a row, doubling with
+    each further one, at most intervals.dcgmDiag, never under retrySeconds."""
+    policy = ActivePolicy("5%", 300.0)
+    assert [policy.retry_after(n, 21600.0) for n in range(1, 9)] == [
+        300.0, 600.0, 1200.0, 2400.0, 4800.0, 9600.0, 19200.0, 21600.0,
+    ]  # fmt: skip
+    assert policy.retry_after(10_000, 21600.0) == 21600.0  # no overflow however long it went on
+    assert policy.retry_after(0, 21600.0) == 300.0
+    assert ActivePolicy("1", 5.0).retry_after(1, 3600.0) == 5.0  # the review's retrySeconds: 5
+    assert policy.retry_after(3, 60.0) == 300.0  # an interval under retrySeconds: retrySeconds
+    # The aborts in a row count until a diag ends otherwise (completed, or could not run).
+    state = ActiveState()
+    wait = lambda n: policy.retry_after(n, 21600.0)  # noqa: E731
+    first = state.retry_later(None, wait, now=100.0, wall=NOW.timestamp())
+    assert (first.aborts, first.due, first.at, first.request) == (
+        1,
+        400.0,
+        stamp(-timedelta(seconds=300)),
+        None,
+    )
+    assert state.retry_later(None, wait, now=500.0, wall=NOW.timestamp()).due == 1100.0
+    assert state.start() is None  # a routine diag's retry runs no request
+    state.settled()
+    assert state.retry is None and state.retry_later(None, wait, 0.0, NOW.timestamp()).aborts == 1
+
+
+def test_a_request_aborted_for_work_is_tried_again_and_its_record_says_so() -> None:
+    request = DiagRequest("alice@example.com", "INC-7", "2026-11-28T10:00:00Z", 3)
+    state = ActiveState()
+    state.ask(request)
+    assert state.start() == request
+    state.began(request, 3, "2026-11-28T10:05:00Z")
+    retry = state.retry_later(request, lambda n: 300.0, 0.0, NOW.timestamp())
+    state.end("aborted", "2026-11-28T10:06:00Z", "level 3 diag aborted: pod a/b arrived", retry.at)
+    record = state.record
+    assert record is not None and record["retryAt"] == "2026-11-28T12:05:00Z" and "attempt" not in record
+    assert state.pending is None and state.start() == request  # its retry: the same request
+    state.began(request, 3, "2026-11-28T10:11:00Z")
+    again = state.record
+    assert again is not None and again["attempt"] == 2 and again["outcome"] == "started"
+    assert "retryAt" not in again and again["startedAt"] == "2026-11-28T10:11:00Z"
+    state.end("completed", "2026-11-28T10:20:00Z")
+    state.settled()
+    assert (state.record or {})["attempt"] == 2 and state.start() is None  # nothing more to run
+    # A new request while a retry waits runs first, as its own first try.
+    state.retry_later(request, lambda n: 300.0, 0.0, NOW.timestamp())
+    newer = DiagRequest("bob", "INC-8", "2026-11-28T11:00:00Z", 2)
+    assert state.ask(newer) and state.start() == newer
+    state.began(newer, 3, "2026-11-28T11:01:00Z")
+    assert "attempt" not in (state.record or {})
+
+
 def test_status_lists_a_pending_request_and_the_last_one_started_for_24_hours() -> None:
     def node(results: dict[str, Any] | None = None, **ann: str) -> dict[str, Any]:
         if results is not None:
@@ -260,12 +313,16 @@ def test_status_lists_a_pending_request_and_the_last_one_started_for_24_hours() 
         "outcome": "aborted",
         "startedAt": stamp(timedelta(hours=2)),
         "endedAt": stamp(timedelta(minutes=90)),
-        "abortReason": "level 3 diag aborted: pod a/b arrived asking for nvidia.com/gpu; result unknown",
+        "abortReason": "level 3 diag aborted: pod a/b arrived asking for nvidia.com/gpu",
     }
     ran = status_of(node({"lastDiag": done}))
     assert ran.lastDiag == done and ran.diagPending is None
     said = "n1  asked 3h ago by alice@example.com: INC-7 [level 3]: aborted 90m ago: level 3 diag aborted"
     assert said in render([ran], "table", NOW)
     assert json.loads(render([ran], "json", NOW))[0]["lastDiag"]["by"] == "alice@example.com"
+    retried = {**done, "attempt": 2, "retryAt": stamp(timedelta(minutes=80))}
+    said = render([status_of(node({"lastDiag": retried}))], "table", NOW)
+    assert "aborted 90m ago (try 2: the earlier ones were aborted for work): level 3 diag aborted" in said
+    assert f"it runs again once the GPUs are idle, not before {retried['retryAt']}" in said
     old = status_of(node({"lastDiag": {**done, "startedAt": stamp(timedelta(hours=25))}}))
     assert old.lastDiag is None and "DIAGS ASKED FOR" not in render([old], "table", NOW)

@@ -6,8 +6,11 @@ several GPU Nodes, the fleet slots counted through Leases in the test's namespac
   node's fake engine saw them run) nor 2 testing taints at once (as a watch of the Nodes saw them);
   each diag ran while its node carried the taint; every node ends with a passing diag, its taint
   lifted and its slot given back;
-- a pod that arrives mid-diag (it tolerates the taint): the diag is aborted, its result is unknown
-  (never fail), the taint lifts, an ActiveCheckAborted Event says who came;
+- a pod that arrives mid-diag (it tolerates the taint, and the kubelet shows it holding the GPUs):
+  the diag is aborted, the taint lifts, an ActiveCheckAborted Event says who came; the diag did not
+  run, so the Node keeps the last completed verdict (none yet: the check is skipped, never unknown),
+  and once the pod left a diag runs again within retrySeconds and a margin and completes; an
+  operator's request aborted so is retried the same way, lastDiag saying when and which try;
 - `gpu-healthcheck diag NODE` as the admin: before the node's agent runs, `status` lists it pending;
   then the diag starts, the annotation goes, an ActiveCheckStarted Event and the results annotation's
   lastDiag (completed) and the history annotation's `diag` entry name who asked and why, and
@@ -254,26 +257,24 @@ def test_ten_idle_nodes_with_a_bound_of_two_never_run_more_than_two(
     assert held >= 1  # some node waited its turn
 
 
-@pytest.mark.timeout(300)
-def test_a_pod_arriving_mid_diag_aborts_it_the_result_is_unknown_and_the_taint_lifts(
-    kube: Any,
-    core: k8s.CoreV1Api,
-    gpu_node: Any,
-    kube_namespace: str,
-    tmp_path: Path,
-    libs: tuple[Path, Path],
-) -> None:
-    node = gpu_node().metadata.name
-    kube.create_service_account(kube_namespace, "default")  # pods are admitted with it (no controller)
-    worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=0)
-    try:
-        wait_for(lambda: worker.alive() and worker.diags(), 180, "the diag running")
-        assert K.testing in taint_keys(core, node)
-        assert slots(kube, kube_namespace) == [slot_name(K.prefix, node)]
+def node_marks(core: k8s.CoreV1Api, node: str) -> tuple[str | None, str | None]:
+    """The Node's status label and GPUHealthy condition status."""
+    n = core.read_node(node)
+    cond = next((c.status for c in n.status.conditions or () if c.type == "GPUHealthy"), None)
+    return (n.metadata.labels or {}).get(K.status), cond
+
+
+class Arrival:
+    """A pod that comes for the node's GPUs (bound there, it tolerates the testing taint) and holds
+    them as the node's kubelet shows it (tests/active_node.py's file), until it leaves."""
+
+    def __init__(self, kube: Any, namespace: str, node: str, worker: Worker, name: str) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+        self.listing = worker.log.parent / "kubelet-pods"
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "train-0"},
+            "metadata": {"name": name},
             "spec": {
                 "nodeName": node,  # as a scheduler binds it: it tolerates the taint
                 "tolerations": [{"key": K.testing, "operator": "Exists", "effect": "NoSchedule"}],
@@ -283,23 +284,96 @@ def test_a_pod_arriving_mid_diag_aborts_it_the_result_is_unknown_and_the_taint_l
                 ],
             },
         }  # fmt: skip
-        arrived = time.monotonic()
-        code, body = kube.request("POST", f"/api/v1/namespaces/{kube_namespace}/pods", pod)
+        self.at = time.monotonic()
+        code, body = kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
         assert code == 201, body
+        self.listing.write_text(f"{namespace}/{name}\n")
+
+    def leave(self) -> float:
+        """The pod is gone (the kubelet no longer shows it); when (monotonic)."""
+        self.listing.write_text("")
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+        code, body = self.kube.request("DELETE", path, {"gracePeriodSeconds": 0})
+        assert code == 200, body
+        return time.monotonic()
+
+
+@pytest.mark.timeout(420)
+def test_a_diag_aborted_by_an_arriving_pod_keeps_the_verdict_and_runs_again_once_idle(
+    kube: Any,
+    core: k8s.CoreV1Api,
+    gpu_node: Any,
+    kube_namespace: str,
+    tmp_path: Path,
+    libs: tuple[Path, Path],
+) -> None:
+    """Not run, not "could not look": an aborted diag leaves the Node's verdict as the last completed
+    diag made it (none yet: the check is skipped, not unknown), and runs again within retrySeconds
+    (2) of the GPUs being idle, the taint lifting meanwhile; an operator's request is retried the
+    same way and lastDiag says so."""
+    node = gpu_node().metadata.name
+    kube.create_service_account(kube_namespace, "default")  # pods are admitted with it (no controller)
+    worker = Worker(node, tmp_path / "w", kube.kubeconfig, kube_namespace, libs, diag_seconds=15.0)
+    margin = 20.0  # the slot, the taint written and seen on the Node, on a loaded machine
+    try:
+        # 1. The first diag, aborted: no diag completed yet, the check is "not run yet".
+        wait_for(lambda: worker.alive() and worker.diags(), 180, "the diag running")
+        assert K.testing in taint_keys(core, node)
+        assert slots(kube, kube_namespace) == [slot_name(K.prefix, node)]
+        first = Arrival(kube, kube_namespace, node, worker, "train-0")
         wait_for(lambda: K.testing not in taint_keys(core, node), 60, "the taint lifted")
-        lifted = time.monotonic() - arrived
+        lifted = time.monotonic() - first.at
         wait_for(lambda: worker.diags()[-1][1] is not None, 30, "the engine's diag stopped")
         res = wait_for(
-            lambda: (c := check(core, node, "dcgm-diag")).get("status") == "unknown" and c, 60, "unknown"
+            lambda: (c := check(core, node, "dcgm-diag")).get("status") == "skipped" and c, 60, "not run yet"
         )
-        assert "aborted" in res["message"] and f"{kube_namespace}/train-0" in res["message"]
-        assert results(core, node)["status"] != "fail"
+        assert res["message"].startswith("DCGM diag not run yet: a level 2 diag aborted: ")
+        assert (
+            "train-0" in res["message"] and "runs again once the GPUs are idle, not before" in res["message"]
+        )
+        status, healthy = node_marks(core, node)
+        assert status not in ("unknown", "fail") and healthy == "True", (status, healthy)
         (said,) = wait_for(lambda: events(core, node, EventReason.ACTIVE_CHECK_ABORTED), 30, "the Event")
-        assert f"{kube_namespace}/train-0" in said
-        # The slot is given back once the agent's watch shows the taint lifted.
+        assert "train-0" in said and "not run" in said
         wait_for(lambda: slots(kube, kube_namespace) == [], 30, "the slot given back")
         print(f"taint lifted {lifted:.1f} s after the pod arrived")
         assert lifted < 30
+        time.sleep(8)  # past its retry (2 s): the pod holds the GPUs, no diag starts
+        assert len(worker.diags()) == 1 and K.testing not in taint_keys(core, node)
+        # 2. The pod leaves: a diag runs within retrySeconds and a margin, and completes.
+        gone = first.leave()
+        wait_for(lambda: len(worker.diags()) == 2, 2 + margin, "the diag again, within retrySeconds")
+        print(f"the diag ran again {time.monotonic() - gone:.1f} s after the pod left")
+        wait_for(lambda: check(core, node, "dcgm-diag").get("status") == "pass", 90, "the diag passed")
+        passed = node_marks(core, node)
+        assert passed == ("pass", "True"), passed
+        # 3. An operator's diag, aborted by a pod: the pass stays, lastDiag says when it runs again.
+        asked = cli(kube.kubeconfig, "diag", node, "--reason", "INC-9", "--level", "3")
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        wait_for(lambda: len(worker.diags()) == 3, 60 + margin, "the requested diag running")
+        second = Arrival(kube, kube_namespace, node, worker, "train-1")
+        aborted = wait_for(
+            lambda: (d := results(core, node).get("lastDiag") or {}).get("outcome") == "aborted" and d,
+            60,
+            "the request recorded aborted",
+        )
+        assert "train-1" in aborted["abortReason"] and aborted["retryAt"] and "attempt" not in aborted
+        res = check(core, node, "dcgm-diag")
+        assert res["status"] == "pass" and "since then a level 3 diag aborted" in res["message"], res
+        assert node_marks(core, node) == passed
+        # 4. It leaves: the request runs again, its second try, and completes.
+        gone = second.leave()
+        wait_for(lambda: len(worker.diags()) == 4, 2 + margin, "the request again, within retrySeconds")
+        print(f"the request ran again {time.monotonic() - gone:.1f} s after the pod left")
+        done = wait_for(
+            lambda: (d := results(core, node).get("lastDiag") or {}).get("outcome") == "completed" and d,
+            90,
+            "the request's retry recorded completed",
+        )
+        assert done["attempt"] == 2 and done["level"] == 3 and done["reason"] == "INC-9"
+        assert all(end is not None for _, end in worker.diags())
+        wait_for(lambda: "since then" not in check(core, node, "dcgm-diag").get("message", "x"), 60, "read")
+        assert node_marks(core, node) == passed
     finally:
         worker.stop()
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from agent.checks.dcgm import check_dcgm_diag, check_dcgm_health
 from agent.config import load_config_dir
-from agent.core.dcgm_report import DiagReport, DiagStatus, HealthIncident, HealthReport
+from agent.core.dcgm_report import DiagReport, DiagStatus, HealthIncident, HealthReport, kept_after_abort
 from agent.core.facts import NodeFacts
-from agent.core.probed import NotCaptured, ParseError, ProbeError
+from agent.core.probed import NotCaptured, ParseError, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.snapshot import SnapshotSource
@@ -96,6 +96,27 @@ def test_4x_gpu3_fail_keeps_error_severity() -> None:
     assert sum(s is DiagStatus.PASS for s in st_.values()) == 7
     err = next(r for r in rep.results if r.gpu == "3").errors[0]
     assert (err.code, err.category, err.severity) == (51, 6, 2)
+
+
+def test_a_diag_aborted_for_work_keeps_the_last_completed_verdict_pass_or_fail() -> None:
+    """Not run, not "could not look" (probes/dcgm/window.py): a failing report keeps its findings
+    (the same latch keys), a passing one its pass; with none completed, skipped; an engine failure
+    stays unknown."""
+    why = "a level 2 diag aborted: pod a/b arrived asking for nvidia.com/gpu, at T; it runs again ..."
+    failed = parse(V4_FAIL)
+    before, after = (
+        check_dcgm_diag(NodeFacts(dcgm_diag=r), CFG) for r in (failed, kept_after_abort(failed, why))
+    )
+    assert after.status is Status.FAIL and after.findings == before.findings
+    passed = kept_after_abort(parse(V4_PASS), why)
+    res = check_dcgm_diag(NodeFacts(dcgm_diag=passed), CFG)
+    assert res.status is Status.PASS and res.message.endswith(f"; since then {why}")
+    for never in (NotCaptured("dcgm diag (not run yet)"), kept_after_abort(NotCaptured("x"), "earlier")):
+        res = check_dcgm_diag(NodeFacts(dcgm_diag=kept_after_abort(never, why)), CFG)
+        assert res.status is Status.SKIPPED and res.message == f"DCGM diag not run yet: {why}"
+    lost = ProbeError("dcgm diag", ProbeErrorKind.UNAVAILABLE, "the DCGM host engine connection was lost")
+    assert kept_after_abort(lost, why) is lost
+    assert check_dcgm_diag(NodeFacts(dcgm_diag=lost), CFG).status is Status.UNKNOWN
 
 
 def test_4x_fail_with_config_severity_is_downgraded_to_warn_and_node_errors_kept() -> None:

@@ -3,7 +3,9 @@
 dcgm-diag: FAIL maps to the error's DCGM severity (ISOLATE → dcgm-diag.fail-isolate, RESET →
 dcgm-diag.fail-reset, anything else → dcgm-diag.fail), WARN → dcgm-diag.warn. A run that could not
 run, a test that failed only with errors not tied to a GPU (an NVVS internal error), or a result with
-no status word and no ISOLATE/RESET error, is `unknown`, never pass.
+no status word and no ISOLATE/RESET error, is `unknown`, never pass. A diag aborted for work (a pod
+arrived: probes/dcgm/window.py) did not run: the last completed report is judged as before, its
+message saying so; with none completed yet the check is skipped ("not run yet"), not `unknown`.
 dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
 """
 
@@ -102,6 +104,8 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
     report = typed_input(DIAG, facts.dcgm_diag, DiagReport)
     if isinstance(report, CheckResult):
         return report
+    if not report.completed:
+        return CheckResult(DIAG, skipped=shorten(f"DCGM diag not run yet: {report.aborted}", MAX_TEXT * 2))
     findings: list[Finding] = []
     infra: list[str] = []
     unnamed: list[str] = []
@@ -147,6 +151,8 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
     ran = {r.test for r in report.results if r.status not in (DiagStatus.SKIP, DiagStatus.NOT_RUN)}
     version = f" {report.version}" if report.version else ""
     note = f"{len(ran)} test(s) on {len(tested) or 'all'} GPU(s) passed ({report.source}{version})"
+    if report.aborted:
+        note = shorten(f"{note}; since then {report.aborted}", MAX_TEXT * 2)
     return CheckResult(DIAG, findings=tuple(findings), unknown=unknown, note=note)
 
 

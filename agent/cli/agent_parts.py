@@ -147,7 +147,12 @@ def active_window(
         poke=lambda: read_diag_now(loop()),
     )
     return state, DiagWindow(
-        state, slots, hold, PodArrivals(core, node_name, pods or gpu_pods()), metrics=metrics
+        state,
+        slots,
+        hold,
+        PodArrivals(core, node_name, pods or gpu_pods()),
+        metrics=metrics,
+        retry_after=lambda aborts: cfg().node.active_checks.retry_after(aborts, cfg().intervals.dcgm_diag),
     )
 
 

@@ -52,7 +52,8 @@ def _asked(request: Mapping[str, Any], at: Any, level: Any, now: datetime) -> st
 
 def diag_lines(statuses: Sequence[NodeStatus], now: datetime) -> list[str]:
     """The section under the table: requests whose diag has not started, then those an agent
-    started in the last 24 h (started, completed, aborted and why)."""
+    started in the last 24 h (started, completed, aborted and why; one aborted for work says when it runs
+    again, and its retry which try it is)."""
     lines = []
     for s in statuses:
         asked = s.diagPending
@@ -65,8 +66,12 @@ def diag_lines(statuses: Sequence[NodeStatus], now: datetime) -> list[str]:
             outcome = str(done.get("outcome") or "-")
             when = done.get("endedAt") if outcome != DIAG_STARTED else done.get("startedAt")
             how = f"{outcome} {age(when, now)} ago"
+            if isinstance(done.get("attempt"), int) and done["attempt"] > 1:
+                how += f" (try {done['attempt']}: the earlier ones were aborted for work)"
             if outcome == DIAG_ABORTED and done.get("abortReason"):
                 how += f": {done['abortReason']}"
+            if outcome == DIAG_ABORTED and done.get("retryAt"):
+                how += f"; it runs again once the GPUs are idle, not before {done['retryAt']}"
             said = _asked(done, done.get("requestedAt"), done.get("level"), now)
             lines.append(f"{s.node}  {said}: {how}")
     return lines

@@ -10,12 +10,16 @@ apart from work:
   the other nodes with a live slot written before its own (by resourceVersion, the API server's
   write order; distinct nodes, not records: a node counts once) and taking its own back when the
   bound is reached;
-- a pod that arrives anyway (tolerating the taint) aborts the diag: its result is `unknown`.
+- a pod that arrives anyway (tolerating the taint) aborts the diag. An aborted diag did not run: the
+  last completed diag's verdict stays in force (core/dcgm_report.kept_after_abort; with none yet the
+  check is skipped, "not run yet", never `unknown`), and it runs again once the GPUs are idle, at
+  the pace of ActivePolicy.retry_after (Retry), in the fleet bound and under the taint as any diag.
 
 An operator asks for a diag at the next idle window with `gpu-healthcheck diag NODE` (the annotation
 `<prefix>/diag-requested`: who, why, when; audited as `clear` is: the ActiveCheckStarted Event names
 them, and the results annotation's `lastDiag` keeps the request with its outcome: started, then
-completed or aborted).
+completed or aborted; a request aborted for work is retried as a routine diag is, its record saying
+when (`retryAt`) and which try it is (`attempt`, from the second on)).
 
 This module holds the pure parts (the bound, the count, the request, the record of the last request,
 the states and abort reasons the metrics count) and ActiveState, the one place the diag thread and
@@ -27,8 +31,9 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from agent.core.marks import NodeEvent
@@ -41,7 +46,8 @@ from agent.core.text import shorten
 PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 
 # This node's active-check state (metric gpu_healthcheck_active_check_state{state}): no diag due; due
-# and waiting for an idle window (GPUs held, or the testing taint not on in time); due and waiting
+# and waiting for an idle window (GPUs held, or the testing taint not on in time, or an aborted
+# diag's retry not due yet); due and waiting
 # for a fleet slot (the bound reached, or the slots could not be counted); a slot taken and the
 # testing taint going on; the diag running.
 IDLE, WAITING, NO_SLOT, HOLDING, RUNNING = "idle", "waiting", "no-slot", "holding", "running"
@@ -74,6 +80,16 @@ class ActivePolicy:
 
     max_concurrent: str = "5%"  # a count ("2") or a share of the GPU nodes ("5%"), at least 1
     retry_s: float = 300.0  # a postponed diag asks again after this long (an idle window, a slot)
+
+    def retry_after(self, aborts: int, cap_s: float) -> float:
+        """How long after the *aborts*-th diag in a row aborted for work the next one waits before
+        it tries: retrySeconds after the first abort, doubling with each further one, at most
+        *cap_s* (intervals.dcgmDiag, the schedule's own pace), never under retrySeconds. Then it
+        waits for idle GPUs and a slot as any due diag does, asking every retrySeconds: a node that
+        stays busy only asks its kubelet; one whose jobs keep arriving mid-diag costs a few
+        aborted diags, fewer and fewer, not one every retrySeconds."""
+        doubled = self.retry_s * 2.0 ** (min(max(aborts, 1), 32) - 1)
+        return max(self.retry_s, min(cap_s, doubled))
 
     def limit(self, gpu_nodes: int) -> int:
         """How many GPU nodes may run an active check at once."""
@@ -147,10 +163,11 @@ class DiagRequest:
         return f"{named} (reason: {self.reason})" if self.reason else named
 
 
-def diag_record(request: DiagRequest, level: int, at: str) -> dict[str, Any]:
+def diag_record(request: DiagRequest, level: int, at: str, attempt: int = 1) -> dict[str, Any]:
     """The results annotation's `lastDiag` for a request whose diag started at *at*: who asked (None:
-    unnamed, a `kubectl annotate`), why, when they asked, the level run, the outcome."""
-    return {
+    unnamed, a `kubectl annotate`), why, when they asked, the level run, the outcome; from the
+    second try on (the first ones aborted for work), which try it is."""
+    record: dict[str, Any] = {
         "by": shorten(request.by, RECORD_TEXT_MAX) or None,
         "reason": shorten(request.reason, RECORD_TEXT_MAX) or None,
         "requestedAt": shorten(request.at, RECORD_TEXT_MAX) or None,
@@ -158,13 +175,19 @@ def diag_record(request: DiagRequest, level: int, at: str) -> dict[str, Any]:
         "outcome": DIAG_STARTED,
         "startedAt": at,
     }
+    if attempt > 1:
+        record["attempt"] = attempt
+    return record
 
 
-def ended(record: dict[str, Any], outcome: str, at: str, why: str = "") -> dict[str, Any]:
-    """*record* once its diag ended (*outcome* completed or aborted, *why* aborted)."""
+def ended(record: dict[str, Any], outcome: str, at: str, why: str = "", retry_at: str = "") -> dict[str, Any]:
+    """*record* once its diag ended (*outcome* completed or aborted, *why* aborted; *retry_at*: it
+    runs again once the GPUs are idle, not before then)."""
     done = {**record, "outcome": outcome, "endedAt": at}
     if why:
         done["abortReason"] = shorten(why, RECORD_TEXT_MAX)
+    if retry_at:
+        done["retryAt"] = retry_at
     return done
 
 
@@ -178,17 +201,31 @@ def restored_record(raw: object) -> dict[str, Any] | None:
     return dict(raw)
 
 
+@dataclass(frozen=True)
+class Retry:
+    """A diag aborted for work runs again: the aborts in a row so far, not before *due* (monotonic
+    seconds; *at*, the same in RFC 3339 for the messages), for the operator's *request* it ran
+    for (None: a routine diag)."""
+
+    aborts: int
+    due: float
+    at: str
+    request: DiagRequest | None = None
+
+
 class ActiveState:
     """What the diag thread and the engine share: whether the node is held (the testing taint is
     wanted), the operator's request (seen on the Node, then started), the record of the last one
-    (lastDiag), and Events to post."""
+    (lastDiag), the retry of a diag aborted for work, and Events to post."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._holding = False
         self._pending: DiagRequest | None = None  # seen on the Node, not started yet
         self._started: DiagRequest | None = None  # started: its annotation may go
+        self._attempt = 0  # which try of the started request this is
         self._record: dict[str, Any] | None = None  # the last started request and its outcome
+        self._retry: Retry | None = None  # the last diag was aborted for work: it runs again
         self._events: list[NodeEvent] = []
 
     @property
@@ -214,10 +251,15 @@ class ActiveState:
             return self._pending
 
     def start(self) -> DiagRequest | None:
-        """The diag starts: the pending request (if any) is acted on."""
+        """The diag starts: the pending request (if any) is acted on, else the request whose diag
+        was aborted for work (its next try)."""
         with self._lock:
             request, self._pending = self._pending, None
+            again = request is None and self._retry is not None and self._retry.request is not None
+            if again:
+                request = self._retry.request if self._retry is not None else None
             if request is not None:
+                self._attempt = self._attempt + 1 if again and request == self._started else 1
                 self._started = request
             return request
 
@@ -229,13 +271,36 @@ class ActiveState:
     def began(self, request: DiagRequest, level: int, at: str) -> None:
         """The requested diag started at *at* (lastDiag: started)."""
         with self._lock:
-            self._record = diag_record(request, level, at)
+            self._record = diag_record(request, level, at, self._attempt)
 
-    def end(self, outcome: str, at: str, why: str = "") -> None:
+    def end(self, outcome: str, at: str, why: str = "", retry_at: str = "") -> None:
         """The requested diag ended; nothing when none is started (a routine diag, or already ended)."""
         with self._lock:
             if self._record is not None and self._record.get("outcome") == DIAG_STARTED:
-                self._record = ended(self._record, outcome, at, why)
+                self._record = ended(self._record, outcome, at, why, retry_at)
+
+    def retry_later(
+        self, request: DiagRequest | None, wait_s: Callable[[int], float], now: float, wall: float
+    ) -> Retry:
+        """The diag that ran for *request* (None: routine) was aborted for work at *now* (monotonic;
+        *wall*: the same in wall seconds): it runs again, not before wait_s(aborts in a row)."""
+        with self._lock:
+            aborts = (self._retry.aborts if self._retry is not None else 0) + 1
+            wait = wait_s(aborts)
+            at = datetime.fromtimestamp(int(wall + wait), timezone.utc).isoformat().replace("+00:00", "Z")
+            self._retry = Retry(aborts, now + wait, at, request)
+            return self._retry
+
+    def settled(self) -> None:
+        """A diag ended otherwise (completed, or could not run): no retry is due."""
+        with self._lock:
+            self._retry = None
+
+    @property
+    def retry(self) -> Retry | None:
+        """The retry due of a diag aborted for work (None: none)."""
+        with self._lock:
+            return self._retry
 
     @property
     def record(self) -> dict[str, Any] | None:
@@ -269,6 +334,7 @@ __all__ = [
     "ActivePolicy",
     "ActiveState",
     "DiagRequest",
+    "Retry",
     "Slots",
     "diag_record",
     "ended",

@@ -7,7 +7,10 @@ dcgm-diag.json) produce these, so the checks judge one shape.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent.core.probed import ProbeError
 
 # dcgm_errors.py severities (dcgmErrorSeverity_t) and the one category we downgrade on.
 DCGM_ERROR_NONE, DCGM_ERROR_MONITOR, DCGM_ERROR_ISOLATE, DCGM_ERROR_UNKNOWN = 0, 1, 2, 3
@@ -80,9 +83,25 @@ class DiagReport:
     runtime_error: str | None = None
     finished_at: float | None = None  # wall clock (time.time()) of the end of the run, when known
     notes: tuple[str, ...] = ()  # how the parser read the document (downgrades, degraded input)
+    # A diag since this one was aborted for work (in words, with when it runs again): not run, so
+    # this report's verdict stays in force (kept_after_abort).
+    aborted: str = ""
+    completed: bool = True  # False: no diag completed yet, only `aborted` to say (check: skipped)
 
     def gpus(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.gpu for r in self.results if r.gpu not in ("all", "node")))
+
+
+def kept_after_abort(latest: Any, why: str) -> Any:
+    """The dcgm-diag input once a diag was aborted for work (a pod arrived): that diag did not run,
+    so the last completed report stays in force, saying *why* (and when it runs again); with none
+    completed yet, a report that holds only that. The result of a diag that could not run for
+    another reason (a ProbeError: the engine lost, past its timeout) stays: we still could not look."""
+    if isinstance(latest, DiagReport):
+        return replace(latest, aborted=why)
+    if isinstance(latest, ProbeError):
+        return latest
+    return DiagReport(source="DCGM API", aborted=why, completed=False)
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ class EventReason(Vocabulary):
     VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
     VALIDATION_PASSED = "ValidationPassed"  # a complete pass: the validating taint is lifted
     ACTIVE_CHECK_STARTED = "ActiveCheckStarted"  # a diag an operator asked for started (who, why)
-    ACTIVE_CHECK_ABORTED = "ActiveCheckAborted"  # a pod arrived during a diag: aborted, unknown
+    ACTIVE_CHECK_ABORTED = "ActiveCheckAborted"  # a pod arrived during a diag: aborted, not run, retried
     GPU_STALLED = "GPUStalled"  # a GPU held by a pod, busy at its idle power (checks/gpu_stall.py)
     DEVICE_TAINTS_UNAVAILABLE = "DeviceTaintsUnavailable"  # no DeviceTaintRule API: the node taint
     GPU_ISOLATED = "GPUIsolated"  # a DeviceTaintRule of ours took one GPU out; the node still serves

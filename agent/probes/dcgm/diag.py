@@ -6,7 +6,8 @@ Why it looks like this (dcgm.md §0.3, §0.4, §2.2):
 * The heartbeat flag + a thread calling dcgmDiagSendHeartbeat: when the agent dies or gives up, the
   heartbeats stop and the engine aborts the diag (its timeout: 600 s, DCGM >= 4.4.2).
 * Use a client (handle) of its own: a diag holds its request for minutes.
-* A run that could not run or did not finish is a ProbeError (check `unknown`), never a pass.
+* A run that could not run or did not finish is a ProbeError (check `unknown`), never a pass; one
+  the window aborted for work did not run (window.py keeps the last completed verdict).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class DiagRunner:
         self.latest: Probed[DiagReport] = NotCaptured("dcgm diag (not run yet)")
         self.in_progress = False
         self.last_skip: str = ""
-        self.aborted = False  # the last run was aborted (a pod arrived): its result is unknown
+        self.aborted = False  # the last run was aborted (a pod arrived): not run (window.py)
 
     def run_if_idle(self) -> IdleVerdict:
         verdict = self.idle.check()
@@ -128,7 +129,8 @@ class DiagRunner:
     def run(self, abort: Callable[[], str | None] | None = None, poll_s: float = 2.0) -> Probed[DiagReport]:
         """One diag. *abort()*, asked every *poll_s* while it runs, says why to stop it (a pod
         arrived): the diag's own connection is closed, which makes the engine abort a diag run with
-        the heartbeat flag, and the result is `unknown`, never `fail`."""
+        the heartbeat flag; its result is an error (never `fail`) that the window turns into "not
+        run" (the last completed verdict stays)."""
         self.in_progress, self.aborted = True, False
         try:
             return self._run(abort, poll_s)
@@ -189,12 +191,9 @@ class DiagRunner:
         if why:
             self.aborted = True
             self.client.drop(f"diag aborted: {why}")  # its connection closed: the engine stops it
-            return ProbeError(
-                SOURCE,
-                ProbeErrorKind.UNAVAILABLE,
-                f"level {self.level} diag aborted: {why}; result unknown "
-                "(it runs again at the next idle window)",
-            )
+            # Not run, not "could not look": the window keeps the last completed verdict and
+            # retries (window.py); this error never reaches a check.
+            return ProbeError(SOURCE, ProbeErrorKind.UNAVAILABLE, f"level {self.level} diag aborted: {why}")
         if not finished:
             self.client.count_hang("dcgmActionValidate_v2", self.timeout_s + self.watchdog_margin_s)
             self.client.drop("diag past its timeout")

@@ -4,7 +4,8 @@ The diag takes minutes, so it runs in its own thread: the loop (and Xid latency)
 Two connections, as dcgm.md recommends: a long diag does not stall the health polls. With a window
 (probes/dcgm/window.py: a fleet slot, the testing taint, pods arriving) a diag that is due waits in
 that thread for the next idle window, trying again every `retry_s()` or when woken (an operator's
-request), until one runs.
+request), until one runs. One the window aborted for work (a pod arrived) runs again: the thread
+waits until its retry is due (ActiveState.retry), then for an idle window as before.
 """
 
 from __future__ import annotations
@@ -104,9 +105,14 @@ class DcgmTiers:
         self._wake.set()
 
     def _run(self) -> None:
-        """Try until a diag runs (or the tiers stop); a request that came meanwhile runs next, once
-        the loop has read this one's result."""
+        """Try until a diag runs (or the tiers stop); a request that came meanwhile, or the retry of
+        one aborted for work, runs next, once the loop has read this one's result."""
         while not self._stop.is_set():
+            due = self._retry_in()
+            if due > 0:  # an aborted diag's retry is not due yet; a request wakes it
+                self._wake.wait(due)
+                self._wake.clear()
+                continue
             if not self._attempt():
                 if self.window is None or self._stop.is_set():
                     return
@@ -116,11 +122,19 @@ class DcgmTiers:
             if self.on_done is not None:
                 self._unread = True
                 self.on_done()
-            if self.window is None or self.window.state.pending is None:
+            if self.window is None or (self.window.state.pending is None and self.window.state.retry is None):
                 return
             deadline = time.monotonic() + 60.0
             while self._unread and time.monotonic() < deadline and not self._stop.is_set():
                 time.sleep(0.2)
+
+    def _retry_in(self) -> float:
+        """Seconds until the retry of a diag aborted for work is due (0: none waits, or due, or an
+        operator's request came: that one tries now)."""
+        if self.window is None or self.window.state.pending is not None:
+            return 0.0
+        retry = self.window.state.retry
+        return max(0.0, retry.due - time.monotonic()) if retry is not None else 0.0
 
     def _attempt(self) -> bool:
         """One try at a diag: True when one ran (its result is latched in the runner)."""

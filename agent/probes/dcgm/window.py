@@ -1,8 +1,11 @@
 """The idle window a DCGM diag runs in (core/active_checks.py says why): GPUs idle, a fleet slot taken,
 the node held by the testing taint, GPUs still idle once it is on; while the diag runs, a pod that
-arrives anyway aborts it (its result: `unknown`, never `fail`); afterwards the taint is lifted and the
-slot given back, whatever happened. A window that is not there now is waited for by the caller
-(tiers.py) and tried again every `node.activeChecks.retrySeconds`.
+arrives anyway aborts it; afterwards the taint is lifted and the slot given back, whatever happened.
+A window that is not there now is waited for by the caller (tiers.py) and tried again every
+`node.activeChecks.retrySeconds`. A diag aborted for work did not run: the last completed diag's
+verdict stays in force (kept_after_abort), and a retry is due (ActiveState.retry, at the pace of
+ActivePolicy.retry_after), which the caller waits for before it tries again; a diag that ended
+without a result otherwise (past its timeout, the engine lost) is `unknown`, and none is retried.
 
 It reports where it stands (Telemetry.record_active_check: idle, waiting, no-slot, holding, running),
 counts a diag that ended without a result by why (record_active_check_abort), and records the
@@ -12,6 +15,7 @@ outcome of an operator's request in the shared state (lastDiag: started, complet
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -24,9 +28,12 @@ from agent.core.active_checks import (
     UNFINISHED,
     WAITING,
     Abort,
+    ActivePolicy,
     ActiveState,
+    DiagRequest,
     Slots,
 )
+from agent.core.dcgm_report import DiagReport, kept_after_abort
 from agent.core.marks import NodeEvent
 from agent.core.node_keys import DIAG_ABORTED, DIAG_COMPLETED, NORMAL, WARNING, EventReason
 from agent.core.probed import ProbeError
@@ -71,10 +78,15 @@ class DiagWindow:
         sleep: Callable[[float], None] = time.sleep,
         metrics: Telemetry | None = None,
         now: Callable[[], str] = now_iso,
+        retry_after: Callable[[int], float] = lambda aborts: ActivePolicy().retry_after(aborts, math.inf),
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """retry_after(n): how long after the n-th diag in a row aborted for work the next one waits
+        (node.activeChecks: ActivePolicy.retry_after, capped at intervals.dcgmDiag)."""
         self.state, self.slots, self.hold, self.arrivals = state, slots, hold, arrivals
         self.hold_wait_s, self.poll_s = hold_wait_s, poll_s
-        self._clock, self._sleep, self._now = clock, sleep, now
+        self._clock, self._sleep, self._now, self._wall = clock, sleep, now, wall
+        self.retry_after = retry_after
         self._said = ""
         self._abort: Abort | None = None  # why the running diag was stopped
         self.metrics: Telemetry = metrics or NoTelemetry()
@@ -108,22 +120,25 @@ class DiagWindow:
             log.info("DCGM diag level %d starting: GPUs idle, fleet slot taken, node held", runner.level)
             if request is not None:
                 self.state.began(request, runner.level, self._now())
+                tried = (self.state.record or {}).get("attempt")
+                again = f" (try {tried}: the earlier ones were aborted for work)" if tried else ""
                 self.state.say(
                     NodeEvent(
                         EventReason.ACTIVE_CHECK_STARTED,
-                        f"DCGM diag level {runner.level} started, asked by {request.who()}",
+                        f"DCGM diag level {runner.level} started, asked by {request.who()}{again}",
                         NORMAL,
                     )
                 )
             self.metrics.record_active_check(RUNNING)
             running, self._abort = True, None
             result = runner.run(abort=self._poll, poll_s=self.poll_s)
+            if isinstance(result, ProbeError) and runner.aborted:
+                self._aborted(runner, result, request)
+                return True
+            self.state.settled()
             runner.latest = result
             if isinstance(result, ProbeError):
-                stopped = self._abort if runner.aborted else None
-                self.metrics.record_active_check_abort(stopped.reason if stopped else UNFINISHED)
-                if runner.aborted:
-                    self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, result.message, WARNING))
+                self.metrics.record_active_check_abort(UNFINISHED)
                 self.state.end(DIAG_ABORTED, self._now(), result.message)
             else:
                 self.state.end(DIAG_COMPLETED, self._now())
@@ -142,7 +157,27 @@ class DiagWindow:
                 )
             self.slots.release()
             if running:  # a postponed diag stays waiting (or no-slot) until its next try
-                self.metrics.record_active_check(IDLE)
+                self.metrics.record_active_check(WAITING if self.state.retry is not None else IDLE)
+
+    def _aborted(self, runner: DiagRunner, result: ProbeError, request: DiagRequest | None) -> None:
+        """Stopped for work: not run. The last completed verdict stays (the message says so, and
+        when the diag runs again); counted by why, an Event, lastDiag aborted with its retry."""
+        stopped = self._abort
+        self.metrics.record_active_check_abort(stopped.reason if stopped else UNFINISHED)
+        retry = self.state.retry_later(request, self.retry_after, self._clock(), self._wall())
+        again = f"it runs again once the GPUs are idle, not before {retry.at}"
+        runner.latest = kept_after_abort(runner.latest, f"a {result.message}, at {self._now()}; {again}")
+        kept = runner.latest
+        stands = (
+            "the last completed diag's verdict stands"
+            if isinstance(kept, DiagReport) and kept.completed
+            else "no diag completed yet"
+            if isinstance(kept, DiagReport)
+            else "the last diag's result stands"
+        )
+        text = f"{result.message}; not run: {stands}; {again}"
+        self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, text, WARNING))
+        self.state.end(DIAG_ABORTED, self._now(), result.message, retry.at)
 
     def _poll(self) -> str | None:
         """The arrivals' answer in words, for the runner; why (its reason) kept for the count."""
