@@ -73,7 +73,7 @@ class Clock:
 
 def engine(snap: Path, reader: Reader | None, clock: Clock | None = None, **validate: Any) -> Engine:
     eng = engine_for(snap, node={"validate": validate}) if validate else engine_for(snap)
-    eng.driver_class = reader
+    eng.validation.driver.read = reader
     eng.wall = clock or Clock()
     return eng
 

@@ -306,7 +306,7 @@ def wire(args: Any) -> Wired | int:
     if core is not None:  # the validating taint's wait for NVIDIA's DRA driver (engine/driver_wait.py)
         from agent.reporters.driver_class import DriverClass
 
-        agent.engine.driver_class = DriverClass(core)
+        agent.engine.validation.driver.read = DriverClass(core)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     return Wired(agent, metrics, fence, port)
 

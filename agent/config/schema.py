@@ -195,7 +195,7 @@ RESTART_ONLY = ("prefix", "metrics.port")
 # it is about the file, not a setting (nothing reloads it). Version 1 is 0.1.0's schema, which had no
 # such key; 2 is the first that writes it.
 SCHEMA_VERSION_KEY = "schemaVersion"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def schema_version(doc: Any) -> int | None:

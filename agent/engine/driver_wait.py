@@ -89,8 +89,10 @@ def publication(gpus: Any, dra: Any) -> Publication:
 
 @dataclass
 class DriverWait:
-    """The driver wait of one validation (reset with it)."""
+    """The driver wait of one validation (reset with it); *read*: the DeviceClass reader the wiring
+    hands in (None: no API server to ask, as for a snapshot judged offline)."""
 
+    read: ClassReader | None = None
     answer: bool | str | None = None  # the DeviceClass as read in this validation (None: not asked)
     asked_at: float | None = None
     announced: bool = False  # the timeout's Event of this validation is out
@@ -100,18 +102,18 @@ class DriverWait:
     def reset(self) -> None:
         self.answer, self.asked_at, self.announced, self.said, self.timed_out = None, None, False, "", False
 
-    def expected(self, mode: str, node: Any, read: ClassReader | None, now: float) -> bool | str:
+    def expected(self, mode: str, node: Any, now: float) -> bool | str:
         """True: the driver is expected to publish this node's GPUs; False: no wait; a string: we
         could not tell (the wait holds)."""
         if mode == NEVER or not isinstance(node, NodeObject) or node.plugin_gpus > 0:
             return False
         if mode == ALWAYS:
             return True
-        if read is None:
+        if self.read is None:
             return False  # no API server to ask (a snapshot judged offline): nothing to wait for
         stale = isinstance(self.answer, str) and (self.asked_at is None or now - self.asked_at >= RETRY_S)
         if self.answer is None or stale:
-            self.answer, self.asked_at = read(), now
+            self.answer, self.asked_at = self.read(), now
         return self.answer
 
 
@@ -130,13 +132,12 @@ def wait(
     policy: ValidateSettings,
     node: Any,
     inputs: tuple[Any, Any],
-    read: ClassReader | None,
     now: float,
     since: float | None,
     taint_key: str,
 ) -> Waiting:
     """One verdict's driver wait. *inputs*: (the GPU inventory, the DRA slices) as last read."""
-    expected = state.expected(policy.wait_for_driver, node, read, now)
+    expected = state.expected(policy.wait_for_driver, node, now)
     if expected is False:
         state.said, state.timed_out = "", False
         return Waiting()

@@ -27,7 +27,6 @@ from agent.core.probed import Probed
 from agent.core.results_doc import VALIDATED_FIELD, now_iso
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.engine import active, reboot_escalation, series, stalls
-from agent.engine.driver_wait import ClassReader
 from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.history_annotation_reads import repair_escalation
 from agent.engine.input_reads import InputReads
@@ -76,7 +75,6 @@ class Engine:
         # who holds each GPU, as the kubelet says (probes/pod_resources.list_devices); None: no kubelet
         self.holders = self.reads.holders(workloads, lambda: self.inputs.get(Input.GPUS))
         self.validation = Validation(reset_at=wall())  # the validating taint (engine/validation.py)
-        self.driver_class: ClassReader | None = None  # NVIDIA's DRA driver installed? (engine/driver_wait)
         self.active = active  # active checks (engine/active.py): the testing taint, `gpu-healthcheck diag`
         self.last_diag: dict[str, Any] | None = None  # the last `diag` request's record (lastDiag)
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)

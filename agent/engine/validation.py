@@ -41,7 +41,7 @@ from agent.core.node import NodeObject
 from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, WARNING, EventReason, Keys
 from agent.core.results_doc import VALIDATING_FIELD, now_iso
 from agent.core.severity import Status
-from agent.engine.driver_wait import DRA_DRIVER, ClassReader, DriverWait, Waiting, wait
+from agent.engine.driver_wait import DRA_DRIVER, DriverWait, Waiting, wait
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -208,7 +208,6 @@ class Engine(Protocol):
     inputs: dict[Input, Any]
     extra_inputs: dict[Input, Callable[[], Any]]
     wall: Callable[[], float]
-    driver_class: ClassReader | None  # reads NVIDIA's DRA driver's DeviceClass (None: no API server)
 
     @property
     def boot_id(self) -> str | None: ...
@@ -236,7 +235,7 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
     driver = Waiting()
     if not v.complete and (on_node or (add and v.needed)):
         gpus_dra = (inputs.get(Input.GPUS), inputs.get(Input.DRA))
-        driver = wait(v.driver, policy, node, gpus_dra, engine.driver_class, engine.wall(), v.since, key)
+        driver = wait(v.driver, policy, node, gpus_dra, engine.wall(), v.since, key)
     events: list[NodeEvent] = []
     if driver.announce:
         log.warning(driver.timeout)
