@@ -152,10 +152,12 @@ def test_a_dra_only_node_keeps_the_validating_taint_until_the_driver_publishes_e
     assert still_late
     assert late_said["driverTimedOut"] is True and late_said["waitingFor"] == ["dra-driver"], late_said
     reason = late_said["driver"]
-    assert reason.startswith("NVIDIA's DRA driver has not published this node's GPUs after "), reason
-    assert "(node.validate.driverTimeoutSeconds 5): 0 of 8 published; not GPU 0 (0000:53:00.0)" in reason
+    assert reason.startswith("NVIDIA's DRA driver has not published this node's GPUs within 5 s "), reason
+    assert "(node.validate.driverTimeoutSeconds): 0 of 8 published; not GPU 0 (0000:53:00.0)" in reason
     assert f"the taint {KEYS.validating} stays until it does" in reason
     assert [(e["type"], e.get("count", 1)) for e in timeouts] == [("Warning", 1)], timeouts
-    assert timeouts[0]["message"].startswith("NVIDIA's DRA driver has not published this node's GPUs after ")
+    assert timeouts[0]["message"].startswith(
+        "NVIDIA's DRA driver has not published this node's GPUs within 5 s "
+    )
     assert "has not published this node's GPUs" in logs["late"]
     assert all(len(p) == 1 for p in passed.values()), passed

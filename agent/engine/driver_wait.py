@@ -149,12 +149,11 @@ def wait(
             state.said, state.timed_out = "", False
             return Waiting()
     note = f"{NVIDIA_DRA} to publish the GPUs ({pub.counted()})"
-    waited = now - since if since is not None else 0.0
-    reason = ""
-    if waited >= policy.driver_timeout_seconds:
+    reason = ""  # no count of seconds in it: the annotation would change, and be written, every cycle
+    if since is not None and now - since >= policy.driver_timeout_seconds:
         reason = (
-            f"{NVIDIA_DRA} has not published this node's GPUs after {int(waited)} s "
-            f"(node.validate.driverTimeoutSeconds {policy.driver_timeout_seconds:g}): {pub.counted()}; "
+            f"{NVIDIA_DRA} has not published this node's GPUs within {policy.driver_timeout_seconds:g} s "
+            f"(node.validate.driverTimeoutSeconds): {pub.counted()}; "
             f"the taint {taint_key} stays until it does. Does its kubelet plugin run on this node and "
             f'tolerate {taint_key}? (README "Validate before service")'
         )
