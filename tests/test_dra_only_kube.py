@@ -7,9 +7,10 @@ registered with the validating taint:
 
 - `ok` (no nvidia.com/gpu, the driver's slice of 8): gpu.allocatable compares and passes, the
   validating taint lifts, each GPU's verdict names its DRA device beside its PCI address and UUID;
-- `late` (nvidia.com/gpu "0", no slice yet: the driver's kubelet plugin tolerates only
-  nvidia.com/gpu by default, so it waits for the taint): skipped for want of both publishers, never a
-  fail, and the taint lifts; then the driver publishes 7 of the 8 GPUs (not GPU 3): the watch brings
+- `late` (nvidia.com/gpu "0", no slice yet, and no DeviceClass gpu.nvidia.com on this server: the
+  driver is not installed, so the validating taint does not wait for it; where it is:
+  tests/test_validation_driver_kube.py): skipped for want of both publishers, never a fail, and the
+  taint lifts; then the driver publishes 7 of the 8 GPUs (not GPU 3): the watch brings
   it to the next gpu cycle (no LIST per cycle) and the check warns, naming GPU 3; the driver
   republishes all 8 (generation 2): pass again.
 The agents never write a ResourceSlice.

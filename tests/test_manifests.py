@@ -248,9 +248,12 @@ def test_rbac_grants_exactly_what_the_agent_needs() -> None:
         (("",), ("nodes/status",)): ["patch"],
         (("",), ("pods",)): ["list"],  # this node's pods: a second DCGM engine
         (("resource.k8s.io",), ("resourceslices",)): ["list", "watch"],  # node.isolation: the DRA slices
+        (("resource.k8s.io",), ("deviceclasses",)): ["get"],  # gpu.nvidia.com only: the driver wait
         (("resource.k8s.io",), ("devicetaintrules",)): ["create", "delete", "get", "list", "patch"],
         (("fence.gpu-healthcheck.io",), ("nodes",)): ["fenced"],  # the admission fence's mark
     }
+    classes = next(r for r in role["rules"] if r["resources"] == ["deviceclasses"])
+    assert classes["resourceNames"] == ["gpu.nvidia.com"]
     events = find("Role", "gpu-healthcheck-agent-events")
     assert events["metadata"]["namespace"] == "default"
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]

@@ -55,6 +55,7 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "REMEDIATION_HELD": "RemediationHeld",
         "VALIDATION_STARTED": "ValidationStarted",
         "VALIDATION_PASSED": "ValidationPassed",
+        "VALIDATION_DRIVER_TIMEOUT": "ValidationDriverTimeout",
         "ACTIVE_CHECK_STARTED": "ActiveCheckStarted",
         "ACTIVE_CHECK_ABORTED": "ActiveCheckAborted",
         "GPU_STALLED": "GPUStalled",

@@ -303,6 +303,10 @@ def wire(args: Any) -> Wired | int:
         config_fence_refused=start.fence_refused,
         active=active_state,  # the testing taint and `gpu-healthcheck diag` (engine/active.py)
     )
+    if core is not None:  # the validating taint's wait for NVIDIA's DRA driver (engine/driver_wait.py)
+        from agent.reporters.driver_class import DriverClass
+
+        agent.engine.validation.driver.read = DriverClass(core)
     port = args.metrics_port if args.metrics_port is not None else cfg.metrics_port
     return Wired(agent, metrics, fence, port)
 

@@ -154,10 +154,16 @@ SCHEMA: dict[str, Any] = {
             "retrySeconds": _num(300, 1, 86400),
         },
         # Validate before service (engine/validation.py): the agent adds the validating taint itself,
-        # and the DCGM diag level the complete pass that lifts it needs.
+        # and the DCGM diag level the complete pass that lifts it needs. On a DRA-only node the pass
+        # waits for NVIDIA's DRA driver to publish the GPUs (engine/driver_wait.py): where (auto:
+        # no nvidia.com/gpu and the DeviceClass gpu.nvidia.com exists), for how long before the
+        # reason is said (the taint stays), and whether every GPU must be published. Live.
         "validate": {
             "addTaint": Spec(bool, False),
             "diagLevel": Spec(int, 2, 1, 4),
+            "waitForDriver": Spec(str, "auto", choices=("auto", "always", "never")),
+            "driverTimeoutSeconds": _num(600, 1, 86400),
+            "requireAllPublished": Spec(bool, True),
         },
     },
     "metrics": {"port": _num(9402, 0, 65535)},

@@ -71,6 +71,10 @@ class ValidateSettings:
 
     add_taint: bool = False  # the agent puts it on at start (not validated this boot) and on a clear
     diag_level: int = 2  # the DCGM diag level a complete pass needs, where an engine runs
+    # NVIDIA's DRA driver publishes the GPUs before the lift (engine/driver_wait.py)
+    wait_for_driver: str = "auto"  # auto | always | never
+    driver_timeout_seconds: float = 600.0  # then the reason is said (Event, annotation); the taint stays
+    require_all_published: bool = True  # every GPU seen, not just one
 
 
 @dataclass(frozen=True)
@@ -200,13 +204,24 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
             int(s["repairHistory"]["count"]), float(s["repairHistory"]["windowDays"]) * DAY_S
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
-        validate=ValidateSettings(bool(s["validate"]["addTaint"]), int(s["validate"]["diagLevel"])),
+        validate=validate_settings(s["validate"]),
         risk=RiskPolicy(int(s["risk"]["failures"]), int(s["risk"]["repairs"]), int(s["risk"]["windowDays"])),
         active_checks=active_policy(s["activeChecks"]),
         isolation_node_at=int(s["isolationNodeAtGpus"]),
         device_effect_by_severity={
             Severity.parse(k): str(v) for k, v in s["deviceTaintEffectBySeverity"].items() if v is not None
         },
+    )
+
+
+def validate_settings(s: Mapping[str, Any]) -> ValidateSettings:
+    """node.validate (the schema checked each value)."""
+    return ValidateSettings(
+        bool(s["addTaint"]),
+        int(s["diagLevel"]),
+        str(s["waitForDriver"]),
+        float(s["driverTimeoutSeconds"]),
+        bool(s["requireAllPublished"]),
     )
 
 

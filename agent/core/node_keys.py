@@ -233,6 +233,7 @@ class EventReason(Vocabulary):
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
     VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
     VALIDATION_PASSED = "ValidationPassed"  # a complete pass: the validating taint is lifted
+    VALIDATION_DRIVER_TIMEOUT = "ValidationDriverTimeout"  # the DRA driver has not published the GPUs
     ACTIVE_CHECK_STARTED = "ActiveCheckStarted"  # a diag an operator asked for started (who, why)
     ACTIVE_CHECK_ABORTED = "ActiveCheckAborted"  # a pod arrived during a diag: aborted, not run, retried
     GPU_STALLED = "GPUStalled"  # a GPU held by a pod, busy at its idle power (checks/gpu_stall.py)

@@ -9,7 +9,8 @@ the taint back on the Node after it was lifted: Karpenter's registration, or an 
   warn or skipped (not applicable): a tier that could not look (unknown) has not passed;
 - where a DCGM engine runs and dcgm-diag is on, a diag at node.validate.diagLevel or deeper finished
   after the reset and passed (its level unknown, or older than the reset, does not count);
-- the verdict now is pass or warn, and our failure taint is not wanted (a failing node keeps both).
+- the verdict now is pass or warn, and our failure taint is not wanted (a failing node keeps both);
+- on a node where NVIDIA's DRA driver is expected, it has published the GPUs (engine/driver_wait.py).
 
 Pure: the engine hands in what each tier found and the verdict, and asks what the Marks say about the
 taint (Marks.validating). Once validated nothing changes until the next reset, so a validated node in
@@ -24,6 +25,7 @@ saw it there; an agent restarted in the same boot takes the time back from the a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -36,15 +38,20 @@ from agent.core.facts import Input
 from agent.core.findings import CheckResult
 from agent.core.marks import NodeEvent
 from agent.core.node import NodeObject
-from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, EventReason, Keys
+from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, WARNING, EventReason, Keys
 from agent.core.results_doc import VALIDATING_FIELD, now_iso
 from agent.core.severity import Status
+from agent.engine.driver_wait import DRA_DRIVER, DriverWait, Waiting, wait
+
+log = logging.getLogger("gpu-healthcheck.engine")
 
 DIAG_TIER = DIAG_CHECK = "dcgm-diag"
 PASSING = (Status.PASS, Status.WARN, Status.SKIPPED)  # a tier run that found nothing wrong
 # Why the last reset happened (the Events say "since the <why>").
 START, CLEAR, REBOOT, BACK = "agent's start", "clear", "reboot", "taint's return"
 A_PASS = "pass"  # what a node waits for once every tier ran: a passing verdict (no failure taint)
+DRIVER_FIELD = "driver"  # the results annotation's validating.driver: the DRA driver wait, said
+DRIVER_TIMEOUT_FIELD = "driverTimedOut"  # ... past its bound (its Event is out)
 
 
 def tier_passed(results: Iterable[CheckResult]) -> bool:
@@ -76,7 +83,8 @@ class Validation:
     announced: bool = False  # the ValidationStarted Event of this reset is out
     gone: bool = False  # validated, and the Node was seen without the taint since
     since: float | None = None  # wall seconds: the Node carries the taint, not yet passed, since then
-    waiting: tuple[str, ...] = ()  # what the pass waits for meanwhile (tiers, dcgm-diag, A_PASS)
+    waiting: tuple[str, ...] = ()  # what the pass waits for meanwhile (tiers, dcgm-diag, dra-driver, A_PASS)
+    driver: DriverWait = field(default_factory=DriverWait)  # NVIDIA's DRA driver's publication
 
     # ------------------------------------------------------------------ resets
 
@@ -88,13 +96,19 @@ class Validation:
         carried = (doc or {}).get(VALIDATING_FIELD)
         if isinstance(carried, Mapping) and boot_id and carried.get("bootId") == boot_id:
             self.since = wall_seconds(carried.get("since"))
+            self.driver.announced = bool(carried.get(DRIVER_TIMEOUT_FIELD))  # its Event is out
 
     def document(self, boot_id: str | None) -> dict[str, Any] | None:
         """The results annotation's `validating` while the Node waits for its pass (None otherwise)."""
         if self.since is None:
             return None
         at = datetime.fromtimestamp(int(self.since), timezone.utc).isoformat().replace("+00:00", "Z")
-        return {"since": at, "bootId": boot_id, "waitingFor": list(self.waiting)}
+        doc: dict[str, Any] = {"since": at, "bootId": boot_id, "waitingFor": list(self.waiting)}
+        if self.driver.said:
+            doc[DRIVER_FIELD] = self.driver.said
+            if self.driver.timed_out:
+                doc[DRIVER_TIMEOUT_FIELD] = True
+        return doc
 
     def carried(self, on_node: bool, created: str | None, now: float) -> None:
         """Keep `since` and `waiting` in step with the Node: set at first sight of the taint (the Node's
@@ -111,6 +125,7 @@ class Validation:
         self.reset_at, self.why = now, why
         self.needed, self.passed, self.diag_ok, self.complete = True, set(), False, False
         self.landed = self.announced = self.gone = False
+        self.driver.reset()
 
     # ------------------------------------------------------------------ progress
 
@@ -123,11 +138,13 @@ class Validation:
         if tier == DIAG_TIER and diag_passed(inputs.get(Input.DCGM_DIAG), results, diag_level, self.reset_at):
             self.diag_ok = True
 
-    def missing(self, tiers: Collection[str], diag_needed: bool) -> list[str]:
-        """What a complete pass still waits for: tiers, and the diag."""
+    def missing(self, tiers: Collection[str], diag_needed: bool, driver: bool = False) -> list[str]:
+        """What a complete pass still waits for: tiers, the diag, NVIDIA's DRA driver (*driver*)."""
         out = sorted(t for t in tiers if t not in self.passed)
         if diag_needed and not self.diag_ok and DIAG_TIER not in out:
             out.append(DIAG_TIER)
+        if driver:
+            out.append(DRA_DRIVER)
         return out
 
     def settle(
@@ -138,11 +155,13 @@ class Validation:
         failure_taint: bool,
         boot_id: str | None,
         stamp: str,
+        driver: bool = False,
     ) -> bool:
         """After a verdict: True when this one completes the pass (first time since the reset)."""
         if self.complete:
             return False
-        if self.missing(tiers, diag_needed) or status not in (Status.PASS, Status.WARN) or failure_taint:
+        waits = self.missing(tiers, diag_needed, driver)
+        if waits or status not in (Status.PASS, Status.WARN) or failure_taint:
             return False
         self.complete, self.needed = True, False
         if self.record is None or self.record.get("bootId") != boot_id or self.why != START:
@@ -212,8 +231,17 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
     diag_needed = cfg.enabled(DIAG_CHECK) and (
         diag_wired or isinstance(inputs.get(Input.DCGM_DIAG), DiagReport)
     )
+    add = policy.add_taint and cfg.node.mode == MODE_TAINT
+    driver = Waiting()
+    if not v.complete and (on_node or (add and v.needed)):
+        gpus_dra = (inputs.get(Input.GPUS), inputs.get(Input.DRA))
+        driver = wait(v.driver, policy, node, gpus_dra, engine.wall(), v.since, key)
     events: list[NodeEvent] = []
-    if v.settle(tiers, diag_needed, status, failure_taint, engine.boot_id, now_iso()) and on_node:
+    if driver.announce:
+        log.warning(driver.timeout)
+        events.append(NodeEvent(EventReason.VALIDATION_DRIVER_TIMEOUT, driver.timeout, WARNING))
+    passed = v.settle(tiers, diag_needed, status, failure_taint, engine.boot_id, now_iso(), driver.waiting)
+    if passed and on_node:
         diag = f" and a DCGM diag at level {policy.diag_level}" if diag_needed else ""
         events.append(
             NodeEvent(
@@ -222,7 +250,6 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
                 f"lifting the taint {key}",
             )
         )
-    add = policy.add_taint and cfg.node.mode == MODE_TAINT
     wish = v.wish(add, on_node)
     if wish and not v.announced:
         v.announced = True
@@ -236,9 +263,14 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
     note = ""
     v.carried(on_node, node.created if isinstance(node, NodeObject) else None, engine.wall())
     if on_node and not v.complete:
-        waits = v.missing(tiers, diag_needed)
+        waits = v.missing(tiers, diag_needed, driver.waiting)
         v.waiting = tuple(waits) or (A_PASS,)
-        note = f"validating: waiting for {', '.join(waits)}" if waits else "validating: waiting for a pass"
+        said = [driver.note if w == DRA_DRIVER else w for w in waits]
+        note = f"validating: waiting for {', '.join(said)}" if waits else "validating: waiting for a pass"
+        if driver.timeout:
+            note += f" (past node.validate.driverTimeoutSeconds {policy.driver_timeout_seconds:g} s)"
+    else:
+        v.driver.said = ""
     return Step(wish, tuple(events), note)
 
 
