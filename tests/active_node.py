@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
     import fake_engine  # type: ignore[import-not-found]
 
     fake_engine.reset()
+    fake_engine.set_gpus(list(range(8)))  # the snapshot's 8 GPUs, all watched (else dcgm-health: unknown)
     fake_engine.load_diag(str(PASS_DOC))
     fake_engine.hold_diag(True)
     threading.Thread(target=diag_clock, args=(fake_engine, args.diag_seconds), daemon=True).start()

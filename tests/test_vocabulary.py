@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 import agent
 from agent.core.history_annotation import HistoryAction, HistoryActor, HistoryMark, HistoryTaint
-from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, ToolOutcome
+from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, GpuSource, ToolOutcome
 from agent.core.node_keys import ConditionReason, EventReason
 from agent.core.record_kind import RecordKind
 from agent.core.remediation_types import RemediationReason
@@ -111,6 +111,13 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "REJECTED": "rejected",
     },
     ToolOutcome: {"READ_OK": "ok", "READ_FAILED": "failed", "READ_TIMEOUT": "timeout"},
+    GpuSource: {
+        "NVML": "nvml",
+        "NVIDIA_SMI": "nvidia-smi",
+        "DCGM": "dcgm",
+        "DRA": "dra",
+        "ALLOCATABLE": "allocatable",
+    },
     DeviceTaintFallback: {
         "API_UNAVAILABLE": "unavailable",
         "RULE_REFUSED": "refused",

@@ -39,4 +39,15 @@ class DeviceTaintFallback(Vocabulary):
     RULE_NOT_COUNTED = "not-counted"  # in place, but the brake does not count the rule
 
 
-__all__ = ["ConfigReloadResult", "DeviceTaintFallback", "ToolOutcome"]
+@unique
+class GpuSource(Vocabulary):
+    """gpu_healthcheck_gpus_seen{source}: who counted the GPUs of this node."""
+
+    NVML = "nvml"  # the gpu tier's inventory through NVML: the GPUs listed (answering, lost or hung)
+    NVIDIA_SMI = "nvidia-smi"  # the same, read with nvidia-smi (no NVML)
+    DCGM = "dcgm"  # the GPUs the DCGM engine's health watches cover
+    DRA = "dra"  # the GPUs NVIDIA's DRA driver publishes for this node (its ResourceSlices)
+    ALLOCATABLE = "allocatable"  # the device plugin's allocatable nvidia.com/gpu on the Node
+
+
+__all__ = ["ConfigReloadResult", "DeviceTaintFallback", "GpuSource", "ToolOutcome"]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from agent.core.findings import CheckResult
-from agent.core.metric_labels import ConfigReloadResult, ToolOutcome
+from agent.core.metric_labels import ConfigReloadResult, GpuSource, ToolOutcome
 from agent.core.repair_budget import HoldReason
 from agent.core.severity import Status
 
@@ -36,6 +36,8 @@ class Telemetry(Protocol):
     def record_dcgm_call_hang(self, op: str) -> None: ...
     # The validating taint: on the Node since *since* (wall seconds; None: not on it), waiting for *waiting*.
     def record_validating(self, since: float | None, waiting: Sequence[str]) -> None: ...
+    # The GPUs one source counted on this node, as it was just read (None: it says nothing now).
+    def record_gpus_seen(self, source: GpuSource, count: int | None) -> None: ...
 
 
 class NoTelemetry:
@@ -90,4 +92,7 @@ class NoTelemetry:
         pass
 
     def record_validating(self, since: float | None, waiting: Sequence[str]) -> None:
+        pass
+
+    def record_gpus_seen(self, source: GpuSource, count: int | None) -> None:
         pass

@@ -15,7 +15,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from agent.core.findings import CheckResult
-from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, ToolOutcome
+from agent.core.metric_labels import ConfigReloadResult, DeviceTaintFallback, GpuSource, ToolOutcome
 from agent.core.repair_budget import HoldReason
 from agent.core.severity import Severity, Status
 from agent.core.trend_history import CHECK_PREFIX
@@ -36,6 +36,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self._shown: dict[int, set[tuple[str, ...]]] = {}  # per gauge: the label sets it exports
+        self._gpus_seen: dict[GpuSource, int] = {}
         self.checks = Gauge(f"{NS}_checks", "checks by their current status", ["status"], registry=r)
         self.check_status = Gauge(
             f"{NS}_check_status",
@@ -217,6 +218,14 @@ class Metrics:
             ["what"],
             registry=r,
         )
+        self.gpus_seen = Gauge(
+            f"{NS}_gpus_seen",
+            "the GPUs each source counts on this node as last read: nvml or nvidia-smi (listed), dcgm "
+            "(the engine's health watches), dra (NVIDIA's DRA driver publishes), allocatable (the "
+            "device plugin's nvidia.com/gpu)",
+            ["source"],
+            registry=r,
+        )
         # ---- per-GPU isolation: the DeviceTaintRule API, and the node taint standing in for a rule
         self.device_taint_api = Gauge(
             f"{NS}_device_taint_api",
@@ -334,6 +343,16 @@ class Metrics:
         for *waiting*."""
         self._validating_since = since
         _only(self.validating_waiting, {(w,): 1 for w in waiting} if since is not None else {}, self._shown)
+
+    def record_gpus_seen(self, source: GpuSource, count: int | None) -> None:
+        """One source's count; NVML and nvidia-smi are one inventory read two ways: one series."""
+        shown = {k: v for k, v in self._gpus_seen.items() if k != source}
+        if source in (GpuSource.NVML, GpuSource.NVIDIA_SMI):
+            shown = {k: v for k, v in shown.items() if k not in (GpuSource.NVML, GpuSource.NVIDIA_SMI)}
+        if count is not None:
+            shown[source] = count
+        self._gpus_seen = shown
+        _only(self.gpus_seen, {(k.value,): v for k, v in shown.items()}, self._shown)
 
     def record_device_taint_api(self, version: str) -> None:
         _only(self.device_taint_api, {(version,): 1}, self._shown)
