@@ -1,11 +1,13 @@
-"""One GPU node's agent for tests/test_active_checks_kube.py, as a child process.
+"""One GPU node's agent for tests/test_active_checks_kube.py (and test_dcgm_coverage_kube.py), as a
+child process.
 
 It is `gpu-healthcheck agent` itself (agent.cli.main, the wiring of agent/cli/agent.py unchanged) on
 a snapshot-backed node, with three things a snapshot agent lacks, each at the lowest layer:
 - the live DCGM tiers (a snapshot agent reads DCGM from its files) against this process's own fake
   engine (tests/fakes/dcgm over the fake libdcgm.so.4: the engine lives in the library, so every
-  process has one, as every node does). Its diag answers the recorded passing DCGM 4.x document
-  (tests/fixtures/dcgm/*wrapped-pass.json) after --diag-seconds, or never (0) until it is aborted;
+  process has one, as every node does), which has the snapshot's GPUs (--dcgm-gpus: its first N).
+  Its diag answers the recorded passing DCGM 4.x document (tests/fixtures/dcgm/*wrapped-pass.json)
+  after --diag-seconds, or never (0) until it is aborted;
 - a kubelet PodResources socket (tests/fake_kubelet.py: a real gRPC server) whose pods hold nothing,
   or, while the file `<work>/kubelet-pods` lists them (one `namespace/name` a line), those pods
   holding the node's 8 GPUs (nvidia.com/gpu), as the kubelet shows a pod it admitted;
@@ -81,6 +83,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--config-dir", required=True)
     p.add_argument("--work", required=True, type=Path)
     p.add_argument("--diag-seconds", type=float, default=5.0)
+    p.add_argument("--dcgm-gpus", type=int, default=8, help="the engine has the snapshot's first N GPUs")
     args = p.parse_args(argv)
 
     from agent.probes.dcgm.bindings import load_bindings
@@ -89,6 +92,13 @@ def main(argv: list[str]) -> int:
     import fake_engine  # type: ignore[import-not-found]
 
     fake_engine.reset()
+    # The engine has the snapshot's first --dcgm-gpus GPUs (8: all; fewer: dcgm-health is unknown),
+    # each named by its PCI address, as a real engine names them.
+    from agent.probes.nvsmi_text import parse_nvsmi_text
+
+    seen = parse_nvsmi_text((Path(args.snapshot) / "nvidia-smi-q.txt").read_text(encoding="utf-8")).gpus
+    fake_engine.set_gpus(list(range(args.dcgm_gpus)))
+    fake_engine.set_gpu_pci({g.index: g.pci_bus_id for g in seen if g.index < args.dcgm_gpus})
     fake_engine.load_diag(str(PASS_DOC))
     fake_engine.hold_diag(True)
     threading.Thread(target=diag_clock, args=(fake_engine, args.diag_seconds), daemon=True).start()

@@ -86,6 +86,7 @@ class Worker:
         *,
         diag_seconds: float,
         max_concurrent: int = 2,
+        dcgm_gpus: int = 8,
     ) -> None:
         self.node = node
         work.mkdir(parents=True)
@@ -108,7 +109,7 @@ class Worker:
         argv = [
             sys.executable, "-m", "tests.active_node", "--node", node, "--snapshot", str(snap),
             "--kubeconfig", str(kubeconfig), "--config-dir", str(cfg), "--work", str(work),
-            "--diag-seconds", str(diag_seconds),
+            "--diag-seconds", str(diag_seconds), "--dcgm-gpus", str(dcgm_gpus),
         ]  # fmt: skip
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

@@ -157,6 +157,7 @@ def test_through_the_engine_nvml_storm_and_a_blocked_health_check(
 
     machine = from_recordings(H100X8)
     fake_nvml.write(machine)
+    fake_dcgm.set_gpus(list(range(8)))  # the engine watches the 8 GPUs NVML sees
     config = cfg({"dcgm": {"callTimeout": 0.3}, "checks": {"dcgm-diag": False}})
     tiers = DcgmTiers(config, lambda: [])
     engine = Engine(LiveSource(timeout_s=5, sys_root=tmp_path), config, extra_inputs=tiers.inputs())

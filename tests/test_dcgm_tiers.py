@@ -33,7 +33,9 @@ def tiers_with(pods: Any) -> DcgmTiers:
     return tiers
 
 
-def engine_for(tiers: DcgmTiers, tmp_path: Path) -> Engine:
+def engine_for(tiers: DcgmTiers, tmp_path: Path, engine: Any) -> Engine:
+    """The agent's engine on the healthy p5 snapshot (8 GPUs), the fake DCGM engine watching all 8."""
+    engine.set_gpus(list(range(8)))
     snap = tmp_path / "snap"
     shutil.copytree(ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy", snap, symlinks=True)
     return Engine(SnapshotSource(snap), CFG, extra_inputs=tiers.inputs(), progress=tiers.progress)
@@ -43,7 +45,7 @@ def test_a_failing_diag_runs_in_the_background_and_latches(fake_dcgm: Any, tmp_p
     fake_dcgm.load_diag(str(FAIL_DOC))
     fake_dcgm.hold_diag(True)
     tiers = tiers_with(lambda: [])
-    eng = engine_for(tiers, tmp_path)
+    eng = engine_for(tiers, tmp_path, fake_dcgm)
     eng.run_tier("dcgm-diag")  # starts the diag, does not wait for it
     assert eng.results["dcgm-diag"].status is Status.SKIPPED
     assert tiers._thread is not None and tiers._thread.is_alive()
@@ -64,7 +66,7 @@ def test_a_failing_diag_runs_in_the_background_and_latches(fake_dcgm: Any, tmp_p
 
 def test_a_gpu_pod_postpones_the_diag(fake_dcgm: Any, tmp_path: Path) -> None:
     tiers = tiers_with(lambda: ["team-a/train-0"])
-    eng = engine_for(tiers, tmp_path)
+    eng = engine_for(tiers, tmp_path, fake_dcgm)
     eng.run_tier("dcgm-diag")
     assert tiers._thread is not None
     tiers._thread.join(30)
@@ -81,7 +83,7 @@ def test_without_the_kubelet_the_gpus_are_never_called_idle(tmp_path: Path) -> N
 
 def test_health_tier_reports_engine_incidents(fake_dcgm: Any, tmp_path: Path) -> None:
     tiers = tiers_with(lambda: [])
-    eng = engine_for(tiers, tmp_path)
+    eng = engine_for(tiers, tmp_path, fake_dcgm)
     eng.run_tier("dcgm-health")
     assert eng.results["dcgm-health"].status is Status.PASS
 
@@ -91,7 +93,7 @@ def test_an_injected_fault_reaches_the_verdict_through_the_tiers(fake_dcgm: Any,
     from hostengine import inject
 
     tiers = tiers_with(lambda: [])
-    eng = engine_for(tiers, tmp_path)
+    eng = engine_for(tiers, tmp_path, fake_dcgm)
     eng.run_tier("dcgm-health")
     assert eng.results["dcgm-health"].status is Status.PASS
     assert inject.main(["row-remap-failure", "--gpu", "1", "--yes", "--address", CFG.dcgm.address]) == 0

@@ -258,6 +258,7 @@ def test_the_agent_stays_live_and_judges_the_gpus_while_the_engine_is_stopped(
     )
     loop = threading.Thread(target=agent.run, daemon=True)
     try:
+        fake_dcgm.set_gpus(list(range(8)))  # the engine watches the snapshot's 8 GPUs
         fake_dcgm.engine_process(str(engine.path))
         loop.start()
         results = agent.engine.results

@@ -187,8 +187,11 @@ def test_a_clear_starts_validation_over_and_runs_every_tier_at_once(tmp_path: Pa
 
 
 def report(level: int | None, finished_at: float | None, status: DiagStatus = DiagStatus.PASS) -> DiagReport:
-    result = DiagResult("memory", "0", status, "hardware")
-    return DiagReport((result,), "DCGM API", "4.4.2", level, None, finished_at)
+    """A run on the snapshot's 8 GPUs (one that tested fewer is no pass of the others); GPU 0's status."""
+    results = tuple(
+        DiagResult("memory", str(i), status if i == 0 else DiagStatus.PASS, "hardware") for i in range(8)
+    )
+    return DiagReport(results, "DCGM API", "4.4.2", level, None, finished_at)
 
 
 def test_the_diag_counts_at_the_level_asked_or_deeper_and_only_since_the_reset() -> None:

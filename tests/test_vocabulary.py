@@ -26,6 +26,7 @@ from agent.core.metric_labels import (
     DeviceTaintFallback,
     DriverTaintEffect,
     DriverTaintKey,
+    GpuSource,
     ToolOutcome,
 )
 from agent.core.node_keys import ConditionReason, EventReason
@@ -121,6 +122,13 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "REJECTED": "rejected",
     },
     ToolOutcome: {"READ_OK": "ok", "READ_FAILED": "failed", "READ_TIMEOUT": "timeout"},
+    GpuSource: {
+        "NVML": "nvml",
+        "NVIDIA_SMI": "nvidia-smi",
+        "DCGM": "dcgm",
+        "DRA": "dra",
+        "ALLOCATABLE": "allocatable",
+    },
     DeviceTaintFallback: {
         "API_UNAVAILABLE": "unavailable",
         "RULE_REFUSED": "refused",

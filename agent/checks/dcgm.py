@@ -7,6 +7,8 @@ no status word and no ISOLATE/RESET error, is `unknown`, never pass. A diag abor
 arrived: probes/dcgm/window.py) did not run: the last completed report is judged as before, its
 message saying so; with none completed yet the check is skipped ("not run yet"), not `unknown`.
 dcgm-health: incidents map through config/dcgm-incidents.yaml (+ dcgm.incidentOverrides).
+Both are `unknown`, never pass, when the engine watches or a run tested fewer GPUs than NVML sees
+(checks/dcgm_coverage.py); what they found on the GPUs they looked at is still reported.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from dataclasses import replace
 
 from agent.checks import CheckSpec, rule_finding, typed_input
+from agent.checks.dcgm_coverage import diag_coverage, health_coverage
 from agent.config import Config
 from agent.config.dcgm_incidents import SINGLE_NODE_NVSWITCH, system_name
 from agent.core.dcgm_report import (
@@ -147,6 +150,8 @@ def check_dcgm_diag(facts: NodeFacts, cfg: Config) -> CheckResult:
         unknown = "DCGM diag report holds no test results"
     elif all(r.status in (DiagStatus.SKIP, DiagStatus.NOT_RUN) for r in report.results):
         unknown = "DCGM diag ran no test (every result skipped or not run)"
+    else:
+        unknown = diag_coverage(report, facts)
     tested = report.gpus()
     ran = {r.test for r in report.results if r.status not in (DiagStatus.SKIP, DiagStatus.NOT_RUN)}
     version = f" {report.version}" if report.version else ""
@@ -213,23 +218,26 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
         )
         merged = {k: f for k, f in merged.items() if f.severity > Severity.NONE}
     note = "DCGM health watches report no incident"
+    if report.gpus_watched is not None:
+        note = f"DCGM health watches on {len(report.gpus_watched)} GPU(s) report no incident"
     if ignored:
         note += f" ({ignored} ignored by the incident table)"
-    return CheckResult(HEALTH, findings=tuple(merged.values()), note=note)
+    unknown = health_coverage(report, facts)  # incidents on the GPUs it watches are reported still
+    return CheckResult(HEALTH, findings=tuple(merged.values()), unknown=unknown, note=note)
 
 
 CHECKS = (
     CheckSpec(
         "dcgm-health",
         check_dcgm_health,
-        (Input.DCGM_HEALTH,),
+        (Input.DCGM_HEALTH, Input.GPUS),
         "dcgm-health",
         (DCGM_HEALTH_UNLISTED_FAIL, DCGM_HEALTH_UNLISTED_WARN, DCGM_HEALTH_SECOND_ENGINE),
     ),
     CheckSpec(
         "dcgm-diag",
         check_dcgm_diag,
-        (Input.DCGM_DIAG,),
+        (Input.DCGM_DIAG, Input.GPUS),
         "dcgm-diag",
         (DCGM_DIAG_FAIL_ISOLATE, DCGM_DIAG_FAIL_RESET, DCGM_DIAG_FAIL, DCGM_DIAG_WARN),
     ),

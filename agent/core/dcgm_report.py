@@ -118,8 +118,21 @@ class HealthIncident:
 
 
 @dataclass(frozen=True)
+class WatchedGpu:
+    """A GPU the engine's health watches cover: its DCGM GPU id and, where the engine named it
+    (dcgmGetDeviceAttributes), its PCI address. The id need not be the NVML index: an engine whose
+    container sees a subset of the GPUs numbers that subset from 0."""
+
+    id: int
+    pci_bus_id: str = ""
+
+
+@dataclass(frozen=True)
 class HealthReport:
-    """One dcgmHealthCheck answer (overall 0 PASS / 10 WARN / 20 FAIL) plus facts the table needs."""
+    """One dcgmHealthCheck answer (overall 0 PASS / 10 WARN / 20 FAIL) plus facts the table needs.
+
+    gpus_watched: the GPUs our health group holds (the engine's supported GPUs when the watches were
+    set); None where the report does not say (then its coverage is not judged)."""
 
     overall: int = 0
     incidents: tuple[HealthIncident, ...] = ()
@@ -127,3 +140,4 @@ class HealthReport:
     polled_at: float | None = None
     engine: str = ""  # the address we read it from
     engines_on_node: tuple[str, ...] | None = None  # DCGM engines seen in this node's pods; None = not looked
+    gpus_watched: tuple[WatchedGpu, ...] | None = None

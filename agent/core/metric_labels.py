@@ -69,4 +69,22 @@ class DriverTaintEffect(Vocabulary):
         return next((e for e in cls if e.value == effect), cls.EFFECT_OTHER)
 
 
-__all__ = ["ConfigReloadResult", "DeviceTaintFallback", "DriverTaintEffect", "DriverTaintKey", "ToolOutcome"]
+@unique
+class GpuSource(Vocabulary):
+    """gpu_healthcheck_gpus_seen{source}: who counted the GPUs of this node."""
+
+    NVML = "nvml"  # the gpu tier's inventory through NVML: the GPUs listed (answering, lost or hung)
+    NVIDIA_SMI = "nvidia-smi"  # the same, read with nvidia-smi (no NVML)
+    DCGM = "dcgm"  # the GPUs the DCGM engine's health watches cover
+    DRA = "dra"  # the GPUs NVIDIA's DRA driver publishes for this node (its ResourceSlices)
+    ALLOCATABLE = "allocatable"  # the device plugin's allocatable nvidia.com/gpu on the Node
+
+
+__all__ = [
+    "ConfigReloadResult",
+    "DeviceTaintFallback",
+    "DriverTaintEffect",
+    "DriverTaintKey",
+    "GpuSource",
+    "ToolOutcome",
+]

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from agent.core.findings import CheckResult
-from agent.core.metric_labels import ConfigReloadResult, DriverTaintEffect, DriverTaintKey, ToolOutcome
+from agent.core.metric_labels import (
+    ConfigReloadResult,
+    DriverTaintEffect,
+    DriverTaintKey,
+    GpuSource,
+    ToolOutcome,
+)
 from agent.core.repair_budget import HoldReason
 from agent.core.severity import Status
 
@@ -40,6 +46,8 @@ class Telemetry(Protocol):
     def record_driver_taints(
         self, taints: Sequence[tuple[str, DriverTaintKey, DriverTaintEffect]]
     ) -> None: ...
+    # The GPUs one source counted on this node, as it was just read (None: it says nothing now).
+    def record_gpus_seen(self, source: GpuSource, count: int | None) -> None: ...
 
 
 class NoTelemetry:
@@ -97,4 +105,7 @@ class NoTelemetry:
         pass
 
     def record_driver_taints(self, taints: Sequence[tuple[str, DriverTaintKey, DriverTaintEffect]]) -> None:
+        pass
+
+    def record_gpus_seen(self, source: GpuSource, count: int | None) -> None:
         pass

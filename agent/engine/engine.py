@@ -122,8 +122,8 @@ class Engine:
         keep_previous_reads(self.previous, self.inputs, names)
         for name in names:
             self.inputs[name] = self.reads.read(name)
-        record_reads(self.metrics, self.inputs, names)
         facts = self.facts()
+        record_reads(self.metrics, facts, names)
         if tier == "gpu":
             was = self.boot_id
             self.state.observe_boot(self.source.boot_id())

@@ -16,10 +16,11 @@ from typing import Any
 
 from agent.core.dcgm_report import DiagReport, HealthReport
 from agent.core.dra import DraSlices
-from agent.core.facts import Input
+from agent.core.facts import Input, NodeFacts
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
+from agent.core.metric_labels import GpuSource
 from agent.core.node import NodeObject
 from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
 from agent.core.pci import PciSample
@@ -55,13 +56,47 @@ def _driver_taint_metrics(metrics: Telemetry, dra: DraSlices) -> None:
     metrics.record_driver_taints(dra.taint_series())  # the DRA driver's own (checks/dra_taints.py)
 
 
+# The GPUs each source counts (gpu_healthcheck_gpus_seen), set as it is read; gpu.allocatable and
+# dcgm-health compare them.
+def _gpus_seen(metrics: Telemetry, inv: GpuInventory) -> None:
+    metrics.record_gpus_seen(GpuSource.NVML if inv.source == "nvml" else GpuSource.NVIDIA_SMI, inv.visible)
+
+
+def _dra_seen(metrics: Telemetry, dra: DraSlices) -> None:
+    published = None if dra.incomplete else len([p for p in dra.gpus() if not p.passthrough_only])
+    metrics.record_gpus_seen(GpuSource.DRA, published)
+
+
+def _dcgm_seen(metrics: Telemetry, report: HealthReport) -> None:
+    watched = report.gpus_watched
+    metrics.record_gpus_seen(GpuSource.DCGM, None if watched is None else len(watched))
+
+
+def _allocatable_seen(metrics: Telemetry, node: NodeObject) -> None:
+    metrics.record_gpus_seen(GpuSource.ALLOCATABLE, node.allocatable_gpus)  # None: no device plugin
+
+
+def _dra_read(metrics: Telemetry, dra: DraSlices) -> None:
+    _driver_taint_metrics(metrics, dra)
+    _dra_seen(metrics, dra)
+
+
 # In the order a whole read runs (gather_facts) and each tier reads its inputs.
 SPECS: tuple[InputSpec, ...] = (
-    InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None),  # the writer's copy live
+    # The writer's copy live; its allocatable GPUs are counted with each read of the GPUs (record_reads).
+    InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None, on_read=_allocatable_seen),
     # The previous inventory: a GPU's correctable-ECC rate when the DCGM engine stops answering.
-    InputSpec(Input.GPUS, GpuInventory, LiveSource.gpus, SnapshotSource.gpus, "gpu", keep_previous=True),
+    InputSpec(
+        Input.GPUS,
+        GpuInventory,
+        LiveSource.gpus,
+        SnapshotSource.gpus,
+        "gpu",
+        keep_previous=True,
+        on_read=_gpus_seen,
+    ),
     # The agent reads it from its ResourceSlice watch (an extra input, cli/agent.py), as of each gpu cycle.
-    InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu", on_read=_driver_taint_metrics),
+    InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu", on_read=_dra_read),
     InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, SnapshotSource.topo, "topology"),
     InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, SnapshotSource.nvlink, "topology"),
     InputSpec(
@@ -77,6 +112,7 @@ SPECS: tuple[InputSpec, ...] = (
         None,
         "dcgm-health",
         unread="dcgm health (no host engine configured)",
+        on_read=_dcgm_seen,
     ),
     InputSpec(Input.PCI, PciSample, LiveSource.pci, SnapshotSource.pci, "topology", keep_previous=True),
     InputSpec(Input.HOST, HostInfo, LiveSource.host, SnapshotSource.host, "topology"),
@@ -114,9 +150,10 @@ def keep_previous_reads(
             previous[name] = last
 
 
-def record_reads(metrics: Telemetry, inputs: dict[Input, Any], names: tuple[Input, ...]) -> None:
-    """After `names` were read: what each read that worked tells the metrics, where its spec says."""
-    for name in names:
-        spec, value = SPEC[name], inputs.get(name)
+def record_reads(metrics: Telemetry, facts: NodeFacts, names: tuple[Input, ...]) -> None:
+    """After `names` were read: what each read that worked tells the metrics, where its spec says;
+    with the GPUs, the Node as they were judged against it."""
+    for name in (*names, Input.NODE) if Input.GPUS in names else names:
+        spec, value = SPEC[name], getattr(facts, name.value)
         if spec.on_read is not None and isinstance(value, spec.type):
             spec.on_read(metrics, value)

@@ -18,17 +18,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from agent.core.findings import CheckResult
 from agent.core.metric_labels import (
     ConfigReloadResult,
-    DeviceTaintFallback,
-    DriverTaintEffect,
-    DriverTaintKey,
     ToolOutcome,
 )
 from agent.core.repair_budget import HoldReason
 from agent.core.severity import Severity, Status
 from agent.core.trend_history import CHECK_PREFIX
+from agent.reporters.metrics_devices import NS, DeviceMetrics
+from agent.reporters.metrics_devices import only as _only
 from agent.reporters.node_story import NodeState
 
-NS = "gpu_healthcheck"
 # Tool reads: a healthy GPU inventory read (NVML about 0.1 s, nvidia-smi about 1 s) up to the 30 s
 # default timeout, so that a read slowing from 5 to 25 s shows before it fails a node; six buckets
 # (9 series a tool) to keep an agent within its 60 series (bench/metrics_size.py).
@@ -38,7 +36,7 @@ TOOL_BUCKETS = (0.1, 1, 5, 10, 20, 30)
 TIER_BUCKETS = (1, 30)
 
 
-class Metrics:
+class Metrics(DeviceMetrics):
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -224,36 +222,7 @@ class Metrics:
             ["what"],
             registry=r,
         )
-        self.driver_taints = Gauge(
-            f"{NS}_driver_device_taints",
-            "1 for each taint NVIDIA's DRA driver put on a GPU's device in its ResourceSlice, by the GPU's "
-            "device (gpu-2), key (gpu.nvidia.com/xid, gpu-lost, unmonitored; other) and effect (None, "
-            "NoSchedule, NoExecute; other); no series without one",
-            ["gpu", "key", "effect"],
-            registry=r,
-        )
-        # ---- per-GPU isolation: the DeviceTaintRule API, and the node taint standing in for a rule
-        self.device_taint_api = Gauge(
-            f"{NS}_device_taint_api",
-            "1, labelled with the DeviceTaintRule version the API server serves (v1, v1beta2, v1alpha3; "
-            "none: per-GPU isolation falls back to the node taint), as last discovered",
-            ["version"],
-            registry=r,
-        )
-        self.isolated_gpus = Gauge(
-            f"{NS}_isolated_gpus",
-            "GPUs of this node that our DeviceTaintRules take out of service while the node serves the "
-            "others (status degraded); 0 otherwise",
-            registry=r,
-        )
-        self.device_taint_fallbacks = Counter(
-            f"{NS}_device_taint_fallbacks_total",
-            "times the node taint stood in for a per-GPU DeviceTaintRule, by reason (unavailable: no "
-            "version served; refused, failed, unanswered: the rule's write; not-counted: the brake "
-            "does not count the rule)",
-            ["reason"],
-            registry=r,
-        )
+        self.device_metrics(r)
 
     def record_verdict(self, status: Status, results: Sequence[CheckResult]) -> None:
         """The node's status, its checks by status, and the checks and findings that are not fine."""
@@ -356,38 +325,10 @@ class Metrics:
         self._validating_since = since
         _only(self.validating_waiting, {(w,): 1 for w in waiting} if since is not None else {}, self._shown)
 
-    def record_driver_taints(self, taints: Sequence[tuple[str, DriverTaintKey, DriverTaintEffect]]) -> None:
-        """The driver's own device taints (checks/dra_taints.taint_series): a series per GPU only
-        while the driver taints it, at most its GPUs × 3 keys."""
-        _only(self.driver_taints, {(gpu, key, effect): 1 for gpu, key, effect in taints}, self._shown)
-
-    def record_device_taint_api(self, version: str) -> None:
-        _only(self.device_taint_api, {(version,): 1}, self._shown)
-
-    def record_isolated_gpus(self, count: int) -> None:
-        """The GPUs our DeviceTaintRules take out of service now; with any, the node shows degraded."""
-        self.isolated_gpus.set(count)
-        if count:
-            _only(self.node_status, {(Status.DEGRADED.value,): 1}, self._shown)
-
-    def record_device_taint_fallback(self, reason: DeviceTaintFallback) -> None:
-        self.device_taint_fallbacks.labels(reason).inc()
-
     def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None:
         """1 while the repair budget ("budget") or a wave hold ("wave") keeps this node's new
         remediation mark back, labelled with the finding key; no series otherwise."""
         _only(self.remediation_held, {(why, key): 1} if why else {}, self._shown)
-
-
-def _only(gauge: Gauge, values: dict[tuple[str, ...], int], shown: dict[int, set[tuple[str, ...]]]) -> None:
-    """Set *values* on a labelled gauge and remove every other label set it exported before, so that
-    a series exists only while it says something."""
-    before = shown.setdefault(id(gauge), set())
-    for labels in before - set(values):
-        gauge.remove(*labels)
-    for labels, value in values.items():
-        gauge.labels(*labels).set(value)
-    shown[id(gauge)] = set(values)
 
 
 disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created` doubles every counter and histogram for nothing we use

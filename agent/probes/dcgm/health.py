@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.core.dcgm_report import HealthIncident, HealthReport
+from agent.core.dcgm_report import HealthIncident, HealthReport, WatchedGpu
 from agent.core.probed import Probed, ProbeError, ProbeErrorKind
 from agent.probes.dcgm.bindings import DCGM_FE_GPU, DCGM_FE_SWITCH
 from agent.probes.dcgm.client import DcgmClient, EngineUnavailable
@@ -59,6 +59,7 @@ class HealthPoller:
         self._group: Any = None
         self._generation = -1
         self._switches = 0
+        self._watched: tuple[WatchedGpu, ...] = ()
         self._seen: set[str] = set()
         self.new_keys: tuple[str, ...] = ()
 
@@ -104,7 +105,29 @@ class HealthPoller:
                 group.health.Set(self.systems)
 
         c.call("dcgmHealthSet", watch)
+        self._watched = self._named(gpus)
         log.info("DCGM health watches set on %d GPU(s), %d NVSwitch(es)", len(gpus), len(switches))
+
+    def _named(self, gpus: list[int]) -> tuple[WatchedGpu, ...]:
+        """The watched GPUs with the PCI address the engine gives each (dcgmGetDeviceAttributes), so
+        that dcgm-health can name a GPU NVML sees and the engine does not watch. Asked once per
+        connection; an engine or bindings that cannot say leave the addresses empty (counted only)."""
+        named: list[WatchedGpu] = []
+
+        def attributes(gid: int) -> Callable[[Any], Any]:
+            return lambda h: h.GetSystem().discovery.GetGpuAttributes(gid)
+
+        for gid in gpus:
+            try:
+                attrs = self.client.call("dcgmGetDeviceAttributes", attributes(gid))
+                pci = _text(attrs.identifiers.pciBusId).strip()
+            except EngineUnavailable:
+                raise
+            except Exception as exc:  # an older engine or bindings: count them, name none
+                log.info("DCGM does not name its GPUs' PCI addresses (%s: %s)", type(exc).__name__, exc)
+                return tuple(WatchedGpu(g) for g in gpus)
+            named.append(WatchedGpu(gid, pci))
+        return tuple(named)
 
     def _check(self) -> HealthReport:
         self.client.handle()  # (re)connected: the generation is current
@@ -133,6 +156,7 @@ class HealthPoller:
             polled_at=self._clock(),
             engine=self.client.address,
             engines_on_node=self._engines(),
+            gpus_watched=self._watched,
         )
 
     def _engines(self) -> tuple[str, ...] | None:

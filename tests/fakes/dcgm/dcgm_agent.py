@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from ctypes import byref, c_int32, c_uint32, c_void_p
+from ctypes import byref, c_int, c_int32, c_uint32, c_void_p
 from typing import Any
 
 import dcgm_structs
@@ -61,6 +61,19 @@ def dcgmGetEntityGroupEntities(dcgm_handle: Any, entityGroup: int, flags: int) -
     ret = dcgmFP("dcgmGetEntityGroupEntities")(dcgm_handle, entityGroup, ids, byref(count), flags)
     dcgm_structs._dcgmCheckReturn(ret)
     return ids[0 : int(count.value)]
+
+
+@ensure_byte_strings()
+def dcgmGetDeviceAttributes(
+    dcgm_handle: Any, gpuId: int, version: int = dcgm_structs.dcgmDeviceAttributes_version3
+) -> Any:
+    if version != dcgm_structs.dcgmDeviceAttributes_version3:
+        dcgm_structs._dcgmCheckReturn(dcgm_structs.DCGM_ST_VER_MISMATCH)
+    attrs = dcgm_structs.c_dcgmDeviceAttributes_v3()
+    attrs.version = dcgm_structs.dcgmDeviceAttributes_version3
+    ret = dcgmFP("dcgmGetDeviceAttributes")(dcgm_handle, c_int(gpuId), byref(attrs))
+    dcgm_structs._dcgmCheckReturn(ret)
+    return attrs
 
 
 @ensure_byte_strings()

@@ -252,6 +252,83 @@ class c_dcgmHealthSetParams_v2(Structure):
 dcgmHealthSetParams_version2 = make_dcgm_version(c_dcgmHealthSetParams_v2, 2)
 
 
+DCGM_MAX_CLOCKS = 256
+
+
+class c_dcgmClockSet_v1(Structure):
+    _fields_ = [("version", c_uint), ("memClock", c_uint), ("smClock", c_uint)]
+
+
+class c_dcgmDeviceSupportedClockSets_v1(Structure):
+    _fields_ = [("version", c_uint), ("count", c_uint), ("clockSet", c_dcgmClockSet_v1 * DCGM_MAX_CLOCKS)]
+
+
+class c_dcgmDeviceThermals_v1(Structure):
+    _fields_ = [("version", c_uint), ("slowdownTemp", c_uint), ("shutdownTemp", c_uint)]
+
+
+class c_dcgmDevicePowerLimits_v1(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("curPowerLimit", c_uint),
+        ("defaultPowerLimit", c_uint),
+        ("enforcedPowerLimit", c_uint),
+        ("minPowerLimit", c_uint),
+        ("maxPowerLimit", c_uint),
+    ]
+
+
+class c_dcgmDeviceIdentifiers_v1(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("brandName", c_char * DCGM_MAX_STR_LENGTH),
+        ("deviceName", c_char * DCGM_MAX_STR_LENGTH),
+        ("pciBusId", c_char * DCGM_MAX_STR_LENGTH),
+        ("serial", c_char * DCGM_MAX_STR_LENGTH),
+        ("uuid", c_char * DCGM_MAX_STR_LENGTH),
+        ("vbios", c_char * DCGM_MAX_STR_LENGTH),
+        ("inforomImageVersion", c_char * DCGM_MAX_STR_LENGTH),
+        ("pciDeviceId", c_uint32),
+        ("pciSubSystemId", c_uint32),
+        ("driverVersion", c_char * DCGM_MAX_STR_LENGTH),
+        ("virtualizationMode", c_uint32),
+    ]
+
+
+class c_dcgmDeviceMemoryUsage_v1(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("bar1Total", c_uint),
+        ("fbTotal", c_uint),
+        ("fbUsed", c_uint),
+        ("fbFree", c_uint),
+    ]
+
+
+class c_dcgmDeviceSettings_v2(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("persistenceModeEnabled", c_uint),
+        ("migModeEnabled", c_uint),
+        ("confidentialComputeMode", c_uint),
+    ]
+
+
+class c_dcgmDeviceAttributes_v3(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("clockSets", c_dcgmDeviceSupportedClockSets_v1),
+        ("thermalSettings", c_dcgmDeviceThermals_v1),
+        ("powerLimits", c_dcgmDevicePowerLimits_v1),
+        ("identifiers", c_dcgmDeviceIdentifiers_v1),
+        ("memoryUsage", c_dcgmDeviceMemoryUsage_v1),
+        ("settings", c_dcgmDeviceSettings_v2),
+    ]
+
+
+dcgmDeviceAttributes_version3 = make_dcgm_version(c_dcgmDeviceAttributes_v3, 3)
+
+
 class c_dcgmDiagErrorDetail_t(Structure):
     _fields_ = [("msg", c_char * 1024), ("code", c_uint)]
 

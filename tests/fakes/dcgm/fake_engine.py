@@ -51,6 +51,12 @@ def set_gpus(ids: list[int]) -> None:
     lib().fake_set_entities(DCGM_FE_GPU, (c_uint * max(1, len(ids)))(*ids), len(ids))
 
 
+def set_gpu_pci(pcis: dict[int, str]) -> None:
+    """The PCI address the engine names for each GPU id (dcgmGetDeviceAttributes; unset: "")."""
+    for gid, pci in pcis.items():
+        lib().fake_set_gpu_pci(gid, pci.encode())
+
+
 def set_switches(ids: list[int]) -> None:
     lib().fake_set_entities(DCGM_FE_SWITCH, (c_uint * max(1, len(ids)))(*ids), len(ids))
 

@@ -17,6 +17,8 @@
  *    and uncorrectable row remaps (latest sample), PCIe replays / thermal violation / NVLink recovery
  *    (first sample of the last 60 s against the latest), Xids (devastating ones always, system ALL);
  *    field 396 (row remap pending) is not watched;
+ *  - dcgmGetDeviceAttributes names a GPU's PCI address (fake_set_gpu_pci; "" unless set), BADPARAM
+ *    for a GPU id the engine does not have (fake_set_entities decides which it has);
  *  - a diag answers a response set by the test, can be held, honours the client-side timeout
  *    (DCGM_ST_TIMEOUT while the engine keeps running it: DIAG_ALREADY_RUNNING until it ends), and with
  *    the heartbeat flag is aborted when heartbeats stop or its connection closes;
@@ -95,12 +97,29 @@ typedef struct {
     union { int64_t i64; double dbl; char str[256]; char blob[4096]; } value;
 } field_value_v1_t;
 
+/* dcgmDeviceAttributes_v3: supported clocks, thermals, power limits, identifiers, memory, settings */
+typedef struct { unsigned int version, memClock, smClock; } clock_set_t;
+typedef struct {
+    unsigned int version;
+    struct { unsigned int version, count; clock_set_t clockSet[256]; } clockSets;
+    struct { unsigned int version, slowdownTemp, shutdownTemp; } thermalSettings;
+    struct { unsigned int version, cur, def, enforced, min, max; } powerLimits;
+    struct {
+        unsigned int version; char brandName[256], deviceName[256], pciBusId[256], serial[256], uuid[256];
+        char vbios[256], inforomImageVersion[256]; uint32_t pciDeviceId, pciSubSystemId;
+        char driverVersion[256]; uint32_t virtualizationMode;
+    } identifiers;
+    struct { unsigned int version, bar1Total, fbTotal, fbUsed, fbFree; } memoryUsage;
+    struct { unsigned int version, persistenceModeEnabled, migModeEnabled, confidentialComputeMode; } settings;
+} device_attributes_v3_t;
+
 #define CONNECT_V3_VERSION VERSION_OF(connect_v3_t, 1)
 #define HEALTH_SET_V2_VERSION VERSION_OF(health_set_v2_t, 2)
 #define HEALTH_V5_VERSION VERSION_OF(health_v5_t, 5)
 #define RUN_DIAG_V10_VERSION VERSION_OF(run_diag_v10_t, 10)
 #define DIAG_V12_VERSION VERSION_OF(diag_v12_t, 12)
 #define FIELD_VALUE_V1_VERSION VERSION_OF(field_value_v1_t, 1)
+#define DEVICE_ATTRIBUTES_V3_VERSION VERSION_OF(device_attributes_v3_t, 3)
 
 /* ------------------------------------------------------------------ engine state */
 #define MAX_CONNS 4096
@@ -145,6 +164,7 @@ static int num_groups = DEFAULT_GROUPS;
 static unsigned next_group = DEFAULT_GROUPS;
 static unsigned gpu_ids[1024], switch_ids[1024];
 static int n_gpus = 2, n_switches = 0;
+static char gpu_pci[MAX_GPUS][64]; /* the PCI address dcgmGetDeviceAttributes names per GPU id ("": none set) */
 static series_t samples[MAX_GPUS][NFIELDS];
 static unsigned char xid_seen[MAX_GPUS][256];
 static extra_t extra[MAX_EXTRA];
@@ -389,6 +409,27 @@ int dcgmGetEntityGroupEntities(dcgmHandle_t h, int entityGroup, unsigned *entiti
             memcpy(entities, ids, sizeof(unsigned) * (size_t)n);
         }
         *numEntities = n;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* A GPU's attributes; only its identifiers (PCI address, as fake_set_gpu_pci set it) are filled.
+ * A GPU id the engine does not have: BADPARAM. */
+int dcgmGetDeviceAttributes(dcgmHandle_t h, int gpuId, device_attributes_v3_t *attrs) {
+    if (attrs == NULL) return ST_BADPARAM;
+    if (attrs->version != DEVICE_ATTRIBUTES_V3_VERSION) return ST_VER_MISMATCH;
+    REQUEST("dcgmGetDeviceAttributes", h);
+    pthread_mutex_lock(&mu);
+    int rc = conn_of(h) ? forced("dcgmGetDeviceAttributes") : ST_CONNECTION_NOT_VALID;
+    int known = 0;
+    for (int i = 0; i < n_gpus; i++) known |= gpu_ids[i] == (unsigned)gpuId;
+    if (rc == ST_OK && (!known || gpuId < 0 || gpuId >= MAX_GPUS)) rc = ST_BADPARAM;
+    if (rc == ST_OK) {
+        unsigned version = attrs->version;
+        memset(attrs, 0, sizeof(*attrs));
+        attrs->version = version;
+        snprintf(attrs->identifiers.pciBusId, sizeof(attrs->identifiers.pciBusId), "%s", gpu_pci[gpuId]);
     }
     pthread_mutex_unlock(&mu);
     return rc;
@@ -706,6 +747,7 @@ void fake_reset(void) {
     n_gpus = 2;
     gpu_ids[0] = 0;
     gpu_ids[1] = 1;
+    memset(gpu_pci, 0, sizeof(gpu_pci));
     n_switches = 0;
     n_extra = 0;
     memset(fail_code, 0, sizeof(fail_code));
@@ -763,6 +805,13 @@ void fake_set_entities(int entityGroup, const unsigned *ids, int n) {
         memcpy(switch_ids, ids, sizeof(unsigned) * (size_t)n);
         n_switches = n;
     }
+    pthread_mutex_unlock(&mu);
+}
+
+/* the PCI address the engine names for a GPU id (dcgmGetDeviceAttributes) */
+void fake_set_gpu_pci(unsigned id, const char *pci) {
+    pthread_mutex_lock(&mu);
+    if (id < MAX_GPUS) snprintf(gpu_pci[id], sizeof(gpu_pci[id]), "%s", pci);
     pthread_mutex_unlock(&mu);
 }
 
@@ -914,5 +963,6 @@ size_t fake_sizeof(const char *name) {
     if (!strcmp(name, "run_diag_v10")) return sizeof(run_diag_v10_t);
     if (!strcmp(name, "diag_v12")) return sizeof(diag_v12_t);
     if (!strcmp(name, "field_value_v1")) return sizeof(field_value_v1_t);
+    if (!strcmp(name, "device_attributes_v3")) return sizeof(device_attributes_v3_t);
     return 0;
 }
