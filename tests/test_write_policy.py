@@ -95,6 +95,7 @@ OTHER: dict[str, Any] = {
     "worst_key": "xid/79/0000:97:00.0",
     "boot_id": "b2",
     "clear_kept": ("xid/79/0000:97:00.0",),
+    "isolated": ("0000:86:00.0",),
 }
 
 

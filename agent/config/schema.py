@@ -129,6 +129,7 @@ SCHEMA: dict[str, Any] = {
             "failures": Spec(int, 3, 0, 1000),
             "repairs": Spec(int, 2, 0, 1000),
             "windowDays": Spec(int, 30, 1, 90),
+            "gpus": Spec(int, 2, 0, 1000),  # high-risk GPUs (per-GPU isolation) that make the node high
         },
         "waveHold": {
             "minNodes": Spec(int, 5, 0, 10**6),
@@ -189,7 +190,7 @@ RESTART_ONLY = ("prefix", "metrics.port")
 # it is about the file, not a setting (nothing reloads it). Version 1 is 0.1.0's schema, which had no
 # such key; 2 is the first that writes it.
 SCHEMA_VERSION_KEY = "schemaVersion"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def schema_version(doc: Any) -> int | None:

@@ -193,7 +193,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
         validate=ValidateSettings(bool(s["validate"]["addTaint"]), int(s["validate"]["diagLevel"])),
-        risk=RiskPolicy(int(s["risk"]["failures"]), int(s["risk"]["repairs"]), int(s["risk"]["windowDays"])),
+        risk=RiskPolicy(*(int(s["risk"][k]) for k in ("failures", "repairs", "windowDays", "gpus"))),
         active_checks=active_policy(s["activeChecks"]),
     )
 

@@ -50,6 +50,7 @@ from agent.reporters.device_taint_rules import (
     taint_of,
 )
 from agent.reporters.device_taints import DeviceTaints
+from agent.reporters.history_entry import isolated_gpus
 from agent.reporters.kube_rest import api_status
 from agent.reporters.node_patch import find_our_taint, taint_disabled
 
@@ -139,6 +140,8 @@ class IsolatingWriter:
                 self._uncover()
         isolated = isolating and not self.covering and not self.node_wide
         node_marks = replace(marks, taint=False) if isolated else marks
+        held = () if self.node_wide else isolated_gpus(w.device for w in taint_rules.values())
+        node_marks = replace(node_marks, isolated=held)  # the history's per-GPU risk (history_entry.py)
         if events:
             node_marks = replace(node_marks, events=(*node_marks.events, *events))
         result = self.writer.apply(node_marks)
