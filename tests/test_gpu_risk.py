@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from agent.cli.status_history import gpu_risk_lines
+from agent.cli.status_devices import gpu_risk_lines
 from agent.config import parse_config
 from agent.core.device_scope import DRIVER
 from agent.core.findings import CheckResult, Finding
@@ -94,7 +94,7 @@ def test_the_nodes_label_follows_its_own_counts_or_enough_high_risk_gpus() -> No
     assert outlook({}, three, RiskPolicy(gpus=1), day).node == HIGH
     assert outlook({day: (3, 0)}, {}, policy, day).node == HIGH  # node-wide episodes, as before
     later = "2026-12-28"  # 31st day: the window passed
-    assert outlook({}, two, policy, later) .gpus == {G3: NORMAL, G5: NORMAL}  # fmt: skip
+    assert outlook({}, two, policy, later).gpus == {G3: NORMAL, G5: NORMAL}
 
 
 # -- the writer's element -----------------------------------------------------------------------------
