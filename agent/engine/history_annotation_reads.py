@@ -81,8 +81,8 @@ def expected_isolation(raw: str | None, d: RiskInputs, cfg: Config) -> tuple[str
     policy = cfg.node
     if policy.mode != MODE_TAINT or policy.isolation == ISOLATION_NODE or not d.wanted:
         return ()
-    node = d.node
-    if isinstance(node, NodeObject) and node.labels.get(Keys(cfg.prefix).taint_opt_out) == DISABLED:
+    opt_out = d.node.labels.get(Keys(cfg.prefix).taint_opt_out) if isinstance(d.node, NodeObject) else None
+    if (opt_out or "").strip().lower() == DISABLED:  # as reporters/node_patch.taint_disabled reads it
         return ()
     before, entries = parse_isolated(raw), parse(raw)
     if entries and entries[-1].taint == HistoryTaint.ON and not before:
