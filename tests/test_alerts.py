@@ -111,3 +111,33 @@ def test_the_chart_renders_the_same_rules_and_a_runbook_base(helm: str) -> None:
     based = rule("monitoring.runbookBaseURL=https://git.example.com/ghc/blob/v1/")
     urls = {r["annotations"]["runbook_url"] for g in based["spec"]["groups"] for r in g["rules"]}
     assert urls == {f"https://git.example.com/ghc/blob/v1/README.md#{a.lower()}" for a in alerts()}
+
+
+def ksm_label(key: str) -> str:
+    """The Prometheus label kube-state-metrics gives a Kubernetes label in kube_node_labels
+    (internal/store/utils.go labelName: "label_" + snake case of the key, [^a-zA-Z0-9_] → "_")."""
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", re.sub(r"[^a-zA-Z0-9_]", "_", key))
+    return "label_" + snake.lower()
+
+
+def test_gpu_node_without_agent_knows_a_gpu_node_by_every_label_the_selection_uses() -> None:
+    """A DRA-only node has no nvidia.com/gpu: the alert finds it by the GPU-node labels of
+    core/gpu_nodes.py (one matcher each, as kube_node_labels spells it), and the README names each
+    label for kube-state-metrics' --metric-labels-allowlist (without it the series has no such
+    label and the matcher finds nothing)."""
+    from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, parse_selector
+
+    wanted = set()
+    for selector in DEFAULT_GPU_NODE_SELECTORS:
+        (req,) = parse_selector(selector)
+        wanted.add(f'{ksm_label(req.key)}="{req.values[0]}"' if req.values else f'{ksm_label(req.key)}!=""')
+    expr = alerts()["GPUNodeWithoutAgent"]["expr"]
+    assert set(re.findall(r"kube_node_labels\{([^}]*)\}", expr)) == wanted
+    assert 'kube_node_status_capacity{resource="nvidia_com_gpu"}' in expr  # device-plugin nodes too
+    allow = re.search(r"--metric-labels-allowlist=nodes=\[([^\]]*)\]", README.read_text())
+    assert allow is not None
+    keys = {parse_selector(s)[0].key for s in DEFAULT_GPU_NODE_SELECTORS}
+    assert set(allow.group(1).split(",")) == keys
+    assert ksm_label("feature.node.kubernetes.io/pci-0302_10de.present") == (
+        "label_feature_node_kubernetes_io_pci_0302_10de_present"
+    )

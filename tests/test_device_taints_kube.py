@@ -19,6 +19,7 @@ with the real Node writer, slice watch, brake and rules (no agent process).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -464,6 +465,72 @@ def test_an_xid_on_gpu3_taints_gpu3_alone_and_evicts_only_its_pod(
         f"polls, 0.1-0.25 s); rule created → pod deleted by {deleted.user} (audit, server times): "
         f"{deleted.completed - rule_at:.2f} s"
     )
+
+
+def test_three_episodes_of_gpu3_under_isolation_make_gpu3_high_risk_not_the_node(
+    cluster: DraCluster, tmp_path: Path
+) -> None:
+    """node.risk per GPU: the real agent with `isolation: gpu`; three times an Xid 79 on GPU 3 (its
+    DeviceTaintRule, no Node taint) and `gpu-healthcheck clear`. GPU 3 is high-risk, by its counts in
+    the history annotation (3 episodes, 3 repairs: the clears lifted its device taint) and in its
+    per-GPU verdict; the Node's label stays `normal` in every PATCH (one flaky GPU is not a lemon
+    node); `status NODE` lists it; and the node, settled, writes nothing."""
+    served_or_skip(cluster)
+    kube, risk = cluster.kube, f"{scenario.KEYS.prefix}/risk"
+    node = gpu_node(cluster, "lemon-gpu")
+    snap = scenario.snapshot(tmp_path / "snap")
+    agent = scenario.Agent(node, snap, cluster.agent_kubeconfig(), tmp_path, agent_config())
+
+    def labels() -> dict[str, str]:
+        return dict(node_obj(cluster, node)["metadata"].get("labels") or {})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "agent.cli", *args, "--kubeconfig", str(kube.kubeconfig)]
+        return subprocess.run(argv, cwd=scenario.ROOT, capture_output=True, text=True, timeout=90)
+
+    try:
+        wait_for(lambda: labels().get(scenario.KEYS.status) == "pass", 60, "the first verdict (pass)")
+        for i in range(3):
+            with (snap / "kmsg.log").open("a") as fh:
+                fh.write(XID_GPU3.replace("03:12:44", f"03:2{i}:44"))  # a new line: the clear covers the old
+            wait_for(lambda: devices(cluster, node) == ["gpu-3"], 60, f"episode {i + 1}: GPU 3's rule")
+            assert not node_tainted(cluster, node)
+            cleared = cli("clear", node, "--all", "--reason", "GPU 3 reseated", "--wait", "30")
+            assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+            wait_for(lambda: devices(cluster, node) == [], 30, f"episode {i + 1}: the rule lifted by clear")
+            wait_for(lambda: labels().get(scenario.KEYS.status) == "pass", 30, "pass after the clear")
+        time.sleep(4)  # two gpu cycles: the last writes of the clear are done
+        settled = len([e for e in cluster.agent_writes() if e.resource == "nodes" and e.name == node])
+        time.sleep(6)  # three more: a steady node writes nothing
+        steady = len([e for e in cluster.agent_writes() if e.resource == "nodes" and e.name == node])
+        said = cli("status", node).stdout
+        doc = node_obj(cluster, node)
+    finally:
+        agent.stop()
+    log = agent.log.read_text()[-3000:]
+    annotations = doc["metadata"]["annotations"]
+    head = json.loads(annotations[scenario.KEYS.history])[0]
+    patched = [
+        ((e.request or {}).get("metadata") or {}).get("labels") or {}
+        for e in cluster.agent_writes()
+        if e.resource == "nodes" and e.name == node and e.verb == "patch"
+    ]
+    assert {x[risk] for x in patched if risk in x} == {"normal"}, ("the Node's label turned high", head)
+    assert labels_of(doc).get(risk) == "normal"
+    per_gpu = {
+        g: [sum(v[0] for v in d.values()), sum(v[1] for v in d.values())] for g, d in head["gpus"].items()
+    }
+    assert per_gpu == {"0000:86:00.0": [3, 3]}, (head, log)  # 3 episodes, 3 repairs (any UTC days)
+    assert "days" not in head and "isolated" not in head, head  # nothing for the node; no rule now
+    gpus = json.loads(annotations[scenario.KEYS.results])["gpus"]
+    assert [(g["index"], g.get("dra")) for g in gpus if g.get("risk") == "high"] == [(3, "gpu-3")], gpus
+    assert steady == settled, (settled, steady)
+    assert "GPU RISK" in said and "GPU 3 (0000:86:00.0, gpu-3)" in said, said
+    assert "high" in said and "3 failure episode(s), 3 repair(s)" in said, said
+
+
+def labels_of(node: dict[str, Any]) -> dict[str, str]:
+    return dict(node["metadata"].get("labels") or {})
 
 
 def test_no_version_served_taints_the_node_and_says_so_once(bare: DraCluster, tmp_path: Path) -> None:

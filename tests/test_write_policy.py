@@ -106,6 +106,7 @@ OTHER: dict[str, Any] = {
     "in_service": "7-of-8",
     "degraded": BASE_DEGRADED,
     "gpu_notes": {"0000:97:00.0": "xid: Xid 79"},
+    "isolated": ("0000:86:00.0",),
 }
 
 

@@ -338,9 +338,11 @@ def render_status(
         out += brake_section(core, nodes, statuses, namespace, prefix)
         out += brake_footer(core, nodes, namespace, prefix, now)
     if fmt in ("table", "wide") and node is not None:  # its per-GPU DeviceTaintRules (cli/status_devices.py)
-        from agent.cli.status_devices import device_taint_lines
+        from agent.cli.status_devices import device_taint_lines, gpu_risk_lines
 
         lines = device_taint_lines(core, node, prefix, wide=fmt == "wide")
         out += "".join(f"\n{line}" for line in lines[:1]) + "".join(f"\n  {line}" for line in lines[1:])
         out += "\n" if lines else ""
+        risk = [gpu_risk_lines(n, prefix) for n in nodes if (n.get("metadata") or {}).get("name") == node]
+        out += "".join(f"\n{line}" for lines in risk for line in lines) + ("\n" if any(risk) else "")
     return out, exit_code(statuses)

@@ -1,6 +1,8 @@
 """`gpu-healthcheck status NODE`: the node's per-GPU DeviceTaintRules and what became of them, and
 beside them the taints NVIDIA's DRA driver put on its own devices (checks/dra_taints.py): never ours,
-read from its ResourceSlices.
+read from its ResourceSlices; and
+each GPU's risk under per-GPU isolation (GPU RISK: its failure episodes and repairs from the history
+annotation, core/node_risk.py; `high` as the agent judged it, the results annotation's per-GPU `risk`).
 
 The rule's status (Kubernetes 1.35 and later) is written by kube-controller-manager's
 device-taint-eviction controller: condition EvictionInProgress, with the pods it still has to evict
@@ -15,6 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.core.device_scope import DRIVER
+from agent.core.history_annotation import MAX_DAYS, parse_gpu_counts
+from agent.core.node_keys import DEFAULT_PREFIX, Keys
+from agent.core.results_doc import decode_results
 from agent.probes.dra_slices import slices_from_objects
 from agent.reporters.device_taint_rules import (
     VERSIONS,
@@ -100,4 +105,32 @@ def _lines(core: Any, node: str, prefix: str, wide: bool) -> Sequence[str]:
     return [f"DEVICE TAINTS ({api.api_version})", *(rule_line(r, node, api) for r in rules)]
 
 
-__all__ = ["device_taint_lines", "driver_taint_lines", "rule_line"]
+def gpu_risk_lines(node: Mapping[str, Any], prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Pure: the GPU RISK section of `status NODE` ([] when no GPU has counts): per GPU, as the
+    per-GPU verdict names it, the agent's `high`, and its counts over the days kept."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    keys = Keys(prefix)
+    counts = parse_gpu_counts(annotations.get(keys.history))
+    if not counts:
+        return []
+    verdicts = (decode_results(annotations.get(keys.results)) or {}).get("gpus") or []
+    named = {str(g.get("pci")): g for g in verdicts if isinstance(g, Mapping) and g.get("pci")}
+    rows = []
+    for pci, days in sorted(counts.items()):
+        g = named.get(pci, {})
+        dra = f", {g['dra']}" if g.get("dra") else ""
+        name = f"GPU {g['index']} ({pci}{dra})" if g.get("index") is not None else pci
+        episodes, repairs = sum(v[0] for v in days.values()), sum(v[1] for v in days.values())
+        when = f"{min(days)} to {max(days)}" if days else "-"
+        rows.append(
+            f"  {name:<30} {g.get('risk') or '-':<6} "
+            f"{episodes} failure episode(s), {repairs} repair(s), {when}"
+        )
+    head = (
+        f"GPU RISK (per-GPU isolation: each GPU's episodes and repairs of the last {MAX_DAYS} days; "
+        "`high` as the agent judges it by node.risk)"
+    )
+    return [head, *rows]
+
+
+__all__ = ["device_taint_lines", "driver_taint_lines", "gpu_risk_lines", "rule_line"]

@@ -140,6 +140,7 @@ SCHEMA: dict[str, Any] = {
             "failures": Spec(int, 3, 0, 1000),
             "repairs": Spec(int, 2, 0, 1000),
             "windowDays": Spec(int, 30, 1, 90),
+            "gpus": Spec(int, 2, 0, 1000),  # high-risk GPUs (per-GPU isolation) that make the node high
         },
         "waveHold": {
             "minNodes": Spec(int, 5, 0, 10**6),

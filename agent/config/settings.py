@@ -205,7 +205,7 @@ def node_settings(raw: Mapping[str, Any]) -> NodeSettings:
         ),
         gpu_node_selectors=gpu_node_selectors(s["gpuNodeSelector"]),
         validate=validate_settings(s["validate"]),
-        risk=RiskPolicy(int(s["risk"]["failures"]), int(s["risk"]["repairs"]), int(s["risk"]["windowDays"])),
+        risk=RiskPolicy(*(int(s["risk"][k]) for k in ("failures", "repairs", "windowDays", "gpus"))),
         active_checks=active_policy(s["activeChecks"]),
         isolation_node_at=int(s["isolationNodeAtGpus"]),
         device_effect_by_severity={

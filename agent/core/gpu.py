@@ -201,7 +201,7 @@ class Gpu:
 
     @property
     def label(self) -> str:
-        """How a GPU is named in messages and entities: "GPU 3 (0000:53:00.0)"."""
+        """How a GPU is named in messages and entities: "GPU 3 (0000:86:00.0)"."""
         return f"GPU {self.index} ({short_pci(self.pci_bus_id)})"
 
     @property

@@ -14,7 +14,9 @@ the whole under MAX_BYTES.
 
 Beside the entries, first in the list, one element counts failure episodes and repairs per UTC day
 (`{"days": {"2026-11-24": [1, 0]}}`, core/node_risk.py), for the risk label: it outlives the
-entries (MAX_DAYS days). An older agent reads the entries and drops that element when it writes.
+entries (MAX_DAYS days). Under per-GPU isolation it also counts them per GPU (`"gpus": {"0000:86:00.0":
+{"2026-11-24": [1, 0]}}`, at most MAX_GPU_DAYS days in all) and names the GPUs our device taints
+hold now (`"isolated"`). An older agent reads the entries and drops that element when it writes.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ BOOT_CHARS = 8  # a boot id's first characters tell boots apart
 DAYS = "days"
 MAX_DAYS = 90
 DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# Per GPU (core/node_risk.py), in the same element: its counts by day, at most MAX_GPU_DAYS (GPU, day)
+# pairs in all (about 2.5 KB; the oldest days go first), and the GPUs our device taints hold now.
+GPUS, ISOLATED = "gpus", "isolated"
+MAX_GPU_DAYS = 128
+MAX_GPUS, GPU_MAX = 32, 40  # GPUs named in "isolated", and a GPU's name (a PCI address) at most
 
 
 @unique
@@ -168,30 +175,81 @@ def parse(raw: str | None) -> list[Entry]:
     return out[-MAX_ENTRIES:]
 
 
+def _days(days: Any) -> dict[str, tuple[int, int]]:
+    """`{"YYYY-MM-DD": [failure episodes, repairs]}`, what parses of it."""
+    out: dict[str, tuple[int, int]] = {}
+    for day, pair in days.items() if isinstance(days, dict) else ():
+        if (
+            isinstance(day, str)
+            and DAY.match(day)
+            and isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+        ):
+            out[day] = (pair[0], pair[1])
+    return out
+
+
+def _head(raw: str | None, field: str) -> Any:
+    return next((i[field] for i in _items(raw) if isinstance(i, dict) and field in i), None)
+
+
 def parse_counts(raw: str | None) -> dict[str, tuple[int, int]]:
     """The per-day counts (core/node_risk.py): the annotation's `{"days": {"YYYY-MM-DD": [failure
     episodes, repairs]}}` element; what does not parse is left out."""
     out: dict[str, tuple[int, int]] = {}
     for item in _items(raw):
-        days = item.get(DAYS) if isinstance(item, dict) else None
-        for day, pair in (days or {}).items() if isinstance(days, dict) else ():
-            if (
-                isinstance(day, str)
-                and DAY.match(day)
-                and isinstance(pair, list)
-                and len(pair) == 2
-                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
-            ):
-                out[day] = (pair[0], pair[1])
+        out.update(_days(item.get(DAYS)) if isinstance(item, dict) else {})
     return dict(sorted(out.items())[-MAX_DAYS:])
 
 
-def encode(entries: Sequence[Entry], counts: Mapping[str, tuple[int, int]] | None = None) -> str:
-    """The annotation's value: the per-day counts first (when there are any), then the last
-    MAX_ENTRIES entries, the entries under MAX_BYTES."""
+GpuCounts = Mapping[str, Mapping[str, tuple[int, int]]]  # GPU → day → (failure episodes, repairs)
+
+
+def parse_gpu_counts(raw: str | None) -> dict[str, dict[str, tuple[int, int]]]:
+    """The per-GPU counts (`"gpus": {GPU: {"YYYY-MM-DD": [episodes, repairs]}}`), bounded."""
+    gpus = _head(raw, GPUS)
+    out = {str(g): _days(days) for g, days in gpus.items()} if isinstance(gpus, dict) else {}
+    return bound_gpus(out)
+
+
+def bound_gpus(gpus: GpuCounts) -> dict[str, dict[str, tuple[int, int]]]:
+    """At most MAX_GPU_DAYS (GPU, day) pairs: the oldest days go first; a GPU left with none goes."""
+    pairs = sorted(((d, g) for g, days in gpus.items() for d in days if len(g) <= GPU_MAX), reverse=True)
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for d, g in sorted(pairs[:MAX_GPU_DAYS]):
+        out.setdefault(g, {})[d] = gpus[g][d]
+    return dict(sorted(out.items()))
+
+
+def parse_isolated(raw: str | None) -> tuple[str, ...]:
+    """The GPUs our device taints held at the last write (`"isolated": [GPU, ...]`)."""
+    names = _head(raw, ISOLATED)
+    return (
+        tuple(sorted({str(n) for n in names if isinstance(n, str) and len(n) <= GPU_MAX}))[:MAX_GPUS]
+        if isinstance(names, list)
+        else ()
+    )
+
+
+def encode(
+    entries: Sequence[Entry],
+    counts: Mapping[str, tuple[int, int]] | None = None,
+    gpus: GpuCounts | None = None,
+    isolated: Sequence[str] = (),
+) -> str:
+    """The annotation's value: the counts (per day, per GPU) and the GPUs isolated first (when there
+    are any), then the last MAX_ENTRIES entries, the entries under MAX_BYTES."""
     kept = list(entries)[-MAX_ENTRIES:]
     days = dict(sorted((counts or {}).items())[-MAX_DAYS:])
-    head: list[Any] = [{DAYS: {d: list(v) for d, v in days.items()}}] if days else []
+    per_gpu = bound_gpus(gpus or {})
+    named = sorted({n for n in isolated if len(n) <= GPU_MAX})[:MAX_GPUS]
+    element: dict[str, Any] = {DAYS: {d: list(v) for d, v in days.items()}} if days else {}
+    if per_gpu:
+        element[GPUS] = {g: {d: list(v) for d, v in c.items()} for g, c in per_gpu.items()}
+    if named:
+        element[ISOLATED] = named
+    head: list[Any] = [element] if element else []
     while True:
         text = json.dumps([e.as_dict() for e in kept], separators=(",", ":"), ensure_ascii=False)
         if len(text.encode()) <= MAX_BYTES or len(kept) <= 1:
@@ -268,14 +326,18 @@ __all__ = [
     "MAX_BYTES",
     "MAX_ENTRIES",
     "Entry",
+    "GpuCounts",
     "HistoryAction",
     "HistoryActor",
     "HistoryMark",
     "HistoryTaint",
     "append",
+    "bound_gpus",
     "encode",
     "parse",
     "parse_counts",
+    "parse_gpu_counts",
+    "parse_isolated",
     "short_boot",
     "transition",
 ]

@@ -152,6 +152,13 @@ class WriteContext:
         default_factory=dict,
         metadata={EXEMPT: "derived from the results, which the fingerprint holds"},
     )
+    # The GPUs (PCI addresses) our DRA device taints hold after this write, as the device-taint writer
+    # (reporters/device_isolation.py) sets it for the history's per-GPU risk counts; () in a node-wide
+    # episode; None: not known (no such writer, or its rules unread): the history keeps its last.
+    isolated: tuple[str, ...] | None = field(
+        default=None,
+        metadata={EXEMPT: "set by the device-taint writer, not the engine; the scope it follows is in"},
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from agent.core.severity import Severity, Status
 from agent.engine.active import ActiveStep
 from agent.engine.degraded import degraded_marks, gpu_notes, isolable
 from agent.engine.gpu_verdicts import pods_text
-from agent.engine.history_annotation_reads import history_key, risk_label
+from agent.engine.history_annotation_reads import history_key, risk_outlook
 from agent.engine.remediation import remediation_marks
 from agent.engine.rollout import rollout_fields
 from agent.engine.state import EngineState, Latch
@@ -59,6 +59,7 @@ class Decided:
 def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -> Marks:
     """The Marks of one verdict, its state settled (hysteresis, latches, validation)."""
     verdict, policy, boot_id = d.verdict, cfg.node, state.boot_id
+    risk = risk_outlook(d, cfg, verdict.status, boot_id)  # the risk label, and each GPU's (node.risk)
     doc = results_document(
         verdict,
         checked_at=d.checked_at,
@@ -68,7 +69,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         check_times=d.check_times,
         taint=state.taint_document(),
         stale_after=stale_after_s(cfg.intervals.gpu),
-        gpus=d.gpus,
+        gpus=risk.gpus,
         history=[seen.as_dict() for seen in state.history.values()],
         trends=trend_history.to_doc(state.trends),
         remediation=state.remediation_document(),
@@ -109,7 +110,7 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         warn_scope=warn_scope(d.results, d.inventory) if policy.mode == MODE_TAINT else None,
         validating=d.gate.wish,
         testing=d.hold.testing,
-        risk=risk_label(d.node, cfg, verdict.status, boot_id, d.checked_at, d.cleared),
+        risk=risk.node,
     )
     if policy.mode != MODE_TAINT or policy.isolation == ISOLATION_NODE or scope is None:
         return marks

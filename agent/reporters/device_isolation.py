@@ -50,6 +50,7 @@ from agent.reporters.device_taint_rules import (
     taint_of,
 )
 from agent.reporters.device_taints import DeviceTaints
+from agent.reporters.history_entry import isolated_gpus
 from agent.reporters.isolation_events import failed_again, isolated_events, returned_events
 from agent.reporters.kube_rest import api_status
 from agent.reporters.node_patch import find_our_taint, taint_disabled
@@ -138,6 +139,8 @@ class IsolatingWriter:
             node_marks = replace(marks.degraded or marks, taint=False)
             events += isolated_events(taint_rules, set(taint_rules) - set(had), marks, self.taints.taint_key)
         events += self._shown_events(node_marks)
+        held = () if self.node_wide else isolated_gpus(w.device for w in taint_rules.values())
+        node_marks = replace(node_marks, isolated=held)  # the history's per-GPU risk (history_entry.py)
         if events:
             node_marks = replace(node_marks, events=(*node_marks.events, *events))
         result = self.writer.apply(node_marks)

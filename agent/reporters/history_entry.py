@@ -10,11 +10,15 @@ entry says what they will show: a mark newly wanted with our taint is `on`, one 
 stays held. `settle` compares the last entry with the Node after the apply and, only where a hold
 began or ended, corrects it in a small merge patch of this annotation alone. In the steady state the
 Node shows what the last entry says: nothing is added, nothing is written.
+
+Per-GPU isolation: the device-taint writer names the GPUs its rules hold (marks.isolated); the
+annotation's first element keeps them, and a change of them counts per GPU (core/node_risk.py
+gpu_tally) in the PATCH of that change, with or without an entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,11 +31,14 @@ from agent.core.history_annotation import (
     encode,
     parse,
     parse_counts,
+    parse_gpu_counts,
+    parse_isolated,
     transition,
 )
 from agent.core.marks import ClearRequest, Marks
 from agent.core.node_keys import Keys
-from agent.core.node_risk import add, day_of, tally
+from agent.core.node_risk import add, add_gpus, day_of, gpu_tally, tally
+from agent.core.pci import short_pci
 from agent.core.remediation_types import RemediationReason
 from agent.core.results_doc import now_iso
 from agent.reporters.node_patch import annotations_of, find_condition
@@ -78,6 +85,12 @@ def cleared_by(node: Mapping[str, Any], marks: Marks, keys: Keys) -> str | None:
     return request.by if request is not None else ""
 
 
+def isolated_gpus(devices: Iterable[Any]) -> tuple[str, ...]:
+    """The GPUs of these DRA devices (core/device_scope.Device) as the history names them: the PCI
+    address (`0000:86:00.0`), else the device's name."""
+    return tuple(sorted({short_pci(d.pci) if d.pci else str(d.name) for d in devices}))
+
+
 def diag_by(node: Mapping[str, Any], marks: Marks, keys: Keys) -> str | None:
     """The requester of a diag whose request these Marks remove, as it started ("" unnamed); None
     when they remove none."""
@@ -100,7 +113,10 @@ class History:
     def annotation(self, node: Mapping[str, Any], marks: Marks, decided: TaintDecision) -> dict[str, str]:
         """{key: value} to send with the Node PATCH that makes *node* show *marks*; {} when it adds
         no entry."""
-        entries = self._entries(node)
+        raw = annotations_of(node).get(self.keys.history)
+        entries = parse(raw)
+        before = parse_isolated(raw)
+        now = before if marks.isolated is None else tuple(sorted(set(marks.isolated)))
         self.added = transition(
             entries[-1] if entries else None,
             at=now_iso(),
@@ -113,14 +129,21 @@ class History:
             diag_by=diag_by(node, marks, self.keys),
             clear_kept=bool(marks.clear_kept),
         )
-        if self.added is None:
+        if self.added is None and now == before:
             return {}
-        # the per-day counts the risk label reads (core/node_risk.py), in the same PATCH
-        counts = add(self._counts(node), day_of(self.added.at), tally(entries, self.added))
-        return {self.keys.history: encode(append(entries, self.added), counts)}
+        # the counts the risk label reads (core/node_risk.py), per day and per GPU, in the same PATCH
+        day = day_of(self.added.at if self.added is not None else now_iso())
+        gpus = add_gpus(parse_gpu_counts(raw), day, gpu_tally(entries, self.added, before, now))
+        counts = parse_counts(raw)
+        if self.added is not None:
+            counts = add(counts, day, tally(entries, self.added, before, now))
+            entries = append(entries, self.added)
+        return {self.keys.history: encode(entries, counts, gpus, now)}
 
-    def _counts(self, node: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-        return parse_counts(annotations_of(node).get(self.keys.history))
+    def _encode(self, node: Mapping[str, Any], entries: list[Entry]) -> str:
+        """*entries* with the Node's counts and GPUs isolated as they are."""
+        raw = annotations_of(node).get(self.keys.history)
+        return encode(entries, parse_counts(raw), parse_gpu_counts(raw), parse_isolated(raw))
 
     def settle(self, node: Mapping[str, Any], marks: Marks) -> dict[str, Any] | None:
         """After the apply: the merge patch that makes the last entry's marks what *node* shows,
@@ -160,7 +183,7 @@ class History:
             )
             entries = append(entries, fixed) if fixed else entries
         self.added = None
-        return {"metadata": {"annotations": {self.keys.history: encode(entries, self._counts(node))}}}
+        return {"metadata": {"annotations": {self.keys.history: self._encode(node, entries)}}}
 
 
-__all__ = ["History", "cleared_by", "diag_by", "shown_mark", "taint_state"]
+__all__ = ["History", "cleared_by", "diag_by", "isolated_gpus", "shown_mark", "taint_state"]
