@@ -220,3 +220,21 @@ def test_a_device_class_that_cannot_be_read_keeps_the_wait_and_is_asked_again_la
     reader.answer = True
     _, marks = eng.evaluate()
     assert reader.calls == 2 and marks.validating is False
+
+
+def test_status_says_what_the_driver_wait_still_needs() -> None:
+    """`gpu-healthcheck status`'s WAITING FOR VALIDATION line names the GPUs the driver has not
+    published, as the results annotation says, not just "dra-driver"."""
+    from datetime import datetime, timezone
+
+    from agent.cli.status_validating import validating
+    from agent.core.node_keys import Keys
+
+    keys = Keys()
+    said = "NVIDIA's DRA driver to publish the GPUs (7 of 8 published; not GPU 3 (0000:86:00.0))"
+    node = {"metadata": {"name": "n"}, "spec": {"taints": [{"key": keys.validating, "effect": "NoSchedule"}]}}
+    results = {
+        "validating": {"since": "2026-11-29T00:00:00Z", "waitingFor": ["dra-driver", "gpu"], "driver": said}
+    }
+    v = validating(node, results, keys, datetime(2026, 11, 29, 0, 1, tzinfo=timezone.utc))
+    assert v is not None and v["waitingFor"] == [said, "gpu"] and v["seconds"] == 60

@@ -18,6 +18,8 @@ from agent.cli.status_node import NodeStatus
 from agent.cli.status_time import human, seconds_since
 from agent.core.node_keys import Keys
 from agent.core.results_doc import VALIDATING_FIELD
+from agent.engine.driver_wait import DRA_DRIVER
+from agent.engine.validation import DRIVER_FIELD
 
 NO_REPORT = "no report from an agent in this boot"
 
@@ -35,6 +37,9 @@ def validating(
     said = results.get(VALIDATING_FIELD)
     if isinstance(said, Mapping) and (not boot or said.get("bootId") == boot):
         since, waiting = said.get("since"), [str(w) for w in said.get("waitingFor") or ()]
+        driver = said.get(DRIVER_FIELD)  # the DRA driver wait, said ("… (7 of 8 published; …)")
+        if isinstance(driver, str) and driver and DRA_DRIVER in waiting:
+            waiting = [driver if w == DRA_DRIVER else w for w in waiting]
     else:
         since, waiting = meta.get("creationTimestamp"), None
     return {"since": since, "seconds": seconds_since(since, now), "waitingFor": waiting}
