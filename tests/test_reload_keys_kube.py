@@ -146,6 +146,12 @@ OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "stall": (engine_view(lambda c: c.stall),),
     "node.mode": (engine_view(lambda c: c.node.mode), lambda a: dcgm(a).window.hold.mode()),
     "node.isolation": (lambda a: part(a, IsolatingWriter).isolation,),
+    # the engine's scope (marks_builder) and the writer's episode (device_isolation) both count them
+    "node.isolationNodeAtGpus": (
+        engine_view(lambda c: c.node.isolation_node_at),
+        lambda a: part(a, IsolatingWriter).node_at,
+    ),
+    "node.deviceTaintEffectBySeverity": (engine_view(lambda c: dict(c.node.device_effect_by_severity)),),
     "node.recoverAfter": (engine_view(lambda c: c.node.recover_after),),
     "node.confirmAfter": (engine_view(lambda c: c.node.confirm_after),),
     "node.escalateAfterReboots": (engine_view(lambda c: c.node.escalate_after_reboots),),
@@ -168,6 +174,9 @@ OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "node.activeChecks.retrySeconds": (lambda a: dcgm(a).retry_s(),),
     "node.validate.addTaint": (engine_view(lambda c: c.node.validate.add_taint),),
     "node.validate.diagLevel": (lambda a: dcgm(a).wanted_level(),),
+    "node.validate.waitForDriver": (engine_view(lambda c: c.node.validate.wait_for_driver),),
+    "node.validate.driverTimeoutSeconds": (engine_view(lambda c: c.node.validate.driver_timeout_seconds),),
+    "node.validate.requireAllPublished": (engine_view(lambda c: c.node.validate.require_all_published),),
     "configPollSeconds": (lambda a: a.cfg.config_poll_seconds,),  # the loop's own wait
     "dcgm.address": (lambda a: dcgm(a).health.client.address,),
     "dcgm.connectTimeout": (lambda a: dcgm(a).health.client.connect_timeout_s,),
