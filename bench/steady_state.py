@@ -75,7 +75,7 @@ def main() -> None:
     window = args.minutes * 60
     gates = args.isolation != "node"  # device taints: the DRA gates
     dra = gates or args.dra_only
-    resources = ("nodes", "events", *(("resourceslices", "devicetaintrules") if dra else ()))
+    resources = ("nodes", "events", *(("resourceslices", "devicetaintrules", "deviceclasses") if dra else ()))
     with (
         tempfile.TemporaryDirectory(prefix="bench-steady-") as tmp,
         kube_env(APISERVER_ARGS if gates else None) as env,

@@ -145,3 +145,47 @@ def test_the_isolated_event_note_names_the_pods_on_the_gpu() -> None:
     gpus = [{"pci": "0000:86:00.0", "pods": ["team-a/holds-gpu-3/main"]}]
     notes = gpu_notes([result], Scope(False, ("00000000:86:00.0",)), gpus)
     assert notes == {"00000000:86:00.0": "xid: Xid 79 on GPU 3; pods on it: team-a/holds-gpu-3/main"}
+
+
+def test_a_degraded_node_keeps_its_brake_slot_and_a_recovered_one_frees_it() -> None:
+    """Its isolated GPUs' rules hold the node's brake share (DESIGN.md §6.1): the writer's gate frees
+    the slot only once the node wants no taint and neither fails nor is degraded. Found by
+    tests/test_upgrade_kube.py: a new agent freed the isolated node's slot and a third node took it."""
+    from agent.core.marks import Marks
+    from agent.reporters.taint_gate import TaintGate
+
+    class Brake:
+        def __init__(self) -> None:
+            self.released: list[str] = []
+
+        def release(self, node: str) -> None:
+            self.released.append(node)
+
+        def forget(self, node: str) -> None:
+            pass
+
+    brake = Brake()
+    gate = TaintGate("n", brake, prefix="gpu-healthcheck")  # type: ignore[arg-type]
+    for status, freed in ((Status.DEGRADED, []), (Status.FAIL, []), (Status.PASS, ["n"])):
+        marks = Marks(
+            status=status, severity=Severity.REBOOT, results_json="{}", taint=False, condition_message=""
+        )
+        gate.settle(gate.decide({}, marks), dry_run=False)
+        assert brake.released == freed, status
+
+
+def test_what_the_loop_adds_reaches_the_degraded_version_too(snap: Path) -> None:
+    """A ConfigReloaded Event or a rejected config's note, added by the loop after the engine built
+    the Marks, is in whichever version the writer shows (found by tests/test_upgrade_kube.py: a
+    degraded node's reload Event was lost)."""
+    from dataclasses import replace
+
+    from agent.core.marks import NodeEvent
+    from agent.engine.degraded import amended
+
+    _, marks = verdict_after(snap, xid(GPU3), isolation="gpu")
+    reloaded = NodeEvent(EventReason.CONFIG_RELOADED, "config reloaded")
+    out = amended(marks, lambda m: replace(m, events=(reloaded, *m.events), config_rejected=True))
+    assert out.degraded is not None and out.degraded.status is Status.DEGRADED
+    for version in (out, out.degraded):
+        assert version.events[0] == reloaded and version.config_rejected

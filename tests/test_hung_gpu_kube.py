@@ -113,7 +113,7 @@ def test_a_hung_gpu_taints_that_gpu_alone_and_evicts_only_its_pod(
         time.sleep(3)  # the pod on GPU 5 has had that long to be (wrongly) evicted
         rules = rules_of(cluster, node)
         taints = node_taints(cluster, node)
-        assert status() == "fail"
+        assert status() == "degraded"  # one hung GPU, isolated alone: the node serves the other seven
         hold.unlink()  # GPU 3 answers again: its call returns, the next reads see it
         wait_for(lambda: rules_of(cluster, node) == [], 60, "the device taint lifted")
         lifted = time.time()

@@ -581,18 +581,21 @@ def test_a_node_isolated_by_a_device_rule_under_020_keeps_its_share_through_the_
         )
         f.note(f"every slot older than its grace ({GRACE_S:.0f} s)")
 
+        # The new agent shows the isolated node `degraded` (engine/degraded.py: one GPU isolated, the
+        # node serves the rest), the old one `fail`; neither taints the Node.
+        new_iso = {**expect, "iso": ("degraded", False)}
         order = (held, *sorted({"a", "b"} - {held}), "iso")
         for role in order:
             f.replace(role, NEW)
             time.sleep(2)  # a few of the held node's asks
-            f.check(expect, f"{role} upgraded", isolated)
+            f.check(new_iso if role == "iso" else expect, f"{role} upgraded", isolated)
         f.write_config(f"schemaVersion: {SCHEMA_VERSION}\n" + ISO_020, f"schemaVersion: {SCHEMA_VERSION}")
-        f.check(expect, "the new ConfigMap", isolated)
+        f.check(new_iso, "the new ConfigMap", isolated)
         f.write_config(ISO_020, "back to 0.2.0's (no schemaVersion)")
         for role in order:
             f.replace(role, OLD_VERSION)
             time.sleep(2)
-            f.check(expect, f"{role} rolled back", isolated)
+            f.check(expect if role == "iso" else new_iso, f"{role} rolled back", isolated)
         assert not [s for s in f.slots() if s["metadata"]["labels"].get(f"{K.prefix}/overflow")]
         f.note(f"end: peak {f.peak}/{CAP}, no ConfigRejected, {f.slot_summary()}")
     finally:

@@ -8,9 +8,10 @@ hand, holds none. The count therefore is of *nodes*, never of slots:
 - a node counts when it carries our taint (the `<prefix>/tainted` label), slot or not;
 - a node counts when it holds a slot it claims on its own Node (the `<prefix>/brake-slot` label the
   writer sets in the PATCH that adds the taint), or a slot younger than `grace_s` (its holder is
-  between taking the slot and writing its Node), or a slot while its Node fails (an older agent's
+  between taking the slot and writing its Node), or a slot while its Node fails or is degraded (a
   node isolated by device taints holds a slot, carries no taint and claims none: the caller passes
-  the failing nodes among the claimers; a token can make its own node fail, and it counts once);
+  the failing and degraded nodes among the claimers; a token can make its own node fail, and it
+  counts once);
 - a node counts once, however many slots it holds;
 - a slot of a Node that neither carries our taint nor claims a slot, once older than `grace_s`, is
   void: it counts for nothing (the stolen token's extra slots, a slot an older agent never freed).

@@ -168,6 +168,12 @@ class Keys:
         """Both label selectors (AND); either may be empty."""
         return ",".join(s for s in (base, own) if s)
 
+    @property
+    def holding_status(self) -> str:
+        """Label selector: a Node whose status says its isolated GPUs may hold a brake slot with no
+        taint of ours: degraded, or failing (an older agent's isolated node)."""
+        return f"{self.status} in ({Status.FAIL.value},{Status.DEGRADED.value})"
+
     def tainted_selector(self, base: str) -> str:
         """GPU nodes (base selector) that carry our taint."""
         return self.selector(base, f"{self.tainted}={TRUE}")

@@ -23,7 +23,7 @@ Pure: built from what the engine decided; nothing here reads the Node or the clo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,6 +42,14 @@ def still_shown(last: Status | None, status: Status) -> Status:
     fails, as only the writer knows whether it still isolates (ApplyResult.shown), and a write
     skipped as unchanged must not forget it."""
     return Status.DEGRADED if last is Status.DEGRADED and status is Status.FAIL else status
+
+
+def amended(marks: Marks, change: Callable[[Marks], Marks]) -> Marks:
+    """*change* applied to the Marks and to their degraded version alike: what the loop adds after
+    the engine built them (a rejected config's note, the Events it holds) must reach the Node
+    whichever version the writer shows."""
+    degraded = change(marks.degraded) if marks.degraded is not None else None
+    return replace(change(marks), degraded=degraded)
 
 
 def gpu_index(inventory: Any) -> dict[str, int | None]:
@@ -146,6 +154,7 @@ def degraded_marks(
 
 
 __all__ = [
+    "amended",
     "degraded_marks",
     "gpu_index",
     "gpu_label",

@@ -28,6 +28,7 @@ from agent.core.probed import Probed
 from agent.core.results_doc import stale_after_s
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.text import shorten
+from agent.engine.degraded import amended
 from agent.engine.engine import Engine
 from agent.engine.write_policy import WriteOutcome, WritePolicy, brake_reask_s, fingerprint
 from agent.probes.kernel_follow import KernelFollower
@@ -265,10 +266,17 @@ class Agent:
         _, marks = self.engine.evaluate()
         if self.config_problem:
             note = f" (config rejected: {shorten(self.config_problem, CONDITION_MESSAGE_MAX // 3)})"
-            message = marks.condition_message[: CONDITION_MESSAGE_MAX - len(note)] + note
-            marks = replace(marks, config_rejected=True, condition_message=message)
+            marks = amended(
+                marks,
+                lambda m: replace(
+                    m,
+                    config_rejected=True,
+                    condition_message=m.condition_message[: CONDITION_MESSAGE_MAX - len(note)] + note,
+                ),
+            )
         if self.pending_events:
-            marks = replace(marks, events=(*self.pending_events, *marks.events))
+            pending = tuple(self.pending_events)
+            marks = amended(marks, lambda m: replace(m, events=(*pending, *m.events)))
         fp = fingerprint(marks)
         if fp == self.last_fingerprint and not (marks.events or marks.clear_kept) and not self.retry_at:
             return

@@ -29,7 +29,6 @@ from typing import Any
 
 from agent.core.brake_count import GRACE_S, occupants, void
 from agent.core.node_keys import TRUE, Keys
-from agent.core.severity import Status
 from agent.reporters.brake_slots import Slots
 from agent.reporters.node_names import list_names_doc, names_in_list
 
@@ -103,11 +102,11 @@ class Audit:
         return False
 
     def _stands(self, holder: str, name: str) -> bool:
-        """Does *holder* stand behind its slot *name*: it claims it, or its Node fails (a node an
-        older agent isolated by device taints holds a slot, carries no taint and claims none)?"""
+        """Does *holder* stand behind its slot *name*: it claims it, or its Node fails or is degraded
+        (a node isolated by device taints holds a slot, carries no taint and claims none)?"""
         if self.slots.claimed(holder, name):
             return True
-        failing = f"{self.keys.status}={Status.FAIL.value}"
+        failing = self.keys.holding_status
         return holder in names_in_list(
             list_names_doc(
                 self.slots.rest, "/api/v1/nodes", failing, field_selector=f"metadata.name={holder}"
@@ -120,10 +119,8 @@ class Audit:
         own = self.slots.take_overflow(asker, node)
         try:
             tickets = self.slots.tickets(min_rv=own.rv)
-            # a failing Node stands behind its slot too (an older agent's isolated node claims none)
-            claimers = self.selected(self.keys.brake_slot) | self.selected(
-                f"{self.keys.status}={Status.FAIL.value}"
-            )
+            # a failing or degraded Node stands behind its slot too (an isolated node claims none)
+            claimers = self.selected(self.keys.brake_slot) | self.selected(self.keys.holding_status)
             tainted = self.selected(f"{self.keys.tainted}={TRUE}")
         except Exception:
             self.slots.free(own.name)

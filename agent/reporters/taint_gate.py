@@ -75,7 +75,8 @@ class TaintGate:
         )
 
     def decide(self, node: Mapping[str, Any], marks: Marks) -> TaintDecision:
-        self._wants_none = not marks.taint and marks.status is not Status.FAIL
+        # a failing or degraded node without our taint holds its slot for its isolated GPUs' rules
+        self._wants_none = not marks.taint and marks.status not in (Status.FAIL, Status.DEGRADED)
         if not marks.taint:
             return TaintDecision()
         if taint_disabled(node, self.prefix):
