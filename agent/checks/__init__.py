@@ -10,6 +10,7 @@ from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.gpu import Gpu, GpuInventory
+from agent.core.node_keys import EventReason
 from agent.core.probed import NotCaptured, ProbeError
 from agent.core.rules import Rule
 
@@ -102,6 +103,9 @@ class CheckSpec:
     inputs: tuple[Input, ...]
     tier: str
     rules: tuple[Rule, ...] = ()
+    # The Event a new finding of this check posts on the Node (once per finding, not again while it
+    # lasts: engine/side_step.finding_events); None: none.
+    event: EventReason | None = None
 
 
 def gpu_finding(

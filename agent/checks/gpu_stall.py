@@ -18,6 +18,7 @@ from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult, Evidence, Finding
 from agent.core.gpu import GpuInventory
 from agent.core.gpu_stall import stalled_run
+from agent.core.node_keys import EventReason
 from agent.core.rules import Rule
 from agent.core.severity import Severity
 
@@ -78,4 +79,4 @@ def check_stalled(facts: NodeFacts, cfg: Config) -> CheckResult:
     return CheckResult(NAME, findings=tuple(findings), note=f"{judged} GPU(s) not stalled")
 
 
-CHECKS = (CheckSpec(NAME, check_stalled, (Input.GPUS,), "gpu", (STALLED,)),)
+CHECKS = (CheckSpec(NAME, check_stalled, (Input.GPUS,), "gpu", (STALLED,), event=EventReason.GPU_STALLED),)

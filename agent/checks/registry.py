@@ -27,6 +27,7 @@ from agent.checks import (
 from agent.config import Config
 from agent.core.facts import Input, NodeFacts
 from agent.core.findings import CheckResult
+from agent.core.node_keys import EventReason
 from agent.core.rules import Rule, RuleBook
 
 # Report order. A new check is a module that declares its CHECKS (name, function, inputs, tier and
@@ -49,6 +50,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     *dcgm_suspect.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}
+# The checks that post an Event on a new finding (CheckSpec.event): check name → reason.
+CHECK_EVENTS: dict[str, EventReason] = {spec.name: spec.event for spec in CHECKS if spec.event is not None}
 # What config.yaml may name under `checks:` and `severities:` (the loader checks every name).
 RULE_BOOK = RuleBook(checks=tuple(spec.name for spec in CHECKS), rules=RULES)
 BY_NAME = {spec.name: spec for spec in CHECKS}

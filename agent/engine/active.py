@@ -11,22 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.active_checks import ActiveState, DiagRequest, restored_record
-from agent.core.marks import NodeEvent
 from agent.core.node import NodeObject
 from agent.core.node_keys import MODE_TAINT, Keys
 from agent.core.results_doc import LAST_DIAG_FIELD
+from agent.engine.side_step import SideStep
 
 DIAG_TIER = "dcgm-diag"
 
 
 @dataclass(frozen=True)
-class ActiveStep:
-    """Marks.testing, our annotations to remove, the Events to post, the last request's record
-    (None: this agent started none)."""
+class ActiveStep(SideStep):
+    """The testing taint, the request's annotation to remove, the Events to post (a SideStep), and
+    the last request's record (None: this agent started none)."""
 
-    testing: bool | None = None
-    drop: tuple[str, ...] = ()
-    events: tuple[NodeEvent, ...] = ()
     record: dict[str, Any] | None = None
 
 
@@ -51,7 +48,12 @@ def step(
             next_due[DIAG_TIER] = 0.0  # at the next idle window: now, if it is one
         elif state.done_with(request):
             drop = (keys.diag_requested,)
-    return ActiveStep(state.holding and mode == MODE_TAINT, drop, state.take_events(), state.record)
+    return ActiveStep(
+        testing=state.holding and mode == MODE_TAINT,
+        drop=drop,
+        events=state.take_events(),
+        record=state.record,
+    )
 
 
 __all__ = ["ActiveStep", "restored", "step"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from agent.checks.registry import CHECKS, RULES, after_checks, run_checks
+from agent.checks.registry import CHECK_EVENTS, CHECKS, RULES, after_checks, run_checks
 from agent.config import Config
 from agent.core.active_checks import ActiveState
 from agent.core.facts import Input, NodeFacts
@@ -26,13 +26,14 @@ from agent.core.node_keys import MODE_TAINT, Keys
 from agent.core.probed import Probed
 from agent.core.results_doc import VALIDATED_FIELD, now_iso
 from agent.core.telemetry import NoTelemetry, Telemetry
-from agent.engine import active, reboot_escalation, series, stalls
+from agent.engine import active, reboot_escalation, series
 from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.history_annotation_reads import repair_escalation
 from agent.engine.input_reads import InputReads
 from agent.engine.marks_builder import Decided, build
 from agent.engine.remediation import describe
 from agent.engine.scheduler import TIER_INPUTS, Scheduler
+from agent.engine.side_step import SideStep, finding_events
 from agent.engine.state import EngineState, Latch
 from agent.engine.validation import CLEAR, REBOOT, Validation, step
 from agent.engine.verdict import decide
@@ -78,7 +79,7 @@ class Engine:
         self.active = active  # active checks (engine/active.py): the testing taint, `gpu-healthcheck diag`
         self.last_diag: dict[str, Any] | None = None  # the last `diag` request's record (lastDiag)
         self.activity = GpuActivity()  # recent samples per GPU for gpu.stalled (engine/stalls.py)
-        self._stalled: set[str] = set()  # the stall findings of the last verdict (its Events)
+        self._announced: set[str] = set()  # the findings of the last verdict whose check posts Events
         self.set_inputs(extra_inputs or {}, progress)
 
     def set_inputs(
@@ -218,7 +219,7 @@ class Engine:
         self.metrics.record_taint_wanted(wanted and policy.mode == MODE_TAINT)
         gpus = gpu_verdicts(results, gpus_seen, verdict.status, self.holders, self.inputs.get(Input.DRA))
         new_latches = self.state.take_new_latches()
-        stalled, self._stalled = stalls.stall_events(results, self._stalled)
+        announced, self._announced = finding_events(results, CHECK_EVENTS, self._announced)
         gate = step(self, node, verdict.status, wanted)  # the validating taint (engine/validation.py)
         last_status = self.state.shown(verdict.status)
         self.evaluations += 1
@@ -230,10 +231,7 @@ class Engine:
             node=node,
             gpus=gpus,
             inventory=gpus_seen,
-            gate=gate,
-            hold=hold,
-            drop=drop,
-            events=((clear_event,) if clear_event else ()) + stalled,
+            steps=(SideStep(drop=drop, events=(clear_event,) if clear_event else ()), announced, hold, gate),
             last_status=last_status,
             new_latches=new_latches,
             instance_type=resolve_instance_type(self.source, self.cfg, node, None)[0],

@@ -21,14 +21,14 @@ from agent.core.node_keys import CONDITION_MESSAGE_MAX, MODE_LABEL, MODE_TAINT, 
 from agent.core.probed import Probed
 from agent.core.results_doc import encode, results_document, stale_after_s
 from agent.core.severity import Severity, Status
-from agent.engine.active import ActiveStep
 from agent.engine.degraded import degraded_marks, gpu_notes, isolable
 from agent.engine.gpu_verdicts import pods_text
 from agent.engine.history_annotation_reads import history_key, risk_outlook
 from agent.engine.remediation import remediation_marks
 from agent.engine.rollout import rollout_fields
+from agent.engine.side_step import SideStep, summed
 from agent.engine.state import EngineState, Latch
-from agent.engine.validation import Step, Validation
+from agent.engine.validation import Validation
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,9 @@ class Decided:
     node: Probed[NodeObject]  # the Node as the engine read it (the risk label reads its history)
     gpus: list[dict[str, Any]]  # one verdict per GPU (engine/gpu_verdicts.py)
     inventory: Any  # the gpu tier's last read: the GPUs the scope names
-    gate: Step  # the validating taint (engine/validation.py)
-    hold: ActiveStep  # the testing taint (engine/active.py)
-    drop: tuple[str, ...]  # the keys of the clear request this verdict consumes
-    events: tuple[NodeEvent, ...]  # the clear's and the new stalls' Events
+    # The side steps (engine/side_step.py): the clear request, the checks' Events, the active checks
+    # (the testing taint), the validation (the validating taint), summed once in build()
+    steps: tuple[SideStep, ...]
     last_status: Status | None  # the verdict before this one (the health Event says from what)
     new_latches: Sequence[Latch]  # latched since the last verdict: one Event each
     instance_type: str | None
@@ -82,15 +81,16 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
     )
     recovering = state.recovery_note(policy.recover_after) if verdict.status is not Status.FAIL else ""
     health = transition_events(verdict, d.last_status, d.new_latches, d.gpus)
+    side = summed(d.steps)
     scope = confined_scope(d.results, d.inventory, policy.taint_min_severity, policy.isolation_node_at)
     marks = Marks(
         status=verdict.status,
         severity=verdict.severity,
         results_json=encode(doc),
         taint=d.wanted and policy.mode == MODE_TAINT,  # observe and label modes never taint
-        condition_message=condition_message(verdict, d.results, (recovering, d.gate.note), d.doing),
-        events=(health + d.events + d.hold.events + d.gate.events),
-        drop_annotations=d.drop + d.hold.drop,
+        condition_message=condition_message(verdict, d.results, (recovering, side.note), d.doing),
+        events=health + side.events,
+        drop_annotations=side.drop,
         clear_kept=d.kept,
         taint_severity=state.taint_severity if d.wanted else None,
         taint_effect=policy.effect_for(state.taint_severity),
@@ -108,8 +108,8 @@ def build(d: Decided, state: EngineState, validation: Validation, cfg: Config) -
         boot_id=boot_id or "",
         scope=scope,
         warn_scope=warn_scope(d.results, d.inventory) if policy.mode == MODE_TAINT else None,
-        validating=d.gate.wish,
-        testing=d.hold.testing,
+        validating=side.validating,
+        testing=side.testing,
         risk=risk.node,
     )
     if policy.mode != MODE_TAINT or policy.isolation == ISOLATION_NODE or scope is None:

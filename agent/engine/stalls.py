@@ -1,21 +1,16 @@
 """The engine's side of gpu.stalled (checks/gpu_stall.py): one sample per GPU each gpu-tier run, the
-kubelet asked who holds a GPU only when one looks stalled, and a GPUStalled Event when a stall
-warning begins on a GPU (once per stall: not again while it lasts)."""
+kubelet asked who holds a GPU only when one looks stalled. Its GPUStalled Event is the check's own
+(CheckSpec.event, engine/side_step.py)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agent.checks.gpu_stall import NAME
 from agent.config import Config
-from agent.core.findings import CheckResult
 from agent.core.gpu import GpuInventory
 from agent.core.gpu_stall import GpuActivity, Sample, advance
-from agent.core.marks import NodeEvent
-from agent.core.node_keys import WARNING, EventReason
-from agent.core.severity import Severity
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -53,15 +48,4 @@ def observe(activity: GpuActivity, gpus: Any, cfg: Config, holders: Holders | No
     return advance(activity, read, now, policy.window_s + KEEP_INTERVALS * cfg.intervals.gpu)
 
 
-def stall_events(results: Iterable[CheckResult], before: set[str]) -> tuple[tuple[NodeEvent, ...], set[str]]:
-    """A GPUStalled Event for each stall finding not there at the last verdict, and the keys now."""
-    found = {f.key: f for r in results if r.name == NAME for f in r.findings if f.severity > Severity.NONE}
-    events = tuple(
-        NodeEvent(EventReason.GPU_STALLED, found[key].message, WARNING)
-        for key in sorted(found)
-        if key not in before
-    )
-    return events, set(found)
-
-
-__all__ = ["observe", "stall_events"]
+__all__ = ["observe"]

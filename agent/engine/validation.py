@@ -42,6 +42,7 @@ from agent.core.node_keys import MODE_TAINT, VALIDATING_EFFECT, WARNING, EventRe
 from agent.core.results_doc import VALIDATING_FIELD, now_iso
 from agent.core.severity import Status
 from agent.engine.driver_wait import DRA_DRIVER, DriverWait, Waiting, wait
+from agent.engine.side_step import SideStep
 
 log = logging.getLogger("gpu-healthcheck.engine")
 
@@ -180,15 +181,6 @@ class Validation:
         return None
 
 
-@dataclass(frozen=True)
-class Step:
-    """What one verdict means for the validating taint: Marks.validating, Events, a condition note."""
-
-    wish: bool | None = None
-    events: tuple[NodeEvent, ...] = ()
-    note: str = ""
-
-
 def wall_seconds(text: Any) -> float | None:
     """An RFC 3339 time as wall seconds (None when absent or unreadable)."""
     if not isinstance(text, str) or not text:
@@ -215,7 +207,7 @@ class Engine(Protocol):
     def validate_again(self, why: str) -> None: ...
 
 
-def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step:
+def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> SideStep:
     """One verdict's step (the engine's evaluate). *node*: the Node as the engine reads it (a
     NodeObject, or why not); *failure_taint*: our failure taint is wanted (failing or recovering).
     The diag is needed where the agent runs DCGM diags on an engine (the live DCGM tiers) or a
@@ -271,7 +263,7 @@ def step(engine: Engine, node: Any, status: Status, failure_taint: bool) -> Step
             note += f" (past node.validate.driverTimeoutSeconds {policy.driver_timeout_seconds:g} s)"
     else:
         v.driver.said = ""
-    return Step(wish, tuple(events), note)
+    return SideStep(validating=wish, events=tuple(events), note=note)
 
 
 __all__ = [
@@ -280,7 +272,6 @@ __all__ = [
     "CLEAR",
     "REBOOT",
     "START",
-    "Step",
     "Validation",
     "diag_passed",
     "step",
