@@ -270,7 +270,8 @@ class Writers:
         self.brake = brake
         self.node = NodeWriter(api, node, brake=brake)
         self.slices = SliceWatch(api, node)
-        self.w = IsolatingWriter(self.node, self.slices, self.taints, mode, brake=brake, metrics=metrics)
+        cfg = parse_config({"node": {"isolation": mode}})
+        self.w = IsolatingWriter(self.node, self.slices, self.taints, cfg, brake=brake, metrics=metrics)
 
     def __enter__(self) -> Writers:
         self.w.start()
@@ -606,11 +607,11 @@ def test_the_episode_device_taints_hold_through_recovery_and_node_wide_faults_ta
         assert (devices(cluster, node), node_tainted(cluster, node)) == (["gpu-3", "gpu-5"], True)
         assert w.apply(healthy()).ok
         assert (devices(cluster, node), node_tainted(cluster, node)) == ([], False)
-        w.node_at = 0  # off: both GPUs isolated alone
+        w.cfg = parse_config({"node": {"isolation": "gpu", "isolationNodeAtGpus": 0}})  # off: alone
         assert w.apply(fail()).ok and w.apply(fail(GPU5)).ok
         assert (devices(cluster, node), node_tainted(cluster, node)) == (["gpu-3", "gpu-5"], False)
         assert w.apply(healthy()).ok
-        w.node_at = 2
+        w.cfg = parse_config({"node": {"isolation": "gpu"}})
         assert w.apply(fail(Scope(True, why="NVSwitch"))).ok
         assert (devices(cluster, node), node_tainted(cluster, node)) == ([], True)
         assert w.apply(healthy()).ok

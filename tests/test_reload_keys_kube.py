@@ -280,3 +280,65 @@ def test_every_live_key_reaches_the_part_that_uses_it(wired: tuple[Wired, Path])
         assert [o(agent) for o in look] == before, f"{key}: not back after the reload that undid it"
         seen.append(key)
     assert seen == [k for k, _ in live_keys()]
+
+
+def merged(doc: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    for k, v in more.items():
+        if isinstance(v, dict) and isinstance(doc.get(k), dict):
+            merged(doc[k], v)
+        else:
+            doc[k] = v
+    return doc
+
+
+# At start every key is changed at once: an entry that must agree with another changed key.
+TOGETHER: dict[str, Any] = {
+    # taintMinSeverity is changed too (reset → reboot): a remediation entry may not ask below it
+    "node.remediationConditions": [{"type": "example.com/GPURemediate", "minSeverity": "isolate"}],
+}
+
+
+def test_every_live_key_reaches_its_part_at_start(
+    kube: Any, gpu_node: Callable[..., Any], kube_node_name: str, tmp_path: Path
+) -> None:
+    """The other road in: the agent started on a config whose every live key differs from the shipped
+    default sees each value from its first moment, before any reload. A part that takes a setting
+    through its constructor and ignores the config there (a user's value dropped until the first
+    reload) fails it; the reload test above, which starts on the defaults, cannot see that."""
+    gpu_node()
+    doc: dict[str, Any] = {}
+    for key, spec in live_keys():
+        value = TOGETHER.get(key, changed_value(key, spec))
+        merged(doc, nested(key, value))
+    parse_config(doc, rules=RULE_BOOK)  # every changed value at once is a valid config
+
+    def start(config: dict[str, Any], name: str) -> Wired:
+        config_dir, state = tmp_path / name / "config", tmp_path / name / "state"
+        config_dir.mkdir(parents=True)
+        state.mkdir()
+        mount(config_dir, config)
+        args = build_parser().parse_args(
+            [
+                "agent", "--node", kube_node_name, "--kubeconfig", str(kube.kubeconfig),
+                "--config-dir", str(config_dir), "--state-dir", str(state), "--metrics-port", "0", "--once",
+            ]
+        )  # fmt: skip
+        built = wire(args)
+        assert isinstance(built, Wired)
+        return built
+
+    shipped, changed = start({}, "shipped"), start(doc, "changed")
+    try:
+        same = []
+        for key, _ in live_keys():
+            for i, o in enumerate(observers(key)):
+                if o(shipped.agent) == o(changed.agent):
+                    same.append(f"{key} (observer {i}): {o(changed.agent)!r}")
+        assert not same, f"started on a changed value, these parts still see the default: {same}"
+    finally:
+        for built in (shipped, changed):
+            if built.fence is not None:
+                built.fence.join(timeout=30)
+            tiers = part(built.agent, DcgmPart).dcgm
+            if tiers is not None:
+                tiers.stop()

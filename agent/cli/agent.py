@@ -231,7 +231,7 @@ def wire(args: Any) -> Wired | int:
 
         slices = SliceWatch(core, node_name)  # one watch: per-GPU isolation and the DRA input
         # The Node writer behind per-GPU isolation (node.isolation; reporters/device_isolation).
-        isolating = IsolatingWriter(writer, slices, taints, cfg.node.isolation, brake=brake, metrics=metrics)
+        isolating = IsolatingWriter(writer, slices, taints, cfg, brake=brake, metrics=metrics)
         guarded = GuardedWriter(isolating, guard)
         vet = reproving(vet, guard)
         parts += [writer, repair, brake, isolating]

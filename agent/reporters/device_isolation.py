@@ -71,15 +71,13 @@ class IsolatingWriter:
         writer: Any,
         slices: Any,
         taints: DeviceTaints,
-        isolation: str,
+        cfg: Config,
         *,
         brake: Any = None,
         metrics: Any = None,
-        node_at: int = 2,
     ) -> None:
         self.writer, self.slices, self.taints = writer, slices, taints
-        self.isolation = isolation  # node.isolation: node | gpu | auto (follows a reload)
-        self.node_at = node_at  # node.isolationNodeAtGpus: this episode's GPUs that make it node-wide
+        self.cfg = cfg  # its settings are read from here, whether at start or after a reload
         self.brake = brake
         self.metrics = metrics  # reporters/metrics.Metrics, or None
         self.node_wide = False  # this episode is node-wide
@@ -88,6 +86,16 @@ class IsolatingWriter:
         self.covering = ""  # why the node taint stands in for this episode's rules ("": it does not)
         self.unavailable_said = False  # this episode's DeviceTaintsUnavailable Event is posted
         self.rediscovered = False  # this episode asked discovery again (none was served)
+
+    @property
+    def isolation(self) -> str:
+        """node.isolation: node | gpu | auto."""
+        return self.cfg.node.isolation
+
+    @property
+    def node_at(self) -> int:
+        """node.isolationNodeAtGpus: this episode's GPUs that make it node-wide (0: off)."""
+        return self.cfg.node.isolation_node_at
 
     # -- the Writer protocol ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,8 +113,7 @@ class IsolatingWriter:
     def apply_config(self, old: Config, new: Config) -> None:
         """A reload (config/live_part.py): node.isolation from the next apply, and the DeviceTaintRule
         version served is asked again then (the API server may have been upgraded meanwhile)."""
-        self.isolation = new.node.isolation
-        self.node_at = new.node.isolation_node_at
+        self.cfg = new
         self.taints.forget()
 
     def apply(self, marks: Marks) -> Any:
