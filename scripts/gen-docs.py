@@ -230,6 +230,7 @@ def config_page() -> str:
     ]
     rows: list[tuple[Any, ...]] = []
     sections: list[tuple[str, str]] = []
+    unsaid: list[str] = []
     for path, spec in leaves(schema.SCHEMA):
         meaning = said.get(path) or fallback.get(path) or ""
         if isinstance(spec, Mapping):
@@ -239,10 +240,14 @@ def config_page() -> str:
         parent = path.rpartition(".")[0]
         if not meaning and any(parent == s for s, _ in sections):
             meaning = f"see the section `{parent}` below"
+        if not meaning:
+            unsaid.append(path)
         live = "restart" if path in schema.RESTART_ONLY else "live"
         rows.append(
             (code(path), type_name(spec.typ), default_text(spec.default), range_text(spec), live, meaning)
         )
+    if unsaid:
+        raise SystemExit(f"config/config.yaml: say what {', '.join(unsaid)} does (a comment on the key)")
     out.append("## Keys\n")
     out.append(table(("key", "type", "default", "range or choices", "reload", "what it does"), rows))
     out.append("\n## Sections\n")

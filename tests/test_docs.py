@@ -92,6 +92,17 @@ def test_every_config_key_is_in_the_reference_with_its_reload() -> None:
     assert "Where a taint goes" in isolation and "reads `degraded`" in isolation
 
 
+def test_a_config_key_without_a_comment_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = gen_docs()
+    text = (ROOT / "config" / "config.yaml").read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("configPollSeconds:"))
+    bare = tmp_path / "config.yaml"
+    bare.write_text(text.replace(line, line.split("#")[0].rstrip()), encoding="utf-8")
+    monkeypatch.setattr(mod, "CONFIG_YAML", bare)
+    with pytest.raises(SystemExit, match="say what configPollSeconds does"):
+        mod.config_page()
+
+
 def test_a_status_column_without_a_meaning_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = gen_docs()
     assert "WOULD MARK" in mod.status_page()
