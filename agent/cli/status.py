@@ -54,6 +54,27 @@ HEADER = (
 ROLLOUT = (*rollout_view.WOULD_HEADER, *rollout_view.CONFIG_HEADER)
 WIDE_HEADER = (*HEADER[:8], "TAINT", *ROLLOUT, "INSTANCE TYPE", "CHANGED", "VERSION", *HEADER[8:])
 WOULD_TABLE_HEADER = (*HEADER[:8], *rollout_view.WOULD_HEADER, *HEADER[8:])  # a node in observe or label
+# What each column says (docs/reference/status-columns.md is written from it: scripts/gen-docs.py).
+COLUMNS = {
+    "NODE": "the Node's name",
+    "STATUS": "its status label: pass, warn, fail, unknown, degraded; `-` unmarked",
+    "SEVERITY": "its severity label: none, monitor, reset, reboot, isolate",
+    "LAST CHECK": "age of the last check: `<3m` with a Ready agent, `≤` the last change's age without",
+    "AGENT": "its agent pod: ready, not-ready, none; `?` when the pods cannot be listed",
+    "WARN": "GPUs with a warning before a fault, of the GPUs the agent listed (`2/8`)",
+    "GPUS": "GPUs in service, of those listed (`7/8`; `0/8` under our node taint)",
+    "DEVICE TAINTS": "taints on its DRA devices: ours (`gpu-3=reboot:NoExecute`) and the driver's",
+    "TAINT": "our node taint, `severity:effect`",
+    "WOULD TAINT": "in mode observe or label: the taint mode taint would add, before the brake",
+    "WOULD MARK": "in mode observe or label: the remediation conditions mode taint would mark",
+    "MODE": "node.mode in force on the node: observe, label, taint",
+    "CONFIG": "the config in force: main, canary, last-good or shipped, and its digest",
+    "INSTANCE TYPE": "the instance type the agent judged with",
+    "CHANGED": "age of the last change of its verdict (the results annotation's checkedAt)",
+    "VERSION": "the agent version that wrote it, `(canary)` on the image canary's pods",
+    "NEXT STEP": "what to do about the worst finding (`when drained` on a degraded node)",
+    "WORST FINDING": "the most severe finding: its rule and what it says",
+}
 FORMATS = ("table", "wide", "json", "yaml")
 STATUS_ORDER = {"fail": 0, "degraded": 1, "unknown": 2, "warn": 3, "pass": 4}
 REQUEST_TIMEOUT = (5, 60)

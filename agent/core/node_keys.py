@@ -93,7 +93,7 @@ class Keys:
 
     @property
     def taint(self) -> str:
-        """The taint's key (value: the severity); also the operator's opt-out label (`=disabled`)."""
+        """The taint's key (value: the severity); the opt-out label is taint_opt_out's."""
         return f"{self.prefix}/unhealthy"
 
     @property
@@ -129,6 +129,7 @@ class Keys:
 
     @property
     def taint_opt_out(self) -> str:
+        """Label an operator sets (`=disabled`) to keep our taint off this node; the agent only reads it."""
         return f"{self.prefix}/taint"
 
     @property
@@ -223,18 +224,18 @@ CONDITIONS: dict[Status, Condition] = {
 class EventReason(Vocabulary):
     """The reasons of the Events the agent posts on its Node."""
 
-    GPU_HEALTH_CHANGED = "GPUHealthChanged"
-    LATCHED_FINDING = "LatchedFinding"
-    LATCHES_CLEARED = "LatchesCleared"
-    TAINT_ADDED = "TaintAdded"
-    TAINT_REMOVED = "TaintRemoved"
-    TAINT_RESTORED = "TaintRestored"
+    GPU_HEALTH_CHANGED = "GPUHealthChanged"  # the node's status changed: the worst finding, the step
+    LATCHED_FINDING = "LatchedFinding"  # a finding that stays until cleared (an Xid): what, the step
+    LATCHES_CLEARED = "LatchesCleared"  # an operator's clear taken: which latches, who and why
+    TAINT_ADDED = "TaintAdded"  # our taint put on, with why
+    TAINT_REMOVED = "TaintRemoved"  # our taint taken off: the node recovered or was cleared
+    TAINT_RESTORED = "TaintRestored"  # our taint removed by hand while the node fails: put back
     TAINT_OPTED_OUT = "TaintDisabled"  # the label <prefix>/taint=disabled keeps our taint off
-    BRAKE_OPEN = "BrakeOpen"
-    BRAKE_CLOSED = "BrakeClosed"
-    CONFIG_RELOADED = "ConfigReloaded"
+    BRAKE_OPEN = "BrakeOpen"  # not tainting although the node fails: the brake holds it back
+    BRAKE_CLOSED = "BrakeClosed"  # below the brake's limit again (tainting), or no taint needed
+    CONFIG_RELOADED = "ConfigReloaded"  # a changed ConfigMap taken: what was applied
     CONFIG_REJECTED = "ConfigRejected"  # the condition's reason too, while it lasts
-    CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"
+    CONFIG_RESTART_REQUIRED = "ConfigRestartRequired"  # a restart-only key changed: old value kept
     NODE_WRITE_REFUSED = "NodeWriteRefused"  # the API server refused a write (reporters/refusals.py)
     REMEDIATION_HELD = "RemediationHeld"  # the repair budget or a wave hold keeps a new mark back
     VALIDATION_STARTED = "ValidationStarted"  # the agent put the validating taint on (node.validate)
