@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, Scope, devices_for, rule_name
+from agent.core.device_scope import ISOLATION_GPU, ISOLATION_NODE, devices_for, rule_name
 from agent.core.marks import Marks, NodeEvent
 from agent.core.metric_labels import DeviceTaintFallback
 from agent.core.node_keys import WARNING, EventReason, Keys
@@ -50,6 +50,7 @@ from agent.reporters.device_taint_rules import (
     taint_of,
 )
 from agent.reporters.device_taints import DeviceTaints
+from agent.reporters.device_warnings import warning_rules
 from agent.reporters.history_entry import isolated_gpus
 from agent.reporters.isolation_events import failed_again, isolated_events, returned_events
 from agent.reporters.kube_rest import api_status
@@ -127,7 +128,8 @@ class IsolatingWriter:
         disabled = self._taint_disabled()
         events: list[NodeEvent] = []
         taint_rules = self._episode(marks, mode, disabled, events)
-        target = {**self._warnings(marks, mode, disabled, taint_rules), **taint_rules}
+        warned = warning_rules(marks.warn_scope, mode, disabled, self.taints, self._devices, taint_rules)
+        target = {**warned, **taint_rules}
         isolating = bool(taint_rules) and not self.node_wide  # the rules, not the Node, isolate
         had = self._taint_rules()
         failure: BaseException | None = None
@@ -381,26 +383,6 @@ class IsolatingWriter:
         effect = marks.device_effect
         self.wanted = {n: Wanted(w.device, marks.taint_value, effect) for n, w in self.wanted.items()}
         return dict(self.wanted)
-
-    def _warnings(
-        self, marks: Marks, mode: str, disabled: bool, taint_rules: Mapping[str, Wanted]
-    ) -> dict[str, Wanted]:
-        """Rules of effect None on the GPUs a warning is confined to (not those a taint holds)."""
-        scope: Scope | None = marks.warn_scope
-        api = self.taints.api
-        if mode == ISOLATION_NODE or disabled or scope is None or scope.node_wide or not scope.gpus:
-            return {}
-        if api is None or not api.none_effect:
-            return {}
-        devices = self._devices(scope.gpus)
-        if devices is None:
-            return {}
-        out = {}
-        for d in devices:
-            name = rule_name(self.taints.node_name, d, self.taints.prefix)
-            if name not in taint_rules:
-                out[name] = Wanted(d, "monitor", NONE_EFFECT)
-        return out
 
 
 __all__ = ["IsolatingWriter"]
