@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.dcgm import check_dcgm_diag
-from agent.core.active_checks import POD_ARRIVED, Abort, ActivePolicy, ActiveState, DiagRequest
+from agent.core.active_checks import Abort, ActivePolicy, ActiveState, DiagRequest
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import NodeFacts
+from agent.core.metric_labels import ActiveCheckAbort, ActiveCheckState
 from agent.core.node_keys import EventReason
 from agent.core.probed import ProbeError
 from agent.core.severity import Status
@@ -84,7 +85,7 @@ class Seen(Metrics):
         super().__init__()
         self.states: list[str] = []
 
-    def record_active_check(self, state: str) -> None:
+    def record_active_check(self, state: ActiveCheckState) -> None:
         self.states.append(state)
         super().record_active_check(state)
 
@@ -137,7 +138,7 @@ def test_a_requested_diag_that_completes_is_recorded_with_who_asked(fake_dcgm: A
 
 def test_a_pod_arriving_aborts_a_requested_diag_counted_by_why(fake_dcgm: Any) -> None:
     fake_dcgm.hold_diag(True)  # the diag runs until something stops it
-    state, window, tiers, metrics = window_for(arrivals=Arrivals(Abort(POD_ARRIVED, TRAIN)))
+    state, window, tiers, metrics = window_for(arrivals=Arrivals(Abort(ActiveCheckAbort.POD_ARRIVED, TRAIN)))
     state.ask(REQUEST)
     assert window.run(tiers.runner)
     record = state.record
@@ -178,7 +179,7 @@ def test_an_aborted_diag_keeps_the_last_completed_verdict_and_its_retry_runs_the
     assert before.status is Status.PASS
 
     fake_dcgm.hold_diag(True)
-    arrivals.abort = Abort(POD_ARRIVED, TRAIN)
+    arrivals.abort = Abort(ActiveCheckAbort.POD_ARRIVED, TRAIN)
     state.ask(REQUEST)
     assert window.run(tiers.runner)  # the requested diag, aborted for work
     kept = tiers.runner.latest
@@ -269,7 +270,7 @@ class ArrivesOnce(Arrivals):
             return None
         self.holding.append("team-a/train-0")
         self.arrived.set()
-        return Abort(POD_ARRIVED, TRAIN)
+        return Abort(ActiveCheckAbort.POD_ARRIVED, TRAIN)
 
 
 def test_an_aborted_diag_runs_again_within_retry_seconds_once_the_gpus_are_idle(fake_dcgm: Any) -> None:
