@@ -4,7 +4,8 @@ that ended without a result by why, as the agent's Prometheus metrics show them)
 operator's request (the results annotation's lastDiag: started, then completed or aborted), and a
 diag aborted for work: not run (the last completed verdict stays), retried once the GPUs are idle
 again (the tiers' thread waits for it). The fleet slot, the testing taint and the pods arriving are
-held in memory here; the real ones, on the real API server: test_active_checks_kube.py."""
+held in memory here, through our own protocols: the exception DESIGN.md §8 states, and why; the real
+ones, on the real API server: test_active_checks_kube.py."""
 
 from __future__ import annotations
 
