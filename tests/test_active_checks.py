@@ -15,7 +15,8 @@ import pytest
 
 from agent.checks.registry import RULE_BOOK
 from agent.cli.status import node_status, render
-from agent.config import ConfigError, parse_config, yaml_safe
+from agent.config import parse_config, yaml_safe
+from agent.config.schema import ConfigError
 from agent.core.active_checks import (
     RESTARTED,
     ActivePolicy,

@@ -21,7 +21,7 @@ from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
-from tests.kubeenv import unique_name
+from tests.kubeenv.env import unique_name
 
 K = Keys()
 SLOT = RecordKind.TAINT  # the brake's slots

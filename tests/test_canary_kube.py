@@ -240,7 +240,7 @@ def test_the_readme_canary_recipe_as_written_starts_from_the_live_configmap(
 
     import yaml
 
-    from tests.kubeenv import unique_name
+    from tests.kubeenv.env import unique_name
 
     ns = unique_name("gpuhc-recipe", max_len=40)
     kube.ensure_namespace(ns)

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from agent.checks import trends as checks
-from agent.config import Config, ConfigError
+from agent.config import Config
+from agent.config.schema import ConfigError
 from agent.core import trend_history
 from agent.core.actions import Action
 from agent.core.facts import NodeFacts

@@ -11,8 +11,8 @@ import pytest
 
 from agent.checks import gpu, gpu_memory
 from agent.checks.registry import CHECKS, RULE_BOOK, RULES
-from agent.config import ConfigError, load_config_dir, parse_config, yaml_safe
-from agent.config.schema import REMEDIATION_ENTRY, SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY
+from agent.config import load_config_dir, parse_config, yaml_safe
+from agent.config.schema import REMEDIATION_ENTRY, SCHEMA, SCHEMA_VERSION, SCHEMA_VERSION_KEY, ConfigError
 from agent.core.severity import Severity
 
 CONFIG = Path(__file__).parent.parent / "config"

@@ -4,7 +4,8 @@ that ended without a result by why, as the agent's Prometheus metrics show them)
 operator's request (the results annotation's lastDiag: started, then completed or aborted), and a
 diag aborted for work: not run (the last completed verdict stays), retried once the GPUs are idle
 again (the tiers' thread waits for it). The fleet slot, the testing taint and the pods arriving are
-held in memory here; the real ones, on the real API server: test_active_checks_kube.py."""
+held in memory here, through our own protocols: the exception DESIGN.md §8 states, and why; the real
+ones, on the real API server: test_active_checks_kube.py."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.dcgm import check_dcgm_diag
-from agent.core.active_checks import POD_ARRIVED, Abort, ActivePolicy, ActiveState, DiagRequest
+from agent.core.active_checks import Abort, ActivePolicy, ActiveState, DiagRequest
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import NodeFacts
+from agent.core.metric_labels import ActiveCheckAbort, ActiveCheckState
 from agent.core.node_keys import EventReason
 from agent.core.probed import ProbeError
 from agent.core.severity import Status
@@ -84,7 +86,7 @@ class Seen(Metrics):
         super().__init__()
         self.states: list[str] = []
 
-    def record_active_check(self, state: str) -> None:
+    def record_active_check(self, state: ActiveCheckState) -> None:
         self.states.append(state)
         super().record_active_check(state)
 
@@ -137,7 +139,7 @@ def test_a_requested_diag_that_completes_is_recorded_with_who_asked(fake_dcgm: A
 
 def test_a_pod_arriving_aborts_a_requested_diag_counted_by_why(fake_dcgm: Any) -> None:
     fake_dcgm.hold_diag(True)  # the diag runs until something stops it
-    state, window, tiers, metrics = window_for(arrivals=Arrivals(Abort(POD_ARRIVED, TRAIN)))
+    state, window, tiers, metrics = window_for(arrivals=Arrivals(Abort(ActiveCheckAbort.POD_ARRIVED, TRAIN)))
     state.ask(REQUEST)
     assert window.run(tiers.runner)
     record = state.record
@@ -178,7 +180,7 @@ def test_an_aborted_diag_keeps_the_last_completed_verdict_and_its_retry_runs_the
     assert before.status is Status.PASS
 
     fake_dcgm.hold_diag(True)
-    arrivals.abort = Abort(POD_ARRIVED, TRAIN)
+    arrivals.abort = Abort(ActiveCheckAbort.POD_ARRIVED, TRAIN)
     state.ask(REQUEST)
     assert window.run(tiers.runner)  # the requested diag, aborted for work
     kept = tiers.runner.latest
@@ -269,7 +271,7 @@ class ArrivesOnce(Arrivals):
             return None
         self.holding.append("team-a/train-0")
         self.arrived.set()
-        return Abort(POD_ARRIVED, TRAIN)
+        return Abort(ActiveCheckAbort.POD_ARRIVED, TRAIN)
 
 
 def test_an_aborted_diag_runs_again_within_retry_seconds_once_the_gpus_are_idle(fake_dcgm: Any) -> None:

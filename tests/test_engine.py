@@ -256,7 +256,7 @@ def test_the_lowest_severity_that_taints_and_the_effect_per_severity(snap: Path)
 
 
 def test_an_effect_for_a_severity_that_never_taints_is_rejected() -> None:
-    from agent.config import ConfigError
+    from agent.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"taintEffectBySeverity\.monitor"):
         parse_config({"node": {"taintEffectBySeverity": {"monitor": "NoExecute"}}})

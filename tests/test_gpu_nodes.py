@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.config import ConfigError, load_config_dir, parse_config, yaml_safe
+from agent.config import load_config_dir, parse_config, yaml_safe
+from agent.config.schema import ConfigError
 from agent.core.gpu_nodes import parse_selector
 from agent.core.node_keys import Keys
 from agent.reporters.brake import Brake

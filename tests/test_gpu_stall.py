@@ -19,7 +19,8 @@ import pytest
 
 from agent.checks.gpu_stall import check_stalled
 from agent.checks.registry import RULE_BOOK
-from agent.config import ConfigError, parse_config
+from agent.config import parse_config
+from agent.config.schema import ConfigError
 from agent.core.facts import NodeFacts
 from agent.core.gpu_stall import StallPolicy
 from agent.core.node_keys import EventReason

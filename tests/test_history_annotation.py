@@ -530,7 +530,7 @@ def test_the_brake_holding_is_recorded_once(
 def test_node_repair_history_is_validated_and_live(tmp_path: Path) -> None:
     """node.repairHistory on a reload: the engine judges the next evaluation by the new count (the
     Node's history here: one marked failure on the lost GPU in an earlier boot)."""
-    from agent.config import ConfigError
+    from agent.config.schema import ConfigError
     from agent.core.node import NodeObject
 
     snap = tmp_path / "snap"

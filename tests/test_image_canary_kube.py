@@ -26,7 +26,7 @@ import yaml
 
 from agent.config import yaml_safe
 from agent.core.node_keys import CANARY, TRACK_LABEL
-from tests.kubeenv import unique_name
+from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
 

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client as k8s
 
 from agent.core.node_keys import Keys
-from tests.kubeenv import KubeEnv, unique_name
+from tests.kubeenv.env import KubeEnv, unique_name
 
 pytestmark = pytest.mark.kube
 

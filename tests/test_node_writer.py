@@ -25,10 +25,11 @@ from agent.core.node_keys import (
     Keys,
 )
 from agent.core.severity import Severity, Status
+from agent.reporters.apply_result import ApplyResult
 from agent.reporters.kube_rest import KubeRest, node_path
 from agent.reporters.node_patch import find_our_taint, plan_condition, plan_node_patch
-from agent.reporters.node_writer import ApplyResult, NodeWriter
-from tests.kubeenv import unique_name
+from agent.reporters.node_writer import NodeWriter
+from tests.kubeenv.env import unique_name
 
 P = DEFAULT_PREFIX
 K = Keys(P)

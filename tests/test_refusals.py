@@ -38,7 +38,7 @@ from agent.reporters.node_story import (
 )
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.refusals import REPEAT_S, Refusal, RefusalNotices, refusal_of
-from tests.kubeenv import unique_name
+from tests.kubeenv.env import unique_name
 from tests.test_node_writer import FAIL, PASS, make_marks
 
 P = DEFAULT_PREFIX

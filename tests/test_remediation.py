@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from agent.config import ConfigError, load_config_dir, parse_config
+from agent.config import load_config_dir, parse_config
 from agent.config.fence_view import condition_types
+from agent.config.schema import ConfigError
 from agent.core.marks import Marks
 from agent.core.remediation_types import (
     OUR_CONDITION_REASONS,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, parse_config
+from agent.config import parse_config
+from agent.config.schema import ConfigError
 from agent.core.findings import Finding
 from agent.core.marks import Marks
 from agent.core.record_kind import RecordKind

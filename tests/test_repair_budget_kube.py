@@ -27,7 +27,7 @@ from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.repair_budget import RepairBudget
-from tests.kubeenv import unique_name
+from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
 

@@ -27,7 +27,7 @@ from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.severity import Severity, Status
 from agent.reporters.node_writer import NodeWriter
-from tests.kubeenv import unique_name
+from tests.kubeenv.env import unique_name
 
 P = DEFAULT_PREFIX
 K = Keys(P)

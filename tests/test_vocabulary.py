@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 import agent
 from agent.core.history_annotation import HistoryAction, HistoryActor, HistoryMark, HistoryTaint
 from agent.core.metric_labels import (
+    ActiveCheckAbort,
+    ActiveCheckState,
     ConfigReloadResult,
     DeviceTaintFallback,
     DriverTaintEffect,
@@ -136,6 +138,19 @@ WIRE: dict[type[Vocabulary], dict[str, str]] = {
         "RULE_UNANSWERED": "unanswered",
         "RULE_NOT_COUNTED": "not-counted",
     },
+    ActiveCheckState: {
+        "IDLE": "idle",
+        "WAITING": "waiting",
+        "NO_SLOT": "no-slot",
+        "HOLDING": "holding",
+        "RUNNING": "running",
+    },
+    ActiveCheckAbort: {
+        "POD_ARRIVED": "pod-arrived",
+        "GPU_HELD": "gpu-held",
+        "KUBELET_UNREADABLE": "kubelet-unreadable",
+        "UNFINISHED": "unfinished",
+    },
     DriverTaintKey: {
         "DRIVER_XID": "gpu.nvidia.com/xid",
         "DRIVER_GPU_LOST": "gpu.nvidia.com/gpu-lost",
@@ -229,7 +244,8 @@ def test_the_old_homonyms_are_gone() -> None:
 SNIPPET = """\
 from agent.core.history_annotation import HistoryMark, HistoryTaint
 from agent.core.marks import NodeEvent
-from agent.core.metric_labels import ConfigReloadResult, ToolOutcome
+from agent.core.active_checks import Abort
+from agent.core.metric_labels import ActiveCheckAbort, ActiveCheckState, ConfigReloadResult, ToolOutcome
 from agent.core.node_keys import Condition, ConditionReason, EventReason
 from agent.core.remediation_reasons import FaultReason
 from agent.core.remediation_types import RemediationMark, RemediationReason
@@ -255,6 +271,13 @@ t.record_config_reload(ConfigReloadResult.APPLIED)
 t.record_config_reload(ToolOutcome.READ_OK)  # wrong
 t.record_tool_read("nvml", ToolOutcome.READ_FAILED, 0.1)
 t.record_tool_read("nvml", HistoryTaint.ON, 0.1)  # wrong
+t.record_active_check(ActiveCheckState.NO_SLOT)
+t.record_active_check(ActiveCheckAbort.UNFINISHED)  # wrong
+t.record_active_check("idle")  # wrong
+t.record_active_check_abort(ActiveCheckAbort.GPU_HELD)
+t.record_active_check_abort(ActiveCheckState.WAITING)  # wrong
+Abort(ActiveCheckAbort.POD_ARRIVED, "pod team-a/train-0 arrived")
+Abort("pod-arrived", "pod team-a/train-0 arrived")  # wrong
 """
 
 

@@ -27,10 +27,9 @@ from typing import Any
 from agent.core.marks import ClearRequest
 from agent.core.node_keys import CLEAR_ALL, Keys
 from agent.core.results_doc import LAST_CLEAR_FIELD, decode_results, now_iso
-from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, api_status, node_path
+from agent.reporters.kube_rest import MERGE_PATCH, REQUEST_TIMEOUT, KubeRest, api_status, node_path
 
 EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 64, 69
-REQUEST_TIMEOUT = (5, 30)
 CONFLICT_ATTEMPTS = 5
 
 

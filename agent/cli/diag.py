@@ -20,11 +20,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agent.cli.clear import EXIT_OK, EXIT_UNKNOWN, REQUEST_TIMEOUT, ClearUsageError, Outcome
+from agent.cli.clear import EXIT_OK, EXIT_UNKNOWN, ClearUsageError, Outcome
 from agent.core.active_checks import DiagRequest
 from agent.core.node_keys import Keys
 from agent.core.results_doc import now_iso
-from agent.reporters.kube_rest import MERGE_PATCH, KubeRest, api_status, node_path
+from agent.reporters.kube_rest import MERGE_PATCH, REQUEST_TIMEOUT, KubeRest, api_status, node_path
 
 
 def request_diag(

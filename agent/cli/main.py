@@ -12,7 +12,8 @@ from agent.checks.registry import RULE_BOOK, RULES, after_checks, needed_inputs,
 from agent.cli.parser import EXIT_USAGE, build_parser
 from agent.cli.render import explain, table
 from agent.cli.status import EXIT_UNAVAILABLE
-from agent.config import ConfigError, load_config_dir
+from agent.config import load_config_dir
+from agent.config.schema import ConfigError
 from agent.core import trend_history
 from agent.core.facts import Input
 from agent.core.results_doc import now_iso, results_document

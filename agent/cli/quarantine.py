@@ -23,7 +23,8 @@ from typing import Any
 
 from agent.checks.dcgm import check_dcgm_diag
 from agent.cli.agent import ETC_CONFIG, kube_core
-from agent.config import Config, ConfigError, load_config_dir
+from agent.config import Config, load_config_dir
+from agent.config.schema import ConfigError
 from agent.core.facts import NodeFacts
 from agent.core.probed import ParseError
 from agent.core.severity import Status

@@ -77,7 +77,7 @@ COLUMNS = {
 }
 FORMATS = ("table", "wide", "json", "yaml")
 STATUS_ORDER = {"fail": 0, "degraded": 1, "unknown": 2, "warn": 3, "pass": 4}
-REQUEST_TIMEOUT = (5, 60)
+REQUEST_TIMEOUT = (5, 60)  # not kube_rest's (5, 30): pages of 500 Nodes/Pods, slow on a big fleet
 PROBE_PERIOD_DEFAULT, PROBE_FAILURES_DEFAULT = 10, 3  # the kubelet's readinessProbe defaults
 
 # status's exit codes follow `check`'s: 0 every node pass/warn and freshly checked, 1 a node fails,

@@ -31,9 +31,8 @@ from agent.reporters.device_taint_rules import (
     selected_device,
     taint_of,
 )
-from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_status, describe_error
 
-TIMEOUT = (5, 30)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DRIVER_HEAD = (
     f"NVIDIA's DRA driver's own taints ({DRIVER}, in its ResourceSlice; the agent never writes them)"
@@ -75,7 +74,7 @@ def driver_taint_lines(core: Any, node: str) -> Sequence[str]:
     whose they are; [] when none (or no ResourceSlice is served)."""
     query = {"fieldSelector": f"spec.nodeName={node},spec.driver={DRIVER}"}
     try:
-        doc = KubeRest.of(core).json("GET", SLICES, query=query, timeout=TIMEOUT)
+        doc = KubeRest.of(core).json("GET", SLICES, query=query, timeout=REQUEST_TIMEOUT)
         gpus = slices_from_objects(doc.get("items") or (), node).gpus()
     except Exception as exc:
         if api_status(exc) == 404:
@@ -97,7 +96,7 @@ def _lines(core: Any, node: str, prefix: str, wide: bool) -> Sequence[str]:
             ]
         )
     doc = KubeRest.of(core).json(
-        "GET", api.path, query={"labelSelector": f"{prefix}/node={node_label(node)}"}, timeout=TIMEOUT
+        "GET", api.path, query={"labelSelector": f"{prefix}/node={node_label(node)}"}, timeout=REQUEST_TIMEOUT
     )
     rules = sorted(doc.get("items") or (), key=lambda r: selected_device(r)["device"])
     if not rules:

@@ -15,9 +15,8 @@ from typing import Any
 from agent.core.results_doc import IN_SERVICE_FIELD
 from agent.core.severity import Status
 from agent.reporters.device_taint_rules import discover, selected_device, taint_of
-from agent.reporters.kube_rest import KubeRest
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest
 
-TIMEOUT = (5, 30)
 DRIVER_TAINTS_FIELD = "driverTaints"  # a GPU entry's: the DRA driver's taints on its device
 
 
@@ -51,7 +50,7 @@ def fleet_rules(core: Any, prefix: str) -> dict[str, list[str]] | None:
         if api is None:
             return None
         doc = KubeRest.of(core).json(
-            "GET", api.path, query={"labelSelector": f"{prefix}/node"}, timeout=TIMEOUT
+            "GET", api.path, query={"labelSelector": f"{prefix}/node"}, timeout=REQUEST_TIMEOUT
         )
     except Exception:
         return None

@@ -15,10 +15,9 @@ import yaml
 from agent.cli.status_time import age
 from agent.core.history_annotation import MAX_ENTRIES, Entry, parse
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
-from agent.reporters.kube_rest import KubeRest, node_path
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, node_path
 
 HISTORY_HEADER = ("WHEN", "STATUS", "KEY", "ACTION", "BY")
-REQUEST_TIMEOUT = (5, 30)
 
 
 def history_of(node: Mapping[str, Any], prefix: str = DEFAULT_PREFIX) -> list[Entry]:

@@ -26,14 +26,21 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.config import ConfigError, parse_config, yaml_safe
+from agent.config import parse_config, yaml_safe
 from agent.config.fence_view import condition_types
+from agent.config.schema import ConfigError
 from agent.core.node_keys import DEFAULT_CONDITION_TYPE, TRACK_LABEL, Keys
 from agent.core.remediation_types import OUR_REMEDIATION_REASONS
-from agent.reporters.kube_rest import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeRest, api_status, node_path
+from agent.reporters.kube_rest import (
+    MERGE_PATCH,
+    REQUEST_TIMEOUT,
+    STRATEGIC_MERGE_PATCH,
+    KubeRest,
+    api_status,
+    node_path,
+)
 
 EXIT_OK, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2
-REQUEST_TIMEOUT = (5, 30)
 CONFLICT_ATTEMPTS = 5
 FIELD_MANAGER = "gpu-healthcheck-uninstall"
 # The install's ConfigMaps (manifests/20-configmap.yaml; the canary's: README "Roll out in stages").

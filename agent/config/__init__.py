@@ -298,7 +298,6 @@ def load_config_dir(
 __all__ = [
     "CONFIG_FILES",
     "Config",
-    "ConfigError",
     "default_config_dir",
     "load_config_dir",
     "parse_config",

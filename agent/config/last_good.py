@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from agent.config import CONFIG_FILES, Config, ConfigError, load_config_dir
+from agent.config import CONFIG_FILES, Config, load_config_dir
 from agent.config.canary import LAST_GOOD as FROM_LAST_GOOD
 from agent.config.canary import MAIN, SHIPPED_DEFAULTS, files_digest, short
+from agent.config.schema import ConfigError
 from agent.core.rules import RuleBook
 
 log = logging.getLogger("gpu-healthcheck.config")

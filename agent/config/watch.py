@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import CONFIG_FILES as FILES
-from agent.config import Config, ConfigError, load_config_dir
+from agent.config import Config, load_config_dir
 from agent.config.canary import MAIN, Choice, choose, files_digest, short
 from agent.config.last_good import Vet, save_last_good
-from agent.config.schema import RESTART_ONLY, SCHEMA
+from agent.config.schema import RESTART_ONLY, SCHEMA, ConfigError
 from agent.core.rules import RuleBook
 
 REVET_S = 60.0

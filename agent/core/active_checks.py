@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from agent.core.marks import NodeEvent
+from agent.core.metric_labels import ActiveCheckAbort
 from agent.core.node_keys import DIAG_ABORTED, DIAG_OUTCOMES, DIAG_STARTED
 from agent.core.record_kind import RecordKind
 from agent.core.repair_budget import Record
@@ -45,32 +46,15 @@ from agent.core.text import shorten
 
 PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
 
-# This node's active-check state (metric gpu_healthcheck_active_check_state{state}): no diag due; due
-# and waiting for an idle window (GPUs held, or the testing taint not on in time, or an aborted
-# diag's retry not due yet); due and waiting
-# for a fleet slot (the bound reached, or the slots could not be counted); a slot taken and the
-# testing taint going on; the diag running.
-IDLE, WAITING, NO_SLOT, HOLDING, RUNNING = "idle", "waiting", "no-slot", "holding", "running"
-STATES = (IDLE, WAITING, NO_SLOT, HOLDING, RUNNING)
-# Why a diag ended without a result (metric gpu_healthcheck_active_check_aborts_total{reason}): a pod
-# the API server shows arriving for the GPUs; a pod the kubelet shows holding an NVIDIA device; the
-# kubelet could not say; the diag itself ended without one (past its timeout, the engine lost).
-POD_ARRIVED, GPU_HELD, KUBELET_UNREADABLE, UNFINISHED = (
-    "pod-arrived",
-    "gpu-held",
-    "kubelet-unreadable",
-    "unfinished",
-)
-ABORT_REASONS = (POD_ARRIVED, GPU_HELD, KUBELET_UNREADABLE, UNFINISHED)
 RECORD_TEXT_MAX = 200  # each text of lastDiag (the results annotation stays under its 16 KiB)
 RESTARTED = "the agent restarted during the diag"
 
 
 @dataclass(frozen=True)
 class Abort:
-    """Why to stop a running diag: one of ABORT_REASONS, and in words (the result, the Event)."""
+    """Why to stop a running diag: the metric's word, and in words (the result, the Event)."""
 
-    reason: str
+    reason: ActiveCheckAbort
     text: str
 
 
@@ -328,8 +312,6 @@ class Slots(Protocol):
 
 
 __all__ = [
-    "ABORT_REASONS",
-    "STATES",
     "Abort",
     "ActivePolicy",
     "ActiveState",

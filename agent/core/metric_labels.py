@@ -80,7 +80,33 @@ class GpuSource(Vocabulary):
     ALLOCATABLE = "allocatable"  # the device plugin's allocatable nvidia.com/gpu on the Node
 
 
+@unique
+class ActiveCheckState(Vocabulary):
+    """gpu_healthcheck_active_check_state{state}: this node's active-check (DCGM diag) state
+    (core/active_checks.py, probes/dcgm/window.py)."""
+
+    IDLE = "idle"  # no diag due
+    # due, waiting for an idle window: GPUs held, the testing taint not on in time, or an aborted
+    # diag's retry not due yet
+    WAITING = "waiting"
+    NO_SLOT = "no-slot"  # due, waiting for a fleet slot: the bound reached, or the slots not counted
+    HOLDING = "holding"  # a slot taken, the testing taint going on
+    RUNNING = "running"  # the diag running
+
+
+@unique
+class ActiveCheckAbort(Vocabulary):
+    """gpu_healthcheck_active_check_aborts_total{reason}: why a diag ended without a result."""
+
+    POD_ARRIVED = "pod-arrived"  # the API server shows a pod arriving for the GPUs
+    GPU_HELD = "gpu-held"  # the kubelet shows a pod holding an NVIDIA device
+    KUBELET_UNREADABLE = "kubelet-unreadable"  # the kubelet could not say
+    UNFINISHED = "unfinished"  # the diag itself ended without one (past its timeout, the engine lost)
+
+
 __all__ = [
+    "ActiveCheckAbort",
+    "ActiveCheckState",
     "ConfigReloadResult",
     "DeviceTaintFallback",
     "DriverTaintEffect",

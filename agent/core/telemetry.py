@@ -8,6 +8,8 @@ from typing import Literal, Protocol
 
 from agent.core.findings import CheckResult
 from agent.core.metric_labels import (
+    ActiveCheckAbort,
+    ActiveCheckState,
     ConfigReloadResult,
     DriverTaintEffect,
     DriverTaintKey,
@@ -31,10 +33,9 @@ class Telemetry(Protocol):
     def record_brake_open(self, is_open: bool) -> None: ...
     def record_remediation_held(self, why: HoldReason | Literal[""], key: str) -> None: ...
     def record_diag_running(self, running: bool) -> None: ...
-    # This node's active-check state (core/active_checks.STATES), and a diag ended without a result
-    # by why (core/active_checks.ABORT_REASONS).
-    def record_active_check(self, state: str) -> None: ...
-    def record_active_check_abort(self, reason: str) -> None: ...
+    # This node's active-check state, and a diag ended without a result by why.
+    def record_active_check(self, state: ActiveCheckState) -> None: ...
+    def record_active_check_abort(self, reason: ActiveCheckAbort) -> None: ...
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None: ...
     # One read of a node tool (tool: "nvml", "nvidia-smi -q -x"; outcome: ok, failed, timeout).
     def record_tool_read(self, tool: str, outcome: ToolOutcome, seconds: float) -> None: ...
@@ -86,10 +87,10 @@ class NoTelemetry:
     def record_diag_running(self, running: bool) -> None:
         pass
 
-    def record_active_check(self, state: str) -> None:
+    def record_active_check(self, state: ActiveCheckState) -> None:
         pass
 
-    def record_active_check_abort(self, reason: str) -> None:
+    def record_active_check_abort(self, reason: ActiveCheckAbort) -> None:
         pass
 
     def record_kernel_log(self, records: int, lost: int, untallied: int) -> None:

@@ -27,14 +27,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.core.active_checks import (
-    GPU_HELD,
-    KUBELET_UNREADABLE,
-    POD_ARRIVED,
     Abort,
     ActivePolicy,
     ActiveState,
     slots_before,
 )
+from agent.core.metric_labels import ActiveCheckAbort
 from agent.core.node_keys import MODE_TAINT, Keys
 from agent.core.record_kind import RecordKind
 from agent.core.repair_budget import Record
@@ -197,9 +195,15 @@ class PodArrivals:
             try:
                 holding = self.kubelet_pods()
             except Exception as exc:
-                return Abort(KUBELET_UNREADABLE, f"the kubelet cannot say which pods hold GPUs ({exc})")
+                return Abort(
+                    ActiveCheckAbort.KUBELET_UNREADABLE,
+                    f"the kubelet cannot say which pods hold GPUs ({exc})",
+                )
             if holding:
-                return Abort(GPU_HELD, f"pod {', '.join(holding[:3])} holds an NVIDIA device (kubelet)")
+                return Abort(
+                    ActiveCheckAbort.GPU_HELD,
+                    f"pod {', '.join(holding[:3])} holds an NVIDIA device (kubelet)",
+                )
         if self.rest is None or self._clock() - self._asked < self.api_poll_s:
             return None
         self._asked = self._clock()
@@ -215,7 +219,7 @@ class PodArrivals:
             what = wants_gpu(p)
             if what is not None:
                 text = f"pod {meta.get('namespace')}/{meta.get('name')} arrived asking for {what}"
-                return Abort(POD_ARRIVED, text)
+                return Abort(ActiveCheckAbort.POD_ARRIVED, text)
         return None
 
 

@@ -40,7 +40,7 @@ from agent.reporters.brake_audit import AUDIT_PERIOD_S, Audit, Count
 from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.gpu_total import DEFAULT_SERVICE_ACCOUNT, GpuNodes
-from agent.reporters.kube_rest import KubeRest, api_message, api_status, describe_error
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_message, api_status, describe_error
 from agent.reporters.node_names import METADATA_LIST_ACCEPT as METADATA_LIST_ACCEPT
 from agent.reporters.node_names import names_in_list as names_in_list
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = (5, 30)
 DEFAULT_NAMESPACE = "gpu-healthcheck"  # where the slots live: the agents' own namespace
 REAP_PERIOD_S = 300.0  # a refused node checks the holders of the slots it tried at most this often
 

@@ -20,13 +20,12 @@ from typing import Any
 from agent.core.brake_count import Ticket
 from agent.core.node_keys import Keys
 from agent.core.record_kind import RecordKind
-from agent.reporters.kube_rest import KubeRest, api_status
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_status
 from agent.reporters.lease_records import LeaseRecords, parse
 from agent.reporters.node_names import NAMES_LIST_ACCEPT, list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
-TIMEOUT = (5, 30)
 OVERFLOW = "x"  # an overflow slot's name part: `<prefix>-taint-<brake>-x-<number of the holder's hash>`
 
 
@@ -205,7 +204,7 @@ def node_exists(rest: KubeRest, name: str) -> bool:
             f"/api/v1/nodes/{name}",
             query={"includeObject": "None"},  # the row alone: a Table's default carries the metadata
             accept=NAMES_LIST_ACCEPT,
-            timeout=TIMEOUT,
+            timeout=REQUEST_TIMEOUT,
         )
     except Exception as exc:
         if api_status(exc) == 404:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "gpu-healthcheck-config-proof"
 REASON = RemediationReason.COULD_NOT_CHECK  # one of ours (the fence lets us remove ours)
-TIMEOUT = (5, 15)
+TIMEOUT = (5, 15)  # not kube_rest's (5, 30): one dry-run PATCH before adopting a config
 
 
 def server_message(exc: BaseException) -> str:

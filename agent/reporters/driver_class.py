@@ -15,7 +15,7 @@ from agent.reporters.kube_rest import KubeRest, api_status, describe_error
 log = logging.getLogger(__name__)
 
 DEVICE_CLASS = f"/apis/resource.k8s.io/v1/deviceclasses/{DRIVER}"
-REQUEST_TIMEOUT = (5, 10)
+REQUEST_TIMEOUT = (5, 10)  # not kube_rest's (5, 30): one small object, asked again at the next validation
 
 
 class DriverClass:

@@ -33,7 +33,7 @@ VAP_GROUP = "/apis/admissionregistration.k8s.io/v1"
 SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 MARK_GROUP = "fence.gpu-healthcheck.io"  # the made-up permissions of 10-rbac.yaml
 REFUSED = (403, 422)
-TIMEOUT = (5, 15)
+TIMEOUT = (5, 15)  # not kube_rest's (5, 30): dry runs and discovery at start, small answers
 
 
 class FenceResult(str, enum.Enum):

@@ -19,13 +19,12 @@ from typing import Any, Protocol
 
 from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, matches
 from agent.core.node_keys import Keys
-from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_status, describe_error
 from agent.reporters.node_names import list_names_doc, names_in_list
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_ACCOUNT = "gpu-healthcheck-agent"  # manifests/10-rbac.yaml; $POD_SERVICE_ACCOUNT in a pod
-TIMEOUT = (5, 30)
 
 
 def daemonset_total(rest: KubeRest, namespace: str, service_account: str) -> int | None:
@@ -33,7 +32,7 @@ def daemonset_total(rest: KubeRest, namespace: str, service_account: str) -> int
     from the watch cache; None when no such DaemonSet is there or it cannot be read (403, 404)."""
     path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets"
     try:
-        doc = rest.json("GET", path, query={"resourceVersion": "0"}, timeout=TIMEOUT)
+        doc = rest.json("GET", path, query={"resourceVersion": "0"}, timeout=REQUEST_TIMEOUT)
     except Exception as exc:
         if api_status(exc) in (401, 403, 404):
             log.info("brake: the agent's DaemonSets cannot be read (%s): counting Nodes", describe_error(exc))

@@ -14,9 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from agent.core.record_kind import RecordKind, record_kind
-from agent.reporters.kube_rest import KubeRest, api_status
-
-REQUEST_TIMEOUT = (5, 30)
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_status
 
 
 def lease_path(namespace: str, name: str = "") -> str:
@@ -166,4 +164,4 @@ class LeaseRecords:
                 raise
 
 
-__all__ = ["REQUEST_TIMEOUT", "LeaseRecord", "LeaseRecords", "epoch", "lease_path", "parse"]
+__all__ = ["LeaseRecord", "LeaseRecords", "epoch", "lease_path", "parse"]

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from agent.core.findings import CheckResult
 from agent.core.metric_labels import (
+    ActiveCheckAbort,
+    ActiveCheckState,
     ConfigReloadResult,
     ToolOutcome,
 )
@@ -301,10 +303,10 @@ class Metrics(DeviceMetrics):
     def record_diag_running(self, running: bool) -> None:
         self.dcgm_diag_running.set(1 if running else 0)
 
-    def record_active_check(self, state: str) -> None:
+    def record_active_check(self, state: ActiveCheckState) -> None:
         _only(self.active_check_state, {(state,): 1}, self._shown)
 
-    def record_active_check_abort(self, reason: str) -> None:
+    def record_active_check_abort(self, reason: ActiveCheckAbort) -> None:
         self.active_check_aborts.labels(reason).inc()
 
     def record_tool_read(self, tool: str, outcome: ToolOutcome, seconds: float) -> None:

@@ -11,13 +11,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from agent.reporters.kube_rest import KubeRest, api_status
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_status
 
 log = logging.getLogger(__name__)
 
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 NAMES_LIST_ACCEPT = "application/json;as=Table;g=meta.k8s.io;v=v1," + METADATA_LIST_ACCEPT
-TIMEOUT = (5, 30)
 
 
 def names_in_list(doc: Mapping[str, Any]) -> list[str]:
@@ -58,12 +57,12 @@ def list_names_doc(
     if min_rv:
         fresh = {**query, "resourceVersion": min_rv, "resourceVersionMatch": "NotOlderThan"}
         try:
-            return rest.json("GET", path, query=fresh, accept=NAMES_LIST_ACCEPT, timeout=TIMEOUT)
+            return rest.json("GET", path, query=fresh, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT)
         except Exception as exc:
             if api_status(exc) != 504:
                 raise
             log.info("the API server's cache is behind our write (%s); listing it as is", exc)
-    return rest.json("GET", path, query=query, accept=NAMES_LIST_ACCEPT, timeout=TIMEOUT)
+    return rest.json("GET", path, query=query, accept=NAMES_LIST_ACCEPT, timeout=REQUEST_TIMEOUT)
 
 
 __all__ = ["METADATA_LIST_ACCEPT", "NAMES_LIST_ACCEPT", "list_names_doc", "names_in_list"]

@@ -243,7 +243,6 @@ __all__ = [
     "plan_conditions",
     "plan_entry",
     "plan_node_patch",
-    "remediation_condition",
     "rv_number",
     "rv_text",
     "taint_disabled",

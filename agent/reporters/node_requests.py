@@ -40,7 +40,7 @@ from agent.reporters.taint_gate import TaintDecision, TaintGate
 
 log = logging.getLogger("agent.reporters.node_writer")  # the writer's log, as before the split
 
-REQUEST_TIMEOUT = (5, 10)
+REQUEST_TIMEOUT = (5, 10)  # not kube_rest's (5, 30): a stuck Node write must not hold the loop
 CONFLICT_ATTEMPTS = 12  # a busy controller on the same Node; each try re-reads the watched copy
 
 Note = Callable[[str, str], None]  # (kind, outcome): the writer's on_write hook

@@ -325,4 +325,4 @@ class NodeWriter(WriteOrder):
                     self._apply(marks, ())
 
 
-__all__ = ["ApplyResult", "NodeWriter"]
+__all__ = ["NodeWriter"]

@@ -18,12 +18,11 @@ import threading
 from typing import Any
 
 from agent.core.device_scope import DRIVER, Device, slice_devices
-from agent.reporters.kube_rest import KubeRest, api_status, describe_error
+from agent.reporters.kube_rest import REQUEST_TIMEOUT, KubeRest, api_status, describe_error
 
 log = logging.getLogger(__name__)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-REQUEST_TIMEOUT = (5, 30)
 WATCH_TIMEOUT_SECONDS = 300
 NOT_SERVED_RETRY_S = 600.0
 

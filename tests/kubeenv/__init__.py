@@ -1,20 +1,5 @@
 """A real etcd + kube-apiserver for the test suite, the way controller authors use envtest.
 
-See tools/kube-bins/README.md. Fixtures live in tests/kubeenv/fixtures.py.
+See tools/kube-bins/README.md. Fixtures live in tests/kubeenv/fixtures.py; import each name from its
+module (binaries, env, server), which defines it.
 """
-
-from .binaries import KubeBinaries, KubeUnavailable, ensure_binaries, find_binaries
-from .env import KubectlError, KubeEnv, unique_name
-from .server import ControlPlane, ControlPlaneError
-
-__all__ = [
-    "ControlPlane",
-    "ControlPlaneError",
-    "KubeBinaries",
-    "KubeEnv",
-    "KubeUnavailable",
-    "KubectlError",
-    "ensure_binaries",
-    "find_binaries",
-    "unique_name",
-]

@@ -21,12 +21,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent.core.active_checks import (
-    HOLDING,
-    IDLE,
-    NO_SLOT,
-    RUNNING,
-    UNFINISHED,
-    WAITING,
     Abort,
     ActivePolicy,
     ActiveState,
@@ -35,6 +29,7 @@ from agent.core.active_checks import (
 )
 from agent.core.dcgm_report import DiagReport, kept_after_abort
 from agent.core.marks import NodeEvent
+from agent.core.metric_labels import ActiveCheckAbort, ActiveCheckState
 from agent.core.node_keys import DIAG_ABORTED, DIAG_COMPLETED, NORMAL, WARNING, EventReason
 from agent.core.probed import ProbeError
 from agent.core.results_doc import now_iso
@@ -90,7 +85,7 @@ class DiagWindow:
         self._said = ""
         self._abort: Abort | None = None  # why the running diag was stopped
         self.metrics: Telemetry = metrics or NoTelemetry()
-        self.metrics.record_active_check(IDLE)
+        self.metrics.record_active_check(ActiveCheckState.IDLE)
 
     def run(self, runner: DiagRunner) -> bool:
         """One try: True when a diag ran (finished, failed or aborted: its result is latched),
@@ -100,10 +95,10 @@ class DiagWindow:
             return self._postponed(runner, verdict.reason)
         why = self.slots.acquire()
         if why is not None:
-            return self._postponed(runner, why, NO_SLOT)
+            return self._postponed(runner, why, ActiveCheckState.NO_SLOT)
         running = False
         try:
-            self.metrics.record_active_check(HOLDING)
+            self.metrics.record_active_check(ActiveCheckState.HOLDING)
             self.hold.hold(True)
             if not self._wait(self.hold.held):
                 return self._postponed(
@@ -129,7 +124,7 @@ class DiagWindow:
                         NORMAL,
                     )
                 )
-            self.metrics.record_active_check(RUNNING)
+            self.metrics.record_active_check(ActiveCheckState.RUNNING)
             running, self._abort = True, None
             result = runner.run(abort=self._poll, poll_s=self.poll_s)
             if isinstance(result, ProbeError) and runner.aborted:
@@ -138,7 +133,7 @@ class DiagWindow:
             self.state.settled()
             runner.latest = result
             if isinstance(result, ProbeError):
-                self.metrics.record_active_check_abort(UNFINISHED)
+                self.metrics.record_active_check_abort(ActiveCheckAbort.UNFINISHED)
                 self.state.end(DIAG_ABORTED, self._now(), result.message)
             else:
                 self.state.end(DIAG_COMPLETED, self._now())
@@ -157,13 +152,15 @@ class DiagWindow:
                 )
             self.slots.release()
             if running:  # a postponed diag stays waiting (or no-slot) until its next try
-                self.metrics.record_active_check(WAITING if self.state.retry is not None else IDLE)
+                self.metrics.record_active_check(
+                    ActiveCheckState.WAITING if self.state.retry is not None else ActiveCheckState.IDLE
+                )
 
     def _aborted(self, runner: DiagRunner, result: ProbeError, request: DiagRequest | None) -> None:
         """Stopped for work: not run. The last completed verdict stays (the message says so, and
         when the diag runs again); counted by why, an Event, lastDiag aborted with its retry."""
         stopped = self._abort
-        self.metrics.record_active_check_abort(stopped.reason if stopped else UNFINISHED)
+        self.metrics.record_active_check_abort(stopped.reason if stopped else ActiveCheckAbort.UNFINISHED)
         retry = self.state.retry_later(request, self.retry_after, self._clock(), self._wall())
         again = f"it runs again once the GPUs are idle, not before {retry.at}"
         runner.latest = kept_after_abort(runner.latest, f"a {result.message}, at {self._now()}; {again}")
@@ -195,7 +192,9 @@ class DiagWindow:
             self._sleep(0.2)
         return True
 
-    def _postponed(self, runner: DiagRunner, why: str, state: str = WAITING) -> bool:
+    def _postponed(
+        self, runner: DiagRunner, why: str, state: ActiveCheckState = ActiveCheckState.WAITING
+    ) -> bool:
         self.metrics.record_active_check(state)
         runner.last_skip = f"DCGM diag postponed: {why}"
         if why != self._said:  # once per reason, not at every retry
