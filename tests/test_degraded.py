@@ -189,3 +189,23 @@ def test_what_the_loop_adds_reaches_the_degraded_version_too(snap: Path) -> None
     assert out.degraded is not None and out.degraded.status is Status.DEGRADED
     for version in (out, out.degraded):
         assert version.events[0] == reloaded and version.config_rejected
+
+
+def test_the_node_status_metric_says_degraded_only_while_the_node_reads_so() -> None:
+    """A recovering node keeps its rules (recoverAfter) while it reads pass: the metric of isolated
+    GPUs counts them, the node's status metric stays what the engine recorded."""
+    from agent.reporters.metrics import Metrics
+
+    def status_series(m: Metrics) -> dict[str, float]:
+        got = {}
+        for family in m.registry.collect():
+            if family.name == "gpu_healthcheck_node_status":
+                got = {s.labels["status"]: s.value for s in family.samples}
+        return got
+
+    m = Metrics()
+    m.record_verdict(Status.PASS, [])
+    m.record_isolated_gpus(1, Status.PASS)  # recovering: the rule still stands
+    assert status_series(m) == {"pass": 1.0}
+    m.record_isolated_gpus(1, Status.DEGRADED)
+    assert status_series(m) == {"degraded": 1.0}

@@ -167,7 +167,7 @@ class IsolatingWriter:
             log.warning("node %s: device taints not written: %s", self.taints.node_name, describe(failure))
             return replace(result, ok=False, error=f"device taints: {describe(failure)}")
         if self.metrics is not None and getattr(result, "ok", False):
-            self.metrics.record_isolated_gpus(len(taint_rules) if isolated else 0)
+            self.metrics.record_isolated_gpus(len(taint_rules) if isolated else 0, node_marks.status)
         return replace(result, shown=node_marks.status) if hasattr(result, "shown") else result
 
     # -- the parts -------------------------------------------------------------------------------------

@@ -91,10 +91,12 @@ class DeviceMetrics:
     def record_device_taint_api(self, version: str) -> None:
         only(self.device_taint_api, {(version,): 1}, self._shown)
 
-    def record_isolated_gpus(self, count: int) -> None:
-        """The GPUs our DeviceTaintRules take out of service now; with any, the node shows degraded."""
+    def record_isolated_gpus(self, count: int, shown: Status) -> None:
+        """The GPUs our DeviceTaintRules take out of service now, and the status the Node was written
+        with where it is `degraded` (a recovering node keeps its rules for recoverAfter cycles while
+        it reads `pass`: the engine's record_verdict says so, this must not say otherwise)."""
         self.isolated_gpus.set(count)
-        if count:
+        if shown is Status.DEGRADED:
             only(self.node_status, {(Status.DEGRADED.value,): 1}, self._shown)
 
     def record_device_taint_fallback(self, reason: DeviceTaintFallback) -> None:
