@@ -249,7 +249,7 @@ def new_writer(core: Any, name: str, cfg: Config) -> NodeWriter:
         max_fraction=cfg.node.max_tainted_fraction,
         max_nodes=cfg.node.max_tainted_nodes,
     )
-    return NodeWriter(core, name, brake=brake)
+    return NodeWriter(core, name, brake=brake, cfg=cfg)
 
 
 def start_watches(writers: list[NodeWriter], batch: int, timeout: float = 120.0) -> None:

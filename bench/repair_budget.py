@@ -128,12 +128,10 @@ def shard(kubeconfig: str, cfg_dir: str, commands: Any, ready: Any, stop_mp: Any
             name,
             namespace=NS,
             brake=brake,
-            budget=n.repair_budget,
-            wave=n.wave_hold,
-            prefix=cfg.prefix,
+            cfg=cfg,
             hold_cache_s=REASK_S,
         )
-        writer = NodeWriter(core, name, brake=brake, repair=repair)
+        writer = NodeWriter(core, name, brake=brake, repair=repair, cfg=cfg)
         writer.start()
         if hasattr(brake, "warm"):
             brake.gpu_node_names()  # the old agent read the fleet's total at start (brake.warm)

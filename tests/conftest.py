@@ -22,6 +22,7 @@ from agent.config import (
     parse_config,
     yaml_safe,
 )
+from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from tests.kubeenv.fixtures import *  # noqa: F403  (real kube-apiserver fixtures)
 
 FAKE_DCGM = Path(__file__).parent / "fakes" / "dcgm"
@@ -56,6 +57,34 @@ def cfg(
         copy.deepcopy(_shipped(DCGM_INCIDENTS_YAML)),
         rules=RULE_BOOK if rules else None,
     )
+
+
+@functools.cache
+def shipped() -> Config:
+    """``cfg()`` once: the shipped config, for a part a test builds on it (a Config is never changed)."""
+    return cfg()
+
+
+def node_cfg(
+    budget: BudgetPolicy | None = None, wave: WavePolicy | None = None, *, prefix: str = "", **node: Any
+) -> Config:
+    """``cfg`` with these ``node.*`` keys (as config.yaml spells them) over the defaults, for a part
+    built on the Config it reads (a LivePart); *budget* and *wave* are written back as
+    node.repairBudget and node.waveHold, *prefix* as the prefix ("": the default)."""
+    if budget is not None:
+        node["repairBudget"] = {
+            "maxNodes": budget.max_nodes,
+            "maxFraction": budget.max_fraction,
+            "windowMinutes": budget.window_s / 60,
+            "perLabel": budget.per_label,
+        }
+    if wave is not None:
+        node["waveHold"] = {
+            "minNodes": wave.min_nodes,
+            "minFraction": wave.min_fraction,
+            "windowMinutes": wave.window_s / 60,
+        }
+    return cfg({"node": node, **({"prefix": prefix} if prefix else {})})
 
 
 @pytest.fixture(name="cfg", scope="session")

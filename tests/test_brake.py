@@ -21,6 +21,7 @@ from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import shipped
 from tests.kubeenv.env import unique_name
 
 K = Keys()
@@ -146,7 +147,7 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, pool: Any)
     """10 GPU nodes, maxTaintedFraction 0.2: 5 fail, 2 are tainted, 3 labelled only (BrakeOpen);
     when the 2 recover their slots are freed and two others get tainted, never more than 2 at once."""
     names = pool(10)
-    writers = {n: NodeWriter(core, n, brake=pool.brake(core, max_fraction=0.2)) for n in names}
+    writers = {n: NodeWriter(core, n, brake=pool.brake(core, max_fraction=0.2), cfg=shipped()) for n in names}
     failing = names[:5]
     for n in names:
         writers[n].apply(_marks(n in failing))
@@ -181,7 +182,7 @@ def test_absolute_cap(core: k8s.CoreV1Api, pool: Any) -> None:
     """One brake shared by four writers (a tool's): it keeps each node's slot apart."""
     names = pool(4)
     brake = pool.brake(core, max_fraction=1.0, max_nodes=1)
-    res = [NodeWriter(core, n, brake=brake).apply(_marks(True)) for n in names]
+    res = [NodeWriter(core, n, brake=brake, cfg=shipped()).apply(_marks(True)) for n in names]
     assert [r.tainted for r in res] == [True, False, False, False]
     assert all(r.brake_open for r in res[1:])
     assert sum(_ours(core, n) for n in names) == 1
@@ -197,7 +198,9 @@ def test_a_race_of_simultaneous_taints_never_passes_the_limit(
     names = pool(10)
     clients = [kube.api_client() for _ in names]
     writers = {
-        n: NodeWriter(k8s.CoreV1Api(c), n, brake=pool.brake(k8s.CoreV1Api(c), max_fraction=0.2))
+        n: NodeWriter(
+            k8s.CoreV1Api(c), n, brake=pool.brake(k8s.CoreV1Api(c), max_fraction=0.2), cfg=shipped()
+        )
         for n, c in zip(names, clients, strict=True)
     }
     for n in names:
@@ -259,21 +262,23 @@ def test_a_restarted_agent_finds_its_slot_and_a_tainted_node_without_one_takes_o
     first apply, or keeps its taint without one when none is free (never taken away)."""
     a, b, c, _d = pool(4)
     brake_a = pool.brake(core, max_fraction=0.5)  # cap 2
-    assert NodeWriter(core, a, brake=brake_a).apply(_marks(True)).tainted
+    assert NodeWriter(core, a, brake=brake_a, cfg=shipped()).apply(_marks(True)).tainted
     first = pool.slots(core)
     assert len(first) == 1
     again = pool.brake(core, max_fraction=0.5)
-    assert NodeWriter(core, a, brake=again).apply(_marks(True)).tainted
+    assert NodeWriter(core, a, brake=again, cfg=shipped()).apply(_marks(True)).tainted
     assert again.holds(a) and pool.slots(core) == first
 
     taint = {"key": TAINT, "value": "reset", "effect": "NoSchedule"}
     for n in (b, c):  # tainted by an agent that took no slot
         core.patch_node(n, {"metadata": {"labels": {K.tainted: TRUE}}, "spec": {"taints": [taint]}})
     brake_b = pool.brake(core, max_fraction=0.5)
-    assert NodeWriter(core, b, brake=brake_b).apply(_marks(True)).tainted
+    assert NodeWriter(core, b, brake=brake_b, cfg=shipped()).apply(_marks(True)).tainted
     assert brake_b.holds(b) and len(pool.slots(core)) == 2
     brake_c = pool.brake(core, max_fraction=0.5)
-    assert NodeWriter(core, c, brake=brake_c).apply(_marks(True)).tainted  # kept: never taken away
+    assert (
+        NodeWriter(core, c, brake=brake_c, cfg=shipped()).apply(_marks(True)).tainted
+    )  # kept: never taken away
     assert not brake_c.holds(c) and len(pool.slots(core)) == 2
 
 

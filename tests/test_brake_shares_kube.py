@@ -28,6 +28,7 @@ from agent.reporters.brake import Brake
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import shipped
 
 pytestmark = pytest.mark.kube
 
@@ -83,7 +84,7 @@ class Fleet:
         """The agent's Node writer and brake for *node*, under its token."""
         api = self.kube.api_client_for_token(self.tokens[node])
         self.clients.append(api)
-        return NodeWriter(k8s.CoreV1Api(api), node, brake=self.brake(node, **kw))
+        return NodeWriter(k8s.CoreV1Api(api), node, brake=self.brake(node, **kw), cfg=shipped())
 
     def tainted(self) -> set[str]:
         out = set()

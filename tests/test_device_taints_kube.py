@@ -36,6 +36,7 @@ from agent.core.device_scope import Scope
 from agent.core.severity import Severity, Status
 from agent.reporters.device_taint_rules import eviction_status
 from tests import eviction_scenario as scenario
+from tests.conftest import shipped
 from tests.kubeenv.dra import (
     DRIVER,
     DeviceTaintSupport,
@@ -268,7 +269,7 @@ class Writers:
                 also_tainted=lambda: tainted_nodes(api, api=self.taints.served),
             )
         self.brake = brake
-        self.node = NodeWriter(api, node, brake=brake)
+        self.node = NodeWriter(api, node, brake=brake, cfg=shipped())
         self.slices = SliceWatch(api, node)
         cfg = parse_config({"node": {"isolation": mode}})
         self.w = IsolatingWriter(self.node, self.slices, self.taints, cfg, brake=brake, metrics=metrics)

@@ -27,6 +27,7 @@ from agent.reporters.brake import Brake
 from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.repair_budget import RepairBudget
+from tests.conftest import node_cfg
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -83,7 +84,7 @@ class Fleet:
         rest = self.rest(node)
         brake = Brake(rest, scope=self.scope, node_name=node, max_fraction=1.0, cache_seconds=0)
         return RepairBudget(
-            rest, node, namespace=NS, brake=brake, budget=budget, wave=wave, prefix=PREFIX, hold_cache_s=0
+            rest, node, namespace=NS, brake=brake, cfg=node_cfg(budget, wave, prefix=PREFIX), hold_cache_s=0
         )
 
     def node_doc(self, node: str) -> dict[str, Any]:

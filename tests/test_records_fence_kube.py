@@ -26,6 +26,7 @@ from agent.reporters.budget_records import list_records
 from agent.reporters.fence import FenceResult, prove_fence
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.repair_budget import RepairBudget
+from tests.conftest import node_cfg
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -166,9 +167,7 @@ def test_the_agents_repair_budget_runs_under_its_token_without_a_refusal(agent: 
             node,
             namespace=NS,
             brake=brake,
-            budget=BudgetPolicy(1, 1.0, 3600),
-            wave=WavePolicy(5, 0.0, 900),
-            prefix=PREFIX,
+            cfg=node_cfg(BudgetPolicy(1, 1.0, 3600), WavePolicy(5, 0.0, 900), prefix=PREFIX),
             hold_cache_s=0,
         )
         node_doc = kube.request("GET", f"/api/v1/nodes/{node}")[1]
@@ -230,9 +229,7 @@ def test_the_garbage_collector_removes_a_fail_record_with_its_node(installed: An
                 name,
                 namespace=NS,
                 brake=Brake(rest, scope=f"kubernetes.io/hostname={name}", node_name=name, max_fraction=1.0),
-                budget=BudgetPolicy(0, 1.0, 3600),
-                wave=WavePolicy(5, 0.0, 900),
-                prefix=PREFIX,
+                cfg=node_cfg(BudgetPolicy(0, 1.0, 3600), WavePolicy(5, 0.0, 900), prefix=PREFIX),
                 hold_cache_s=0,
             )
             assert repair.decide(kube.request("GET", f"/api/v1/nodes/{name}")[1], "xid/79") is None

@@ -210,15 +210,12 @@ def wire(args: Any) -> Wired | int:
             node_name,
             namespace=agent_namespace(sa_dir),
             brake=brake,
-            budget=cfg.node.repair_budget,
-            wave=cfg.node.wave_hold,
-            prefix=cfg.prefix,
+            cfg=cfg,
         )
         writer = NodeWriter(
             core,
             node_name,
-            prefix=cfg.prefix,
-            condition_type=cfg.node.condition_type,
+            cfg=cfg,
             brake=brake,
             dry_run=args.dry_run,
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
