@@ -245,9 +245,7 @@ def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int], cfg: C
 def new_writer(core: Any, name: str, cfg: Config) -> NodeWriter:
     brake = Brake(
         core,
-        selectors=cfg.gpu_node_selection,
-        max_fraction=cfg.node.max_tainted_fraction,
-        max_nodes=cfg.node.max_tainted_nodes,
+        cfg=cfg,
     )
     return NodeWriter(core, name, brake=brake, cfg=cfg)
 

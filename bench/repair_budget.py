@@ -115,13 +115,10 @@ def shard(kubeconfig: str, cfg_dir: str, commands: Any, ready: Any, stop_mp: Any
     faults: dict[str, threading.Event] = {}
 
     def agent(name: str, fault: threading.Event, stop: threading.Event) -> None:
-        n = cfg.node
         brake = Brake(
             core,
-            selectors=cfg.gpu_node_selection,
+            cfg=cfg,
             node_name=name,
-            max_fraction=n.max_tainted_fraction,
-            max_nodes=n.max_tainted_nodes,
         )
         repair = RepairBudget(
             core,

@@ -87,6 +87,27 @@ def node_cfg(
     return cfg({"node": node, **({"prefix": prefix} if prefix else {})})
 
 
+BRAKE_KEYS = {
+    "selectors": "gpuNodeSelector",
+    "max_fraction": "maxTaintedFraction",
+    "max_nodes": "maxTaintedNodes",
+    "min_severity": "taintMinSeverity",
+}
+
+
+def brake_cfg(**limits: Any) -> Config:
+    """The Config a test's Brake reads: its limits by the names above, written as their node.* keys
+    over the defaults, and no instance profiles (the GPU nodes are the selectors' alone)."""
+    node = {BRAKE_KEYS[k]: list(v) if k == "selectors" else v for k, v in limits.items()}
+    return parse_config({"node": node})
+
+
+def brake_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """A Brake's keyword arguments with its limits (brake_cfg's names) turned into its ``cfg``."""
+    limits = {k: kw.pop(k) for k in BRAKE_KEYS if k in kw}
+    return {**kw, "cfg": brake_cfg(**limits)}
+
+
 @pytest.fixture(name="cfg", scope="session")
 def shipped_cfg() -> Config:
     """``cfg()`` as a fixture: the shipped config, for a test that takes ``cfg`` (one per session:

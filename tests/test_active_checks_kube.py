@@ -45,6 +45,7 @@ from agent.core.node_keys import EventReason, Keys
 from agent.reporters.active_checks import FleetSlots, slot_name
 from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import KubeRest
+from tests.conftest import brake_cfg
 from tests.kubeenv.env import unique_name
 from tests.kubeenv.waiting import wait_for
 
@@ -470,7 +471,7 @@ def test_slots_taken_at_one_instant_grant_exactly_the_bound(
             n,
             namespace=kube_namespace,
             prefix=K.prefix,
-            brake=Brake(KubeRest.of(c), scope=scope, node_name=n),
+            brake=Brake(KubeRest.of(c), scope=scope, node_name=n, cfg=brake_cfg()),
             policy=lambda: ActivePolicy("2"),
             expire_s=lambda: 600.0,
         )

@@ -21,7 +21,7 @@ from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
-from tests.conftest import shipped
+from tests.conftest import brake_cfg, brake_kw, shipped
 from tests.kubeenv.env import unique_name
 
 K = Keys()
@@ -119,7 +119,7 @@ def pool(gpu_node: Any, kube_namespace: str) -> Any:
 
         def brake(self, core: Any, **kw: Any) -> Brake:
             kw.setdefault("cache_seconds", 0)
-            return Brake(core, scope=self.scope, namespace=self.namespace, **kw)
+            return Brake(core, scope=self.scope, namespace=self.namespace, **brake_kw(kw))
 
         def slots(self, core: Any) -> list[str]:
             """The slots held now (names), as the API server has them (a consistent list)."""
@@ -320,10 +320,14 @@ def test_a_reconfigured_brake_counts_with_the_new_selector_and_limits(core: k8s.
     assert brake.allows_new_taint(other)[0]  # cap 1 of 2: other holds it
     ok, _ = brake.allows_new_taint(asker)
     assert not ok and brake.state is not None and (brake.state.cap, brake.state.total) == (1, 2)
-    brake.reconfigure(selectors=["test.example/kind=small"], max_fraction=1.0, max_nodes=0)
+    brake.apply_config(
+        brake.cfg, brake_cfg(selectors=["test.example/kind=small"], max_fraction=1.0, max_nodes=0)
+    )
     ok, _ = brake.allows_new_taint(asker)  # the cached refusal went with the old limits (brake off)
     assert ok
-    brake.reconfigure(selectors=["test.example/kind in (small,big)"], max_fraction=0.5, max_nodes=1)
+    brake.apply_config(
+        brake.cfg, brake_cfg(selectors=["test.example/kind in (small,big)"], max_fraction=0.5, max_nodes=1)
+    )
     ok, reason = brake.allows_new_taint(asker)
     assert not ok and "maxTaintedNodes=1" in reason
     assert brake.state is not None and brake.state.total == 5  # counted with the new selector
@@ -380,7 +384,7 @@ def test_the_total_is_the_agent_daemonsets_desired_count(kube: Any, core: k8s.Co
             }
             status, doc = kube.request("POST", f"/apis/apps/v1/namespaces/{pool.namespace}/daemonsets", body)
             assert status == 201, doc
-        brake = Brake(core, namespace=pool.namespace, max_fraction=0.2, total_cache_seconds=0)
+        brake = Brake(core, namespace=pool.namespace, total_cache_seconds=0, cfg=brake_cfg(max_fraction=0.2))
         deadline = time.monotonic() + 60
         while (got := brake.total()) != 3:
             assert time.monotonic() < deadline, f"the DaemonSet controller never counted 3 nodes: {got}"
@@ -393,7 +397,7 @@ def test_the_total_is_the_agent_daemonsets_desired_count(kube: Any, core: k8s.Co
 def test_a_failing_read_is_could_not_count(core: k8s.CoreV1Api, pool: Any) -> None:
     """The API server refuses the total's read (here: a selector it cannot parse, 400): the brake
     raises (the writer keeps the Node as it is and asks again), never allows a taint."""
-    brake = Brake(core, scope="test.example/pool in (unclosed", namespace=pool.namespace)
+    brake = Brake(core, scope="test.example/pool in (unclosed", namespace=pool.namespace, cfg=brake_cfg())
     with pytest.raises(ApiException) as exc:
         brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400

@@ -28,7 +28,7 @@ from agent.reporters.brake import Brake
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
-from tests.conftest import shipped
+from tests.conftest import brake_kw, shipped
 
 pytestmark = pytest.mark.kube
 
@@ -78,7 +78,7 @@ class Fleet:
     def brake(self, node: str, **kw: Any) -> Brake:
         kw.setdefault("max_fraction", 1.0)
         return Brake(self.rest(node), scope=self.scope, node_name=node, namespace=NS, cache_seconds=0,
-                     slot_grace_s=GRACE_S, audit_period_s=0, **kw)  # fmt: skip
+                     slot_grace_s=GRACE_S, audit_period_s=0, **brake_kw(kw))  # fmt: skip
 
     def writer(self, node: str, **kw: Any) -> NodeWriter:
         """The agent's Node writer and brake for *node*, under its token."""

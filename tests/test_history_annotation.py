@@ -49,7 +49,7 @@ from agent.probes.snapshot import SnapshotSource
 from agent.reporters.history_entry import History
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.taint_gate import TaintDecision
-from tests.conftest import node_cfg, shipped
+from tests.conftest import brake_cfg, node_cfg, shipped
 
 ROOT = Path(__file__).parent.parent
 XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
@@ -507,9 +507,9 @@ def test_the_brake_holding_is_recorded_once(
             core,
             scope=f"nvidia.com/gpu.present=true,{pool}",
             node_name=name,
-            max_nodes=1,
             cache_seconds=0,
             namespace=kube_namespace,
+            cfg=brake_cfg(max_nodes=1),
         )
         return NodeWriter(core, name, brake=brake, cfg=shipped())
 

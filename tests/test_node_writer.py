@@ -29,7 +29,7 @@ from agent.reporters.apply_result import ApplyResult
 from agent.reporters.kube_rest import KubeRest, node_path
 from agent.reporters.node_patch import find_our_taint, plan_condition, plan_node_patch
 from agent.reporters.node_writer import NodeWriter
-from tests.conftest import shipped
+from tests.conftest import brake_cfg, shipped
 from tests.kubeenv.env import unique_name
 
 P = DEFAULT_PREFIX
@@ -591,7 +591,11 @@ def test_a_taint_whose_answer_was_lost_keeps_its_brake_slot(
 
     def brake(core: Any) -> Brake:
         return Brake(
-            core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, namespace=kube_namespace
+            core,
+            scope=selector,
+            cache_seconds=0,
+            namespace=kube_namespace,
+            cfg=brake_cfg(max_fraction=1.0, max_nodes=1),
         )
 
     with kube.api_client() as api:

@@ -27,7 +27,7 @@ from agent.reporters.brake import Brake
 from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.repair_budget import RepairBudget
-from tests.conftest import node_cfg
+from tests.conftest import brake_cfg, node_cfg
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -82,7 +82,9 @@ class Fleet:
 
     def repair(self, node: str, budget: BudgetPolicy, wave: WavePolicy) -> RepairBudget:
         rest = self.rest(node)
-        brake = Brake(rest, scope=self.scope, node_name=node, max_fraction=1.0, cache_seconds=0)
+        brake = Brake(
+            rest, scope=self.scope, node_name=node, cache_seconds=0, cfg=brake_cfg(max_fraction=1.0)
+        )
         return RepairBudget(
             rest, node, namespace=NS, brake=brake, cfg=node_cfg(budget, wave, prefix=PREFIX), hold_cache_s=0
         )
@@ -211,7 +213,7 @@ def test_forged_active_check_slots_take_one_slot(fleet: Fleet) -> None:
 
     def slots(node: str) -> FleetSlots:
         rest = fleet.rest(node)
-        brake = Brake(rest, scope=fleet.scope, node_name=node)
+        brake = Brake(rest, scope=fleet.scope, node_name=node, cfg=brake_cfg())
         policy, expire = (lambda: ActivePolicy("2")), (lambda: 600.0)
         return FleetSlots(
             rest, node, namespace=NS, prefix=PREFIX, brake=brake, policy=policy, expire_s=expire

@@ -27,7 +27,7 @@ from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.repair_budget import RepairBudget
-from tests.conftest import node_cfg, shipped
+from tests.conftest import brake_cfg, node_cfg, shipped
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -90,7 +90,9 @@ class Fleet:
         self.writers = {name: self.writer(name, budget, wave) for name in self.names}
 
     def writer(self, name: str, budget: BudgetPolicy, wave: WavePolicy) -> NodeWriter:
-        brake = Brake(self.core, scope=self.scope, node_name=name, max_fraction=1.0, cache_seconds=0)
+        brake = Brake(
+            self.core, scope=self.scope, node_name=name, cache_seconds=0, cfg=brake_cfg(max_fraction=1.0)
+        )
         repair = RepairBudget(
             self.core,
             name,
@@ -195,7 +197,7 @@ def test_budget_races_never_mark_more_than_the_limit(
             KubeRest.of(c),
             n,
             namespace=kube_namespace,
-            brake=Brake(KubeRest.of(c), scope=fleet.scope, node_name=n),
+            brake=Brake(KubeRest.of(c), scope=fleet.scope, node_name=n, cfg=brake_cfg()),
             cfg=node_cfg(BudgetPolicy(3, 1.0, 3600), NO_WAVE),
             hold_cache_s=0,
         )

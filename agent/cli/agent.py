@@ -192,14 +192,10 @@ def wire(args: Any) -> Wired | int:
         taints = device_taints(core, node_name, cfg, metrics, args.dry_run)
         brake = Brake(
             core,
-            selectors=cfg.gpu_node_selection,
+            cfg=cfg,
             node_name=node_name,
             on_count=metrics.record_gpu_nodes,
             on_audit=lambda c: metrics.record_brake_count(c.counted, c.cap),
-            max_fraction=cfg.node.max_tainted_fraction,
-            max_nodes=cfg.node.max_tainted_nodes,
-            prefix=cfg.prefix,
-            min_severity=cfg.node.taint_min_severity.label,
             namespace=agent_namespace(sa_dir),
             service_account=os.environ.get("POD_SERVICE_ACCOUNT", "").strip() or DEFAULT_SERVICE_ACCOUNT,
         )
