@@ -108,6 +108,17 @@ def brake_kw(kw: dict[str, Any]) -> dict[str, Any]:
     return {**kw, "cfg": brake_cfg(**limits)}
 
 
+def live_cfg(
+    timeout_s: float = 30.0, nvml_timeout_s: float | None = None, check_timeout_s: float = 60.0
+) -> Config:
+    """The Config a test's LiveSource reads: its timeouts (NVML's: nvidia-smi's unless given), set in
+    the defaults past the schema, whose 1 s minimum is too slow for a test of a hung GPU."""
+    raw = copy.deepcopy(parse_config({}).raw)
+    nvml = timeout_s if nvml_timeout_s is None else nvml_timeout_s
+    raw["timeouts"] = {"nvidiaSmi": timeout_s, "nvml": nvml, "check": check_timeout_s}
+    return Config(raw=raw)
+
+
 @pytest.fixture(name="cfg", scope="session")
 def shipped_cfg() -> Config:
     """``cfg()`` as a fixture: the shipped config, for a test that takes ``cfg`` (one per session:

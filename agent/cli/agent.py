@@ -159,11 +159,8 @@ def wire(args: Any) -> Wired | int:
         source = SnapshotSource(Path(args.from_snapshot))
         kernel_path, device = Path(args.from_snapshot) / KMSG, False
     else:
-        t = cfg.timeouts
         source = LiveSource(
-            timeout_s=t.nvidia_smi,
-            nvml_timeout_s=t.nvml,
-            check_timeout_s=t.check,
+            cfg,
             telemetry=metrics,  # tool latency (gpu_healthcheck_tool_seconds)
         )
         parts.append(source)
