@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from agent.core.active_checks import ActivePolicy
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.reporters.active_checks import FleetSlots
 from agent.reporters.brake import Brake
@@ -214,10 +213,8 @@ def test_forged_active_check_slots_take_one_slot(fleet: Fleet) -> None:
     def slots(node: str) -> FleetSlots:
         rest = fleet.rest(node)
         brake = Brake(rest, scope=fleet.scope, node_name=node, cfg=brake_cfg())
-        policy, expire = (lambda: ActivePolicy("2")), (lambda: 600.0)
-        return FleetSlots(
-            rest, node, namespace=NS, prefix=PREFIX, brake=brake, policy=policy, expire_s=expire
-        )
+        cfg = node_cfg(activeChecks={"maxConcurrent": 2}, prefix=PREFIX)
+        return FleetSlots(rest, node, namespace=NS, brake=brake, cfg=cfg)  # a slot counts 900 + 180 s
 
     second, third = slots(b), slots(c)
     assert second.acquire() is None

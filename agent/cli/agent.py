@@ -259,9 +259,10 @@ def wire(args: Any) -> Wired | int:
     active_state, window = None, None
     if core is not None and writer is not None and brake is not None and dcgm_wanted:
         sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
-        active_state, window = active_window(
-            core, node_name, agent_namespace(sa_dir), brake, writer, cfg.prefix, pods, loop, metrics
+        active_state, window, active_parts = active_window(
+            core, node_name, agent_namespace(sa_dir), brake, writer, cfg, pods, loop, metrics
         )
+        parts += active_parts
     dcgm = DcgmPart(
         metrics,
         pods,
