@@ -245,11 +245,9 @@ def apply_until_ok(writer: NodeWriter, marks: Marks, failures: list[int], cfg: C
 def new_writer(core: Any, name: str, cfg: Config) -> NodeWriter:
     brake = Brake(
         core,
-        selectors=cfg.gpu_node_selection,
-        max_fraction=cfg.node.max_tainted_fraction,
-        max_nodes=cfg.node.max_tainted_nodes,
+        cfg=cfg,
     )
-    return NodeWriter(core, name, brake=brake)
+    return NodeWriter(core, name, brake=brake, cfg=cfg)
 
 
 def start_watches(writers: list[NodeWriter], batch: int, timeout: float = 120.0) -> None:

@@ -79,12 +79,13 @@ def measure(read: Callable[[], object], reads: int) -> dict[str, float]:
 
 
 def tiers(reads: int) -> dict[str, dict[str, float]]:
+    from agent.config import parse_config
     from agent.probes.live import LiveSource
     from agent.probes.nvlink_errors import _legacy_links
     from agent.probes.nvml_session import SESSION, Opened
 
-    new = LiveSource(timeout_s=30)
-    old = LiveSource(timeout_s=30, use_nvml=False)
+    new = LiveSource(parse_config({}))
+    old = LiveSource(parse_config({}), use_nvml=False)
 
     def gpu_old() -> None:
         new.gpus()
@@ -123,9 +124,10 @@ def tiers(reads: int) -> dict[str, dict[str, float]]:
 
 def parity() -> dict[str, Any]:
     """The NVML models beside nvidia-smi's text models on this machine."""
+    from agent.config import parse_config
     from agent.probes.live import LiveSource
 
-    new, old = LiveSource(timeout_s=30), LiveSource(timeout_s=30, use_nvml=False)
+    new, old = LiveSource(parse_config({})), LiveSource(parse_config({}), use_nvml=False)
     out: dict[str, Any] = {}
     for name in ("topo", "nvlink"):
         a, b = getattr(new, name)(), getattr(old, name)()
@@ -202,8 +204,9 @@ steps.append(("nvmlInit", rss()))
 for i in range(pynvml.nvmlDeviceGetCount()):
     pynvml.nvmlDeviceGetHandleByIndex(i)
     steps.append((f"attach GPU {i}", rss()))
+from agent.config import parse_config
 from agent.probes.live import LiveSource
-live = LiveSource(timeout_s=30)
+live = LiveSource(parse_config({}))
 live.gpus()
 steps.append(("inventory read", rss()))
 live.topo(); live.nvlink(); live.nvlink_errors()

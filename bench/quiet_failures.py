@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import live_cfg
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -119,7 +121,7 @@ def main() -> None:
         fake_engine.reset()
         tiers = DcgmTiers(config, lambda: [])
         source = LiveSource(
-            timeout_s=5, nvml_timeout_s=args.nvml_timeout, sys_root=tmp, kmsg_path=str(tmp / "kmsg")
+            live_cfg(timeout_s=5, nvml_timeout_s=args.nvml_timeout), sys_root=tmp, kmsg_path=str(tmp / "kmsg")
         )
         return Agent(
             source,

@@ -115,25 +115,20 @@ def shard(kubeconfig: str, cfg_dir: str, commands: Any, ready: Any, stop_mp: Any
     faults: dict[str, threading.Event] = {}
 
     def agent(name: str, fault: threading.Event, stop: threading.Event) -> None:
-        n = cfg.node
         brake = Brake(
             core,
-            selectors=cfg.gpu_node_selection,
+            cfg=cfg,
             node_name=name,
-            max_fraction=n.max_tainted_fraction,
-            max_nodes=n.max_tainted_nodes,
         )
         repair = RepairBudget(
             core,
             name,
             namespace=NS,
             brake=brake,
-            budget=n.repair_budget,
-            wave=n.wave_hold,
-            prefix=cfg.prefix,
+            cfg=cfg,
             hold_cache_s=REASK_S,
         )
-        writer = NodeWriter(core, name, brake=brake, repair=repair)
+        writer = NodeWriter(core, name, brake=brake, repair=repair, cfg=cfg)
         writer.start()
         if hasattr(brake, "warm"):
             brake.gpu_node_names()  # the old agent read the fleet's total at start (brake.warm)

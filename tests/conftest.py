@@ -22,6 +22,7 @@ from agent.config import (
     parse_config,
     yaml_safe,
 )
+from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from tests.kubeenv.fixtures import *  # noqa: F403  (real kube-apiserver fixtures)
 
 FAKE_DCGM = Path(__file__).parent / "fakes" / "dcgm"
@@ -56,6 +57,66 @@ def cfg(
         copy.deepcopy(_shipped(DCGM_INCIDENTS_YAML)),
         rules=RULE_BOOK if rules else None,
     )
+
+
+@functools.cache
+def shipped() -> Config:
+    """``cfg()`` once: the shipped config, for a part a test builds on it (a Config is never changed)."""
+    return cfg()
+
+
+def node_cfg(
+    budget: BudgetPolicy | None = None, wave: WavePolicy | None = None, *, prefix: str = "", **node: Any
+) -> Config:
+    """``cfg`` with these ``node.*`` keys (as config.yaml spells them) over the defaults, for a part
+    built on the Config it reads (a LivePart); *budget* and *wave* are written back as
+    node.repairBudget and node.waveHold, *prefix* as the prefix ("": the default)."""
+    if budget is not None:
+        node["repairBudget"] = {
+            "maxNodes": budget.max_nodes,
+            "maxFraction": budget.max_fraction,
+            "windowMinutes": budget.window_s / 60,
+            "perLabel": budget.per_label,
+        }
+    if wave is not None:
+        node["waveHold"] = {
+            "minNodes": wave.min_nodes,
+            "minFraction": wave.min_fraction,
+            "windowMinutes": wave.window_s / 60,
+        }
+    return cfg({"node": node, **({"prefix": prefix} if prefix else {})})
+
+
+BRAKE_KEYS = {
+    "selectors": "gpuNodeSelector",
+    "max_fraction": "maxTaintedFraction",
+    "max_nodes": "maxTaintedNodes",
+    "min_severity": "taintMinSeverity",
+}
+
+
+def brake_cfg(**limits: Any) -> Config:
+    """The Config a test's Brake reads: its limits by the names above, written as their node.* keys
+    over the defaults, and no instance profiles (the GPU nodes are the selectors' alone)."""
+    node = {BRAKE_KEYS[k]: list(v) if k == "selectors" else v for k, v in limits.items()}
+    return parse_config({"node": node})
+
+
+def brake_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """A Brake's keyword arguments with its limits (brake_cfg's names) turned into its ``cfg``."""
+    limits = {k: kw.pop(k) for k in BRAKE_KEYS if k in kw}
+    return {**kw, "cfg": brake_cfg(**limits)}
+
+
+def live_cfg(
+    timeout_s: float = 30.0, nvml_timeout_s: float | None = None, check_timeout_s: float = 60.0
+) -> Config:
+    """The Config a test's LiveSource reads: its timeouts (NVML's: nvidia-smi's unless given), set in
+    the defaults past the schema, whose 1 s minimum is too slow for a test of a hung GPU."""
+    raw = copy.deepcopy(parse_config({}).raw)
+    nvml = timeout_s if nvml_timeout_s is None else nvml_timeout_s
+    raw["timeouts"] = {"nvidiaSmi": timeout_s, "nvml": nvml, "check": check_timeout_s}
+    return Config(raw=raw)
 
 
 @pytest.fixture(name="cfg", scope="session")

@@ -39,12 +39,12 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from agent.core.active_checks import ActivePolicy
 from agent.core.history_annotation import parse
 from agent.core.node_keys import EventReason, Keys
 from agent.reporters.active_checks import FleetSlots, slot_name
 from agent.reporters.brake import Brake
 from agent.reporters.kube_rest import KubeRest
+from tests.conftest import brake_cfg, node_cfg
 from tests.kubeenv.env import unique_name
 from tests.kubeenv.waiting import wait_for
 
@@ -457,6 +457,13 @@ def test_diag_on_demand_is_pending_then_starts_at_the_next_idle_window_audited(
         worker.stop()
 
 
+class ShortLived(FleetSlots):
+    """Slots that count 10 s (dcgm.diagTimeout's minimum and the slack are minutes): expiry, quickly."""
+
+    def expire_s(self) -> float:
+        return 10.0
+
+
 def test_slots_taken_at_one_instant_grant_exactly_the_bound(
     kube: Any, core: k8s.CoreV1Api, gpu_node: Any, kube_namespace: str
 ) -> None:
@@ -469,10 +476,8 @@ def test_slots_taken_at_one_instant_grant_exactly_the_bound(
             KubeRest.of(c),
             n,
             namespace=kube_namespace,
-            prefix=K.prefix,
-            brake=Brake(KubeRest.of(c), scope=scope, node_name=n),
-            policy=lambda: ActivePolicy("2"),
-            expire_s=lambda: 600.0,
+            brake=Brake(KubeRest.of(c), scope=scope, node_name=n, cfg=brake_cfg()),
+            cfg=node_cfg(activeChecks={"maxConcurrent": 2}),
         )
         for c, n in zip(clients, nodes, strict=True)
     ]
@@ -497,15 +502,10 @@ def test_slots_taken_at_one_instant_grant_exactly_the_bound(
         # a slot of an agent that died long ago no longer counts
         for s in [granted[1], waiting]:
             s.release()
-        dead = FleetSlots(
-            core, nodes[0], namespace=kube_namespace, prefix=K.prefix, brake=fleet[0].brake,
-            policy=lambda: ActivePolicy("1"), expire_s=lambda: 10.0,
-        )  # fmt: skip
+        one = node_cfg(activeChecks={"maxConcurrent": 1})
+        dead = ShortLived(core, nodes[0], namespace=kube_namespace, brake=fleet[0].brake, cfg=one)
         assert dead.acquire() is None
-        late = FleetSlots(
-            core, nodes[1], namespace=kube_namespace, prefix=K.prefix, brake=fleet[1].brake,
-            policy=lambda: ActivePolicy("1"), expire_s=lambda: 10.0,
-        )  # fmt: skip
+        late = ShortLived(core, nodes[1], namespace=kube_namespace, brake=fleet[1].brake, cfg=one)
         assert late.acquire() is not None
         time.sleep(11.5)  # past the expiry (creationTimestamp has whole seconds)
         assert late.acquire() is None

@@ -21,6 +21,7 @@ from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import brake_cfg, brake_kw, shipped
 from tests.kubeenv.env import unique_name
 
 K = Keys()
@@ -118,7 +119,7 @@ def pool(gpu_node: Any, kube_namespace: str) -> Any:
 
         def brake(self, core: Any, **kw: Any) -> Brake:
             kw.setdefault("cache_seconds", 0)
-            return Brake(core, scope=self.scope, namespace=self.namespace, **kw)
+            return Brake(core, scope=self.scope, namespace=self.namespace, **brake_kw(kw))
 
         def slots(self, core: Any) -> list[str]:
             """The slots held now (names), as the API server has them (a consistent list)."""
@@ -146,7 +147,7 @@ def test_brake_holds_at_its_limit_across_writers(core: k8s.CoreV1Api, pool: Any)
     """10 GPU nodes, maxTaintedFraction 0.2: 5 fail, 2 are tainted, 3 labelled only (BrakeOpen);
     when the 2 recover their slots are freed and two others get tainted, never more than 2 at once."""
     names = pool(10)
-    writers = {n: NodeWriter(core, n, brake=pool.brake(core, max_fraction=0.2)) for n in names}
+    writers = {n: NodeWriter(core, n, brake=pool.brake(core, max_fraction=0.2), cfg=shipped()) for n in names}
     failing = names[:5]
     for n in names:
         writers[n].apply(_marks(n in failing))
@@ -181,7 +182,7 @@ def test_absolute_cap(core: k8s.CoreV1Api, pool: Any) -> None:
     """One brake shared by four writers (a tool's): it keeps each node's slot apart."""
     names = pool(4)
     brake = pool.brake(core, max_fraction=1.0, max_nodes=1)
-    res = [NodeWriter(core, n, brake=brake).apply(_marks(True)) for n in names]
+    res = [NodeWriter(core, n, brake=brake, cfg=shipped()).apply(_marks(True)) for n in names]
     assert [r.tainted for r in res] == [True, False, False, False]
     assert all(r.brake_open for r in res[1:])
     assert sum(_ours(core, n) for n in names) == 1
@@ -197,7 +198,9 @@ def test_a_race_of_simultaneous_taints_never_passes_the_limit(
     names = pool(10)
     clients = [kube.api_client() for _ in names]
     writers = {
-        n: NodeWriter(k8s.CoreV1Api(c), n, brake=pool.brake(k8s.CoreV1Api(c), max_fraction=0.2))
+        n: NodeWriter(
+            k8s.CoreV1Api(c), n, brake=pool.brake(k8s.CoreV1Api(c), max_fraction=0.2), cfg=shipped()
+        )
         for n, c in zip(names, clients, strict=True)
     }
     for n in names:
@@ -259,21 +262,23 @@ def test_a_restarted_agent_finds_its_slot_and_a_tainted_node_without_one_takes_o
     first apply, or keeps its taint without one when none is free (never taken away)."""
     a, b, c, _d = pool(4)
     brake_a = pool.brake(core, max_fraction=0.5)  # cap 2
-    assert NodeWriter(core, a, brake=brake_a).apply(_marks(True)).tainted
+    assert NodeWriter(core, a, brake=brake_a, cfg=shipped()).apply(_marks(True)).tainted
     first = pool.slots(core)
     assert len(first) == 1
     again = pool.brake(core, max_fraction=0.5)
-    assert NodeWriter(core, a, brake=again).apply(_marks(True)).tainted
+    assert NodeWriter(core, a, brake=again, cfg=shipped()).apply(_marks(True)).tainted
     assert again.holds(a) and pool.slots(core) == first
 
     taint = {"key": TAINT, "value": "reset", "effect": "NoSchedule"}
     for n in (b, c):  # tainted by an agent that took no slot
         core.patch_node(n, {"metadata": {"labels": {K.tainted: TRUE}}, "spec": {"taints": [taint]}})
     brake_b = pool.brake(core, max_fraction=0.5)
-    assert NodeWriter(core, b, brake=brake_b).apply(_marks(True)).tainted
+    assert NodeWriter(core, b, brake=brake_b, cfg=shipped()).apply(_marks(True)).tainted
     assert brake_b.holds(b) and len(pool.slots(core)) == 2
     brake_c = pool.brake(core, max_fraction=0.5)
-    assert NodeWriter(core, c, brake=brake_c).apply(_marks(True)).tainted  # kept: never taken away
+    assert (
+        NodeWriter(core, c, brake=brake_c, cfg=shipped()).apply(_marks(True)).tainted
+    )  # kept: never taken away
     assert not brake_c.holds(c) and len(pool.slots(core)) == 2
 
 
@@ -315,10 +320,14 @@ def test_a_reconfigured_brake_counts_with_the_new_selector_and_limits(core: k8s.
     assert brake.allows_new_taint(other)[0]  # cap 1 of 2: other holds it
     ok, _ = brake.allows_new_taint(asker)
     assert not ok and brake.state is not None and (brake.state.cap, brake.state.total) == (1, 2)
-    brake.reconfigure(selectors=["test.example/kind=small"], max_fraction=1.0, max_nodes=0)
+    brake.apply_config(
+        brake.cfg, brake_cfg(selectors=["test.example/kind=small"], max_fraction=1.0, max_nodes=0)
+    )
     ok, _ = brake.allows_new_taint(asker)  # the cached refusal went with the old limits (brake off)
     assert ok
-    brake.reconfigure(selectors=["test.example/kind in (small,big)"], max_fraction=0.5, max_nodes=1)
+    brake.apply_config(
+        brake.cfg, brake_cfg(selectors=["test.example/kind in (small,big)"], max_fraction=0.5, max_nodes=1)
+    )
     ok, reason = brake.allows_new_taint(asker)
     assert not ok and "maxTaintedNodes=1" in reason
     assert brake.state is not None and brake.state.total == 5  # counted with the new selector
@@ -375,7 +384,7 @@ def test_the_total_is_the_agent_daemonsets_desired_count(kube: Any, core: k8s.Co
             }
             status, doc = kube.request("POST", f"/apis/apps/v1/namespaces/{pool.namespace}/daemonsets", body)
             assert status == 201, doc
-        brake = Brake(core, namespace=pool.namespace, max_fraction=0.2, total_cache_seconds=0)
+        brake = Brake(core, namespace=pool.namespace, total_cache_seconds=0, cfg=brake_cfg(max_fraction=0.2))
         deadline = time.monotonic() + 60
         while (got := brake.total()) != 3:
             assert time.monotonic() < deadline, f"the DaemonSet controller never counted 3 nodes: {got}"
@@ -388,7 +397,7 @@ def test_the_total_is_the_agent_daemonsets_desired_count(kube: Any, core: k8s.Co
 def test_a_failing_read_is_could_not_count(core: k8s.CoreV1Api, pool: Any) -> None:
     """The API server refuses the total's read (here: a selector it cannot parse, 400): the brake
     raises (the writer keeps the Node as it is and asks again), never allows a taint."""
-    brake = Brake(core, scope="test.example/pool in (unclosed", namespace=pool.namespace)
+    brake = Brake(core, scope="test.example/pool in (unclosed", namespace=pool.namespace, cfg=brake_cfg())
     with pytest.raises(ApiException) as exc:
         brake.allows_new_taint("gpu-x")
     assert exc.value.status == 400

@@ -28,6 +28,7 @@ from agent.reporters.brake import Brake
 from agent.reporters.brake_slots import Slots
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import brake_kw, shipped
 
 pytestmark = pytest.mark.kube
 
@@ -77,13 +78,13 @@ class Fleet:
     def brake(self, node: str, **kw: Any) -> Brake:
         kw.setdefault("max_fraction", 1.0)
         return Brake(self.rest(node), scope=self.scope, node_name=node, namespace=NS, cache_seconds=0,
-                     slot_grace_s=GRACE_S, audit_period_s=0, **kw)  # fmt: skip
+                     slot_grace_s=GRACE_S, audit_period_s=0, **brake_kw(kw))  # fmt: skip
 
     def writer(self, node: str, **kw: Any) -> NodeWriter:
         """The agent's Node writer and brake for *node*, under its token."""
         api = self.kube.api_client_for_token(self.tokens[node])
         self.clients.append(api)
-        return NodeWriter(k8s.CoreV1Api(api), node, brake=self.brake(node, **kw))
+        return NodeWriter(k8s.CoreV1Api(api), node, brake=self.brake(node, **kw), cfg=shipped())
 
     def tainted(self) -> set[str]:
         out = set()

@@ -40,6 +40,7 @@ from agent.probes import nvml
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
 from agent.reporters.metrics import Metrics
+from tests.conftest import live_cfg
 from tests.readme import README
 from tests.test_nvml import FakeNvml, healthy_h100
 
@@ -89,7 +90,8 @@ def runs(counter: Path) -> int:
 def live(tmp_path: Path, **kw: Any) -> LiveSource:
     kw.setdefault("timeout_s", HANG_S)
     kw.setdefault("use_nvml", False)
-    return LiveSource(sys_root=tmp_path, kmsg_path=str(tmp_path / "kmsg"), **kw)
+    timeouts = {k: kw.pop(k) for k in ("timeout_s", "nvml_timeout_s", "check_timeout_s") if k in kw}
+    return LiveSource(live_cfg(**timeouts), sys_root=tmp_path, kmsg_path=str(tmp_path / "kmsg"), **kw)
 
 
 def responsive(eng: Engine) -> CheckResult:
@@ -416,6 +418,6 @@ def test_the_read_budget_follows_timeouts_check_on_a_reload() -> None:
     from agent.config import parse_config
 
     old = load_config_dir(ROOT / "config")
-    source = LiveSource(check_timeout_s=old.timeouts.check)
+    source = LiveSource(old)
     source.apply_config(old, parse_config({"timeouts": {"check": 45}}))
     assert source.check_timeout_s == 45

@@ -25,7 +25,7 @@ from agent.probes.dcgm.tiers import DcgmTiers
 from agent.probes.live import LiveSource
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.reporters.metrics import Metrics
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 from tests.fakes.nvml.fake_nvml import from_recordings
 
 FIX = Path(__file__).parent / "fixtures"
@@ -41,7 +41,10 @@ def engine_on(fake_nvml: Any, tmp_path: Path, metrics: Metrics | None = None) ->
     fake_nvml.write(from_recordings(H100X8))
     tiers = DcgmTiers(CFG, lambda: [])
     engine = Engine(
-        LiveSource(timeout_s=5, sys_root=tmp_path), CFG, metrics=metrics, extra_inputs=tiers.inputs()
+        LiveSource(live_cfg(timeout_s=5), sys_root=tmp_path),
+        CFG,
+        metrics=metrics,
+        extra_inputs=tiers.inputs(),
     )
     engine.run_tier("gpu")
     return engine

@@ -23,7 +23,7 @@ from agent.core.gpu import Gpu, GpuInventory
 from agent.core.probed import NotCaptured, ProbeError, ProbeErrorKind
 from agent.core.severity import Severity, Status
 from agent.probes.nvsmi_text import parse_nvsmi_text
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 from tests.fakes.nvml.fake_nvml import from_recordings
 
 FIX = Path(__file__).parent / "fixtures"
@@ -160,7 +160,7 @@ def test_through_the_engine_nvml_storm_and_a_blocked_health_check(
     fake_dcgm.set_gpus(list(range(8)))  # the engine watches the 8 GPUs NVML sees
     config = cfg({"dcgm": {"callTimeout": 0.3}, "checks": {"dcgm-diag": False}})
     tiers = DcgmTiers(config, lambda: [])
-    engine = Engine(LiveSource(timeout_s=5, sys_root=tmp_path), config, extra_inputs=tiers.inputs())
+    engine = Engine(LiveSource(live_cfg(timeout_s=5), sys_root=tmp_path), config, extra_inputs=tiers.inputs())
     engine.run_tier("gpu")
     engine.run_tier("dcgm-health")
     assert engine.results["dcgm-health"].status is Status.PASS

@@ -17,7 +17,7 @@ from agent.probes.dcgm.tiers import DcgmTiers
 from agent.probes.live import LiveSource
 from agent.probes.pod_resources import gpu_pods
 from agent.probes.snapshot import SnapshotSource
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 
 ROOT = Path(__file__).parent.parent
 FAKE = Path(__file__).parent / "fakes" / "dcgm"
@@ -105,4 +105,4 @@ def test_an_injected_fault_reaches_the_verdict_through_the_tiers(fake_dcgm: Any,
 
 
 def test_live_source_dcgm_diag_is_not_captured() -> None:
-    assert LiveSource().dcgm_diag().__class__.__name__ == "NotCaptured"
+    assert LiveSource(live_cfg()).dcgm_diag().__class__.__name__ == "NotCaptured"

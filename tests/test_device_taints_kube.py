@@ -36,6 +36,7 @@ from agent.core.device_scope import Scope
 from agent.core.severity import Severity, Status
 from agent.reporters.device_taint_rules import eviction_status
 from tests import eviction_scenario as scenario
+from tests.conftest import brake_cfg, shipped
 from tests.kubeenv.dra import (
     DRIVER,
     DeviceTaintSupport,
@@ -263,12 +264,12 @@ class Writers:
                 api,
                 scope=f"test.example/pool={pool}",
                 node_name=node,
-                max_fraction=1.0,
                 cache_seconds=0,
                 also_tainted=lambda: tainted_nodes(api, api=self.taints.served),
+                cfg=brake_cfg(max_fraction=1.0),
             )
         self.brake = brake
-        self.node = NodeWriter(api, node, brake=brake)
+        self.node = NodeWriter(api, node, brake=brake, cfg=shipped())
         self.slices = SliceWatch(api, node)
         cfg = parse_config({"node": {"isolation": mode}})
         self.w = IsolatingWriter(self.node, self.slices, self.taints, cfg, brake=brake, metrics=metrics)

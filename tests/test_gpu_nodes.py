@@ -24,6 +24,7 @@ from agent.core.gpu_nodes import parse_selector
 from agent.core.node_keys import Keys
 from agent.reporters.brake import Brake
 from agent.reporters.fence import FenceResult, prove_fence
+from tests.conftest import brake_cfg
 from tests.kubeenv.env import unique_name
 
 ROOT = Path(__file__).parent.parent
@@ -134,16 +135,24 @@ def test_the_brake_counts_the_same_gpu_nodes_and_reports_a_selection_that_misses
     seen: list[tuple[int, bool]] = []
     with kube.api_client() as api:
         brake = Brake(
-            api, selectors=SELECTION, scope=scope, node_name=nodes["gke"], on_count=lambda *a: seen.append(a)
+            api,
+            scope=scope,
+            node_name=nodes["gke"],
+            on_count=lambda *a: seen.append(a),
+            cfg=brake_cfg(selectors=SELECTION),
         )
         assert brake.total() == len(PLATFORMS) + 1  # every platform and the tainted one
         assert seen[-1] == (len(PLATFORMS) + 1, True) and brake.selection_problem is None
 
-        wrong = Brake(api, selectors=["nvidia.com/gpu.present=true"], scope=scope, node_name=nodes["gke"])
+        wrong = Brake(
+            api, scope=scope, node_name=nodes["gke"], cfg=brake_cfg(selectors=["nvidia.com/gpu.present=true"])
+        )
         wrong.total()
         assert wrong.selection_problem == "this Node is not among the 1 Nodes node.gpuNodeSelector matches"
 
-        none = Brake(api, selectors=["test.example/no-such=1"], scope=scope, node_name=nodes["aks"])
+        none = Brake(
+            api, scope=scope, node_name=nodes["aks"], cfg=brake_cfg(selectors=["test.example/no-such=1"])
+        )
         none.total()
         assert none.selection_problem == "node.gpuNodeSelector matches no Node"
 

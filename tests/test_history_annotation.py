@@ -49,6 +49,7 @@ from agent.probes.snapshot import SnapshotSource
 from agent.reporters.history_entry import History
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.taint_gate import TaintDecision
+from tests.conftest import brake_cfg, node_cfg, shipped
 
 ROOT = Path(__file__).parent.parent
 XID79 = ROOT / "examples" / "snapshots" / "p5.48xlarge-xid79"
@@ -242,7 +243,7 @@ def test_transitions_ride_in_the_change_and_are_bounded(
 ) -> None:
     gpu_node()
     writes = Writes()
-    w = NodeWriter(core, kube_node_name, on_write=writes)
+    w = NodeWriter(core, kube_node_name, on_write=writes, cfg=shipped())
     for i in range(25):
         m = marks(Status.FAIL, f"xid/79/gpu{i}") if i % 2 == 0 else marks(Status.PASS)
         before = Counter(writes.c)
@@ -266,10 +267,10 @@ def test_a_new_agent_on_the_node_keeps_the_history(
     core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str
 ) -> None:
     gpu_node()
-    first = NodeWriter(core, kube_node_name)
+    first = NodeWriter(core, kube_node_name, cfg=shipped())
     assert first.apply(marks(Status.FAIL, KEY)).ok
     written = annotations(core, kube_node_name)[K.history]
-    again = NodeWriter(core, kube_node_name)  # a restarted agent: nothing kept in memory
+    again = NodeWriter(core, kube_node_name, cfg=shipped())  # a restarted agent: nothing kept in memory
     assert not again.apply(marks(Status.FAIL, KEY)).wrote
     assert annotations(core, kube_node_name)[K.history] == written
     assert again.apply(marks(Status.PASS)).ok
@@ -321,7 +322,7 @@ def test_failing_again_after_two_repairs_within_7_days_escalates_to_replace(
     snap = tmp_path / "snap"
     shutil.copytree(XID79, snap, symlinks=True)
     config_dir(tmp_path)
-    writer = NodeWriter(core, kube_node_name)
+    writer = NodeWriter(core, kube_node_name, cfg=shipped())
     steps = []
     for boot in ("0a0a0a0a-boot-1", "1b1b1b1b-boot-2", "2c2c2c2c-boot-3"):
         verdict, m = boot_engine(snap, boot, writer).evaluate()
@@ -353,7 +354,7 @@ def test_repairs_older_than_the_window_do_not_escalate(
     snap = tmp_path / "snap"
     shutil.copytree(XID79, snap, symlinks=True)
     config_dir(tmp_path)
-    writer = NodeWriter(core, kube_node_name)
+    writer = NodeWriter(core, kube_node_name, cfg=shipped())
     verdict, m = boot_engine(snap, "0a0a0a0a-boot-1", writer).evaluate()
     assert writer.apply(m).ok
     [first] = parse(annotations(core, kube_node_name)[K.history])
@@ -376,7 +377,7 @@ def test_status_history_prints_the_nodes_table(
     kube: Any, core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpu_node()
-    w = NodeWriter(core, kube_node_name)
+    w = NodeWriter(core, kube_node_name, cfg=shipped())
     for m in (marks(Status.FAIL, KEY), marks(Status.PASS, boot="boot-b-5678")):
         assert w.apply(m).ok
     assert cli(["status", kube_node_name, "--history", "--kubeconfig", str(kube.kubeconfig)]) == 0
@@ -395,7 +396,7 @@ def test_a_clear_is_recorded_with_its_requester(
     core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str
 ) -> None:
     gpu_node()
-    w = NodeWriter(core, kube_node_name)
+    w = NodeWriter(core, kube_node_name, cfg=shipped())
     assert w.apply(marks(Status.FAIL, KEY)).ok
     request = '{"by":"alice@example.com","reason":"GPU 3 reseated","at":"2026-11-26T10:00:00Z"}'
     core.patch_node(
@@ -437,7 +438,7 @@ def test_a_repair_budget_hold_is_recorded_and_its_end_too(
     assert not fleet.writers[b].apply(budget_marks()).wrote  # still held: the entry says so already
     repair = fleet.writers[b].repair
     assert repair is not None
-    repair.reconfigure(BudgetPolicy(2, 1.0, 3600), NO_WAVE)
+    repair.apply_config(repair.cfg, node_cfg(BudgetPolicy(2, 1.0, 3600), NO_WAVE))
     assert fleet.writers[b].apply(budget_marks()).ok
     kept = parse(annotations(core, b)[K.history])
     assert [(e.mark, e.did, e.by) for e in kept] == [
@@ -506,11 +507,11 @@ def test_the_brake_holding_is_recorded_once(
             core,
             scope=f"nvidia.com/gpu.present=true,{pool}",
             node_name=name,
-            max_nodes=1,
             cache_seconds=0,
             namespace=kube_namespace,
+            cfg=brake_cfg(max_nodes=1),
         )
-        return NodeWriter(core, name, brake=brake)
+        return NodeWriter(core, name, brake=brake, cfg=shipped())
 
     wa, wb = writer(a), writer(b)
     assert wa.apply(marks(Status.FAIL, KEY)).tainted

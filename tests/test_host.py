@@ -22,7 +22,7 @@ from agent.probes.live import LiveSource
 from agent.probes.nvsmi_text import parse_nvsmi_text
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.snapshot import SnapshotSource
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 
 FIX = Path(__file__).parent / "fixtures"
 VM = FIX / "h100-vm-capture"
@@ -54,7 +54,7 @@ def host_facts(root: Path, cfg: Config = CFG, itype: str | None = None) -> NodeF
     return NodeFacts(
         instance_type=itype,
         profile=cfg.profiles[itype] if itype else None,
-        host=LiveSource(sys_root=root).host(),
+        host=LiveSource(live_cfg(), sys_root=root).host(),
     )
 
 
@@ -89,7 +89,7 @@ def test_possible_hotplug_slots_are_noted_not_judged(tmp_path: Path) -> None:
 def test_a_garbled_cpu_list_is_unknown_and_no_sysfs_is_unavailable(tmp_path: Path) -> None:
     root = system_tree(tmp_path / "a", cpu_online="0-1x\n")
     assert check_cpus(host_facts(root), CFG).status == Status.UNKNOWN
-    missing = LiveSource(sys_root=tmp_path / "none").host()
+    missing = LiveSource(live_cfg(), sys_root=tmp_path / "none").host()
     assert isinstance(missing, ProbeError) and missing.kind is ProbeErrorKind.UNAVAILABLE
 
 
@@ -119,7 +119,7 @@ def test_snapshot_carries_the_cpu_and_node_lists(tmp_path: Path) -> None:
     (sys_root / "bus" / "pci" / "devices").mkdir(parents=True)
     out = tmp_path / "snap"
     capture(out, timeout_s=2, sys_root=sys_root, kmsg_path=str(tmp_path / "x"), boot_id_path=tmp_path / "x")
-    assert SnapshotSource(out).host() == LiveSource(sys_root=sys_root).host()
+    assert SnapshotSource(out).host() == LiveSource(live_cfg(), sys_root=sys_root).host()
     assert isinstance(SnapshotSource(out).pci(), NotCaptured)  # an empty bus copies no pci* folder
     (tmp_path / "older").mkdir()
     assert isinstance(SnapshotSource(tmp_path / "older").host(), NotCaptured)

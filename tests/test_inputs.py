@@ -22,6 +22,7 @@ from agent.engine.scheduler import TIER_INPUTS, TIER_INTERVAL
 from agent.probes.inputs import SPEC, SPECS, InputSpec, source_readers
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
+from tests.conftest import live_cfg
 
 ROOT = Path(__file__).parent.parent
 CFG = load_config_dir(ROOT / "config")
@@ -90,7 +91,7 @@ def test_the_tiers_read_what_they_read_before_the_specs() -> None:
 def test_each_source_reads_every_input_but_the_one_the_agent_polls(tmp_path: Path) -> None:
     every = set(Input) - {Input.DCGM_HEALTH}
     assert set(source_readers(SnapshotSource(tmp_path))) == every
-    assert set(source_readers(LiveSource(sys_root=tmp_path, use_nvml=False))) == every
+    assert set(source_readers(LiveSource(live_cfg(), sys_root=tmp_path, use_nvml=False))) == every
     assert source_readers(SnapshotSource(tmp_path))[Input.HOST]() == NotCaptured("sys/devices/system")
 
 

@@ -25,6 +25,7 @@ from agent.probes.kernel_tail import Change, KernelTail, fold_kernel_text
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
 from agent.probes.xid_ledger import MAX_KEYS
+from tests.conftest import live_cfg
 from tests.fakes.kmsg import FakeKmsg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,7 @@ def test_device_reads_the_ring_at_start_then_only_new_records(
     kmsg = FakeKmsg(tmp_path / "kmsg", monkeypatch)
     kmsg.write("Linux version 6.8.0", prio=5)
     kmsg.write(XID79)  # before the agent started: still found
-    src = LiveSource(kmsg_path=kmsg.path)
+    src = LiveSource(live_cfg(), kmsg_path=kmsg.path)
     assert _tallies(src.kernel()) == {(79, "00000000:53:00.0"): 1}
     assert kmsg.reads == 3  # two records and the EAGAIN
     for _ in range(500):
@@ -117,7 +118,7 @@ def test_follower_on_the_device_wakes_the_engine_for_a_new_xid_only(
 ) -> None:
     kmsg = FakeKmsg(tmp_path / "kmsg", monkeypatch)
     kmsg.write(XID13)
-    src = LiveSource(kmsg_path=kmsg.path)
+    src = LiveSource(live_cfg(), kmsg_path=kmsg.path)
     wake = threading.Event()
     follower = KernelFollower(src.kernel_tail, wake.set)
     follower.start()

@@ -17,6 +17,7 @@ from agent.core.node_keys import EventReason
 from agent.engine.loop import Agent
 from agent.probes.live import LiveSource
 from agent.reporters.metrics import Metrics
+from tests.conftest import live_cfg
 
 ROOT = Path(__file__).parent.parent
 
@@ -40,7 +41,7 @@ def wired(cfg: Config, source: LiveSource, part: DcgmPart) -> Agent:
 
 def test_dcgm_address_timeouts_and_tool_timeouts_are_live(tmp_path: Path) -> None:
     old = load_config_dir(ROOT / "config")
-    source = LiveSource(timeout_s=old.timeouts.nvidia_smi, nvml_timeout_s=old.timeouts.nvml)
+    source = LiveSource(old)
     part = DcgmPart(Metrics(), None, dcgm_wanted=True, loop=lambda: agent)
     agent = wired(old, source, part)
     first = part.dcgm
@@ -63,7 +64,7 @@ def test_dcgm_address_timeouts_and_tool_timeouts_are_live(tmp_path: Path) -> Non
 
 def test_a_dcgm_check_switched_on_by_a_reload_gets_a_client() -> None:
     off = parse_config({"checks": {"dcgm-health": False, "dcgm-diag": False}})
-    source = LiveSource()
+    source = LiveSource(live_cfg())
     part = DcgmPart(Metrics(), None, dcgm_wanted=True, loop=lambda: agent)
     agent = wired(off, source, part)
     assert agent.engine.extra_inputs == {} and part.dcgm is None
@@ -75,7 +76,7 @@ def test_the_api_inputs_survive_a_reload_that_rebuilds_the_dcgm_client() -> None
     """The DRA driver's devices (read from the API) stay an input of the engine when a reload
     rebuilds the DCGM inputs, and without any DCGM check too."""
     off = parse_config({"checks": {"dcgm-health": False, "dcgm-diag": False}})
-    source = LiveSource()
+    source = LiveSource(live_cfg())
 
     def dra() -> object:
         return "the API's slices"
@@ -112,7 +113,7 @@ def test_a_newer_releases_keys_are_a_warning_and_a_metric_not_a_rejection(
     applies, and no ConfigRejected; a typo in a config of its own version is still rejected."""
     (tmp_path / "config.yaml").write_text(f"{SCHEMA_VERSION_KEY}: {SCHEMA_VERSION}\n")
     metrics = Metrics()
-    source = LiveSource()
+    source = LiveSource(live_cfg())
     part = DcgmPart(metrics, None, dcgm_wanted=False, loop=lambda: agent)
     agent = Agent(
         source,

@@ -35,6 +35,7 @@ from agent.probes.snapshot import SnapshotSource
 from agent.reporters.history_entry import History
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.taint_gate import TaintDecision
+from tests.conftest import shipped
 
 ROOT = Path(__file__).parent.parent
 HEALTHY = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy"
@@ -150,7 +151,7 @@ def test_three_episodes_raise_it_and_it_decays(
     gpu_node()
     config_dir(tmp_path, {"failures": 3, "repairs": 0, "windowDays": 30})
     writes = Writes()
-    writer = NodeWriter(core, kube_node_name, on_write=writes)
+    writer = NodeWriter(core, kube_node_name, on_write=writes, cfg=shipped())
     seen = []
     for i, recording in enumerate((XID79, HEALTHY, XID79, HEALTHY, XID79)):
         agent, m = agent_on(recording, f"{i:08x}-boot", writer, tmp_path)
@@ -189,7 +190,7 @@ def test_two_repairs_raise_it(
 ) -> None:
     gpu_node()
     config_dir(tmp_path, {"failures": 0, "repairs": 2, "windowDays": 30})
-    writer = NodeWriter(core, kube_node_name)
+    writer = NodeWriter(core, kube_node_name, cfg=shipped())
     seen = []
     for i, recording in enumerate((XID79, XID79, XID79)):  # a reboot of a tainted node, twice
         assert writer.apply(agent_on(recording, f"{i:08x}-boot", writer, tmp_path)[1]).ok

@@ -29,6 +29,7 @@ from agent.reporters.apply_result import ApplyResult
 from agent.reporters.kube_rest import KubeRest, node_path
 from agent.reporters.node_patch import find_our_taint, plan_condition, plan_node_patch
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import brake_cfg, shipped
 from tests.kubeenv.env import unique_name
 
 P = DEFAULT_PREFIX
@@ -217,7 +218,9 @@ def test_unreachable_api_server_returns_failure_without_raising() -> None:
     cfg.retries = 0
     with k8s.ApiClient(cfg) as api:
         seen: list[tuple[str, str]] = []
-        w = NodeWriter(k8s.CoreV1Api(api), "nowhere", on_write=lambda k, o: seen.append((k, o)))
+        w = NodeWriter(
+            k8s.CoreV1Api(api), "nowhere", on_write=lambda k, o: seen.append((k, o)), cfg=shipped()
+        )
         res = w.apply(FAIL)
         assert res.ok is False and res.error
         assert not res.wrote and not res.tainted
@@ -297,7 +300,7 @@ def test_contract_is_written(
 ) -> None:
     gpu_node()
     ev = NodeEvent("StatusChanged", f"status is now {marks.status.value}", "Normal")
-    res = NodeWriter(core, kube_node_name).apply(Marks(**{**marks.__dict__, "events": (ev,)}))
+    res = NodeWriter(core, kube_node_name, cfg=shipped()).apply(Marks(**{**marks.__dict__, "events": (ev,)}))
     assert res.ok and res.node_writes == 1 and res.status_writes == 1
     node = core.read_node(kube_node_name)
     labels = node.metadata.labels
@@ -322,7 +325,7 @@ def test_contract_is_written(
 def test_steady_state_writes_nothing(core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str) -> None:
     gpu_node()
     writes = Writes()
-    w = NodeWriter(core, kube_node_name, on_write=writes)
+    w = NodeWriter(core, kube_node_name, on_write=writes, cfg=shipped())
     assert w.apply(FAIL).wrote
     rv = core.read_node(kube_node_name).metadata.resource_version
     hb = condition(core.read_node(kube_node_name)).last_heartbeat_time
@@ -349,7 +352,7 @@ def test_status_change_moves_transition_time_and_removes_taint(
     core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str
 ) -> None:
     gpu_node()
-    w = NodeWriter(core, kube_node_name)
+    w = NodeWriter(core, kube_node_name, cfg=shipped())
     assert w.apply(FAIL).tainted
     t0 = condition(core.read_node(kube_node_name)).last_transition_time
     time.sleep(1.1)  # RFC 3339 seconds: make a new transition time distinguishable
@@ -406,7 +409,7 @@ def test_others_keys_survive_hundreds_of_interleaved_writes(
             stop.set()
 
     writes = Writes()
-    w = NodeWriter(core, kube_node_name, on_write=writes)
+    w = NodeWriter(core, kube_node_name, on_write=writes, cfg=shipped())
     t = threading.Thread(target=other)
     t.start()
     results: list[ApplyResult] = []
@@ -458,7 +461,7 @@ def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> N
                 return super().json(method, path, **kw)
 
         writes = Writes()
-        res = NodeWriter(Sneaky(api), kube_node_name, on_write=writes).apply(FAIL)
+        res = NodeWriter(Sneaky(api), kube_node_name, on_write=writes, cfg=shipped()).apply(FAIL)
         assert res.ok and res.conflicts == 2 and res.node_writes == 1
         assert writes.c[("node", "conflict")] == 2
         node = real.read_node(kube_node_name)
@@ -469,7 +472,7 @@ def test_conflict_is_retried(kube: Any, gpu_node: Any, kube_node_name: str) -> N
 @pytest.mark.kube
 def test_taint_disabled_label_is_honoured(core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str) -> None:
     gpu_node()
-    w = NodeWriter(core, kube_node_name)
+    w = NodeWriter(core, kube_node_name, cfg=shipped())
     assert w.apply(FAIL).tainted
     core.patch_node(kube_node_name, {"metadata": {"labels": {K.taint_opt_out: DISABLED}}})
     res = w.apply(FAIL)
@@ -489,7 +492,7 @@ def test_removed_taint_is_restored_by_the_watch(
     core: k8s.CoreV1Api, gpu_node: Any, kube_node_name: str
 ) -> None:
     gpu_node(taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
-    w = NodeWriter(core, kube_node_name)
+    w = NodeWriter(core, kube_node_name, cfg=shipped())
     w.start()
     try:
         assert w.apply(FAIL).tainted
@@ -529,7 +532,7 @@ def test_watch_relists_after_node_recreated_and_read_results(
             "message": "Xid 79",
         }
     ]
-    w = NodeWriter(core, kube_node_name)
+    w = NodeWriter(core, kube_node_name, cfg=shipped())
     assert w.apply(make_marks(Status.FAIL, Severity.REBOOT, latched=latched)).ok
     w.start()
     try:
@@ -554,7 +557,7 @@ def test_dry_run_writes_nothing(core: k8s.CoreV1Api, gpu_node: Any, kube_node_na
     gpu_node()
     writes = Writes()
     rv = core.read_node(kube_node_name).metadata.resource_version
-    res = NodeWriter(core, kube_node_name, dry_run=True, on_write=writes).apply(
+    res = NodeWriter(core, kube_node_name, dry_run=True, on_write=writes, cfg=shipped()).apply(
         make_marks(Status.FAIL, Severity.RESET, events=(NodeEvent("X", "y"),))
     )
     assert res.ok and res.dry_run and not res.wrote and EventReason.TAINT_ADDED in res.events
@@ -588,17 +591,21 @@ def test_a_taint_whose_answer_was_lost_keeps_its_brake_slot(
 
     def brake(core: Any) -> Brake:
         return Brake(
-            core, scope=selector, max_fraction=1.0, max_nodes=1, cache_seconds=0, namespace=kube_namespace
+            core,
+            scope=selector,
+            cache_seconds=0,
+            namespace=kube_namespace,
+            cfg=brake_cfg(max_fraction=1.0, max_nodes=1),
         )
 
     with kube.api_client() as api:
         core = k8s.CoreV1Api(api)
-        writer = NodeWriter(LosesTheTaintAnswer(api), me, brake=brake(core))
+        writer = NodeWriter(LosesTheTaintAnswer(api), me, brake=brake(core), cfg=shipped())
         res = writer.apply(FAIL)
         assert not res.ok and lost == [node_path(me)]
         assert our_taints(core.read_node(me))  # it landed
         res = writer.apply(FAIL)
         assert res.ok and res.tainted
-        racer = NodeWriter(core, first, brake=brake(core)).apply(FAIL)
+        racer = NodeWriter(core, first, brake=brake(core), cfg=shipped()).apply(FAIL)
         assert racer.ok and racer.brake_open and not racer.tainted
         assert our_taints(core.read_node(me)) and not our_taints(core.read_node(first))

@@ -24,7 +24,7 @@ from agent.core.severity import Status
 from agent.probes.live import LiveSource
 from agent.probes.nvlink_errors import parse_nvlink_errors_json, read_nvlink_errors, to_json
 from agent.probes.snapshot import SnapshotSource
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 
 CFG = cfg()
 
@@ -128,7 +128,7 @@ def test_recovery_replay_and_crc_growth_are_reported(nvml: FakeNvml) -> None:
 def test_no_nvlink_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeNvml(links=0)  # the H100 VM's case: no link answers
     monkeypatch.setitem(sys.modules, "pynvml", fake.module())
-    result = check_nvlink_errors(NodeFacts(nvlink_errors=LiveSource().nvlink_errors()), CFG)
+    result = check_nvlink_errors(NodeFacts(nvlink_errors=LiveSource(live_cfg()).nvlink_errors()), CFG)
     assert result.status == Status.SKIPPED
 
 

@@ -24,7 +24,7 @@ from agent.probes import nvml
 from agent.probes.live import LiveSource
 from agent.probes.nvml import read_nvml
 from agent.probes.nvsmi_errors import ProbeTimeout
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 from tests.fakes.nvml.fake_nvml import Machine, from_recordings
 
 FIX = Path(__file__).parent / "fixtures"
@@ -115,7 +115,7 @@ def test_the_whole_read_still_times_out_when_what_all_gpus_share_hangs(
 
 def engine(tmp_path: Path, **doc: Any) -> Engine:
     config = cfg({"timeouts": {"nvml": 1}, **doc})
-    return Engine(LiveSource(timeout_s=5, nvml_timeout_s=1, sys_root=tmp_path), config)
+    return Engine(LiveSource(live_cfg(timeout_s=5, nvml_timeout_s=1), sys_root=tmp_path), config)
 
 
 def test_a_hung_gpu_is_unknown_then_its_own_failure_and_the_others_are_judged(
@@ -179,7 +179,7 @@ def test_a_gpu_tier_read_that_waited_for_a_hung_gpu_is_timed_as_a_timeout(
     from tests.test_confirm import Reads
 
     reads = Reads()
-    source = LiveSource(timeout_s=5, nvml_timeout_s=0.5, sys_root=tmp_path, telemetry=reads)
+    source = LiveSource(live_cfg(timeout_s=5, nvml_timeout_s=0.5), sys_root=tmp_path, telemetry=reads)
     source.gpus()
     fake_nvml.hold_gpu(2, True)
     source.gpus()

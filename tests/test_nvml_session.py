@@ -22,6 +22,7 @@ from agent.probes.nvlink_errors import read_nvlink_errors
 from agent.probes.nvml import read_nvml
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.nvsmi_text import parse_nvsmi_text
+from tests.conftest import live_cfg
 from tests.fakes.nvml.fake_nvml import Machine, from_recordings
 
 FIX = Path(__file__).parent / "fixtures"
@@ -149,7 +150,7 @@ def test_a_library_that_cannot_be_loaded_is_unknown_not_a_fault(
     with pytest.raises(NvmlUnavailable):
         read_nvml(timeout_s=10)
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi either
-    got = LiveSource(timeout_s=5, sys_root=tmp_path).gpus()
+    got = LiveSource(live_cfg(timeout_s=5), sys_root=tmp_path).gpus()
     assert not isinstance(got, GpuInventory) and got.kind.value == "unavailable"
 
 

@@ -30,7 +30,7 @@ from agent.core.topo import TopoMatrix
 from agent.probes.live import LiveSource
 from agent.probes.nvlink import parse_nvlink
 from agent.probes.topo import parse_topo
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 from tests.fakes.nvml.fake_nvml import Machine, add_nvlink, add_topology, from_recordings
 from tests.pci_sysfs_tree import build_from_lspci, build_rdma_class
 
@@ -80,7 +80,7 @@ def test_nvml_and_the_text_give_the_same_model_and_verdicts(
     text_topo = parse_topo(topo_file.read_text(encoding="utf-8"))
     fake_nvml.write(from_recordings(q, text_nvlink, text_topo))
     put_nvidia_smi(tmp_path, monkeypatch, nvlink_file, topo_file)
-    live = LiveSource(timeout_s=10, sys_root=tmp_path / "sys")
+    live = LiveSource(live_cfg(timeout_s=10), sys_root=tmp_path / "sys")
 
     topo, nvlink = live.topo(), live.nvlink()
 
@@ -134,7 +134,7 @@ def test_hgx_h100_from_nvml_and_sysfs_equals_a_real_hgx_topo_m(fake_nvml: Any, t
     build_from_lspci(tmp_path)
     build_rdma_class(tmp_path, {f"mlx5_{i}": f"0000:{bus}:00.0" for i, bus in enumerate(HGX_NICS)})
     fake_nvml.write(hgx_machine())
-    got = LiveSource(timeout_s=10, sys_root=tmp_path).topo()
+    got = LiveSource(live_cfg(timeout_s=10), sys_root=tmp_path).topo()
     text = parse_topo(SGLANG.read_text(encoding="utf-8"))
     assert isinstance(got, TopoMatrix) and replace(got, source=text.source) == text
     facts = NodeFacts(topo=got, profile=CFG.profiles["p5.48xlarge"])
@@ -151,7 +151,7 @@ def test_a_gpu_pair_with_its_nvlinks_down_reads_as_pcie(fake_nvml: Any, tmp_path
         machine.gpus[3][f"topo.{other}"] = "40" if other < 4 else "50"
         machine.gpus[other]["topo.3"] = "40" if other < 4 else "50"
     fake_nvml.write(machine)
-    got = LiveSource(timeout_s=10, sys_root=tmp_path).topo()
+    got = LiveSource(live_cfg(timeout_s=10), sys_root=tmp_path).topo()
     assert isinstance(got, TopoMatrix)
     assert got.rows["GPU3"]["GPU0"] == "NODE" and got.rows["GPU3"]["GPU7"] == "SYS"
     assert got.rows["GPU0"]["GPU1"] == "NV18"
@@ -167,7 +167,7 @@ def test_where_nvml_does_not_answer_the_link_fields_the_tier_reads_nvidia_smi(
     machine.gpus[0]["field_values_error"] = "3"  # an older driver: no field values at all
     fake_nvml.write(machine)
     put_nvidia_smi(tmp_path, monkeypatch, nvlink_file, topo_file)
-    got = LiveSource(timeout_s=10, sys_root=tmp_path).nvlink()
+    got = LiveSource(live_cfg(timeout_s=10), sys_root=tmp_path).nvlink()
     assert (
         isinstance(got, NvlinkReport)
         and got.source == "nvidia-smi nvlink -s"
@@ -180,7 +180,7 @@ def test_a_hung_nvml_is_a_timeout_not_a_fallback(
 ) -> None:
     fake_nvml.write(hgx_machine())
     put_nvidia_smi(tmp_path, monkeypatch, tmp_path / "none", tmp_path / "none")
-    live = LiveSource(timeout_s=10, nvml_timeout_s=0.3, sys_root=tmp_path)
+    live = LiveSource(live_cfg(timeout_s=10, nvml_timeout_s=0.3), sys_root=tmp_path)
     assert isinstance(live.topo(), TopoMatrix)
     fake_nvml.hold(True)
     got = live.topo()
@@ -218,7 +218,7 @@ def test_an_nvidia_ml_py_without_fields_by_link_falls_back(
     put_nvidia_smi(tmp_path, monkeypatch, nvlink_file, topo_file)
     monkeypatch.setattr(pynvml, "c_nvmlFieldValue_t", OldFieldValue)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetFieldValues", old_field_values)
-    got = LiveSource(timeout_s=10, sys_root=tmp_path).nvlink()
+    got = LiveSource(live_cfg(timeout_s=10), sys_root=tmp_path).nvlink()
     assert isinstance(got, NvlinkReport) and got.source == "nvidia-smi nvlink -s"
 
 

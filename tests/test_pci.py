@@ -20,7 +20,7 @@ from agent.core.severity import Severity, Status
 from agent.probes.live import LiveSource
 from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.pci import read_pci
-from tests.conftest import cfg
+from tests.conftest import cfg, live_cfg
 from tests.pci_sysfs_tree import H100_VM, build_from_capture, build_from_lspci, build_rdma_class
 
 ROOT = Path(__file__).parent.parent
@@ -45,7 +45,7 @@ def vm_gpus(xml: str = XML) -> GpuInventory:
 
 def facts_for(root: Path, itype: str | None = None, **kw: object) -> NodeFacts:
     """What the agent reads from a sysfs root: the live source's own readers on the tree."""
-    live = LiveSource(sys_root=root)
+    live = LiveSource(live_cfg(), sys_root=root)
     base = NodeFacts(
         instance_type=itype,
         profile=CFG.profiles[itype] if itype else None,
@@ -89,7 +89,7 @@ def test_probe_finds_the_upstream_port_and_aer_on_the_x8_node(tmp_path: Path) ->
 
 
 def test_no_pci_directory_is_unavailable_not_a_crash(tmp_path: Path) -> None:
-    probed = LiveSource(sys_root=tmp_path).pci()
+    probed = LiveSource(live_cfg(), sys_root=tmp_path).pci()
     assert isinstance(probed, ProbeError) and probed.kind is ProbeErrorKind.UNAVAILABLE
     result = check_inventory(NodeFacts(pci=probed), CFG)
     assert result.status == Status.UNKNOWN
@@ -305,7 +305,7 @@ def test_snapshot_keeps_the_bus_and_its_hierarchy(tmp_path: Path) -> None:
     capture(
         out, timeout_s=2, sys_root=sys_root, kmsg_path=str(tmp_path / "no-kmsg"), boot_id_path=tmp_path / "x"
     )
-    live = LiveSource(sys_root=sys_root).pci()
+    live = LiveSource(live_cfg(), sys_root=sys_root).pci()
     replay = SnapshotSource(out).pci()
     assert isinstance(live, PciSample) and isinstance(replay, PciSample)
     assert replay.devices == live.devices  # identity, driver, upstream port, link and AER, all kept

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
-from agent.core.active_checks import ActivePolicy
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.reporters.active_checks import FleetSlots
 from agent.reporters.brake import Brake
 from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.repair_budget import RepairBudget
+from tests.conftest import brake_cfg, node_cfg
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -81,9 +81,11 @@ class Fleet:
 
     def repair(self, node: str, budget: BudgetPolicy, wave: WavePolicy) -> RepairBudget:
         rest = self.rest(node)
-        brake = Brake(rest, scope=self.scope, node_name=node, max_fraction=1.0, cache_seconds=0)
+        brake = Brake(
+            rest, scope=self.scope, node_name=node, cache_seconds=0, cfg=brake_cfg(max_fraction=1.0)
+        )
         return RepairBudget(
-            rest, node, namespace=NS, brake=brake, budget=budget, wave=wave, prefix=PREFIX, hold_cache_s=0
+            rest, node, namespace=NS, brake=brake, cfg=node_cfg(budget, wave, prefix=PREFIX), hold_cache_s=0
         )
 
     def node_doc(self, node: str) -> dict[str, Any]:
@@ -210,11 +212,9 @@ def test_forged_active_check_slots_take_one_slot(fleet: Fleet) -> None:
 
     def slots(node: str) -> FleetSlots:
         rest = fleet.rest(node)
-        brake = Brake(rest, scope=fleet.scope, node_name=node)
-        policy, expire = (lambda: ActivePolicy("2")), (lambda: 600.0)
-        return FleetSlots(
-            rest, node, namespace=NS, prefix=PREFIX, brake=brake, policy=policy, expire_s=expire
-        )
+        brake = Brake(rest, scope=fleet.scope, node_name=node, cfg=brake_cfg())
+        cfg = node_cfg(activeChecks={"maxConcurrent": 2}, prefix=PREFIX)
+        return FleetSlots(rest, node, namespace=NS, brake=brake, cfg=cfg)  # a slot counts 900 + 180 s
 
     second, third = slots(b), slots(c)
     assert second.acquire() is None

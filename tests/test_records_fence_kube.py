@@ -26,6 +26,7 @@ from agent.reporters.budget_records import list_records
 from agent.reporters.fence import FenceResult, prove_fence
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.repair_budget import RepairBudget
+from tests.conftest import brake_cfg, node_cfg
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -160,15 +161,15 @@ def test_the_agents_repair_budget_runs_under_its_token_without_a_refusal(agent: 
     kube, node, tok = agent["kube"], agent["node"], agent["token"]
     with kube.api_client_for_token(tok) as api:
         rest = KubeRest.of(api)
-        brake = Brake(rest, scope=f"kubernetes.io/hostname={node}", node_name=node, max_fraction=1.0)
+        brake = Brake(
+            rest, scope=f"kubernetes.io/hostname={node}", node_name=node, cfg=brake_cfg(max_fraction=1.0)
+        )
         repair = RepairBudget(
             rest,
             node,
             namespace=NS,
             brake=brake,
-            budget=BudgetPolicy(1, 1.0, 3600),
-            wave=WavePolicy(5, 0.0, 900),
-            prefix=PREFIX,
+            cfg=node_cfg(BudgetPolicy(1, 1.0, 3600), WavePolicy(5, 0.0, 900), prefix=PREFIX),
             hold_cache_s=0,
         )
         node_doc = kube.request("GET", f"/api/v1/nodes/{node}")[1]
@@ -229,10 +230,13 @@ def test_the_garbage_collector_removes_a_fail_record_with_its_node(installed: An
                 rest,
                 name,
                 namespace=NS,
-                brake=Brake(rest, scope=f"kubernetes.io/hostname={name}", node_name=name, max_fraction=1.0),
-                budget=BudgetPolicy(0, 1.0, 3600),
-                wave=WavePolicy(5, 0.0, 900),
-                prefix=PREFIX,
+                brake=Brake(
+                    rest,
+                    scope=f"kubernetes.io/hostname={name}",
+                    node_name=name,
+                    cfg=brake_cfg(max_fraction=1.0),
+                ),
+                cfg=node_cfg(BudgetPolicy(0, 1.0, 3600), WavePolicy(5, 0.0, 900), prefix=PREFIX),
                 hold_cache_s=0,
             )
             assert repair.decide(kube.request("GET", f"/api/v1/nodes/{name}")[1], "xid/79") is None
@@ -281,7 +285,9 @@ def test_an_agent_takes_and_frees_only_its_own_nodes_brake_slot(agent: dict[str,
     scope = f"kubernetes.io/hostname in ({node},{other})"
     with kube.api_client_for_token(tok) as api:
         rest = KubeRest.of(api)
-        brake = Brake(rest, scope=scope, node_name=node, namespace=NS, max_fraction=1.0, max_nodes=1)
+        brake = Brake(
+            rest, scope=scope, node_name=node, namespace=NS, cfg=brake_cfg(max_fraction=1.0, max_nodes=1)
+        )
         ok, reason = brake.allows_new_taint(node)
         assert ok and brake.holds(node), reason
         mine = Slots(rest, NS, PREFIX, scope)

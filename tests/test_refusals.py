@@ -38,6 +38,7 @@ from agent.reporters.node_story import (
 )
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.refusals import REPEAT_S, Refusal, RefusalNotices, refusal_of
+from tests.conftest import shipped
 from tests.kubeenv.env import unique_name
 from tests.test_node_writer import FAIL, PASS, make_marks
 
@@ -409,6 +410,7 @@ def writer_for(ident: Identity, node: str, hooks: Hooks) -> Iterator[NodeWriter]
             node,
             on_refused=lambda kind, code: hooks.refused.append((kind, code)),
             on_state=hooks.states.append,
+            cfg=shipped(),
         )
         yield w
         w.stop()

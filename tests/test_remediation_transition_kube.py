@@ -26,6 +26,7 @@ from agent.engine.recovery import Recovery
 from agent.engine.remediation import remediation_marks
 from agent.reporters import write_order
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import shipped
 
 pytestmark = pytest.mark.kube
 
@@ -88,7 +89,7 @@ def test_last_transition_time_holds_while_the_status_does(
     gpu_node()
     clock = Clock()
     monkeypatch.setattr(write_order, "now_iso", clock.now)
-    writer = NodeWriter(core, kube_node_name)
+    writer = NodeWriter(core, kube_node_name, cfg=shipped())
     fail = Recovery(wanted=True, severity=Severity.REBOOT, cause="fail (reboot): xid: Xid 79")
     cycles = [  # the same unhealthy status; reason and message change every cycle
         (

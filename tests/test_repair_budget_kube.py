@@ -27,6 +27,7 @@ from agent.reporters.budget_records import list_records
 from agent.reporters.kube_rest import KubeRest
 from agent.reporters.node_writer import NodeWriter
 from agent.reporters.repair_budget import RepairBudget
+from tests.conftest import brake_cfg, node_cfg, shipped
 from tests.kubeenv.env import unique_name
 
 pytestmark = pytest.mark.kube
@@ -89,19 +90,19 @@ class Fleet:
         self.writers = {name: self.writer(name, budget, wave) for name in self.names}
 
     def writer(self, name: str, budget: BudgetPolicy, wave: WavePolicy) -> NodeWriter:
-        brake = Brake(self.core, scope=self.scope, node_name=name, max_fraction=1.0, cache_seconds=0)
+        brake = Brake(
+            self.core, scope=self.scope, node_name=name, cache_seconds=0, cfg=brake_cfg(max_fraction=1.0)
+        )
         repair = RepairBudget(
             self.core,
             name,
             namespace=self.namespace,
             brake=brake,
-            budget=budget,
-            wave=wave,
-            prefix="gpu-healthcheck",
+            cfg=node_cfg(budget, wave),
             hold_cache_s=0,
             marker_recheck_s=0,
         )
-        return NodeWriter(self.core, name, brake=brake, repair=repair)
+        return NodeWriter(self.core, name, brake=brake, repair=repair, cfg=shipped())
 
     def condition(self, name: str) -> tuple[str, str, str]:
         node = self.core.read_node(name)
@@ -196,10 +197,8 @@ def test_budget_races_never_mark_more_than_the_limit(
             KubeRest.of(c),
             n,
             namespace=kube_namespace,
-            brake=Brake(KubeRest.of(c), scope=fleet.scope, node_name=n),
-            budget=BudgetPolicy(3, 1.0, 3600),
-            wave=NO_WAVE,
-            prefix="gpu-healthcheck",
+            brake=Brake(KubeRest.of(c), scope=fleet.scope, node_name=n, cfg=brake_cfg()),
+            cfg=node_cfg(BudgetPolicy(3, 1.0, 3600), NO_WAVE),
             hold_cache_s=0,
         )
         for c, n in zip(clients, fleet.names, strict=True)
@@ -299,7 +298,7 @@ def test_a_reloaded_budget_counts_from_the_next_ask(
     for n in fleet.names:
         repair = fleet.writers[n].repair
         assert repair is not None
-        repair.reconfigure(BudgetPolicy(2, 1.0, 3600), NO_WAVE)
+        repair.apply_config(repair.cfg, node_cfg(BudgetPolicy(2, 1.0, 3600), NO_WAVE))
     for n in (b, c):
         fleet.writers[n].apply(marks())
     assert fleet.condition(b)[:2] == ("False", R.FAILED)  # room for one more under the new budget
@@ -341,8 +340,8 @@ def test_a_wave_is_counted_by_few_and_held_for_the_rest_by_a_marker(
     assert fail_lists and all(q.endswith("limit=6") for q in fail_lists), asked  # 2 x minNodes
     # asked again while the same markers stand, within marker_recheck_s: the quorum seen is kept
     again = RepairBudget(
-        Counting(core.api_client), d, namespace=kube_namespace, brake=repair.brake, budget=NO_BUDGET,
-        wave=WavePolicy(3, 0.0, 900), prefix="gpu-healthcheck", hold_cache_s=0, marker_recheck_s=60,
+        Counting(core.api_client), d, namespace=kube_namespace, brake=repair.brake,
+        cfg=node_cfg(NO_BUDGET, WavePolicy(3, 0.0, 900)), hold_cache_s=0, marker_recheck_s=60,
     )  # fmt: skip
     asked.clear()
     assert all(again.decide(node_d, "xid/79") is not None for _ in range(3))

@@ -27,6 +27,7 @@ from agent.core.marks import Marks
 from agent.core.node_keys import DEFAULT_PREFIX, Keys
 from agent.core.severity import Severity, Status
 from agent.reporters.node_writer import NodeWriter
+from tests.conftest import shipped
 from tests.kubeenv.env import unique_name
 
 P = DEFAULT_PREFIX
@@ -285,7 +286,7 @@ def test_render_status_from_real_nodes(kube: Any, gpu_node: Any) -> None:
                 taint=fail,
                 condition_message="x",
             )
-            assert NodeWriter(core, name).apply(marks).ok
+            assert NodeWriter(core, name, cfg=shipped()).apply(marks).ok
         out, code = render_status(core, selectors=[selector])
     lines = out.splitlines()
     head = [

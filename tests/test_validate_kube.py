@@ -32,6 +32,7 @@ from agent.probes.node_object import node_from_dict
 from agent.probes.snapshot import SnapshotSource
 from agent.reporters.node_writer import NodeWriter
 from tests import eviction_scenario as scenario
+from tests.conftest import shipped
 from tests.kubeenv.waiting import wait_for
 
 KEYS = Keys()
@@ -124,7 +125,9 @@ def test_once_the_taint_is_gone_nothing_more_is_written(
     once the taint is lifted and the agent has settled, five more verdicts write nothing."""
     name = gpu_node(taints=[NVIDIA, VALIDATING]).metadata.name
     writes: Counter[str] = Counter()
-    writer = NodeWriter(core, name, on_write=lambda kind, outcome: writes.update([f"{kind}:{outcome}"]))
+    writer = NodeWriter(
+        core, name, on_write=lambda kind, outcome: writes.update([f"{kind}:{outcome}"]), cfg=shipped()
+    )
 
     def node_getter() -> Any:
         return node_from_dict(writer.node) if writer.node else NotCaptured("Node (not read yet)")

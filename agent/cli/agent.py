@@ -159,11 +159,8 @@ def wire(args: Any) -> Wired | int:
         source = SnapshotSource(Path(args.from_snapshot))
         kernel_path, device = Path(args.from_snapshot) / KMSG, False
     else:
-        t = cfg.timeouts
         source = LiveSource(
-            timeout_s=t.nvidia_smi,
-            nvml_timeout_s=t.nvml,
-            check_timeout_s=t.check,
+            cfg,
             telemetry=metrics,  # tool latency (gpu_healthcheck_tool_seconds)
         )
         parts.append(source)
@@ -192,14 +189,10 @@ def wire(args: Any) -> Wired | int:
         taints = device_taints(core, node_name, cfg, metrics, args.dry_run)
         brake = Brake(
             core,
-            selectors=cfg.gpu_node_selection,
+            cfg=cfg,
             node_name=node_name,
             on_count=metrics.record_gpu_nodes,
             on_audit=lambda c: metrics.record_brake_count(c.counted, c.cap),
-            max_fraction=cfg.node.max_tainted_fraction,
-            max_nodes=cfg.node.max_tainted_nodes,
-            prefix=cfg.prefix,
-            min_severity=cfg.node.taint_min_severity.label,
             namespace=agent_namespace(sa_dir),
             service_account=os.environ.get("POD_SERVICE_ACCOUNT", "").strip() or DEFAULT_SERVICE_ACCOUNT,
         )
@@ -210,15 +203,12 @@ def wire(args: Any) -> Wired | int:
             node_name,
             namespace=agent_namespace(sa_dir),
             brake=brake,
-            budget=cfg.node.repair_budget,
-            wave=cfg.node.wave_hold,
-            prefix=cfg.prefix,
+            cfg=cfg,
         )
         writer = NodeWriter(
             core,
             node_name,
-            prefix=cfg.prefix,
-            condition_type=cfg.node.condition_type,
+            cfg=cfg,
             brake=brake,
             dry_run=args.dry_run,
             on_write=lambda kind, outcome: metrics.node_writes.labels(kind, outcome).inc(),
@@ -269,9 +259,10 @@ def wire(args: Any) -> Wired | int:
     active_state, window = None, None
     if core is not None and writer is not None and brake is not None and dcgm_wanted:
         sa_dir = getattr(args, "service_account_dir", None) or SERVICE_ACCOUNT_DIR
-        active_state, window = active_window(
-            core, node_name, agent_namespace(sa_dir), brake, writer, cfg.prefix, pods, loop, metrics
+        active_state, window, active_parts = active_window(
+            core, node_name, agent_namespace(sa_dir), brake, writer, cfg, pods, loop, metrics
         )
+        parts += active_parts
     dcgm = DcgmPart(
         metrics,
         pods,

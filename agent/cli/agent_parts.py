@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.config import Config
+from agent.config.live_part import LivePart
 from agent.core.facts import Input
 from agent.engine.engine import Engine
 from agent.engine.loop import Agent
@@ -102,24 +103,22 @@ class DcgmPart:
             log.info(f"DCGM client rebuilt for {new.dcgm.address}", extra={"event": "config"})
 
 
-SLOT_SLACK_S = 180.0  # a slot outlives diagTimeout by the watchdog's margin, the taint's wait and this
-
-
 def active_window(
     core: Any,
     node_name: str,
     namespace: str,
     brake: Brake,
     writer: NodeWriter,
-    prefix: str,
+    start: Config,
     pods: Callable[[], list[str]] | None,
     loop: Callable[[], Agent],
     metrics: Metrics,
-) -> tuple[ActiveState, DiagWindow]:
+) -> tuple[ActiveState, DiagWindow, tuple[LivePart, ...]]:
     """The window a DCGM diag waits for (probes/dcgm/window.py) and the state it shares with the
     engine: the fleet slot and the pods arriving (reporters/active_checks.py), the testing taint
-    through the engine's Marks (its writes poke the loop as a finished diag does). The policies are
-    read from the engine's config when asked (the loop hands it every reload)."""
+    through the engine's Marks (its writes poke the loop as a finished diag does). The slot and the
+    taint are parts (config/live_part.py) that read *start* and each reload; the retry pace is read
+    from the engine's config when asked (the loop hands it every reload)."""
     from agent.core.active_checks import ActiveState
     from agent.probes.dcgm.window import DiagWindow
     from agent.probes.pod_resources import gpu_pods
@@ -133,20 +132,17 @@ def active_window(
         core,
         node_name,
         namespace=namespace,
-        prefix=prefix,
         brake=brake,
-        policy=lambda: cfg().node.active_checks,
-        expire_s=lambda: cfg().dcgm.diag_timeout + SLOT_SLACK_S,
+        cfg=start,
         node_uid=lambda: str(((writer.node or {}).get("metadata") or {}).get("uid") or "") or None,
     )
     hold = NodeHold(
         state,
-        prefix=prefix,
-        mode=lambda: cfg().node.mode,
+        cfg=start,
         node=lambda: writer.node,
         poke=lambda: read_diag_now(loop()),
     )
-    return state, DiagWindow(
+    window = DiagWindow(
         state,
         slots,
         hold,
@@ -154,6 +150,7 @@ def active_window(
         metrics=metrics,
         retry_after=lambda aborts: cfg().node.active_checks.retry_after(aborts, cfg().intervals.dcgm_diag),
     )
+    return state, window, (slots, hold)
 
 
 def device_taints(core: Any, node_name: str, cfg: Config, metrics: Metrics, dry_run: bool) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -12,7 +13,7 @@ from agent.checks.registry import RULE_BOOK, RULES, after_checks, needed_inputs,
 from agent.cli.parser import EXIT_USAGE, build_parser
 from agent.cli.render import explain, table
 from agent.cli.status import EXIT_UNAVAILABLE
-from agent.config import load_config_dir
+from agent.config import Config, load_config_dir
 from agent.config.schema import ConfigError
 from agent.core import trend_history
 from agent.core.facts import Input
@@ -48,9 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         except SnapshotError as exc:
             raise UsageError(str(exc)) from exc
     else:
-        source = LiveSource(
-            timeout_s=args.timeout or cfg.timeouts.nvidia_smi, check_timeout_s=cfg.timeouts.check
-        )
+        source = LiveSource(tool_timeouts(cfg, args.timeout))
     inputs = needed_inputs(specs) | {Input.NODE}
     facts = gather_facts(source, cfg, instance_type=args.instance_type, only=lambda i: i in inputs)
     # As the agent judges its first run: a finding a transient can trip (a tool that timed out) is
@@ -78,6 +77,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             file=sys.stderr if args.json else sys.stdout,
         )
     return EXIT_CODES[verdict.status]
+
+
+def tool_timeouts(cfg: Config, timeout_s: float | None) -> Config:
+    """The config `check` reads the node with: --timeout (else timeouts.nvidiaSmi) bounds nvidia-smi
+    and NVML alike."""
+    per_tool = timeout_s or cfg.timeouts.nvidia_smi
+    timeouts = {**cfg.raw["timeouts"], "nvidiaSmi": per_tool, "nvml": per_tool}
+    return dataclasses.replace(cfg, raw={**cfg.raw, "timeouts": timeouts})
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

@@ -58,19 +58,15 @@ class LiveSource:
 
     def __init__(
         self,
-        timeout_s: float = 30.0,
+        cfg: Config,
         sys_root: Path = Path("/sys"),
         kmsg_path: str = "/dev/kmsg",
         use_nvml: bool = True,
         node_loader: Callable[[], Probed[NodeObject]] | None = None,
         instance_type: str | None = None,
-        nvml_timeout_s: float | None = None,
-        check_timeout_s: float = 60.0,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self.timeout_s = timeout_s  # nvidia-smi (timeouts.nvidiaSmi); all three follow a reload
-        self.nvml_timeout_s = timeout_s if nvml_timeout_s is None else nvml_timeout_s  # timeouts.nvml
-        self.check_timeout_s = check_timeout_s  # timeouts.check: bounds a read with its second try
+        self.cfg = cfg  # the timeouts are read from it, never copied
         self.telemetry: Telemetry = telemetry or NoTelemetry()
         self._second_try_answered = False  # the last read was a second try that answered (logged once)
         self.sys_root = sys_root
@@ -81,10 +77,21 @@ class LiveSource:
         self.memo = ParseMemo()
         self.kernel_tail = KernelTail(kmsg_path, device=True)
 
+    @property
+    def timeout_s(self) -> float:  # nvidia-smi (timeouts.nvidiaSmi)
+        return self.cfg.timeouts.nvidia_smi
+
+    @property
+    def nvml_timeout_s(self) -> float:  # timeouts.nvml
+        return self.cfg.timeouts.nvml
+
+    @property
+    def check_timeout_s(self) -> float:  # timeouts.check: bounds a read with its second try
+        return self.cfg.timeouts.check
+
     def apply_config(self, old: Config, new: Config) -> None:
         """A reload (config/live_part.py): the next read waits by the new timeouts."""
-        t = new.timeouts
-        self.timeout_s, self.nvml_timeout_s, self.check_timeout_s = t.nvidia_smi, t.nvml, t.check
+        self.cfg = new
 
     def run(self, name: str, timeout_s: float | None = None) -> CommandOutput | ProbeError:
         return run_command(COMMANDS[name], self.timeout_s if timeout_s is None else timeout_s)

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.active_checks import (
     Abort,
@@ -43,6 +43,10 @@ from agent.reporters.lease_records import LeaseRecords, parse
 
 log = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from agent.config import Config
+
+SLOT_SLACK_S = 180.0  # a slot outlives diagTimeout by the watchdog's margin, the taint's wait and this
 API_POLL_S = 2.0  # the API server is asked at most this often for pods arriving during a diag
 
 
@@ -68,20 +72,29 @@ class FleetSlots:
         node_name: str,
         *,
         namespace: str,
-        prefix: str,
         brake: GpuFleet,
-        policy: Callable[[], ActivePolicy],
-        expire_s: Callable[[], float],
+        cfg: Config,
         node_uid: Callable[[], str | None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.rest = KubeRest.of(core)
-        self.node_name, self.namespace, self.prefix = node_name, namespace, prefix
+        self.node_name, self.namespace, self.prefix = node_name, namespace, cfg.prefix  # restart-only
         self.brake = brake  # the GPU-node total (and the tests' scope)
-        self.policy, self.expire_s, self.node_uid = policy, expire_s, node_uid
+        self.cfg, self.node_uid = cfg, node_uid  # node.activeChecks and dcgm.diagTimeout are read from cfg
         self._clock = clock
-        self.name = slot_name(prefix, node_name)
-        self.records = LeaseRecords(self.rest, namespace, prefix)
+        self.name = slot_name(self.prefix, node_name)
+        self.records = LeaseRecords(self.rest, namespace, self.prefix)
+
+    def policy(self) -> ActivePolicy:  # node.activeChecks
+        return self.cfg.node.active_checks
+
+    def expire_s(self) -> float:
+        """How long a slot counts: dcgm.diagTimeout and a slack (one left by a dead agent stops counting)."""
+        return self.cfg.dcgm.diag_timeout + SLOT_SLACK_S
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): the next count is made by the new policy."""
+        self.cfg = new
 
     def acquire(self) -> str | None:
         """None: this node holds a slot now; else why not. Never raises: a count that cannot be
@@ -232,12 +245,19 @@ class NodeHold:
         self,
         state: ActiveState,
         *,
-        prefix: str,
-        mode: Callable[[], str],
+        cfg: Config,
         node: Callable[[], Mapping[str, Any] | None],
         poke: Callable[[], None],
     ) -> None:
-        self.state, self.key, self.mode, self.node, self.poke = state, Keys(prefix).testing, mode, node, poke
+        self.state, self.key, self.node, self.poke = state, Keys(cfg.prefix).testing, node, poke
+        self.cfg = cfg  # node.mode is read from it
+
+    def mode(self) -> str:  # node.mode
+        return self.cfg.node.mode
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): node.mode from the next question."""
+        self.cfg = new
 
     def hold(self, on: bool) -> None:
         self.state.hold(on)

@@ -29,13 +29,12 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.core.brake_count import GRACE_S
-from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS
-from agent.core.node_keys import DEFAULT_PREFIX, TAINT_SEVERITIES, Keys
+from agent.core.node_keys import Keys
 from agent.reporters.brake_audit import AUDIT_PERIOD_S, Audit, Count
 from agent.reporters.brake_rule import brake_cap
 from agent.reporters.brake_slots import Slots
@@ -72,17 +71,13 @@ class Brake:
         self,
         core: KubeRest,
         *,
-        selectors: Sequence[str] = DEFAULT_GPU_NODE_SELECTORS,
+        cfg: Config,
         node_name: str | None = None,
         scope: str = "",
         on_count: Callable[[int, bool], None] | None = None,
-        max_fraction: float = 0.2,
-        max_nodes: int = 0,
-        prefix: str = DEFAULT_PREFIX,
         cache_seconds: float = 10,
         clock: Callable[[], float] = time.monotonic,
         total_cache_seconds: float = 300,
-        min_severity: str = TAINT_SEVERITIES[0],
         namespace: str = DEFAULT_NAMESPACE,
         service_account: str = DEFAULT_SERVICE_ACCOUNT,
         probes: int = 3,
@@ -97,13 +92,11 @@ class Brake:
         # Nodes (tests use it to keep apart the Nodes of other tests on one API server). Empty: the
         # cluster, its total from the agent DaemonSets.
         self.scope = scope
-        self.gpus = GpuNodes(self._rest, selectors, scope=scope, node_name=node_name, namespace=namespace,
-                             service_account=service_account, clock=clock, cache_seconds=total_cache_seconds,
-                             on_count=on_count)  # fmt: skip
-        self.max_fraction = max_fraction
-        self.max_nodes = max_nodes
-        self.prefix = prefix
-        self.min_severity = min_severity  # node.taintMinSeverity (reporters/taint_gate asks)
+        self.gpus = GpuNodes(self._rest, cfg.gpu_node_selection, scope=scope, node_name=node_name,
+                             namespace=namespace, service_account=service_account, clock=clock,
+                             cache_seconds=total_cache_seconds, on_count=on_count)  # fmt: skip
+        self.cfg = cfg  # the limits are read from it, never copied; the selection is the GPU nodes'
+        self.prefix = prefix = cfg.prefix  # restart-only (config/schema.py RESTART_ONLY)
         self.cache_seconds = cache_seconds
         self.namespace = namespace
         self.service_account = service_account
@@ -155,6 +148,18 @@ class Brake:
     @property
     def selectors(self) -> tuple[str, ...]:
         return self.gpus.selectors
+
+    @property
+    def max_fraction(self) -> float:  # node.maxTaintedFraction
+        return self.cfg.node.max_tainted_fraction
+
+    @property
+    def max_nodes(self) -> int:  # node.maxTaintedNodes
+        return self.cfg.node.max_tainted_nodes
+
+    @property
+    def min_severity(self) -> str:  # node.taintMinSeverity (reporters/taint_gate asks)
+        return self.cfg.node.taint_min_severity.label
 
     @property
     def selection_problem(self) -> str | None:
@@ -366,29 +371,14 @@ class Brake:
             del self._held[node_name]
             self._refused.pop(node_name, None)
 
-    def reconfigure(
-        self,
-        *,
-        selectors: Sequence[str],
-        max_fraction: float,
-        max_nodes: int,
-        min_severity: str = TAINT_SEVERITIES[0],
-    ) -> None:
-        """A reloaded config: new limits count from the next ask (a cached refusal is dropped); a new
-        GPU-node selection drops the GPU-node total (read again at the next ask)."""
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py): new limits count from the next ask (a cached refusal is
+        dropped); a new GPU-node selection drops the GPU-node total (read again at the next ask)."""
         with self._lock:
-            self.max_fraction, self.max_nodes = max_fraction, max_nodes
-            self.min_severity = min_severity
-            self._state = None
+            self.cfg, self._state = new, None
             self._refused.clear()
             self._looked.clear()  # a lower cap: a slot above it is let go at the next look
-            self.gpus.select(selectors)
-
-    def apply_config(self, old: Config, new: Config) -> None:
-        """A reload (config/live_part.py): the node selection and the limits, through reconfigure()."""
-        n, sel = new.node, new.gpu_node_selection
-        self.reconfigure(selectors=sel, max_fraction=n.max_tainted_fraction, max_nodes=n.max_tainted_nodes,
-                         min_severity=n.taint_min_severity.label)  # fmt: skip
+            self.gpus.select(new.gpu_node_selection)
 
     def forget(self, node_name: str | None = None) -> None:
         """Drop a cached refusal (the node no longer wants a taint)."""

@@ -47,8 +47,6 @@ from agent.config import Config
 from agent.core.marks import Marks, NodeEvent
 from agent.core.node_keys import (
     COMPONENT,
-    DEFAULT_CONDITION_TYPE,
-    DEFAULT_PREFIX,
     EVENT_NAMESPACE,
     EventReason,
     Keys,
@@ -87,8 +85,7 @@ class NodeWriter(WriteOrder):
         core: KubeRest,
         node_name: str,
         *,
-        prefix: str = DEFAULT_PREFIX,
-        condition_type: str = DEFAULT_CONDITION_TYPE,
+        cfg: Config,
         brake: Brake | None = None,
         dry_run: bool = False,
         on_write: OnWrite | None = None,
@@ -101,8 +98,8 @@ class NodeWriter(WriteOrder):
     ) -> None:
         self.rest = KubeRest.of(core)  # also takes a CoreV1Api or an ApiClient (tools, bench/fleet.py)
         self.node_name = node_name
-        self.prefix = prefix
-        self.condition_type = condition_type
+        self.cfg = cfg  # node.conditionType is read from it, never copied
+        self.prefix = prefix = cfg.prefix  # restart-only (config/schema.py RESTART_ONLY)
         self.brake = brake
         self.dry_run = dry_run
         self._on_write = on_write
@@ -184,18 +181,19 @@ class NodeWriter(WriteOrder):
             finally:
                 self._state_changed()
 
-    def apply_config(self, old: Config, new: Config) -> None:
-        """A reload (config/live_part.py): node.conditionType (the brake and the budget are parts too)."""
-        self.set_condition_type(new.node.condition_type)
+    @property
+    def condition_type(self) -> str:  # node.conditionType
+        return self.cfg.node.condition_type
 
-    def set_condition_type(self, condition_type: str) -> None:
-        """A reloaded `node.conditionType`: the next apply writes the new condition and removes ours
-        of the old type (it was ours; left behind, a remediation controller would act on it)."""
+    def apply_config(self, old: Config, new: Config) -> None:
+        """A reload (config/live_part.py; the brake and the budget are parts too). A new
+        `node.conditionType`: the next apply writes the new condition and removes ours of the old
+        type (it was ours; left behind, a remediation controller would act on it)."""
         with self._apply_lock:
-            if condition_type != self.condition_type:
+            if new.node.condition_type != self.condition_type:
                 self._retired_conditions.add(self.condition_type)
-                self._retired_conditions.discard(condition_type)
-                self.condition_type = condition_type
+                self._retired_conditions.discard(new.node.condition_type)
+            self.cfg = new
 
     def read_results(self) -> dict[str, Any] | None:
         """The parsed `<prefix>/results` annotation of the current Node (None if absent or unreadable)."""

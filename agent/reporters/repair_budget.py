@@ -65,19 +65,16 @@ class RepairBudget:
         *,
         namespace: str,
         brake: GpuFleet,
-        budget: BudgetPolicy,
-        wave: WavePolicy,
-        prefix: str,
+        cfg: Config,
         hold_cache_s: float = 30.0,
         clock: Any = time.time,
         marker_recheck_s: float | None = None,
     ) -> None:
         self.rest = KubeRest.of(core)
-        self.node_name = node_name
-        self.namespace = namespace
+        self.node_name, self.namespace = node_name, namespace
         self.brake = brake  # its GPU-node total and scope (tests keep their Nodes apart with it)
-        self.budget, self.wave = budget, wave
-        self.prefix = prefix
+        self.cfg = cfg  # node.repairBudget and node.waveHold are read from it, never copied
+        self.prefix = cfg.prefix  # restart-only (config/schema.py RESTART_ONLY)
         self.hold_cache_s = hold_cache_s
         self._marker_recheck_s = marker_recheck_s  # None: a third of the wave's window, at most 5 min
         self._clock = clock
@@ -91,16 +88,21 @@ class RepairBudget:
         self._last_hold: tuple[str, str] | None = None  # (why, key) of the hold the last Event named
 
     @property
+    def budget(self) -> BudgetPolicy:  # node.repairBudget
+        return self.cfg.node.repair_budget
+
+    @property
+    def wave(self) -> WavePolicy:  # node.waveHold
+        return self.cfg.node.wave_hold
+
+    @property
     def on(self) -> bool:
         return self.budget.on or self.wave.on
 
-    def reconfigure(self, budget: BudgetPolicy, wave: WavePolicy) -> None:
-        """A reloaded config counts from the next ask (a cached hold and quorum are dropped)."""
-        self.budget, self.wave, self._held, self._quorum = budget, wave, None, WaveQuorum()
-
     def apply_config(self, old: Config, new: Config) -> None:
-        """A reload (config/live_part.py): node.repairBudget and node.waveHold, through reconfigure()."""
-        self.reconfigure(new.node.repair_budget, new.node.wave_hold)
+        """A reload (config/live_part.py): the new config counts from the next ask (a cached hold
+        and quorum are dropped)."""
+        self.cfg, self._held, self._quorum = new, None, WaveQuorum()
 
     def settled(self) -> None:
         """The node wants no new mark (marked already, recovered): the next failure is a new episode."""

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from agent.config import Config
 from agent.core.marks import Marks
 from agent.core.repair_budget import Hold
 from agent.core.results_doc import now_iso
@@ -33,7 +34,7 @@ class WriteOrder:
     gate: TaintGate
     dry_run: bool
     prefix: str
-    condition_type: str
+    cfg: Config  # node.conditionType is read from it
     _retired_conditions: set[str]  # our old condition types, removed at the next apply
 
     def _plan_conditions(
@@ -45,7 +46,7 @@ class WriteOrder:
         return plan_conditions(
             node,
             marks,
-            condition_type=self.condition_type,
+            condition_type=self.cfg.node.condition_type,
             retired=sorted(self._retired_conditions),
             taint_on=decided.taint_on,
             brake_open=decided.brake_open,
