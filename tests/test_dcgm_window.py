@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.checks.dcgm import check_dcgm_diag
-from agent.core.active_checks import Abort, ActivePolicy, ActiveState, DiagRequest
+from agent.core.active_checks import Abort, ActiveState, DiagRequest
 from agent.core.dcgm_report import DiagReport
 from agent.core.facts import NodeFacts
 from agent.core.metric_labels import ActiveCheckAbort, ActiveCheckState
@@ -34,7 +34,10 @@ REQUEST = DiagRequest("alice@example.com", "INC-7: after a reseat", "2026-11-28T
 AT = "2026-11-28T10:05:00Z"
 WALL = datetime.fromisoformat("2026-11-28T10:05:00+00:00").timestamp()  # AT, in wall seconds
 TRAIN = "pod team-a/train-0 arrived asking for nvidia.com/gpu"
-POLICY = ActivePolicy("1", retry_s=300.0)  # a retry 300 s after the first abort, doubling, at most 3600
+# A retry 300 s after the first abort, doubling, at most intervals.dcgmDiag (3600 s here).
+CFG = cfg(
+    {"node": {"activeChecks": {"maxConcurrent": 1, "retrySeconds": 300}}, "intervals": {"dcgmDiag": 3600}}
+)
 PASS_DOC = Path(__file__).parent / "fixtures" / "dcgm" / "dcgmi_diag_r4_json_v4-DERIVED-wrapped-pass.json"
 
 
@@ -108,7 +111,7 @@ def window_for(
         metrics=metrics,
         now=lambda: AT,
         wall=lambda: WALL,
-        retry_after=lambda aborts: POLICY.retry_after(aborts, 3600.0),
+        cfg=CFG,
     )
     tiers = DcgmTiers(cfg(), pods or (lambda: []), metrics, window=window)
     tiers.runner.idle = IdleGate(compute_processes=lambda: {}, pods_requesting_gpus=pods or (lambda: []))
@@ -282,15 +285,16 @@ def test_an_aborted_diag_runs_again_within_retry_seconds_once_the_gpus_are_idle(
     holding: list[str] = []
     arrivals = ArrivesOnce(holding)
     state, window, tiers, _ = window_for(arrivals=arrivals, pods=lambda: list(holding))
-    window.retry_after = lambda aborts: 0.3
+    # A reload sets the pace: the retry 1 s after the abort, then one try every second.
+    window.apply_config(window.cfg, cfg({"node": {"activeChecks": {"retrySeconds": 1}}}))
     read = threading.Event()
-    tiers.on_done, tiers.retry_s = read.set, lambda: 0.2
+    tiers.on_done = read.set
     tiers.diag()  # due: the thread starts
     assert read.wait(30) and arrivals.arrived.is_set()
     kept = tiers.diag()  # the loop reads the aborted diag: not run yet
     assert isinstance(kept, DiagReport) and not kept.completed and TRAIN in kept.aborted
     read.clear()
-    time.sleep(1.5)  # the pod holds the GPUs: the retry is due, and postponed every 0.2 s
+    time.sleep(2.5)  # the pod holds the GPUs: the retry is due, and postponed every second
     assert fake_dcgm.stat("diag_calls") == 1 and tiers.waiting and state.retry is not None
     assert "team-a/train-0" in tiers.progress()
     fake_dcgm.hold_diag(False)
@@ -301,7 +305,7 @@ def test_an_aborted_diag_runs_again_within_retry_seconds_once_the_gpus_are_idle(
     done = tiers.diag()
     assert isinstance(done, DiagReport) and done.completed and not done.aborted
     took = time.monotonic() - left
-    assert took < 0.2 + 5.0, took  # retrySeconds and a margin for the diag itself
+    assert took < 1.0 + 5.0, took  # retrySeconds and a margin for the diag itself
     assert tiers._thread is not None
     tiers._thread.join(10)
     assert not tiers._thread.is_alive() and state.retry is None  # settled: nothing more to run

@@ -94,11 +94,12 @@ def test_a_gpu_missing_from_the_xml_without_a_word_is_unreadable(
 
 
 def test_the_check_commands_timeout_bounds_nvidia_smi_and_nvml_alike() -> None:
-    """`check --timeout` (else timeouts.nvidiaSmi) is the per-tool bound of the source it builds."""
+    """`check --timeout` is the per-tool bound of the source it builds; without it, each tool keeps its
+    configured bound (timeouts.nvml is not replaced by timeouts.nvidiaSmi)."""
     from agent.cli.main import tool_timeouts
     from agent.config import parse_config
 
     cfg = parse_config({"timeouts": {"nvidiaSmi": 20, "nvml": 9, "check": 70}})
     assert LiveSource(tool_timeouts(cfg, 5)).cfg.timeouts == Timeouts(5, 5, 70)
-    assert LiveSource(tool_timeouts(cfg, None)).cfg.timeouts == Timeouts(20, 20, 70)
+    assert LiveSource(tool_timeouts(cfg, None)).cfg.timeouts == Timeouts(20, 9, 70)
     assert cfg.timeouts == Timeouts(20, 9, 70)  # the loaded config is not changed

@@ -132,6 +132,10 @@ def engine_view(read: Callable[[Any], Any]) -> Observer:
 OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "instanceType": (engine_view(lambda c: c.instance_type),),
     "intervals": (lambda a: tuple(a.engine.schedule.interval(t) for t in TIER_INPUTS),),  # the scheduler
+    "intervals.dcgmDiag": (  # the scheduler, and the cap on an aborted diag's retry
+        lambda a: tuple(a.engine.schedule.interval(t) for t in TIER_INPUTS),
+        lambda a: dcgm(a).window.retry_after(32),
+    ),
     "jitterFraction": (lambda a: a.engine.schedule.cfg.jitter_fraction,),
     "timeouts.nvidiaSmi": (lambda a: part(a, LiveSource).timeout_s,),
     "timeouts.nvml": (lambda a: part(a, LiveSource).nvml_timeout_s,),
@@ -171,7 +175,10 @@ OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "node.waveHold": (lambda a: part(a, RepairBudget).wave,),
     "node.gpuNodeSelector": (lambda a: part(a, Brake).selectors,),
     "node.activeChecks.maxConcurrent": (lambda a: dcgm(a).window.slots.policy().max_concurrent,),
-    "node.activeChecks.retrySeconds": (lambda a: dcgm(a).retry_s(),),
+    "node.activeChecks.retrySeconds": (
+        lambda a: dcgm(a).window.retry_s,
+        lambda a: dcgm(a).window.retry_after(1),
+    ),
     "node.validate.addTaint": (engine_view(lambda c: c.node.validate.add_taint),),
     "node.validate.diagLevel": (lambda a: dcgm(a).wanted_level(),),
     "node.validate.waitForDriver": (engine_view(lambda c: c.node.validate.wait_for_driver),),

@@ -82,7 +82,6 @@ class DcgmPart:
                 wanted_level=lambda: validation_diag_level(self.loop().engine),
                 on_done=lambda: read_diag_now(self.loop()),
                 window=self.window,
-                retry_s=lambda: self.loop().engine.cfg.node.active_checks.retry_s,
             ),
         )
         if old is not None:
@@ -116,16 +115,13 @@ def active_window(
 ) -> tuple[ActiveState, DiagWindow, tuple[LivePart, ...]]:
     """The window a DCGM diag waits for (probes/dcgm/window.py) and the state it shares with the
     engine: the fleet slot and the pods arriving (reporters/active_checks.py), the testing taint
-    through the engine's Marks (its writes poke the loop as a finished diag does). The slot and the
-    taint are parts (config/live_part.py) that read *start* and each reload; the retry pace is read
-    from the engine's config when asked (the loop hands it every reload)."""
+    through the engine's Marks (its writes poke the loop as a finished diag does). The slot, the
+    taint and the window (its retry pace) are parts (config/live_part.py) that read *start* and each
+    reload."""
     from agent.core.active_checks import ActiveState
     from agent.probes.dcgm.window import DiagWindow
     from agent.probes.pod_resources import gpu_pods
     from agent.reporters.active_checks import FleetSlots, NodeHold, PodArrivals
-
-    def cfg() -> Config:
-        return loop().engine.cfg
 
     state = ActiveState()
     slots = FleetSlots(
@@ -147,10 +143,10 @@ def active_window(
         slots,
         hold,
         PodArrivals(core, node_name, pods or gpu_pods()),
+        cfg=start,
         metrics=metrics,
-        retry_after=lambda aborts: cfg().node.active_checks.retry_after(aborts, cfg().intervals.dcgm_diag),
     )
-    return state, window, (slots, hold)
+    return state, window, (slots, hold, window)
 
 
 def device_taints(core: Any, node_name: str, cfg: Config, metrics: Metrics, dry_run: bool) -> Any:

@@ -80,10 +80,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def tool_timeouts(cfg: Config, timeout_s: float | None) -> Config:
-    """The config `check` reads the node with: --timeout (else timeouts.nvidiaSmi) bounds nvidia-smi
-    and NVML alike."""
-    per_tool = timeout_s or cfg.timeouts.nvidia_smi
-    timeouts = {**cfg.raw["timeouts"], "nvidiaSmi": per_tool, "nvml": per_tool}
+    """The config `check` reads the node with: --timeout bounds nvidia-smi and NVML alike; without it,
+    each keeps its own (timeouts.nvidiaSmi, timeouts.nvml), as the agent reads them."""
+    if timeout_s is None:
+        return cfg
+    timeouts = {**cfg.raw["timeouts"], "nvidiaSmi": timeout_s, "nvml": timeout_s}
     return dataclasses.replace(cfg, raw={**cfg.raw, "timeouts": timeouts})
 
 

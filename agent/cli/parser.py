@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--config-dir", metavar="DIR", type=Path, help="config directory (default: shipped config)"
     )
-    c.add_argument("--timeout", type=float, default=None, help="per-tool timeout in seconds (live)")
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="per-tool timeout in seconds, nvidia-smi and NVML alike (live; default: each its timeouts.* key)",
+    )
 
     s = sub.add_parser("snapshot", help="record this node's tool outputs into DIR")
     s.add_argument("dir", type=Path)

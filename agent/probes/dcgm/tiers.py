@@ -3,7 +3,7 @@
 The diag takes minutes, so it runs in its own thread: the loop (and Xid latency) never waits for it.
 Two connections, as dcgm.md recommends: a long diag does not stall the health polls. With a window
 (probes/dcgm/window.py: a fleet slot, the testing taint, pods arriving) a diag that is due waits in
-that thread for the next idle window, trying again every `retry_s()` or when woken (an operator's
+that thread for the next idle window, trying again every `window.retry_s` or when woken (an operator's
 request), until one runs. One the window aborted for work (a pod arrived) runs again: the thread
 waits until its retry is due (ActiveState.retry), then for an idle window as before.
 """
@@ -42,7 +42,6 @@ class DcgmTiers:
         wanted_level: Callable[[], int | None] | None = None,
         on_done: Callable[[], None] | None = None,
         window: DiagWindow | None = None,
-        retry_s: Callable[[], float] = lambda: 300.0,
     ) -> None:
         """wanted_level(): the diag level a pending validation needs (node.validate.diagLevel; None
         once validated): the next diag runs at least that deep. on_done(): a diag finished (the
@@ -72,7 +71,7 @@ class DcgmTiers:
             timeout_s=dcgm.diag_timeout,
             heartbeat_s=dcgm.heartbeat_seconds,
         )
-        self.window, self.retry_s = window, retry_s
+        self.window = window
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
         self.running_since: str = ""
@@ -116,7 +115,7 @@ class DcgmTiers:
             if not self._attempt():
                 if self.window is None or self._stop.is_set():
                     return
-                self._wake.wait(self.retry_s())
+                self._wake.wait(self.window.retry_s)
                 self._wake.clear()
                 continue
             if self.on_done is not None:

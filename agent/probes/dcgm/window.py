@@ -15,14 +15,13 @@ outcome of an operator's request in the shared state (lastDiag: started, complet
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+from agent.config import Config
 from agent.core.active_checks import (
     Abort,
-    ActivePolicy,
     ActiveState,
     DiagRequest,
     Slots,
@@ -67,25 +66,38 @@ class DiagWindow:
         hold: Hold,
         arrivals: Arrivals,
         *,
+        cfg: Config,
         hold_wait_s: float = HOLD_WAIT_S,
         poll_s: float = POLL_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         metrics: Telemetry | None = None,
         now: Callable[[], str] = now_iso,
-        retry_after: Callable[[int], float] = lambda aborts: ActivePolicy().retry_after(aborts, math.inf),
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """retry_after(n): how long after the n-th diag in a row aborted for work the next one waits
-        (node.activeChecks: ActivePolicy.retry_after, capped at intervals.dcgmDiag)."""
+        """*cfg*: the config in force (node.activeChecks, intervals.dcgmDiag); a reload hands the new
+        one (apply_config), which the next retry's pace reads."""
+        self.cfg = cfg
         self.state, self.slots, self.hold, self.arrivals = state, slots, hold, arrivals
         self.hold_wait_s, self.poll_s = hold_wait_s, poll_s
         self._clock, self._sleep, self._now, self._wall = clock, sleep, now, wall
-        self.retry_after = retry_after
         self._said = ""
         self._abort: Abort | None = None  # why the running diag was stopped
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.metrics.record_active_check(ActiveCheckState.IDLE)
+
+    def apply_config(self, old: Config, new: Config) -> None:
+        self.cfg = new
+
+    @property
+    def retry_s(self) -> float:
+        """How long a postponed diag waits before it asks again (node.activeChecks.retrySeconds)."""
+        return self.cfg.node.active_checks.retry_s
+
+    def retry_after(self, aborts: int) -> float:
+        """How long after the n-th diag in a row aborted for work the next one waits
+        (ActivePolicy.retry_after, capped at intervals.dcgmDiag)."""
+        return self.cfg.node.active_checks.retry_after(aborts, self.cfg.intervals.dcgm_diag)
 
     def run(self, runner: DiagRunner) -> bool:
         """One try: True when a diag ran (finished, failed or aborted: its result is latched),
