@@ -1,6 +1,6 @@
 """An Xid storm on a snapshot-backed agent: agent CPU, fault-to-taint, RSS and Node writes.
 
-Usage: python -m bench.xid_storm [--shape batches|varied|pids|steady|all[,...]] [--repeat N]
+Usage: python -m bench.xid_storm [--shape batches|varied|pids|unique|steady|all[,...]] [--repeat N]
                                  [--compare OLD_CHECKOUT] [--gpu-interval 10] [--profile]
                                  [--taint-timeout 240]
 
@@ -15,6 +15,8 @@ starts on a "rebooted" node (new boot_id, healthy kmsg.log, the Node untainted a
   own fault address, as a job's faults do: few lines repeat a text the agent has seen;
 - pids: the same, but each line names its own pid (977 in turn: a job's processes) and each Xid 31
   its own fault address, so almost every line's text is new to the agent;
+- unique: the same, but every line's text differs: its own pid, its own process name and, for an
+  Xid 31, its own fault address (no text ever repeats; the worst case for a reader that folds texts);
 - steady: 400,000 Xid 13/31 lines on one GPU appended in whole-line batches
   every 10 ms for 10 s; the Xid 79 at the tail (trial `steady-tail`) and, in a second trial, halfway
   through while the storm goes on (`steady-middle`).
@@ -101,12 +103,15 @@ class Shape:
     middle: bool = False
     varied: bool = False  # each line's own text (SM, fault address), not the same two per GPU
     pids: bool = False  # each line its own pid (PIDS in turn) and each Xid 31 its own address
+    unique: bool = False  # every line its own pid, process name and (Xid 31) address: no text repeats
 
     def describe(self) -> str:
         at = "halfway through" if self.middle else "after the storm"
         texts = (
             "each its own text (SM, address)"
             if self.varied
+            else "every text unique: its own pid, name and Xid 31 address"
+            if self.unique
             else f"each its own pid ({PIDS} in turn), each Xid 31 its own address"
             if self.pids
             else f"{2 * self.gpus} texts"
@@ -118,7 +123,7 @@ class Shape:
         )
 
 
-SHAPES = ("batches", "varied", "pids", "steady", "all")
+SHAPES = ("batches", "varied", "pids", "unique", "steady", "all")
 
 
 def shape_list(text: str) -> str:
@@ -138,6 +143,8 @@ def shapes(which: str, lines: int) -> list[Shape]:
         out.append(Shape("varied", lines, 20, 0.5, 8, varied=True))
     if which in ("pids", "all"):
         out.append(Shape("pids", lines, 20, 0.5, 8, pids=True))
+    if which in ("unique", "all"):
+        out.append(Shape("unique", lines, 20, 0.5, 8, unique=True))
     if which in ("steady", "all"):
         out.append(Shape("steady-tail", lines, 1000, 0.01, 1))
         out.append(Shape("steady-middle", lines, 1000, 0.01, 1, middle=True))
@@ -157,6 +164,13 @@ def _text(shape: Shape, k: int) -> str:
     """Line k's text: Xid 13 and 31 alternating, the GPUs taking turns; varied, each Xid 13 on one of
     the GPU's 1,056 SMs and each Xid 31 at its own address, as a job's faults are."""
     code, g = k % 2, k // 2 % shape.gpus
+    if (
+        shape.unique
+    ):  # nothing repeats: the pid, the name (a process name is at most 15 bytes) and the address
+        text = STORM[code].format(
+            bus=GPUS[g], pid=100000 + k, gpc=4, tpc=1, sm=0, addr=0x2C000000 + (k << 12)
+        )
+        return text.replace("name=python3,", f"name=py{k:07d},", 1)
     if shape.pids:  # the pids in turn (a text repeats only 2 x 8 x 977 lines later), each address new
         v = k // (2 * shape.gpus)
         pid = 20000 + 37 * (k % PIDS)
@@ -171,7 +185,11 @@ def _text(shape: Shape, k: int) -> str:
 
 def storm_batches(shape: Shape, begin: float) -> list[bytes]:
     """The storm's writes, each stamped with the time it will be written (from `begin`)."""
-    fixed = [_text(shape, k) for k in range(2 * shape.gpus)] if not (shape.varied or shape.pids) else []
+    fixed = (
+        [_text(shape, k) for k in range(2 * shape.gpus)]
+        if not (shape.varied or shape.pids or shape.unique)
+        else []
+    )
     per = shape.lines // shape.batches
     out: list[bytes] = []
     written = 0
