@@ -69,6 +69,16 @@ def test_no_warning(kind: str) -> None:
     assert r.status is Status.PASS and not r.findings, r.findings
 
 
+def test_an_idle_gpu_is_never_judged_even_without_an_idle_reason() -> None:
+    """The real idle read sets the Idle reason; without it (a GPU between kernels), the busy floor
+    alone keeps the idle GPU out of the comparison."""
+    doc = series("idle")
+    for read in doc["reads"]:
+        read["gpus"]["5"]["reasons"] = []
+    inv = inventory(doc)
+    assert not check_peers(NodeFacts(gpus=inv, activity=activity(doc, inv)), CFG).findings
+
+
 def test_the_straggler_warns_naming_the_pod_and_margins() -> None:
     r, inv = judge("straggler")
     (f,) = r.findings
