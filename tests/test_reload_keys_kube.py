@@ -148,6 +148,7 @@ OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "thresholds": (engine_view(lambda c: c.thresholds),),
     "trends": (engine_view(lambda c: c.trends),),
     "stall": (engine_view(lambda c: c.stall),),
+    "peers": (engine_view(lambda c: c.peers),),
     "node.mode": (engine_view(lambda c: c.node.mode), lambda a: dcgm(a).window.hold.mode()),
     "node.isolation": (lambda a: part(a, IsolatingWriter).isolation,),
     # the engine's scope (marks_builder) and the writer's episode (device_isolation) both count them

@@ -10,10 +10,12 @@ from agent.checks import (
     CheckSpec,
     connectx,
     dcgm,
+    dcgm_peers,
     dcgm_suspect,
     dra_taints,
     efa,
     gpu,
+    gpu_peers,
     gpu_stall,
     host,
     nvlink,
@@ -37,6 +39,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *dra_taints.CHECKS,  # the DRA driver's own device taints, beside ours
     *trends.CHECKS,
     *gpu_stall.CHECKS,
+    *gpu_peers.CHECKS,  # the odd GPU out under work (core/peers.py)
     *xid.CHECKS,
     *nvlink.CHECKS,
     *nvlink_speed.CHECKS,
@@ -47,6 +50,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *pci.CHECKS,
     *host.CHECKS,
     *dcgm.CHECKS,
+    *dcgm_peers.CHECKS,  # the odd GPU out in the diag's figures
     *dcgm_suspect.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}

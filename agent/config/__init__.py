@@ -35,6 +35,7 @@ from agent.config.schema import (
 from agent.config.xid_catalog import XidCatalog, parse_catalog
 from agent.core import gpu_nodes
 from agent.core.gpu_stall import StallPolicy
+from agent.core.peers import PeerPolicy
 from agent.core.profile import InstanceProfile
 from agent.core.rules import Rule, RuleBook
 from agent.core.severity import Severity
@@ -94,6 +95,10 @@ class Config:
     @functools.cached_property
     def stall(self) -> StallPolicy:
         return settings.stall_policy(self.raw)
+
+    @functools.cached_property
+    def peers(self) -> PeerPolicy:
+        return settings.peer_policy(self.raw)
 
     @functools.cached_property
     def node(self) -> settings.NodeSettings:
@@ -175,6 +180,7 @@ def parse_config(
     settings.gpu_node_selectors(raw["node"]["gpuNodeSelector"])  # raises ConfigError
     settings.trend_settings(raw)  # raises ConfigError
     settings.stall_policy(raw)  # raises ConfigError
+    settings.peer_policy(raw)  # raises ConfigError
     settings.node_settings(raw)  # the node section's entries and cross-key rules (raises ConfigError)
     try:
         profiles = parse_profiles(profiles_doc) if profiles_doc is not None else {}

@@ -99,6 +99,15 @@ SCHEMA: dict[str, Any] = {
         "minutes": _num(10, 1, 120),
         "idlePowerWatts": Spec(dict, dict(IDLE_POWER_W)),  # GPU model → W (settings.py checks it)
     },
+    # The odd GPU out (core/peers.py): a GPU well below its siblings' median (docs/guides/odd-gpu-out.md)
+    "peers": {
+        "diagMarginPercent": _num(10, 1, 90),  # a DCGM diag figure below the median by more: warn
+        "busyPercent": _num(80, 1, 100),  # under work: a GPU at least this busy
+        "clockMarginPercent": _num(10, 1, 90),  # SM clock below its pod's GPUs' median by more ...
+        "powerMarginPercent": _num(20, 1, 90),  # ... or the draw below it by more ...
+        "behindReads": Spec(int, 3, 1, 60),  # ... in at least this many ...
+        "windowReads": Spec(int, 5, 1, 60),  # ... of the last this many gpu-tier reads: warn
+    },
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),
         # node | gpu | auto: a fault confined to one GPU taints that DRA device, not the node

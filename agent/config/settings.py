@@ -15,6 +15,7 @@ from agent.core.gpu_nodes import parse_selector
 from agent.core.gpu_stall import StallPolicy
 from agent.core.node_keys import CONDITION_TYPE_MAX, CONDITION_TYPE_PATTERN, KUBELET_CONDITION_TYPES
 from agent.core.node_risk import RiskPolicy
+from agent.core.peers import PeerPolicy
 from agent.core.remediation_types import RemediationCondition
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from agent.core.repair_escalation import DAY_S, RepairPolicy
@@ -343,3 +344,22 @@ def stall_policy(raw: Mapping[str, Any]) -> StallPolicy:
     return StallPolicy(
         float(s["utilizationPercent"]), float(s["powerWithinPercent"]), float(s["minutes"]), table
     )
+
+
+def peer_policy(raw: Mapping[str, Any]) -> PeerPolicy:
+    """`peers:`; raises ConfigError when behindReads exceeds windowReads (it could never warn)."""
+    s = raw["peers"]
+    out = PeerPolicy(
+        float(s["diagMarginPercent"]),
+        float(s["busyPercent"]),
+        float(s["clockMarginPercent"]),
+        float(s["powerMarginPercent"]),
+        int(s["behindReads"]),
+        int(s["windowReads"]),
+    )
+    if out.behind_reads > out.window_reads:
+        raise ConfigError(
+            f"peers.behindReads: {out.behind_reads} reads of a window of peers.windowReads "
+            f"{out.window_reads} can never be"
+        )
+    return out

@@ -70,12 +70,16 @@ def _idle_power(name: str, table: tuple[tuple[str, float], ...]) -> float | None
 @dataclass(frozen=True)
 class Sample:
     """One gpu-tier read of one GPU: when (wall seconds), utilization (%), draw (W), and the
-    containers holding it (namespace/pod/container; None: not asked, it did not look stalled)."""
+    containers holding it (namespace/pod/container; None: not asked, it did not look stalled nor
+    behind its siblings); its SM clock (MHz) and whether a clock event reason was active (None: not
+    reported), for the comparison with its siblings (core/peers.py)."""
 
     at: int
     util: int | None
     power_w: float | None
     pods: tuple[str, ...] | None = None
+    sm_mhz: int | None = None
+    explained: bool | None = None
 
 
 @dataclass(frozen=True)

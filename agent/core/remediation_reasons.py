@@ -72,6 +72,7 @@ FAULT_CLASSES: tuple[FaultRow, ...] = (
     FaultRow("trend.pcie", "PCIe", "NvidiaPCIeError"),
     FaultRow("gpu.throttle", "Thermal", "NvidiaThermalError"),
     FaultRow("gpu.stalled", "Stall"),  # monitor at most: named only for completeness
+    FaultRow("gpu.peers", "Performance"),  # the odd GPU out, monitor at most (core/peers.py)
     FaultRow("gpu.throttle.hw-power-brake", "Thermal", "NvidiaPowerError"),
     FaultRow("trend.thermal", "Thermal", "NvidiaThermalError"),
     FaultRow("host.power-cap", "Thermal", "NvidiaPowerError"),
@@ -80,6 +81,7 @@ FAULT_CLASSES: tuple[FaultRow, ...] = (
     FaultRow("efa", "Network"),
     FaultRow("connectx", "Network"),
     FaultRow("dcgm-diag", "Diagnostic", "DCGMDiagnosticFailure"),
+    FaultRow("dcgm-diag.peers", "Performance"),  # monitor at most: a diag figure below its siblings'
     FaultRow("dcgm-health", "DCGMHealth"),
 )
 OTHER = "Other"  # a rule no row names (a check newer than this table): never in a shipped build
