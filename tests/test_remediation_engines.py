@@ -284,7 +284,7 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
     karpenter: KarpenterCluster, tmp_path: Path
 ) -> None:
     """Validate before service (issue 31 item 3) with Karpenter's real controller: a NodePool whose
-    `startupTaints` hold gpu-healthcheck/validating:NoSchedule (README "Validate before service").
+    `startupTaints` hold gpu-healthcheck/validating:NoSchedule (docs/guides/validate-before-service.md).
     Karpenter launches each node with it and calls the node Initialized only once it is gone. The
     first node's agent passes and lifts it; an Xid 79 marks the node and Karpenter repairs it by
     replacing it; the replacement comes up with the taint. Its agent cannot read nvidia-smi
