@@ -22,7 +22,7 @@ from tests.test_helm_chart import helm, render  # noqa: F401  (helm: fixture)
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "manifests" / "optional" / "prometheusrule.yaml"
 TESTS = ROOT / "tests" / "alerts"
-RUNBOOKS = ROOT / "docs" / "guides" / "alerts.md"  # the runbooks (issue 46: once the README's)
+RUNBOOKS = ROOT / "docs" / "guides" / "alerts.md"  # the runbooks (in the README before the docs site)
 
 
 def rule_doc() -> dict[str, Any]:
