@@ -157,3 +157,26 @@ def test_every_kubectl_and_python_command_names_files_that_exist() -> None:
     for where, argv in by_tool("python"):
         assert (ROOT / argv[1]).is_file(), f"{where}: {argv[1]}"
     assert named >= 8
+
+
+def inline_commands() -> list[tuple[str, str]]:
+    """`gpu-healthcheck …` spans of the docs' running text (code blocks left out)."""
+    out = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        out += [(str(page.relative_to(ROOT)), m) for m in re.findall(r"`(gpu-healthcheck [^`]+)`", text)]
+    return out
+
+
+@pytest.mark.parametrize(("where", "span"), inline_commands(), ids=lambda x: str(x)[:60])
+def test_every_gpu_healthcheck_command_in_the_text_names_real_flags(where: str, span: str) -> None:
+    """A command in running text may leave out what it requires (`gpu-healthcheck clear` names the
+    command), and shows optional flags in [brackets]; every flag and value it does show must parse."""
+    argv = shlex.split(span.split(" | ")[0].replace("[", "").replace("]", ""))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            said = err.getvalue().strip().splitlines()[-1]
+            assert "the following arguments are required" in said, f"{where}: {span}: {said}"
