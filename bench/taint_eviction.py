@@ -6,7 +6,7 @@ A control plane of its own (tests/kubeenv/eviction.py): etcd + kube-apiserver wi
 kube-controller-manager running the taint-eviction controller (with node-lifecycle). Per trial
 (tests/eviction_scenario.py): two fresh GPU Nodes, each with a pod without toleration, one tolerating
 our taint, one tolerating it for --toleration-seconds, and one per DaemonSet of manifests/; the REAL
-agent process on each (README's `taintEffectBySeverity`: reboot and isolate NoExecute), one healthy
+agent process on each (the docs' `taintEffectBySeverity`: reboot and isolate NoExecute), one healthy
 until an Xid 79 line is appended to its kernel log, one whose nvidia-smi output is unreadable
 (verdict unknown). Figures are the API server's own audit timestamps: from the completion of the
 agent's PATCH that added the taint to the completion of the controller's DELETE of each pod (no

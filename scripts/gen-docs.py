@@ -7,8 +7,10 @@ registry walked), the alerts (manifests/optional/prometheusrule.yaml), the comma
 
 Why a generator: a hand-kept table of 150 keys drifts from the schema within a release (issue 46).
 `--check` (make lint) exits 1 when a page is not byte-for-byte what this script writes, when a
-`README.md#anchor` or `DESIGN.md#anchor` that docs/ or an alert's runbook_url names has no such
-heading, or when a `status` column has no meaning (run `python scripts/gen-docs.py` to rewrite).
+`README.md#anchor` or `DESIGN.md#anchor` that docs/ names, or a `docs/PAGE.md` or
+`docs/PAGE.md#anchor` that the code, the manifests, the chart or an alert's runbook_url names, has no
+such page or heading, or when a `status` column has no meaning (run `python scripts/gen-docs.py` to
+rewrite).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ast
 import inspect
 import re
 import sys
+import unicodedata
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -79,19 +82,34 @@ def slug(heading: str) -> str:
     return "".join(c for c in text if c.isalnum() or c in "-_ ").replace(" ", "-")
 
 
-def anchors(path: Path) -> set[str]:
+def site_slug(heading: str) -> str:
+    """The anchor the site (Python-Markdown's toc) gives a heading: ASCII, punctuation dropped, runs of
+    spaces and hyphens one hyphen. GitHub keeps every hyphen (`slug`): the same for plain names."""
+    text = unicodedata.normalize("NFKD", heading.replace("`", "")).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def anchors(path: Path, site: bool = False) -> set[str]:
     fenced, out = False, set()
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             fenced = not fenced
         elif not fenced and re.match(r"#{1,6} ", line):
-            out.add(slug(line.lstrip("#")))
+            out.add((site_slug if site else slug)(line.lstrip("#")))
     return out
+
+
+# where the code, the install and the tests name a page of the site (`docs/guides/alerts.md#gpunodefailing`)
+NAMERS = ("agent", "bench", "charts", "config", "hostengine", "manifests", "scripts", "tests")
+SUFFIXES = {".py", ".yaml", ".yml", ".sh", ".tpl", ".txt", ".md"}
+SELF = {"gen-docs.py", "test_docs.py"}  # their examples of a reference name no page
+DOC_REF = re.compile(r"\bdocs/([\w/.-]+?\.md)(?:#([\w-]+))?")
 
 
 def missing_anchors() -> list[str]:
     """`README.md#x` / `DESIGN.md#x` that docs/ names (as text: they are no pages of the site) and no
-    heading of that file makes."""
+    heading of that file makes; `docs/x.md` / `docs/x.md#y` that the code names and no page or heading
+    of the site makes."""
     known = {name: anchors(ROOT / name) for name in ("README.md", "DESIGN.md")}
     bad = []
     for page in sorted((ROOT / "docs").rglob("*.md")):
@@ -100,6 +118,16 @@ def missing_anchors() -> list[str]:
         ):
             if anchor not in known[name]:
                 bad.append(f"{page.relative_to(ROOT)}: {name}#{anchor}: no such heading")
+    for top in NAMERS:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.suffix not in SUFFIXES or not path.is_file() or "fixtures" in path.parts or path.name in SELF:
+                continue
+            for page, anchor in DOC_REF.findall(path.read_text(encoding="utf-8", errors="replace")):
+                target = ROOT / "docs" / page
+                if not target.is_file():
+                    bad.append(f"{path.relative_to(ROOT)}: docs/{page}: no such page")
+                elif anchor and anchor not in anchors(target, site=True):
+                    bad.append(f"{path.relative_to(ROOT)}: docs/{page}#{anchor}: no such heading")
     return bad
 
 
@@ -406,12 +434,12 @@ def metrics_page() -> str:
 
 def alerts_page() -> str:
     doc = yaml.safe_load(RULES.read_text(encoding="utf-8"))
-    readme = anchors(ROOT / "README.md")
     out = [
         BANNER,
         "# Alerts\n",
         "The alerts of `manifests/optional/prometheusrule.yaml` (the Helm chart's `prometheusRule`), "
-        "with what each says and its runbook: a section of the repository's `README.md` for now.\n",
+        "with what each says; the runbook (`runbook_url`, a section of "
+        "[Alerts and runbooks](../guides/alerts.md)) says what to check and do.\n",
     ]
     for group in doc["spec"]["groups"]:
         for rule in group["rules"]:
@@ -419,9 +447,8 @@ def alerts_page() -> str:
                 continue
             notes = rule.get("annotations") or {}
             url = str(notes.get("runbook_url") or "")
-            name, _, anchor = url.partition("#")
-            if name == "README.md" and anchor not in readme:
-                raise SystemExit(f"{RULES.relative_to(ROOT)}: {rule['alert']}: {url}: no such README heading")
+            if not url.startswith("docs/guides/alerts.md#"):
+                raise SystemExit(f"{RULES.relative_to(ROOT)}: {rule['alert']}: {url}: not a runbook of the site")
             out += [
                 f"## {rule['alert']}\n",
                 table(

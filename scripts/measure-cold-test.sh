@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time `make test` the way the README's figures are measured: `.ci/run` on a fresh clone with empty
+# Time `make test` the way docs/testing.md's figures are measured: `.ci/run` on a fresh clone with empty
 # caches (Go module cache, Go build cache, pip cache, no .cache/ of built tools), then, with
 # --warm, a second `.ci/run` in the same clone (everything built, the Go caches full).
 #

@@ -41,27 +41,27 @@ KEYS = Keys()
 
 
 def documented_policy() -> dict[str, Any]:
-    """README's `node:` block for NoExecute (the one with taintEffectBySeverity)."""
+    """The docs' `node:` block for NoExecute (the one with taintEffectBySeverity)."""
     (doc,) = [d for d in section_docs() if "taintEffectBySeverity" in (d.get("node") or {})]
     return dict(doc["node"])
 
 
 def documented_toleration() -> dict[str, Any]:
-    """README's toleration for a workload that stays a while on a node we tainted NoExecute."""
+    """The docs' toleration for a workload that stays a while on a node we tainted NoExecute."""
     (doc,) = [d for d in section_docs() if "tolerations" in d]
     (tol,) = doc["tolerations"]
     return dict(tol)
 
 
 def config() -> str:
-    """The agent's config.yaml: the README's policy (Xid 79 is judged `reboot`, which it makes
+    """The agent's config.yaml: the docs' policy (Xid 79 is judged `reboot`, which it makes
     NoExecute), a short gpu interval, and a brake that lets the one failing node in."""
     node = {**documented_policy(), "maxTaintedFraction": 1}
     return yaml.safe_dump({"intervals": {"gpu": 2}, "node": node})
 
 
 def our_toleration(seconds: int | None = None) -> dict[str, Any]:
-    """The README's toleration, for *seconds* (or for good when None)."""
+    """The docs' toleration, for *seconds* (or for good when None)."""
     tol = {k: v for k, v in documented_toleration().items() if k != "tolerationSeconds"}
     if seconds is not None:
         tol["tolerationSeconds"] = seconds

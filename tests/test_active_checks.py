@@ -234,7 +234,7 @@ def test_the_results_annotation_keeps_the_last_request_across_a_restart(tmp_path
 
 
 def test_a_diag_aborted_for_work_retries_after_retry_seconds_then_ever_more_slowly() -> None:
-    """The rule (README "Active checks"): retrySeconds after the first abort in a row, doubling with
+    """The rule (docs/guides/active-checks.md): retrySeconds after the first abort in a row, doubling with
     each further one, at most intervals.dcgmDiag, never under retrySeconds."""
     policy = ActivePolicy("5%", 300.0)
     assert [policy.retry_after(n, 21600.0) for n in range(1, 9)] == [

@@ -1,4 +1,4 @@
-"""Active checks on the real API server (README "Active checks"): the real agent (tests/active_node.py:
+"""Active checks on the real API server (docs/guides/active-checks.md): the real agent (tests/active_node.py:
 `gpu-healthcheck agent` on a snapshot, with the live DCGM tiers on its own fake engine) on each of
 several GPU Nodes, the fleet slots counted through Leases in the test's namespace.
 

@@ -1,6 +1,6 @@
 """The alerts (manifests/optional/prometheusrule.yaml): `promtool check rules` accepts them, each has a
 `promtool test rules` unit test (tests/alerts/alerts.test.yaml) that makes it fire for the failing
-series and not for the healthy ones, each carries a `runbook_url` to a README section that exists,
+series and not for the healthy ones, each carries a `runbook_url` to a section of docs/guides/alerts.md,
 and the chart renders the same rules. promtool is built from Go modules (scripts/build-promtool.sh),
 as helm and the Kubernetes test binaries are."""
 
@@ -22,7 +22,7 @@ from tests.test_helm_chart import helm, render  # noqa: F401  (helm: fixture)
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "manifests" / "optional" / "prometheusrule.yaml"
 TESTS = ROOT / "tests" / "alerts"
-README = ROOT / "README.md"
+RUNBOOKS = ROOT / "docs" / "guides" / "alerts.md"  # the runbooks (in the README before the docs site)
 
 
 def rule_doc() -> dict[str, Any]:
@@ -40,7 +40,7 @@ def slug(heading: str) -> str:
 
 
 def anchors() -> set[str]:
-    return {slug(m) for m in re.findall(r"^#{1,6} (.+)$", README.read_text(), re.M)}
+    return {slug(m) for m in re.findall(r"^#{1,6} (.+)$", RUNBOOKS.read_text(), re.M)}
 
 
 @pytest.fixture(scope="session")
@@ -48,16 +48,16 @@ def promtool() -> str:
     return built_go_tool("build-promtool.sh")
 
 
-def test_every_alert_links_a_runbook_section_of_the_readme() -> None:
+def test_every_alert_links_a_runbook_section_of_the_docs() -> None:
     found = anchors()
     assert len(alerts()) >= 14
     for name, rule in alerts().items():
         url = rule["annotations"].get("runbook_url", "")
-        assert url == f"README.md#{name.lower()}", name
-        assert url.split("#", 1)[1] in found, f"{name}: no README section {url}"
+        assert url == f"docs/guides/alerts.md#{name.lower()}", name
+        assert url.split("#", 1)[1] in found, f"{name}: no runbook section {url}"
 
 
-def test_the_readme_check_finds_a_missing_section() -> None:
+def test_the_runbook_check_finds_a_missing_section() -> None:
     assert "gpunodefailing" in anchors() and "no-such-alert" not in anchors()
     assert slug("Alerts and runbooks") == "alerts-and-runbooks"
 
@@ -110,7 +110,8 @@ def test_the_chart_renders_the_same_rules_and_a_runbook_base(helm: str) -> None:
     assert rule() == rule_doc()
     based = rule("monitoring.runbookBaseURL=https://git.example.com/ghc/blob/v1/")
     urls = {r["annotations"]["runbook_url"] for g in based["spec"]["groups"] for r in g["rules"]}
-    assert urls == {f"https://git.example.com/ghc/blob/v1/README.md#{a.lower()}" for a in alerts()}
+    base = "https://git.example.com/ghc/blob/v1/docs/guides/alerts.md"
+    assert urls == {f"{base}#{a.lower()}" for a in alerts()}
 
 
 def ksm_label(key: str) -> str:
@@ -122,7 +123,7 @@ def ksm_label(key: str) -> str:
 
 def test_gpu_node_without_agent_knows_a_gpu_node_by_every_label_the_selection_uses() -> None:
     """A DRA-only node has no nvidia.com/gpu: the alert finds it by the GPU-node labels of
-    core/gpu_nodes.py (one matcher each, as kube_node_labels spells it), and the README names each
+    core/gpu_nodes.py (one matcher each, as kube_node_labels spells it), and its runbook names each
     label for kube-state-metrics' --metric-labels-allowlist (without it the series has no such
     label and the matcher finds nothing)."""
     from agent.core.gpu_nodes import DEFAULT_GPU_NODE_SELECTORS, parse_selector
@@ -134,7 +135,7 @@ def test_gpu_node_without_agent_knows_a_gpu_node_by_every_label_the_selection_us
     expr = alerts()["GPUNodeWithoutAgent"]["expr"]
     assert set(re.findall(r"kube_node_labels\{([^}]*)\}", expr)) == wanted
     assert 'kube_node_status_capacity{resource="nvidia_com_gpu"}' in expr  # device-plugin nodes too
-    allow = re.search(r"--metric-labels-allowlist=nodes=\[([^\]]*)\]", README.read_text())
+    allow = re.search(r"--metric-labels-allowlist=nodes=\[([^\]]*)\]", RUNBOOKS.read_text())
     assert allow is not None
     keys = {parse_selector(s)[0].key for s in DEFAULT_GPU_NODE_SELECTORS}
     assert set(allow.group(1).split(",")) == keys

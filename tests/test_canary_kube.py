@@ -175,17 +175,17 @@ def test_status_counts_what_an_agent_in_observe_would_do(
         agent.stop(signal.SIGKILL)
 
 
-# ----------------------------------------------------------------------------- the README's recipe
+# ----------------------------------------------------------------------------- the docs' recipe
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DAY2 = Path(__file__).resolve().parent.parent / "docs" / "guides" / "day-2-config.md"
 SHIPPED_CM = Path(__file__).resolve().parent.parent / "manifests" / "20-configmap.yaml"
 
 
 def recipe() -> tuple[str, str]:
-    """The README's canary recipe (the sh block of "The canary ConfigMap"), split at its promote step."""
+    """The docs' canary recipe (the sh block of "The canary ConfigMap"), split at its promote step."""
     import re
 
-    text = README.read_text()
+    text = DAY2.read_text()
     section = text[text.index("### The canary ConfigMap") :]
     section = section[: section.index("\n### ", 10)]
     (block,) = re.findall(r"```sh\n(.*?)```", section, re.S)
@@ -231,7 +231,7 @@ def test_the_readme_canary_recipe_as_written_starts_from_the_live_configmap(
     kube: Any, gpu_node: Callable[..., Any], tmp_path: Path
 ) -> None:
     """The SRE's finding: the recipe copied the repository's files (mode taint), so an install in
-    observe that followed it put its canary nodes into taint. The README's block, run by bash as
+    observe that followed it put its canary nodes into taint. The docs' block, run by bash as
     written (only the namespace, the node names and $EDITOR are the test's) against an install in
     observe: the canary is the live config with the one edit (observe kept), the real agent on
     NODE1 runs it, and the promote leaves the live ConfigMap equal to the canary, labels kept."""

@@ -189,10 +189,11 @@ def test_a_new_key_comes_with_a_new_schema_version() -> None:
 
 def test_the_readme_says_a_newer_config_is_taken_and_a_typo_is_not() -> None:
     from agent.reporters.metrics import Metrics
+    from tests.readme import user_docs
 
-    text = " ".join((CONFIG.parent / "README.md").read_text().split())
+    text = " ".join(user_docs().split())
     assert "A newer release's config is taken, not rejected." in text
     assert "an unknown key there is a typo and the config is rejected" in text
     metric = "gpu_healthcheck_config_ignored_keys"
     assert f"`{metric}`" in text
-    assert Metrics().registry.get_sample_value(metric) == 0.0  # the metric the README names exists
+    assert Metrics().registry.get_sample_value(metric) == 0.0  # the metric the docs name exists

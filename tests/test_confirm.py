@@ -41,7 +41,7 @@ from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
 from agent.reporters.metrics import Metrics
 from tests.conftest import live_cfg
-from tests.readme import README
+from tests.readme import page
 from tests.test_nvml import FakeNvml, healthy_h100
 
 ROOT = Path(__file__).parent.parent
@@ -363,7 +363,7 @@ def test_only_findings_of_confirm_rules_at_reset_or_above_are_held_back() -> Non
 
 
 def _readme_list(label: str) -> set[str]:
-    text = README.read_text()
+    text = page("checks.md")
     start = text.index("### What fails a node, what makes it unknown")
     section = text[start : text.index("\n### ", start + 10)]
     item = section[section.index(f"- **{label}") :]

@@ -204,7 +204,7 @@ def cli_exit(root: Path) -> int:
 # A kernel log is a stream in which a later line can take back what an earlier one states: a new boot
 # (every Xid before it is another boot's) and an Xid 154 whose action was taken ("... to 0x0 (None)").
 # A damage that loses or moves that later line leaves the earlier line stating its fault plainly, and
-# no reader can tell (README: "What fails a node"). So a damaged kernel log may show what some line
+# no reader can tell (docs/checks.md: "What fails a node"). So a damaged kernel log may show what some line
 # of the undamaged log states (the faults of some prefix of it), and nothing else.
 def stated(root: Path, name: str, data: bytes) -> set[str]:
     """The faults each prefix of a kernel log states, ended at each line that can state one."""
@@ -229,7 +229,7 @@ def kind(key: str) -> str:
 # Lines moved between GPU blocks of one shape (two GPUs' "Double Bit ECC" lines swapped in a -d view)
 # give a capture that is real output in every way but whose values sit under the wrong GPU: no
 # parser can tell. For shuffles the property holds per rule (the node gains no kind of fault), not
-# per GPU. README: "Known limit".
+# per GPU. docs/checks.md: "Known limits".
 BY_RULE = {"shuffle_lines"}
 
 

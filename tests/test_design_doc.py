@@ -27,6 +27,7 @@ SCANNED_DIRS = (
     "examples",
     "tools",
     ".ci",
+    "docs",
 )
 SCANNED_FILES = (
     "README.md",

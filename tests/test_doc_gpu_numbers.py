@@ -12,7 +12,13 @@ from agent.core.pci import short_pci
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = ROOT / "examples" / "snapshots" / "p5.48xlarge-healthy" / "nvidia-smi-q.txt"
-DOCS = ("README.md", "DESIGN.md", "CHANGELOG.md", "examples/snapshots/SOURCE.md")
+DOCS = (
+    "README.md",
+    "DESIGN.md",
+    "CHANGELOG.md",
+    "examples/snapshots/SOURCE.md",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")),
+)
 ADDRESS = re.compile(r"\b(?:[0-9a-fA-F]{4}){1,2}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 GPU = re.compile(r"\b(?:GPU |gpu-)(\d+)\b(?!:)")  # not "GPU 00000000:97:00.0"
 

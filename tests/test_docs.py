@@ -147,3 +147,40 @@ def test_a_broken_anchor_fails_the_strict_build(tmp_path: Path) -> None:
     done = build(tmp_path, tmp_path / "site")
     assert done.returncode != 0
     assert "does not contain an anchor '#no-such-key'" in done.stdout + done.stderr
+
+
+def test_the_readme_is_short() -> None:
+    """The README says what the product is, the two commands, install and where the docs are; the
+    rest lives in docs/ (issue 46: it had grown to 3,064 lines)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    assert "make demo   #" in text and "make test   #" in text  # the two commands, first
+    for page in (
+        "clusters/device-plugin.md",
+        "clusters/dra-only.md",
+        "clusters/node-repair.md",
+        "install.md",
+    ):
+        assert f"(docs/{page})" in text, page
+
+
+def test_check_fails_on_a_docs_page_or_anchor_the_code_names_and_the_site_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mod = gen_docs()
+    for name in ("README.md", "DESIGN.md"):
+        (tmp_path / name).write_text("# x\n")
+    (tmp_path / "docs" / "guides").mkdir(parents=True)
+    (tmp_path / "docs" / "guides" / "alerts.md").write_text(
+        "# Alerts\n\n## GPUNodeFailing\n\n## Roll out: a → b\n"
+    )
+    code = tmp_path / "agent" / "x.py"
+    code.parent.mkdir()
+    code.write_text('"""docs/guides/alerts.md#gpunodefailing, docs/guides/alerts.md#roll-out-a-b"""\n')
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    assert mod.missing_anchors() == []
+    code.write_text('"""docs/guides/alerts.md#gpunodefailin and docs/guides/nope.md"""\n')
+    assert mod.missing_anchors() == [
+        "agent/x.py: docs/guides/alerts.md#gpunodefailin: no such heading",
+        "agent/x.py: docs/guides/nope.md: no such page",
+    ]

@@ -1,6 +1,6 @@
 """One hung GPU costs one GPU, on the real API server: the REAL agent process, live (NVML through the
 real pynvml over the fake libnvidia-ml.so.1 on LD_LIBRARY_PATH, its machine the p5.48xlarge
-snapshot's own `nvidia-smi -q`), with `node.isolation: gpu` and the README's NoExecute policy, on a
+snapshot's own `nvidia-smi -q`), with `node.isolation: gpu` and the docs' NoExecute policy, on a
 node whose GPUs NVIDIA's DRA driver publishes (a ResourceSlice as it writes it) and two pods holding
 GPU 3 and GPU 5. GPU 3's calls then hang (the fake's `hang_while` file, held from this process):
 after `node.confirmAfter` cycles one DeviceTaintRule, for gpu-3 alone, no taint on the Node, the pod

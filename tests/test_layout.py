@@ -1,4 +1,4 @@
-"""The tree is the pipeline: the layer folders are the ones the README's architecture names, and every
+"""The tree is the pipeline: the layer folders are the ones docs/architecture.md names, and every
 module of a layer is named in its row there (a new module is placed and described, not dropped in),
 and no module is longer than MAX_LINES."""
 
@@ -15,9 +15,8 @@ LAYERS = ("core", "config", "probes", "checks", "engine", "reporters", "cli")
 
 
 def architecture_rows() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Architecture") : text.index("## Development")]
-    return dict(re.findall(r"^\| `agent/(\w+)/` \| (.+) \|$", section, flags=re.M))
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    return dict(re.findall(r"^\| `agent/(\w+)/` \| (.+) \|$", text, flags=re.M))
 
 
 def test_agent_holds_the_layer_folders_and_nothing_flat() -> None:
@@ -44,9 +43,9 @@ def test_every_module_is_named_in_its_layer_row() -> None:
             assert any(fnmatch.fnmatch(w, pat) for w in wanted for pat in named), f"agent/{layer}/{path.name}"
 
 
-def test_the_readme_checks_table_lists_every_registered_check() -> None:
-    """In report order: a new check gets its row, a removed one loses it."""
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_checks_table_lists_every_registered_check() -> None:
+    """In report order: a new check gets its row, a removed one loses it (docs/checks.md)."""
+    text = (ROOT / "docs" / "checks.md").read_text()
     table = text[text.index("### Checks") : text.index("### Instance profiles")]
     assert re.findall(r"^\| `([\w.-]+)` \|", table, flags=re.M) == [spec.name for spec in CHECKS]
 

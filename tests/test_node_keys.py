@@ -1,4 +1,4 @@
-"""The Node contract as users read it: the README's table is core/node_keys, word for word.
+"""The Node contract as users read it: the table of docs/agent.md is core/node_keys, word for word.
 
 This is the one test that spells the keys and reasons: a change to any of them is a change every
 user's alerts, scripts and admission policy see, so it must be a deliberate edit here too.
@@ -21,9 +21,8 @@ SNAPSHOTS = ROOT / "examples" / "snapshots"
 
 
 def readme_contract_rows() -> dict[str, str]:
-    """`| what | key | values |` rows of the README's agent section, by key."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## The agent") :]
+    """`| what | key | values |` rows of the agent's page (docs/agent.md), by key."""
+    section = (ROOT / "docs" / "agent.md").read_text()
     rows = re.findall(r"^\| (\w+) \| ([^|]+) \| (.+) \|$", section, flags=re.M)
     return {key.strip("`"): values for _, key, values in rows}
 

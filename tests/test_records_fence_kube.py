@@ -1,5 +1,5 @@
-"""The repair budget's records, fenced (README "Repair budget and wave hold"): on the real API
-server, with manifests/ applied and an agent's Node-bound token of the manifests' own
+"""The repair budget's records, fenced (docs/clusters/node-repair.md "Repair budget and wave hold"): on
+the real API server, with manifests/ applied and an agent's Node-bound token of the manifests' own
 ServiceAccount, the policy gpu-healthcheck-own-records lets the agent write its own node's `fail`
 and `mark` records and refuses what would lift or fake the fleet's budget: a release, another
 node's record (written, changed or deleted), a `by` that is not its own, a Lease that is not a

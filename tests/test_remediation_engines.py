@@ -1,6 +1,6 @@
-"""The engines that act on our marks, configured as README.md "From mark to repair" says (issue 22 item 4).
+"""The engines that act on our marks, configured as docs/clusters/node-repair.md says (issue 22 item 4).
 
-- Karpenter node repair, end to end with the real agent: the condition the README's
+- Karpenter node repair, end to end with the real agent: the condition the docs'
   ``node.remediationConditions`` block makes it write (AcceleratedHardwareReady beside GPUHealthy)
   after an Xid 79 makes Karpenter replace the node; a node whose verdict is unknown shows the healthy
   status (reason GPUHealthcheckCouldNotCheck) and is kept.
@@ -13,7 +13,7 @@
   Karpenter launches to replace a repaired one stays uninitialized (the taint on) while its agent's
   verdict is unknown, and Karpenter initializes it once the agent passes and lifts the taint.
 - Cluster API MachineHealthCheck and medik8s NodeHealthCheck: their controllers do not run here. Their
-  own CRDs are applied to the real API server and the README's objects (read from the README, the one
+  own CRDs are applied to the real API server and the docs' objects (read from the docs, the one
   source) are created, so the server validates the documented YAML; a broken variant is refused, so
   the validation is real.
 - Every engine's configuration names the condition type and status the agent is configured to write.
@@ -58,7 +58,7 @@ def documented(kind: str, api_version: str) -> dict[str, Any]:
 
 
 def remediation_entry() -> dict[str, Any]:
-    """The README's one `node.remediationConditions` entry (the block a user copies)."""
+    """The docs' one `node.remediationConditions` entry (the block a user copies)."""
     (block,) = [d for d in readme_docs() if "remediationConditions" in (d.get("node") or {})]
     (entry,) = block["node"]["remediationConditions"]
     return dict(entry)
@@ -214,7 +214,7 @@ def test_karpenter_replaces_the_node_whose_gpu_condition_is_false_and_no_other(
 def test_the_real_agent_drives_karpenter_repair_and_an_unknown_verdict_does_not(
     karpenter: KarpenterCluster, tmp_path: Path
 ) -> None:
-    """End to end with the agent process, configured with the README's `node.remediationConditions`
+    """End to end with the agent process, configured with the docs' `node.remediationConditions`
     block: after an Xid 79 in one node's kernel log it writes AcceleratedHardwareReady=False (beside
     GPUHealthy=False) and Karpenter replaces that node. The other node's nvidia-smi output is
     unreadable: GPUHealthy is Unknown, the remediation condition the healthy status with reason
@@ -284,7 +284,7 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
     karpenter: KarpenterCluster, tmp_path: Path
 ) -> None:
     """Validate before service (issue 31 item 3) with Karpenter's real controller: a NodePool whose
-    `startupTaints` hold gpu-healthcheck/validating:NoSchedule (README "Validate before service").
+    `startupTaints` hold gpu-healthcheck/validating:NoSchedule (docs/guides/validate-before-service.md).
     Karpenter launches each node with it and calls the node Initialized only once it is gone. The
     first node's agent passes and lifts it; an Xid 79 marks the node and Karpenter repairs it by
     replacing it; the replacement comes up with the taint. Its agent cannot read nvidia-smi
@@ -293,7 +293,7 @@ def test_the_replacement_of_a_repaired_node_takes_no_work_until_its_agent_passes
     initialize the replacement and remove the repaired node."""
     entry = remediation_entry()
     startup = documented("NodePool", "karpenter.sh/v1")["spec"]["template"]["spec"]["startupTaints"]
-    assert startup == [{"key": Keys().validating, "effect": "NoSchedule"}]  # the README's lines
+    assert startup == [{"key": Keys().validating, "effect": "NoSchedule"}]  # the docs' lines
     validating = startup[0]
     karpenter.static_pool(
         "validated", 1, labels={"nvidia.com/gpu.present": "true"}, startup_taints=startup

@@ -1,5 +1,6 @@
 """The reason vocabulary of the remediation conditions (issue 31 item 2): the fault class and the
-action, one table in core/remediation_reasons.py that the README renders, and `reasonStyle: eks`."""
+action, one table in core/remediation_reasons.py that docs/clusters/node-repair.md renders, and
+`reasonStyle: eks`."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from agent.core.remediation_types import (
 from agent.core.severity import Severity, Status
 from agent.engine.recovery import Recovery
 from agent.engine.remediation import remediation_marks
+from tests import readme
 
 ROOT = Path(__file__).parent.parent
 AHR = "AcceleratedHardwareReady"
@@ -172,16 +174,14 @@ def test_the_fence_lists_every_reason_of_ours() -> None:
         assert "'NvidiaXID" not in text
 
 
-# ------------------------------------------------------------------------------ README = the table
+# ------------------------------------------------------------------------------ the docs = the table
 
-README = (ROOT / "README.md").read_text()
-TITLE = "### The reason vocabulary"
+PAGE = readme.page("clusters/node-repair.md")
 
 
 def _rows(marker: str) -> list[list[str]]:
-    """The rows of the README table whose header line starts with *marker*, cells unquoted."""
-    section = README[README.index(TITLE) :]
-    section = section[: section.index("\n### ", len(TITLE))]
+    """The rows of the docs' table whose header line starts with *marker*, cells unquoted."""
+    section = readme.section(PAGE, "The reason vocabulary")
     lines = section[section.index(marker) :].splitlines()[2:]
     out = []
     for line in lines:
@@ -191,17 +191,17 @@ def _rows(marker: str) -> list[list[str]]:
     return out
 
 
-def test_the_readme_renders_the_fault_class_table() -> None:
+def test_the_docs_render_the_fault_class_table() -> None:
     want = [[row.rule, row.fault, row.eks.replace("{code}", "<n>") or "–"] for row in FAULT_CLASSES]
     assert _rows("| Rule") == want
 
 
-def test_the_readme_renders_the_action_table() -> None:
+def test_the_docs_render_the_action_table() -> None:
     want = [[a.value, ACTIONS[a], MANAGED_NODE_GROUP_ACTION[ACTIONS[a]]] for a in Action]
     assert _rows("| Next step") == want
 
 
-def test_the_readme_names_no_reason_of_ours_that_the_code_does_not_write() -> None:
-    section = README[README.index("### Node repair") : README.index("### Repair budget and wave hold")]
+def test_the_docs_name_no_reason_of_ours_that_the_code_does_not_write() -> None:
+    section = readme.section(PAGE, "Node repair")
     named = set(re.findall(r"`(GPUHealthcheck[A-Za-z]+)`", section))
     assert named <= set(OUR_REMEDIATION_REASONS), named - set(OUR_REMEDIATION_REASONS)

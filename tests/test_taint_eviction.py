@@ -38,7 +38,7 @@ def outcome(cluster: EvictionCluster, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def test_the_readme_policy_and_toleration_are_what_the_agent_and_kubernetes_read() -> None:
-    """The README's lines (which the eviction test runs) parse as the agent's config, make the
+    """The docs' lines (which the eviction test runs) parse as the agent's config, make the
     severities that mean "this GPU is gone" NoExecute, and tolerate exactly our taint."""
     from agent.config import parse_config
     from agent.core.severity import Severity
@@ -109,8 +109,9 @@ def test_a_broken_gpu_evicts_the_pods_that_do_not_tolerate_the_taint(outcome: sc
 def test_the_taint_eviction_controller_does_not_honour_pod_disruption_budgets(
     outcome: scenario.Outcome,
 ) -> None:
-    """README "NoExecute": the controller DELETEs pods (pkg/controller/tainteviction), it does not
-    ask the Eviction API, so a PodDisruptionBudget that refuses every eviction does not hold it."""
+    """docs/clusters/device-plugin.md "NoExecute": the controller DELETEs pods
+    (pkg/controller/tainteviction), it does not ask the Eviction API, so a PodDisruptionBudget that
+    refuses every eviction does not hold it."""
     o = outcome
     assert o.evicted[o.pod(o.broken, "plain")] and o.evicted[o.pod(o.broken, "timed")]
     code, message = o.eviction_api

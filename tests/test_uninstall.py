@@ -233,17 +233,18 @@ def test_uninstall_takes_every_mark_of_ours_off_every_node_and_nothing_else(
     assert uninstall_cli(Path("/nonexistent/kubeconfig")).returncode == 69
 
 
-# ------------------------------------------------------------------------------------------ README
+# ------------------------------------------------------------------------------------------ the docs
 
 
 def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
+    """The section *title* of docs/guides/upgrade.md, where the README's "Uninstall" went."""
+    text = (ROOT / "docs" / "guides" / "upgrade.md").read_text()
     section = text[text.index(title) + len(title) :]
     return section[: section.index("\n#")]
 
 
 def test_the_readme_uninstall_stops_the_agents_then_cleans_the_nodes_then_deletes() -> None:
-    text = readme_section("### Uninstall\n")
+    text = readme_section("## Uninstall\n")
     steps = [
         "delete daemonset gpu-healthcheck-agent gpu-healthcheck-agent-canary",
         "wait --for=delete pod -l app.kubernetes.io/name=gpu-healthcheck-agent",
@@ -266,7 +267,7 @@ def test_the_readme_uninstall_stops_the_agents_then_cleans_the_nodes_then_delete
 
 
 def test_the_readme_rollback_deletes_objects_the_manifests_have_and_the_slots_by_their_kinds() -> None:
-    text = readme_section("### Upgrade and roll back\n")
+    text = readme_section("## Upgrade and roll back\n")
     docs = list(yaml_safe.load_all((ROOT / "manifests/30-admission-policy.yaml").read_text()))
     names = {(d["kind"], d["metadata"]["name"]) for d in docs if d}
     for name in ("gpu-healthcheck-own-records", "gpu-healthcheck-own-slots"):

@@ -1,5 +1,5 @@
 """A fleet upgraded from the previous release (0.2.0, commit a8b8806) to this tree and rolled back,
-on the real API server, in README.md's order ("Upgrade and roll back").
+on the real API server, in docs/guides/upgrade.md's order ("Upgrade and roll back").
 
 Five GPU Nodes, each with its own agent process on a copy of the healthy snapshot, one config
 directory for all (the ConfigMap), the brake on with a cap of 2 (`maxTaintedNodes: 2`) and repair
@@ -11,7 +11,7 @@ marked, the third is held by the brake (one more failing node than the cap).
 The upgrade: the agents are replaced one at a time with this tree's while the ConfigMap stays the
 0.2.0 one (0.2.0 refuses `schemaVersion`), then the ConfigMap with `schemaVersion` goes in last. The
 roll back: the 0.2.0 ConfigMap first (`kubectl apply -f OLD/manifests/` applies it with the rest),
-then the agents one at a time; from this tree back to 0.2.0 the README has nothing to delete.
+then the agents one at a time; from this tree back to 0.2.0 the docs have nothing to delete.
 
 Throughout, a watch of the five Nodes asserts, after every replacement and config change:
 - the brake stays exact: never more than 2 of the Nodes carry our taint, and the same two stay

@@ -27,7 +27,11 @@ def test_the_package_the_chart_and_the_images_carry_the_agents_version() -> None
 
 
 def test_every_image_of_ours_that_the_install_and_the_readme_name_has_the_version() -> None:
-    files = [*sorted((ROOT / "manifests").rglob("*.yaml")), ROOT / "README.md"]
+    files = [
+        *sorted((ROOT / "manifests").rglob("*.yaml")),
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
+    ]
     files += [ROOT / "Dockerfile.agent", ROOT / "Dockerfile.hostengine"]
     seen = {
         (f.relative_to(ROOT).as_posix(), tag) for f in files for _, tag in OUR_IMAGE.findall(f.read_text())

@@ -210,7 +210,8 @@ def check_dcgm_health(facts: NodeFacts, cfg: Config) -> CheckResult:
             DCGM_HEALTH_SECOND_ENGINE,
             shorten(
                 f"{len(engines)} DCGM host engines on this node: {', '.join(engines)}; two engines give "
-                "contradictory views and break each other's modules (README: With the NVIDIA GPU Operator)",
+                "contradictory views and break each other's modules "
+                "(docs/install.md: With the NVIDIA GPU Operator)",
                 MAX_TEXT * 2,
             ),
             ("node",),

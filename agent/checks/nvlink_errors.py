@@ -17,7 +17,7 @@ from agent.core.rules import Rule
 from agent.core.severity import Severity
 
 NAME = "nvlink-errors"
-ERRORS_PER_MINUTE = 1.0  # replay / CRC growth above this per link is reported (ours; see README)
+ERRORS_PER_MINUTE = 1.0  # replay / CRC growth above this per link is reported (ours; see docs/checks.md)
 
 RECOVERY = Rule("nvlink-errors.recovery", Severity.MONITOR, "an NVLink went through link recovery")
 REPLAY = Rule("nvlink-errors.replay", Severity.MONITOR, "NVLink replays grow faster than 1 a minute")

@@ -10,7 +10,7 @@ missing or unreadable, a gap, a reboot or driver reload (for counters that start
 decrease ends it, so a reset never looks like growth and a missing read never counts. Judged on
 kept reads only, a warning (and its message) changes when a read is kept, not on every cycle.
 
-Thresholds and their sources (README "Warnings before a fault"):
+Thresholds and their sources (docs/checks.md "Warnings before a fault"):
 - remap headroom: a bank at Low or None spare-row availability (NVML: "None means that there are no
   reserved rows available"; NVIDIA's memory error management guide: a remap that cannot be made is
   a row-remapping failure, an RMA condition) → plan-service.

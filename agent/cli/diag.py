@@ -3,7 +3,7 @@
 It sets `<prefix>/diag-requested` on the Node: who asked (the Kubernetes identity the API server sees,
 by SelfSubjectReview; else the kubeconfig's user), why, when, and the level (--level; else the
 agent's dcgm.diagLevel). The agent makes the diag due at once; it still runs only in an idle window
-(no GPU held, a fleet slot free, the testing taint on: README "Active checks"). When it starts the
+(no GPU held, a fleet slot free, the testing taint on: docs/guides/active-checks.md). When it starts the
 agent removes the annotation and posts an ActiveCheckStarted Event naming who asked and why, as it
 answers a `clear` with LatchesCleared, adds a `diag` entry by the requester to the history annotation,
 and keeps the request as `lastDiag` in its results annotation with its outcome (started, completed,

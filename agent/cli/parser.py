@@ -154,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     dg.add_argument("--prefix", default=DEFAULT_PREFIX, help="the agents' config `prefix`")
 
-    br = sub.add_parser("brake", help="the repair budget and wave hold (README: Repair budget and wave hold)")
+    br = sub.add_parser(
+        "brake",
+        help="the repair budget and wave hold (docs/clusters/node-repair.md: Repair budget and wave hold)",
+    )
     br_sub = br.add_subparsers(dest="action", required=True, parser_class=_Parser)
     rel = br_sub.add_parser(
         "release",

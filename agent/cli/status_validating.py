@@ -1,4 +1,4 @@
-"""What `gpu-healthcheck status` shows of the startup taint (README "Validate before service"): the
+"""What `gpu-healthcheck status` shows of the startup taint (docs/guides/validate-before-service.md): the
 nodes that carry `<prefix>/validating`, for how long, and what each waits for.
 
 A node whose agent reports says so itself (the results annotation's `validating`: since when, what

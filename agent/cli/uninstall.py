@@ -43,7 +43,8 @@ from agent.reporters.kube_rest import (
 EXIT_OK, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2
 CONFLICT_ATTEMPTS = 5
 FIELD_MANAGER = "gpu-healthcheck-uninstall"
-# The install's ConfigMaps (manifests/20-configmap.yaml; the canary's: README "Roll out in stages").
+# The install's ConfigMaps (manifests/20-configmap.yaml; the canary's: docs/guides/day-2-config.md
+# "The canary ConfigMap").
 CONFIGMAPS = ("gpu-healthcheck-config", "gpu-healthcheck-config-canary")
 
 
@@ -240,7 +241,7 @@ def uninstall(
         say(f"agent pods still run ({len(running)}: {shown}): they would put their marks back")
         if not force:
             say(
-                'refused: stop the agents first (README "Uninstall"), or --force; '
+                'refused: stop the agents first (docs/guides/upgrade.md "Uninstall"), or --force; '
                 + ("nothing listed" if not dry_run else "listing anyway")
             )
             if not dry_run:

@@ -49,7 +49,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class TrendSettings:
-    """How trend reads are kept and the trend rules' thresholds (README "Warnings before a fault")."""
+    """How trend reads are kept and the trend rules' thresholds (docs/checks.md "Warnings before a fault")."""
 
     read_spacing_s: float
     keep_reads: int

@@ -1,4 +1,4 @@
-"""Active checks that never collide with work (README "Active checks"): the DCGM diag stresses every
+"""Active checks that never collide with work (docs/guides/active-checks.md): the DCGM diag stresses every
 GPU for minutes, so it runs only in an idle window (probes/dcgm/idle.py), and three things keep it
 apart from work:
 

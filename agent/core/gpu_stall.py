@@ -2,7 +2,7 @@
 collective (NCCL waiting on a peer that never comes) looks so: its kernel stays resident, so the
 utilization counter reads 95-100 %, while the SMs spin on a flag and the board draws what it draws
 idle. A GPU doing real work draws several times its idle power (an H100 under load: 629 W; idle:
-70 W), an idle GPU reads 0 % (README "A stalled GPU").
+70 W), an idle GPU reads 0 % (docs/checks.md "A stalled GPU").
 
 What is kept: per GPU (its lasting name), the recent samples of utilization, power and who holds it,
 one per gpu-tier run, in memory only (the window is minutes; an agent restart starts it again), the

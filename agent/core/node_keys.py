@@ -35,7 +35,7 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 TRUE = "true"  # <prefix>/tainted while our taint is on
 DISABLED = "disabled"  # <prefix>/taint=disabled: an operator's "do not taint this node"
 CANARY = "canary"  # <prefix>/config=canary: an operator's "run the canary ConfigMap on this node"
-# The image canary (README "Roll out in stages"): an operator's label, read by the DaemonSets' node
+# The image canary (docs/guides/upgrade.md): an operator's label, read by the DaemonSets' node
 # affinity only (the main agent DaemonSet leaves these nodes to gpu-healthcheck-agent-canary) and by
 # `status`, from the agent pods' labels. The install's key, not under `prefix`; the agent never writes it.
 TRACK_LABEL = "gpu-healthcheck/track"

@@ -1,6 +1,6 @@
 """The risk label (`<prefix>/risk=high|normal`): a node that failed or was repaired again and again
 lately is a lemon. In a 504-GPU cluster 3 of 63 nodes caused over half of all exclusions (Lablup/SKT,
-anchors-4.md (b)); jobs that cannot afford a restart avoid such nodes by affinity (README).
+anchors-4.md (b)); jobs that cannot afford a restart avoid such nodes by affinity (docs: un-quarantine).
 
 What counts, per UTC day, kept in the Node's history annotation (core/history_annotation.py) beside its last
 transitions, so the counts outlive the 20-transition list, an agent restart and a replaced agent (a new

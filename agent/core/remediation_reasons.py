@@ -10,8 +10,9 @@ finding the EKS node monitoring agent also names gets that agent's reason
 (aws/eks-node-monitoring-agent pkg/reasons/reasons.yaml @029740fc, AcceleratedHardwareReady), so
 overrides written for that agent work unchanged; any other finding keeps ours.
 
-The README renders these two tables ("The reason vocabulary"); tests/test_remediation_reasons.py
-holds them equal. Healthy-side and hold reasons are core/remediation_types.py's RemediationReason.
+docs/clusters/node-repair.md renders these two tables ("The reason vocabulary");
+tests/test_remediation_reasons.py holds them equal. Healthy-side and hold reasons are
+core/remediation_types.py's RemediationReason.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Validate before service on a DRA-only node: the startup taint waits for NVIDIA's DRA driver to
-publish the node's GPUs (README "Validate before service"), so that a node whose driver has not
+publish the node's GPUs (docs/guides/validate-before-service.md), so that a node whose driver has not
 started yet, or publishes 7 of its 8 GPUs, takes no workload it cannot serve.
 
 Whether the driver is expected here (node.validate.waitForDriver): `auto` (default) on a Node without
@@ -155,7 +155,7 @@ def wait(
             f"{NVIDIA_DRA} has not published this node's GPUs within {policy.driver_timeout_seconds:g} s "
             f"(node.validate.driverTimeoutSeconds): {pub.counted()}; "
             f"the taint {taint_key} stays until it does. Does its kubelet plugin run on this node and "
-            f'tolerate {taint_key}? (README "Validate before service")'
+            f"tolerate {taint_key}? (docs/guides/validate-before-service.md)"
         )
     announce = bool(reason) and not state.announced
     state.announced |= announce

@@ -1,6 +1,6 @@
 """The results annotation's rollout view: which config a node runs, and what mode `taint` would do.
 
-An SRE stages a rollout observe → label → taint → remediation (README "Roll out in stages") and, at
+An SRE stages a rollout observe → label → taint → remediation (docs/guides/day-2-config.md) and, at
 each step, `gpu-healthcheck status` counts what the next one would do. The engine settles the
 taint's and each remediation condition's hysteresis in every mode (recovery.Recovery), so the answer
 costs no read; both fields change only when the verdict does (or on a reload), so a healthy node in

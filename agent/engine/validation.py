@@ -1,4 +1,4 @@
-"""Validate before service (README "Validate before service"): a new node, a rebooted one, or one whose
+"""Validate before service (docs/guides/validate-before-service.md): a new node, a rebooted one, or one whose
 latched fault an operator cleared takes no workload until it has passed. The startup taint
 `<prefix>/validating:NoSchedule` (Keys.validating) says so; the kubelet's --register-with-taints,
 Karpenter's NodePool startupTaints or this agent (node.validate.addTaint) puts it on, and only this

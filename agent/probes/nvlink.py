@@ -92,7 +92,7 @@ def _complete(last: str) -> bool:
 
 def parse_nvlink(text: str) -> NvlinkReport:
     """Parse the status listing; ParseError when the text is neither a listing nor a known message,
-    or when the listing contradicts itself or stops early (README: "what fails a node, what makes it
+    or when the listing contradicts itself or stops early (docs/checks.md: "what fails a node, what makes it
     unknown"): a last line cut inside (incomplete by the grammar), a link value that is neither a speed nor
     <inactive>, link numbers that do not run 0, 1, 2... , GPU numbers that do not rise, a GPU that
     lists fewer links than the others. The GPUs whose blocks are intact are kept as `partial`.

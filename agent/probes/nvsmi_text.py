@@ -33,7 +33,7 @@ def parse_nvsmi_text(text: str) -> GpuInventory:
 
     Raises ToolReportedFailure when nvidia-smi printed a driver failure instead of data, and
     ParseError when the output is not nvidia-smi -q output, or when it was cut short or damaged
-    (README: "what fails a node, what makes it unknown"): fewer GPU blocks (plus lost GPUs) than
+    (docs/checks.md: "what fails a node, what makes it unknown"): fewer GPU blocks (plus lost GPUs) than
     "Attached GPUs" or more, a full GPU block that stops before its "Processes" section, a last line
     cut inside (one that is whole without its newline is read: _whole), a -d view whose blocks do
     not show the same sections, a block with a key twice or a flag that is not Yes/No. The

@@ -74,7 +74,7 @@ def _row_cut(tokens: list[str], known: bool, ncols: int) -> bool:
 
 def parse_topo(text: str) -> TopoMatrix:
     """Parse `nvidia-smi topo -m` output; raises ParseError when no GPU matrix is found, or when the
-    matrix contradicts itself or stops early (README: "what fails a node, what makes it unknown"):
+    matrix contradicts itself or stops early (docs/checks.md: "what fails a node, what makes it unknown"):
     a device of the header without its row (rows lost or cut), a row cut short, twice, out of order
     or with a cell that is no topo code, a row whose own cell is not X, a last line cut inside (a
     last line that is whole without its newline is read). The intact rows under the intact header

@@ -2,7 +2,7 @@
 agent adopts one, at start and on every reload, as a dry run that writes nothing.
 
 The policy of manifests/30-admission-policy.yaml lists the condition types the agent may write (no
-parameter object: README "The fence" says why). A ConfigMap edited to write another type, with the
+parameter object: docs/install.md "The fence" says why). A ConfigMap edited to write another type, with the
 policy not updated, would have every status write refused while the Node's conditions go stale.
 So the agent asks the real fence first: a dry-run status PATCH of its own Node that sets every type
 the new config writes, with one of our reasons. Refused, the config is rejected like an invalid one

@@ -308,7 +308,7 @@ class IsolatingWriter:
             f"GPU(s) {', '.join(gpus)} could be isolated alone, but the API server serves no "
             "DeviceTaintRules (resource.k8s.io v1, v1beta2 or v1alpha3): the Node is tainted instead. "
             "Kubernetes 1.37 serves them; 1.36 with the feature gate DRADeviceTaintRules and "
-            '--runtime-config=resource.k8s.io/v1beta2=true (README "Per-GPU isolation")'
+            '--runtime-config=resource.k8s.io/v1beta2=true (docs/clusters/dra-only.md "Per-GPU isolation")'
         )
         log.warning("node %s: %s", self.taints.node_name, message)
         events.append(NodeEvent(EventReason.DEVICE_TAINTS_UNAVAILABLE, message, WARNING))

@@ -1,4 +1,4 @@
-"""Early warnings on the device (README "Per-GPU isolation"): a warning confined to GPUs (a GPU's own
+"""Early warnings on the device (docs/clusters/dra-only.md): a warning confined to GPUs (a GPU's own
 memory or thermal trend, a GPU's counter at `monitor`: core/device_scope.warn_scope; mode taint)
 shows on those DRA devices as `<prefix>/unhealthy=monitor` with effect None, where the API serves
 that effect. It moves no pod and the brake does not count it; a GPU a taint holds keeps its taint's
