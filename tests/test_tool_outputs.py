@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from agent.core.facts import Input
+from agent.core.topo import TopoMatrix
 from agent.probes.capture import capture
-from agent.probes.inputs import SPECS, source_readers
+from agent.probes.inputs import SPEC, SPECS, source_readers
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import BOOT_ID, ERRORS, ITYPE, KMSG, SnapshotSource
 from agent.probes.tool_outputs import COMMANDS, GPU_TEXT, OUTPUTS, SNAPSHOT_FILES, source_of
@@ -123,6 +124,20 @@ def test_the_live_source_runs_the_commands_capture_runs_and_a_replay_parses_the_
         got = dataclasses.replace(now[name], taken_at=None) if name is Input.GPUS else now[name]
         assert then == got, name
     assert now[Input.GPUS].gpus and now[Input.TOPO].columns  # real reads, not two equal failures
+
+
+def test_an_input_named_by_its_output_alone_is_read_by_both_sources(tools: Path, tmp_path: Path) -> None:
+    """A new input from a tool's output: its row in the table and a spec naming it, no reader of its
+    own in either source (topo without its NVML tier stands in for one)."""
+    spec = dataclasses.replace(SPEC[Input.TOPO], live=None, snapshot=None)
+    live = LiveSource(live_cfg(timeout_s=10), tmp_path / "nosys", str(tmp_path / "nokmsg"))
+    read_live = spec.live_reader(live)
+    assert read_live is not None and spec.output is not None
+    now = read_live()
+    assert ran(tools) == [" ".join(spec.output.argv)]  # no NVML tried: the command alone
+    read_snapshot = spec.snapshot_reader(SnapshotSource(_snapshot(tmp_path)))
+    assert read_snapshot is not None
+    assert isinstance(now, TopoMatrix) and now.columns and read_snapshot() == now
 
 
 def test_a_failed_command_is_named_alike_live_and_in_a_replay(tmp_path: Path, tools: Path) -> None:
