@@ -28,8 +28,9 @@ ROOT = Path(__file__).parent.parent
 CFG = load_config_dir(ROOT / "config")
 
 
-def mismatches(specs: tuple[InputSpec, ...]) -> list[str]:
+def mismatches(specs: tuple[InputSpec, ...], tmp: Path) -> list[str]:
     """What does not hold between the specs and NodeFacts (core may not import the specs)."""
+    live, snapshot = LiveSource(live_cfg(), sys_root=tmp, use_nvml=False), SnapshotSource(tmp)
     hints = typing.get_type_hints(NodeFacts)
     out = [f"{i}: no spec" for i in Input if sum(s.input is i for s in specs) != 1]
     for s in specs:
@@ -43,37 +44,37 @@ def mismatches(specs: tuple[InputSpec, ...]) -> list[str]:
             out.append(f"{name}: NodeFacts.{s.previous_field} is never filled (the spec keeps none)")
         if s.tier is not None and s.tier not in TIER_INTERVAL:
             out.append(f"{name}: tier {s.tier} is not a tier of the scheduler")
-        if (s.live is None or s.snapshot is None) and not s.unread:
+        if (s.live_reader(live) is None or s.snapshot_reader(snapshot) is None) and not s.unread:
             out.append(f"{name}: a source does not read it and nothing says so (unread)")
     return out
 
 
-def test_nodefacts_holds_one_field_per_spec_and_a_previous_read_where_kept() -> None:
-    assert mismatches(SPECS) == []
+def test_nodefacts_holds_one_field_per_spec_and_a_previous_read_where_kept(tmp_path: Path) -> None:
+    assert mismatches(SPECS, tmp_path) == []
     assert list(SPEC) == [s.input for s in SPECS]
     inputs = {f.name for f in dataclasses.fields(NodeFacts) if f.name in {i.value for i in Input}}
     assert inputs == {s.input.value for s in SPECS}
 
 
-def test_a_spec_out_of_step_with_nodefacts_is_named() -> None:
+def test_a_spec_out_of_step_with_nodefacts_is_named(tmp_path: Path) -> None:
     host = SPEC[Input.HOST]
     wrong = (
         dataclasses.replace(host, type=PciSample),
         dataclasses.replace(SPEC[Input.KERNEL], keep_previous=True),
         dataclasses.replace(SPEC[Input.PCI], keep_previous=False),
         dataclasses.replace(SPEC[Input.RDMA], tier="rdma"),
-        dataclasses.replace(SPEC[Input.TOPO], live=None),
+        dataclasses.replace(SPEC[Input.NVLINK_ERRORS], live=None),  # its output has no command
     )
     specs = tuple(s for s in SPECS if s.input not in {w.input for w in wrong}) + wrong
     host_field = typing.get_type_hints(NodeFacts)["host"]
-    assert mismatches(specs) == [
+    assert mismatches(specs, tmp_path) == [
         f"host: NodeFacts.host is {host_field}, the spec says PciSample",
         "kernel: keeps its previous read but NodeFacts.kernel_previous is None",
         "pci: NodeFacts.pci_previous is never filled (the spec keeps none)",
         "rdma: tier rdma is not a tier of the scheduler",
-        "topo: a source does not read it and nothing says so (unread)",
+        "nvlink_errors: a source does not read it and nothing says so (unread)",
     ]
-    assert mismatches(SPECS[1:]) == ["node: no spec"]
+    assert mismatches(SPECS[1:], tmp_path) == ["node: no spec"]
 
 
 def test_the_tiers_read_what_they_read_before_the_specs() -> None:

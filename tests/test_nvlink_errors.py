@@ -24,6 +24,7 @@ from agent.core.severity import Status
 from agent.probes.live import LiveSource
 from agent.probes.nvlink_errors import parse_nvlink_errors_json, read_nvlink_errors, to_json
 from agent.probes.snapshot import SnapshotSource
+from agent.probes.tool_outputs import NVLINK_ERRORS
 from tests.conftest import cfg, live_cfg
 
 CFG = cfg()
@@ -135,12 +136,12 @@ def test_no_nvlink_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_snapshot_file_round_trip_and_garbage(nvml: FakeNvml, tmp_path: Path) -> None:
     got = sample(nvml, 0.0)
     (tmp_path / "nvlink-errors.json").write_text(to_json(got))
-    replay = SnapshotSource(tmp_path).nvlink_errors()
+    replay = SnapshotSource(tmp_path).read(NVLINK_ERRORS)
     assert isinstance(replay, NvlinkErrorSample) and replay.gpus == got.gpus
     assert parse_nvlink_errors_json(to_json(got)).gpus == got.gpus
     (tmp_path / "nvlink-errors.json").write_text("{not json")
     assert check_nvlink_errors(
-        NodeFacts(nvlink_errors=SnapshotSource(tmp_path).nvlink_errors()), CFG
+        NodeFacts(nvlink_errors=SnapshotSource(tmp_path).read(NVLINK_ERRORS)), CFG
     ).status == (Status.UNKNOWN)
 
 
@@ -149,7 +150,7 @@ def test_capture_writes_the_counters_and_records_no_nvml(nvml: FakeNvml, tmp_pat
 
     x = tmp_path / "x"
     capture(tmp_path / "a", timeout_s=2, sys_root=tmp_path / "sys", kmsg_path=str(x), boot_id_path=x)
-    replay = SnapshotSource(tmp_path / "a").nvlink_errors()
+    replay = SnapshotSource(tmp_path / "a").read(NVLINK_ERRORS)
     assert isinstance(replay, NvlinkErrorSample) and len(replay.gpus[0].links) == 18
 
 
@@ -163,5 +164,5 @@ def test_capture_without_nvml_leaves_the_file_out(monkeypatch: pytest.MonkeyPatc
     )
     assert "nvlink-errors.json" not in problems and not (tmp_path / "a" / "nvlink-errors.json").exists()
     assert check_nvlink_errors(
-        NodeFacts(nvlink_errors=SnapshotSource(tmp_path / "a").nvlink_errors()), CFG
+        NodeFacts(nvlink_errors=SnapshotSource(tmp_path / "a").read(NVLINK_ERRORS)), CFG
     ).status == (Status.SKIPPED)

@@ -23,8 +23,9 @@ from agent.engine.confirm import Confirmations
 from agent.engine.gpu_verdicts import gpu_verdicts
 from agent.engine.verdict import decide
 from agent.probes.live import LiveSource
-from agent.probes.snapshot import SNAPSHOT_FILES, SnapshotError, SnapshotSource
+from agent.probes.snapshot import SnapshotError, SnapshotSource
 from agent.probes.source import Source, gather_facts
+from agent.probes.tool_outputs import SNAPSHOT_FILES
 
 EXIT_CODES = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.UNKNOWN: 2}
 

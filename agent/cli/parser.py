@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=None,
-        help="per-tool timeout in seconds, nvidia-smi and NVML alike (live; default: timeouts.*)",
+        help="per-tool timeout in seconds, NVML included (live; default: timeouts.*)",
     )
 
     s = sub.add_parser("snapshot", help="record this node's tool outputs into DIR")

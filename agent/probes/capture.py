@@ -1,5 +1,6 @@
 """`gpu-healthcheck snapshot DIR`: record what a live node's tools say, in their own formats, so the
-node can be judged offline (bug reports, tests) with `check --from-snapshot DIR`."""
+node can be judged offline (bug reports, tests) with `check --from-snapshot DIR`. Each command's
+output goes to the file probes/tool_outputs.py names for it, the file the snapshot source parses."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from agent.probes.kernel_log import read_kmsg_live
 from agent.probes.nvlink_errors import read_nvlink_errors, to_json
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure
 from agent.probes.pci import PCI_ATTRS
-from agent.probes.snapshot import BOOT_ID, COMMANDS, ERRORS, ITYPE, KMSG, NVLINK_ERRORS, TEXT
+from agent.probes.snapshot import BOOT_ID, ERRORS, ITYPE, KMSG
+from agent.probes.tool_outputs import COMMANDS, NVLINK_ERRORS
 
 RDMA_PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 PCI_FILES = ("vendor", "device", "class", "uevent", "current_link_width", "max_link_width")
@@ -34,19 +36,17 @@ def capture(
     errors: dict[str, dict[str, str]] = {}
     problems: dict[str, str] = {}
 
-    for name, argv in COMMANDS.items():
-        result = run_command(argv, timeout_s)
+    for tool in COMMANDS:
+        name = tool.file
+        result = run_command(list(tool.argv), timeout_s)
         if isinstance(result, ProbeError):
-            errors[name] = {"kind": result.kind.value, "message": result.message}
-            problems[name] = str(result)
+            if tool.failure_recorded:
+                errors[name] = {"kind": result.kind.value, "message": result.message}
+                problems[name] = str(result)
             continue
         (out / name).write_text(result.stdout, encoding="utf-8")
-        if result.returncode != 0:
+        if result.returncode != 0 and tool.failure_recorded:
             problems[name] = f"exit code {result.returncode}"
-    # The plain-text view too: it shows lost GPUs as text when the XML view cannot.
-    text = run_command(["nvidia-smi", "-q"], timeout_s)
-    if not isinstance(text, ProbeError):
-        (out / TEXT).write_text(text.stdout, encoding="utf-8")
 
     try:
         log = read_kmsg_live(kmsg_path, timeout_s=min(timeout_s, 5.0))
@@ -61,13 +61,13 @@ def capture(
         problems[KMSG] = errors[KMSG]["message"]
 
     try:
-        (out / NVLINK_ERRORS).write_text(to_json(read_nvlink_errors(timeout_s)), encoding="utf-8")
+        (out / NVLINK_ERRORS.file).write_text(to_json(read_nvlink_errors(timeout_s)), encoding="utf-8")
     except NvmlUnavailable:
         pass  # no NVML on this node (like no /sys/class/infiniband): the file stays absent
     except (ProbeTimeout, ToolReportedFailure) as exc:
         kind = "timeout" if isinstance(exc, ProbeTimeout) else "tool-failed"
-        errors[NVLINK_ERRORS] = {"kind": kind, "message": str(exc)}
-        problems[NVLINK_ERRORS] = str(exc)
+        errors[NVLINK_ERRORS.file] = {"kind": kind, "message": str(exc)}
+        problems[NVLINK_ERRORS.file] = str(exc)
     _copy_pci(sys_root, out / "sys", problems)
     _copy_host(sys_root, out / "sys")
     _copy_rdma(sys_root, out / "sys", problems)

@@ -1,11 +1,15 @@
-"""One definition per input of the checks (InputSpec): its name and type, how the live node and a
-snapshot read it, the tier that refreshes it and whether the agent keeps its previous read. The
-sources (probes/source.py), the scheduler (engine/scheduler.py) and the engine read this table and
-name no input themselves; NodeFacts (core/facts.py, which may not import probes) holds one field
-per spec, and tests/test_inputs.py holds the two to each other.
+"""One definition per input of the checks (InputSpec): its name and type, the tool output it is
+parsed from (probes/tool_outputs.py: the command, the snapshot file, the parser), the readers of
+their own a source has for it where it is not read that way, the tier that refreshes it and whether
+the agent keeps its previous read. The sources (probes/source.py), the scheduler
+(engine/scheduler.py) and the engine read this table and name no input themselves; NodeFacts
+(core/facts.py, which may not import probes) holds one field per spec, and tests/test_inputs.py
+holds the two to each other.
 
-A new input is one spec here, its type and NodeFacts field in core/, its reader in each source, its
-probe and its check."""
+A new input from a tool's output is its row in probes/tool_outputs.py (command, file, parser: the
+live source runs it, capture writes it, the snapshot source parses the file), one spec here, its
+type and NodeFacts field in core/, its parser and its check; live.py, snapshot.py and capture.py
+are not edited. An input read another way (NVML, sysfs, the API) adds its reader to the source."""
 
 from __future__ import annotations
 
@@ -30,22 +34,40 @@ from agent.core.telemetry import Telemetry
 from agent.core.topo import TopoMatrix
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
+from agent.probes.tool_outputs import DCGM_DIAG, NODE, NVLINK, NVLINK_ERRORS, TOPO, ToolOutput
 
 
 @dataclass(frozen=True)
 class InputSpec:
     input: Input  # its name: the NodeFacts field that holds it
     type: type[Any]  # what a read that worked gives (the field is Probed[type])
-    live: Callable[[LiveSource], Probed[Any]] | None  # None: no source reads it (`unread`)
-    snapshot: Callable[[SnapshotSource], Probed[Any]] | None
+    live: Callable[[LiveSource], Probed[Any]] | None  # a reader of its own; None: `output`'s command
+    snapshot: Callable[[SnapshotSource], Probed[Any]] | None  # a reader of its own; None: `output`'s file
     tier: str | None  # the tier that refreshes it; None: read as it is now, at every evaluation
     keep_previous: bool = False  # the agent keeps its previous read (NodeFacts.<name>_previous): rates
     unread: str = ""  # what an engine run says for it when no source reads it and no reader was given
     on_read: Callable[[Telemetry, Any], None] | None = None  # what a read that worked tells the metrics
+    output: ToolOutput[Any] | None = None  # the tool output it is parsed from (probes/tool_outputs.py)
 
     @property
     def previous_field(self) -> str:
         return f"{self.input.value}_previous"
+
+    def live_reader(self, source: LiveSource) -> Callable[[], Probed[Any]] | None:
+        """Its reader of its own, else its output's command; None: the live source does not read it."""
+        if self.live is not None:
+            return functools.partial(self.live, source)
+        if self.output is not None and self.output.argv:
+            return functools.partial(source.read, self.output)
+        return None
+
+    def snapshot_reader(self, source: SnapshotSource) -> Callable[[], Probed[Any]] | None:
+        """Its reader of its own, else its output's file; None: a snapshot does not hold it."""
+        if self.snapshot is not None:
+            return functools.partial(self.snapshot, source)
+        if self.output is not None:
+            return functools.partial(source.read, self.output)
+        return None
 
 
 def _kernel_metrics(metrics: Telemetry, kernel: KernelXids) -> None:
@@ -84,7 +106,7 @@ def _dra_read(metrics: Telemetry, dra: DraSlices) -> None:
 # In the order a whole read runs (gather_facts) and each tier reads its inputs.
 SPECS: tuple[InputSpec, ...] = (
     # The writer's copy live; its allocatable GPUs are counted with each read of the GPUs (record_reads).
-    InputSpec(Input.NODE, NodeObject, LiveSource.node, SnapshotSource.node, None, on_read=_allocatable_seen),
+    InputSpec(Input.NODE, NodeObject, LiveSource.node, None, None, on_read=_allocatable_seen, output=NODE),
     # The previous inventory: a GPU's correctable-ECC rate when the DCGM engine stops answering.
     InputSpec(
         Input.GPUS,
@@ -97,13 +119,14 @@ SPECS: tuple[InputSpec, ...] = (
     ),
     # The agent reads it from its ResourceSlice watch (an extra input, cli/agent.py), as of each gpu cycle.
     InputSpec(Input.DRA, DraSlices, LiveSource.dra, SnapshotSource.dra, "gpu", on_read=_dra_read),
-    InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, SnapshotSource.topo, "topology"),
-    InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, SnapshotSource.nvlink, "topology"),
+    # NVML where it answers; the output's command where it cannot (probes/nvml_topo, nvml_links).
+    InputSpec(Input.TOPO, TopoMatrix, LiveSource.topo, None, "topology", output=TOPO),
+    InputSpec(Input.NVLINK, NvlinkReport, LiveSource.nvlink, None, "topology", output=NVLINK),
     InputSpec(
         Input.KERNEL, KernelXids, LiveSource.kernel, SnapshotSource.kernel, "xid", on_read=_kernel_metrics
     ),
     InputSpec(Input.RDMA, RdmaSample, LiveSource.rdma, SnapshotSource.rdma, "efa", keep_previous=True),
-    InputSpec(Input.DCGM_DIAG, DiagReport, LiveSource.dcgm_diag, SnapshotSource.dcgm_diag, "dcgm-diag"),
+    InputSpec(Input.DCGM_DIAG, DiagReport, LiveSource.dcgm_diag, None, "dcgm-diag", output=DCGM_DIAG),
     # No file or tool of its own: the live agent polls the DCGM host engine (an extra input).
     InputSpec(
         Input.DCGM_HEALTH,
@@ -119,10 +142,11 @@ SPECS: tuple[InputSpec, ...] = (
     InputSpec(
         Input.NVLINK_ERRORS,
         NvlinkErrorSample,
-        LiveSource.nvlink_errors,
-        SnapshotSource.nvlink_errors,
+        LiveSource.nvlink_errors,  # NVML; a snapshot keeps its read as our JSON (capture)
+        None,
         "topology",
         keep_previous=True,
+        output=NVLINK_ERRORS,
     ),
 )
 SPEC: dict[Input, InputSpec] = {s.input: s for s in SPECS}
@@ -130,9 +154,11 @@ SPEC: dict[Input, InputSpec] = {s.input: s for s in SPECS}
 
 def source_readers(source: LiveSource | SnapshotSource) -> dict[Input, Callable[[], Probed[Any]]]:
     """How this source reads each input it reads (an input no source reads is left out)."""
-    if isinstance(source, LiveSource):
-        return {s.input: functools.partial(s.live, source) for s in SPECS if s.live is not None}
-    return {s.input: functools.partial(s.snapshot, source) for s in SPECS if s.snapshot is not None}
+    readers = {
+        s.input: s.live_reader(source) if isinstance(source, LiveSource) else s.snapshot_reader(source)
+        for s in SPECS
+    }
+    return {name: read for name, read in readers.items() if read is not None}
 
 
 def unread_readers() -> dict[Input, Callable[[], Probed[Any]]]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.core.dcgm_report import DiagReport
 from agent.core.dra import DraSlices
@@ -33,12 +33,9 @@ from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.core.topo import TopoMatrix
 from agent.probes.command import CommandOutput, run_command
 from agent.probes.kernel_tail import KernelTail
-from agent.probes.nvlink import parse_nvlink
 from agent.probes.nvsmi_errors import NvmlUnavailable, ProbeTimeout, ToolReportedFailure, with_lost_lines
-from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.reading import ParseMemo, read_host_tree, read_kernel_tail, read_pci_tree, read_rdma_tree
-from agent.probes.snapshot import COMMANDS, NVLINK, TOPO, XML, source_name
-from agent.probes.topo import parse_topo
+from agent.probes.tool_outputs import GPU_XML, NVLINK, TOPO, ToolOutput
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -93,21 +90,24 @@ class LiveSource:
         """A reload (config/live_part.py): the next read waits by the new timeouts."""
         self.cfg = new
 
-    def run(self, name: str, timeout_s: float | None = None) -> CommandOutput | ProbeError:
-        return run_command(COMMANDS[name], self.timeout_s if timeout_s is None else timeout_s)
+    def run(self, output: ToolOutput[Any], timeout_s: float | None = None) -> CommandOutput | ProbeError:
+        return run_command(list(output.argv), self.timeout_s if timeout_s is None else timeout_s)
 
-    def text(self, name: str, timeout_s: float | None = None) -> str | ProbeError:
-        out = self.run(name, timeout_s)
+    def text(self, output: ToolOutput[Any], timeout_s: float | None = None) -> str | ProbeError:
+        out = self.run(output, timeout_s)
         if isinstance(out, ProbeError):
             return out
         if out.returncode != 0 and not out.stdout.strip():
             msg = (out.stderr.strip() or f"exit code {out.returncode}").splitlines()[0]
-            return ProbeError(source_name(name), ProbeErrorKind.TOOL_FAILED, msg)
-        if name == XML:
-            # nvidia-smi -q -x prints "Unable to determine the device handle for GPU…" (a lost GPU)
-            # on stderr: kept with the XML, the GPU is lost rather than missing from the document.
+            return ProbeError(output.source, ProbeErrorKind.TOOL_FAILED, msg)
+        if output.lost_lines_on_stderr:
             return with_lost_lines(out.stdout, out.stderr)
         return out.stdout
+
+    def read(self, output: ToolOutput[T], timeout_s: float | None = None) -> Probed[T]:
+        """A tool output (probes/tool_outputs.py) as its command prints it now, parsed; re-parsed
+        only when it changed. The snapshot source parses the file capture wrote with the same parser."""
+        return self.memo.parse(output.source, self.text(output, timeout_s), output.parse)
 
     def gpus(self) -> Probed[GpuInventory]:
         """NVML, else nvidia-smi; after a timeout, one second try from nvidia-smi (see the module).
@@ -144,7 +144,7 @@ class LiveSource:
         self._second_try_answered = True
         log.log(
             level,
-            f"{first.source} timed out ({first.message}); the second try, {source_name(XML)}, answered: "
+            f"{first.source} timed out ({first.message}); the second try, {GPU_XML.source}, answered: "
             "judged on its read",
             extra={"event": "retry"},
         )
@@ -152,11 +152,11 @@ class LiveSource:
 
     def _xml(self, timeout_s: float) -> Probed[GpuInventory]:
         return self.memo.parse(
-            source_name(XML), self._timed(source_name(XML), timeout_s, self._xml_text), parse_nvsmi_xml
+            GPU_XML.source, self._timed(GPU_XML.source, timeout_s, self._xml_text), GPU_XML.parse
         )
 
     def _xml_text(self, timeout_s: float) -> str | ProbeError:
-        return self.text(XML, timeout_s)
+        return self.text(GPU_XML, timeout_s)
 
     def _timed(self, tool: str, timeout_s: float, read: Callable[[float], T | ProbeError]) -> T | ProbeError:
         """A GPU inventory read (the read whose timeout is judged), timed for the tool histogram.
@@ -186,7 +186,7 @@ class LiveSource:
             got = _nvml_tier(SOURCE, lambda: read_nvml_topo(self.nvml_timeout_s, self.sys_root))
             if got is not None:
                 return got
-        return self.memo.parse(source_name(TOPO), self.text(TOPO), parse_topo)
+        return self.read(TOPO)
 
     def nvlink(self) -> Probed[NvlinkReport]:
         """NVML link fields where NVML answers; `nvidia-smi nvlink -s` otherwise (nvml_links)."""
@@ -196,7 +196,7 @@ class LiveSource:
             got = _nvml_tier(SOURCE, lambda: read_nvlink_status(self.nvml_timeout_s))
             if got is not None:
                 return got
-        return self.memo.parse(source_name(NVLINK), self.text(NVLINK), parse_nvlink)
+        return self.read(NVLINK)
 
     def kernel(self) -> Probed[KernelXids]:
         """/dev/kmsg, opened once and read on from where the last read stopped (kernel_tail)."""

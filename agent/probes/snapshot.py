@@ -5,7 +5,8 @@ incrementally, like /dev/kmsg on a live node (agent.probes.kernel_tail). A kmsg.
 or a character device (a stand-in for /dev/kmsg: bench/fault_to_taint --kmsg fifo) is read as the
 device is, one record at a time as it is written.
 
-Snapshot file names (all optional; a missing file means "not captured"):
+Snapshot file names (all optional; a missing file means "not captured"; each tool output's file,
+command and parser are named once, in probes/tool_outputs.py):
 
   instance-type, boot_id, nvidia-smi-q.xml | nvidia-smi-q.txt, nvidia-smi-topo-m.txt,
   nvidia-smi-nvlink-s.txt, kmsg.log, sys/class/infiniband/..., sys/bus/pci/devices/...,
@@ -22,28 +23,19 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from agent.core.dcgm_report import DiagReport
 from agent.core.dra import DraSlices
 from agent.core.gpu import GpuInventory
 from agent.core.host import HostInfo
 from agent.core.kernel import KernelXids
 from agent.core.node import NodeObject
-from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
 from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.rdma import RdmaSample
-from agent.core.topo import TopoMatrix
-from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.dra_slices import parse_slices_json
 from agent.probes.kernel_tail import KernelTail
-from agent.probes.node_object import parse_node_json
-from agent.probes.nvlink import parse_nvlink
-from agent.probes.nvlink_errors import parse_nvlink_errors_json
 from agent.probes.nvsmi_errors import with_lost_lines
-from agent.probes.nvsmi_text import parse_nvsmi_text
-from agent.probes.nvsmi_xml import parse_nvsmi_xml
 from agent.probes.reading import (
     ParseMemo,
     parse_with,
@@ -52,33 +44,15 @@ from agent.probes.reading import (
     read_pci_tree,
     read_rdma_tree,
 )
-from agent.probes.topo import parse_topo
+from agent.probes.tool_outputs import GPU_TEXT, GPU_XML, NODE, ToolOutput, source_of
 
-XML, TEXT, TOPO, NVLINK = (
-    "nvidia-smi-q.xml",
-    "nvidia-smi-q.txt",
-    "nvidia-smi-topo-m.txt",
-    "nvidia-smi-nvlink-s.txt",
-)
-KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
-DCGM_DIAG = "dcgm-diag.json"
-NVLINK_ERRORS = "nvlink-errors.json"  # our own format: NVML's NVLink error counters
+# The files a reader of its own reads (the tool outputs' files: probes/tool_outputs.py).
+KMSG, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "boot_id", "instance-type", "errors.json"
 SLICES = "resourceslices.json"  # kubectl get resourceslices -o json: NVIDIA's DRA driver's devices
 PCI_HIERARCHY = "sys/devices"  # its pci* folders: written only by a capture of the whole bus
 HOST_DIR = "sys/devices/system"
-COMMANDS: dict[str, list[str]] = {
-    XML: ["nvidia-smi", "-q", "-x"],
-    TOPO: ["nvidia-smi", "topo", "-m"],
-    NVLINK: ["nvidia-smi", "nvlink", "-s"],
-}
-# The snapshot file that holds each tool's output, by the name the parsed data carries as `source`.
-SNAPSHOT_FILES = {"nvidia-smi -q": TEXT, **{" ".join(argv): name for name, argv in COMMANDS.items()}}
 MAX_FILE_BYTES = 64 * 1024 * 1024
-
-
-def source_name(name: str) -> str:
-    """How a probe error names where a file came from: the command that prints it, or the file."""
-    return " ".join(COMMANDS[name]) if name in COMMANDS else name
+T = TypeVar("T")
 
 
 def _is_stream(path: Path) -> bool:
@@ -123,7 +97,7 @@ class SnapshotSource:
                 kind = ProbeErrorKind(str(recorded.get("kind")))
             except ValueError:
                 kind = ProbeErrorKind.TOOL_FAILED
-            return ProbeError(source_name(name), kind, str(recorded.get("message", "")))
+            return ProbeError(source_of(name), kind, str(recorded.get("message", "")))
         path = self.root / name
         if not path.exists():
             return NotCaptured(name)
@@ -136,23 +110,22 @@ class SnapshotSource:
             return ProbeError(name, ProbeErrorKind.UNREADABLE, f"larger than {MAX_FILE_BYTES} bytes")
         return data.decode("utf-8", errors="replace")
 
+    def read(self, output: ToolOutput[T]) -> Probed[T]:
+        """A tool output (probes/tool_outputs.py) as the file capture wrote holds it, parsed by the
+        parser the live source runs; re-parsed only when the file changed."""
+        return self.memo.parse(output.file, self.text(output.file), output.parse)
+
     def gpus(self) -> Probed[GpuInventory]:
         """The XML view. nvidia-smi -q -x prints a lost GPU's error on stderr, which the snapshot
         does not keep with the XML; the text view prints it: those lines are added to the XML text,
         as nvidia-smi would have printed them beside it."""
-        xml = self.text(XML)
-        text = self.text(TEXT)
+        xml = self.text(GPU_XML.file)
+        text = self.text(GPU_TEXT.file)
         if isinstance(xml, NotCaptured):
-            return self.memo.parse(TEXT, text, parse_nvsmi_text)
+            return self.memo.parse(GPU_TEXT.file, text, GPU_TEXT.parse)
         if isinstance(xml, str) and isinstance(text, str):
             xml = with_lost_lines(xml, text)
-        return self.memo.parse(XML, xml, parse_nvsmi_xml)
-
-    def topo(self) -> Probed[TopoMatrix]:
-        return self.memo.parse(TOPO, self.text(TOPO), parse_topo)
-
-    def nvlink(self) -> Probed[NvlinkReport]:
-        return self.memo.parse(NVLINK, self.text(NVLINK), parse_nvlink)
+        return self.memo.parse(GPU_XML.file, xml, GPU_XML.parse)
 
     def kernel(self) -> Probed[KernelXids]:
         """kmsg.log read incrementally: only what was appended since the last read is parsed."""
@@ -176,9 +149,6 @@ class SnapshotSource:
             return NotCaptured(PCI_HIERARCHY)
         return read_pci_tree(self.root / "sys" / "bus" / "pci" / "devices")
 
-    def nvlink_errors(self) -> Probed[NvlinkErrorSample]:
-        return self.memo.parse(NVLINK_ERRORS, self.text(NVLINK_ERRORS), parse_nvlink_errors_json)
-
     def host(self) -> Probed[HostInfo]:
         system = self.root / HOST_DIR
         if not system.is_dir():
@@ -186,10 +156,8 @@ class SnapshotSource:
         return read_host_tree(system)
 
     def node(self) -> Probed[NodeObject]:
-        return self.memo.parse(NODE, self.text(NODE), parse_node_json)
-
-    def dcgm_diag(self) -> Probed[DiagReport]:
-        return self.memo.parse(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
+        """node.json, as the inputs table reads it (the engine and the DRA read ask for it by name)."""
+        return self.read(NODE)
 
     def dra(self) -> Probed[DraSlices]:
         """This node's slices (node.json names it; without one, the file must hold one node's)."""
