@@ -374,7 +374,12 @@ def main() -> None:
     agents = [("new", ROOT, auth) for auth in auths]
     if args.compare is not None:
         old_root = args.compare.resolve()
-        old_cli = (old_root / "agent" / "cli" / "main.py").read_text()
+        # the flag's home: cli/main.py, or cli/parser.py since the parser moved out of it
+        old_cli = "".join(
+            f.read_text()
+            for f in (old_root / "agent" / "cli" / n for n in ("main.py", "parser.py"))
+            if f.exists()
+        )
         old_auth = (
             "in-cluster" if "--service-account-dir" in old_cli and args.auth != "kubeconfig" else "kubeconfig"
         )
