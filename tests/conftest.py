@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from agent.config import (
     CONFIG_YAML,
@@ -24,6 +25,11 @@ from agent.config import (
 )
 from agent.core.repair_budget import BudgetPolicy, WavePolicy
 from tests.kubeenv.fixtures import *  # noqa: F403  (real kube-apiserver fixtures)
+
+# No time limit per example: a property test asserts what the parser does, never how fast (speed is
+# measured by bench/); Hypothesis' default 200 ms deadline failed the fuzz tests on a loaded machine.
+hypothesis_settings.register_profile("gpu-healthcheck", deadline=None)
+hypothesis_settings.load_profile("gpu-healthcheck")
 
 FAKE_DCGM = Path(__file__).parent / "fakes" / "dcgm"
 FAKE_LIBDCGM_C = FAKE_DCGM / "libdcgm" / "fake_libdcgm.c"
