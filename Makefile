@@ -26,8 +26,8 @@ demo-cluster: setup
 	@$(BIN)/python examples/demo_cluster.py
 
 lint: setup
-	$(BIN)/ruff check agent hostengine tests bench
-	$(BIN)/ruff format --check agent hostengine tests bench
+	$(BIN)/ruff check agent hostengine sdcprobe tests bench
+	$(BIN)/ruff format --check agent hostengine sdcprobe tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile.agent Dockerfile.hostengine; \
