@@ -52,6 +52,7 @@ SNAPSHOT_FILE = {
     "dcgm": "dcgm-diag.json",
     "k8s-node": "node.json",
     "multi-command-captures": "nvidia-smi-q.txt",
+    "sdc-reports": "sdc-probe.json",  # the SDC probe's reports (derived: the probe's CPU stand-in)
 }
 TOOL = {"nvidia-smi-q.txt": "nvidia-smi -q", "nvidia-smi-q.xml": "nvidia-smi -q"}
 INPUTS = sorted(
@@ -74,6 +75,7 @@ NOT_JUDGED = {
     "ibstat-ibdevinfo",
     "h100-vm-capture",
     "trend-series",  # counter series the trend tests apply to real listings, read by read
+    "peer-series",  # per-GPU series the odd-GPU-out tests apply to a real listing, read by read
 }
 
 

@@ -34,6 +34,7 @@ from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
 from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed, ProbeError, ProbeErrorKind
 from agent.core.rdma import RdmaSample
+from agent.core.sdc_report import SdcReport, parse_sdc_report
 from agent.core.topo import TopoMatrix
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.dra_slices import parse_slices_json
@@ -62,6 +63,7 @@ XML, TEXT, TOPO, NVLINK = (
 )
 KMSG, NODE, BOOT_ID, ITYPE, ERRORS = "kmsg.log", "node.json", "boot_id", "instance-type", "errors.json"
 DCGM_DIAG = "dcgm-diag.json"
+SDC = "sdc-probe.json"  # the SDC probe's report (sdcprobe/), as its server returns it
 NVLINK_ERRORS = "nvlink-errors.json"  # our own format: NVML's NVLink error counters
 SLICES = "resourceslices.json"  # kubectl get resourceslices -o json: NVIDIA's DRA driver's devices
 PCI_HIERARCHY = "sys/devices"  # its pci* folders: written only by a capture of the whole bus
@@ -190,6 +192,9 @@ class SnapshotSource:
 
     def dcgm_diag(self) -> Probed[DiagReport]:
         return self.memo.parse(DCGM_DIAG, self.text(DCGM_DIAG), parse_dcgm_diag_json)
+
+    def sdc(self) -> Probed[SdcReport]:
+        return self.memo.parse(SDC, self.text(SDC), parse_sdc_report)
 
     def dra(self) -> Probed[DraSlices]:
         """This node's slices (node.json names it; without one, the file must hold one node's)."""
