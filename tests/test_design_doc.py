@@ -38,6 +38,7 @@ SCANNED_FILES = (
     "pyproject.toml",
     "Dockerfile.agent",
     "Dockerfile.hostengine",
+    "Dockerfile.sdcprobe",
 )
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".tpl", ".sh", ".toml", ".cfg", ".ini", ".c", ".go"}
 TEXT_NAMES = {"Kustomization", "Makefile", "run"}
