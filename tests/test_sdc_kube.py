@@ -4,12 +4,14 @@ real probe server (sdcprobe/server.py, each run a real subprocess on the CPU sta
 run computes, the Node carries the testing taint and the node's fleet slot is held; a pod that
 arrives aborts it (the server's run aborted, its compute killed), the taint lifts, the slot is
 given back, an ActiveCheckAborted Event says so and the check is "not run yet", never unknown; once
-the pod left it runs again and the node reads the probe's verdict."""
+the pod left it runs again and the node reads the probe's verdict. The DCGM diag shares the window:
+one at a time, and the SDC probe's taint writes start no diag of their own."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -74,7 +76,7 @@ def test_an_sdc_run_holds_the_window_and_a_pod_arriving_aborts_it(
 ) -> None:
     server, address = probe
     base = yaml.safe_load(active.config_yaml(1))
-    doc = {**base, "checks": {"dcgm-diag": False}, "sdc": {"address": address}}  # the SDC probe alone
+    doc = {**base, "sdc": {"address": address}}
     monkeypatch.setattr(active, "config_yaml", lambda max_concurrent: yaml.safe_dump(doc))
     node = gpu_node().metadata.name
     kube.create_service_account(kube_namespace, "default")
@@ -83,6 +85,8 @@ def test_an_sdc_run_holds_the_window_and_a_pod_arriving_aborts_it(
         # 1. The run computes with the node held and the fleet slot taken.
         wait_for(lambda: worker.alive() and state(server) == "running", 180, "the SDC run computing")
         first_run = server.last
+        diags = worker.diags()  # the diag due at the start ran first, or waits: never both at once
+        assert all(end is not None for _, end in diags), diags
         assert K.testing in taint_keys(core, node)
         assert slots(kube, kube_namespace) == [slot_name(K.prefix, node)]
         # 2. A pod arrives: the run is aborted at once, the taint lifts, the slot is given back.
@@ -103,5 +107,7 @@ def test_an_sdc_run_holds_the_window_and_a_pod_arriving_aborts_it(
         res = wait_for(lambda: (c := check(core, node, "sdc")).get("status") == "pass" and c, 60, "read")
         assert "4 GPUs agreed bit for bit on 4 kernels and precisions" in res["message"], res
         assert K.testing not in taint_keys(core, node)
+        time.sleep(8)  # past retrySeconds (2): the SDC probe's holds made no diag due
+        assert len(worker.diags()) == max(1, len(diags)), worker.diags()
     finally:
         worker.stop()

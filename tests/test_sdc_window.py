@@ -84,7 +84,7 @@ def test_a_run_goes_through_the_window_and_its_verdict_is_latched(server: str) -
     runner = SdcRunner(server, 60.0, IDLE)
     run = runner.run
     runner.run = lambda abort, poll_s: (seen.append((slots.held, hold.on)), run(abort, poll_s))[1]  # type: ignore[method-assign]
-    assert window.run_active(runner, "SDC probe")
+    assert window.run_active(runner, "SDC probe", "sdc-probe")
     assert seen == [(True, True)]  # the fleet slot held and the testing taint on while it ran
     assert not slots.held and not hold.on  # given back after
     assert metrics.states == ["idle", "holding", "running", "idle"]
@@ -102,7 +102,7 @@ def test_a_pod_arriving_aborts_the_run_kills_its_compute_and_the_last_verdict_st
     done = run_once(server)
     runner.latest = done
     started = time.monotonic()
-    assert window.run_active(runner, "SDC probe")
+    assert window.run_active(runner, "SDC probe", "sdc-probe")
     assert time.monotonic() - started < 4.0  # not the 5 s a kernel takes: stopped at once
     assert runner.aborted and not hold.on
     assert isinstance(runner.latest, SdcReport) and runner.latest.attempts == done.attempts
@@ -130,7 +130,7 @@ def test_one_active_check_at_a_time(server: str) -> None:
     window, _, slots, _ = window_for()
     runner = SdcRunner(server, 60.0, IDLE)
     with window._one:  # the diag holds the window
-        assert not window.run_active(runner, "SDC probe")
+        assert not window.run_active(runner, "SDC probe", "sdc-probe")
     assert runner.last_skip == "SDC probe postponed: another active check runs on this node"
     assert not slots.held and isinstance(runner.latest, NotCaptured)
 
@@ -138,18 +138,18 @@ def test_one_active_check_at_a_time(server: str) -> None:
 def test_busy_gpus_or_no_slot_postpone_it(server: str) -> None:
     window, _, _, hold = window_for(slots=Slots(refuse="2 of 1 slots taken"))
     runner = SdcRunner(server, 60.0, IDLE)
-    assert not window.run_active(runner, "SDC probe")
+    assert not window.run_active(runner, "SDC probe", "sdc-probe")
     assert runner.last_skip == "SDC probe postponed: 2 of 1 slots taken" and not hold.on
     busy = IdleGate(compute_processes=lambda: {0: 1}, pods_requesting_gpus=lambda: [])
     runner = SdcRunner(server, 60.0, busy)
-    assert not window_for()[0].run_active(runner, "SDC probe")
+    assert not window_for()[0].run_active(runner, "SDC probe", "sdc-probe")
     assert runner.last_skip == "SDC probe postponed: compute processes on GPU(s) 0"
 
 
 def test_an_unreachable_server_is_unknown_not_a_pass() -> None:
     window, _, _, _ = window_for()
     runner = SdcRunner("http://127.0.0.1:9", 5.0, IDLE)
-    assert window.run_active(runner, "SDC probe")
+    assert window.run_active(runner, "SDC probe", "sdc-probe")
     assert isinstance(runner.latest, ProbeError) and not runner.aborted
     assert check_sdc(NodeFacts(sdc=runner.latest), cfg()).status is Status.UNKNOWN
 

@@ -33,9 +33,11 @@ def validation_diag_level(engine: Engine) -> int | None:
     return None if engine.validation.complete else engine.cfg.node.validate.diag_level
 
 
-def read_sdc_now(agent: Agent) -> None:
-    """An SDC probe run completed (its thread): the loop reads it now."""
-    agent.engine.schedule.next_due["sdc-probe"] = 0.0
+def read_tier_now(agent: Agent, tier: str) -> None:
+    """An active check's thread changed what the Node must show (an SDC run completed; the testing
+    taint wished on or off for the check of *tier*): the loop runs that tier now, which starts no
+    check of another kind."""
+    agent.engine.schedule.next_due[tier] = 0.0
     agent.poke.set()
 
 
@@ -86,7 +88,10 @@ class DcgmPart:
             from agent.probes.sdc_probe import SdcTier
 
             self.sdc = SdcTier(
-                cfg, self.window, self.pods or gpu_pods(), on_done=lambda: read_sdc_now(self.loop())
+                cfg,
+                self.window,
+                self.pods or gpu_pods(),
+                on_done=lambda: read_tier_now(self.loop(), "sdc-probe"),
             )
             if old is not None and not old.runner.in_progress:
                 self.sdc.runner.latest = old.runner.latest  # the last run's result stays in force
@@ -167,7 +172,7 @@ def active_window(
         state,
         cfg=start,
         node=lambda: writer.node,
-        poke=lambda: read_diag_now(loop()),
+        poke=lambda: read_tier_now(loop(), window.holding_tier),  # the check that holds it
     )
     window = DiagWindow(
         state,

@@ -31,6 +31,7 @@ from agent.probes.dcgm.idle import IdleGate, IdleVerdict
 
 log = logging.getLogger("gpu-healthcheck.sdc")
 SOURCE = "sdc probe"
+TIER = "sdc-probe"  # the tier that reads it (engine/scheduler.py)
 
 
 class Gate(Protocol):
@@ -115,7 +116,7 @@ class Window(Protocol):
 
     @property
     def retry_s(self) -> float: ...
-    def run_active(self, runner: SdcRunner, what: str) -> bool: ...
+    def run_active(self, runner: SdcRunner, what: str, tier: str) -> bool: ...
 
 
 class SdcTier:
@@ -165,7 +166,7 @@ class SdcTier:
                 self._wake.wait(wait)
                 continue
             try:
-                ran = self.window.run_active(self.runner, "SDC probe")
+                ran = self.window.run_active(self.runner, "SDC probe", TIER)
             except Exception:  # a bug must not kill the agent; the input stays as it was
                 log.exception("SDC probe failed")
                 return
@@ -184,4 +185,4 @@ class SdcTier:
             return
 
 
-__all__ = ["SOURCE", "SdcRunner", "SdcTier"]
+__all__ = ["SOURCE", "TIER", "SdcRunner", "SdcTier"]

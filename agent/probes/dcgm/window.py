@@ -39,6 +39,7 @@ from agent.probes.dcgm.idle import IdleVerdict
 
 log = logging.getLogger(__name__)
 
+DIAG_TIER = "dcgm-diag"  # the tier whose read shows the diag's hold (engine/scheduler.py)
 HOLD_WAIT_S = 60.0  # the testing taint must be on the Node within this, or the window is missed
 POLL_S = 2.0  # how often arrivals are asked while a diag runs
 
@@ -103,6 +104,9 @@ class DiagWindow:
         self._said = ""
         self._abort: Abort | None = None  # why the running diag was stopped
         self._one = threading.Lock()  # one active check at a time on this node (the diag, the SDC probe)
+        # The tier of the active check that holds (or last held) the node: the hold's writes make it
+        # due, so that the loop publishes the taint without starting a check of another kind.
+        self.holding_tier = DIAG_TIER
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.metrics.record_active_check(ActiveCheckState.IDLE)
 
@@ -125,11 +129,12 @@ class DiagWindow:
         if not self._one.acquire(blocking=False):
             return self._postponed(runner, "another active check runs on this node")
         try:
+            self.holding_tier = DIAG_TIER
             return self._run_diag(runner)
         finally:
             self._one.release()
 
-    def run_active(self, runner: ActiveRunner, what: str) -> bool:
+    def run_active(self, runner: ActiveRunner, what: str, tier: str) -> bool:
         """One try of another active check (*what*: "SDC probe") in the same window as the diag: idle
         GPUs, a fleet slot, the testing taint, GPUs still idle once it is on, a pod arriving aborts
         it. True when it ran (its result latched in runner.latest; aborted for work: runner.kept
@@ -137,6 +142,7 @@ class DiagWindow:
         if not self._one.acquire(blocking=False):
             return self._postponed(runner, "another active check runs on this node", what=what)
         try:
+            self.holding_tier = tier
             verdict = runner.idle.check()
             if not verdict.idle:
                 return self._postponed(runner, verdict.reason, what=what)
