@@ -106,7 +106,7 @@ def test_a_pod_arriving_aborts_the_run_kills_its_compute_and_the_last_verdict_st
     assert time.monotonic() - started < 4.0  # not the 5 s a kernel takes: stopped at once
     assert runner.aborted and not hold.on
     assert isinstance(runner.latest, SdcReport) and runner.latest.attempts == done.attempts
-    assert runner.latest.kept.startswith(f"a SDC probe aborted: {TRAIN}, at {AT}")
+    assert runner.latest.kept.startswith(f"SDC probe aborted: {TRAIN}, at {AT}")
     assert metrics.sample("active_check_aborts_total", reason="pod-arrived") == 1.0
     (event,) = window.state.take_events()
     assert event.reason == EventReason.ACTIVE_CHECK_ABORTED

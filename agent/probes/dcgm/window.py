@@ -170,7 +170,7 @@ class DiagWindow:
                     self.metrics.record_active_check_abort(
                         stopped.reason if stopped else ActiveCheckAbort.UNFINISHED
                     )
-                    runner.kept(f"a {result.message}, at {self._now()}; it runs again once the GPUs are idle")
+                    runner.kept(f"{result.message}, at {self._now()}; it runs again once the GPUs are idle")
                     text = f"{result.message}; not run: the last completed {what}'s verdict stands"
                     self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, text, WARNING))
                     return True
