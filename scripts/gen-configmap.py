@@ -70,6 +70,8 @@ def render(config_dir: Path = CONFIG) -> str:
 
 
 DAEMONSETS = ("40-hostengine.yaml", "60-agent.yaml", "70-dcgm-exporter.yaml")
+# Optional DaemonSets: manifests/optional/<name> and the chart's template that renders it.
+OPTIONAL_DAEMONSETS = {"sdcprobe.yaml": "80-sdcprobe.yaml"}
 BEGIN = "# BEGIN GENERATED where it runs (scripts/gen-configmap.py, from config/)"
 END = "# END GENERATED where it runs"
 TOLERATE_ALL = """\
@@ -315,6 +317,9 @@ def outputs() -> dict[Path, str]:
         block = scheduling(agent=name == AGENT)
         for path in (ROOT / "manifests" / name, CHART / "templates" / name):
             out[path] = fill(path.read_text(encoding="utf-8"), block, str(path.relative_to(ROOT)))
+    for name, template in OPTIONAL_DAEMONSETS.items():
+        for path in (ROOT / "manifests" / "optional" / name, CHART / "templates" / template):
+            out[path] = fill(path.read_text(encoding="utf-8"), scheduling(), str(path.relative_to(ROOT)))
     out[CANARY_OUT] = canary_manifest(out[ROOT / "manifests" / AGENT])
     for name in FILES:
         out[CHART / "files" / name] = (CONFIG / name).read_text(encoding="utf-8")

@@ -52,6 +52,7 @@ SNAPSHOT_FILE = {
     "dcgm": "dcgm-diag.json",
     "k8s-node": "node.json",
     "multi-command-captures": "nvidia-smi-q.txt",
+    "sdc-reports": "sdc-probe.json",  # the SDC probe's reports (derived: the probe's CPU stand-in)
 }
 TOOL = {"nvidia-smi-q.txt": "nvidia-smi -q", "nvidia-smi-q.xml": "nvidia-smi -q"}
 INPUTS = sorted(

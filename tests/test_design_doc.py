@@ -17,6 +17,7 @@ DESIGN = ROOT / "DESIGN.md"
 SCANNED_DIRS = (
     "agent",
     "hostengine",
+    "sdcprobe",
     "tests",
     "bench",
     "scripts",
@@ -37,13 +38,14 @@ SCANNED_FILES = (
     "pyproject.toml",
     "Dockerfile.agent",
     "Dockerfile.hostengine",
+    "Dockerfile.sdcprobe",
 )
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".tpl", ".sh", ".toml", ".cfg", ".ini", ".c", ".go"}
 TEXT_NAMES = {"Kustomization", "Makefile", "run"}
 # Recorded data (never edited, never a pointer), and agent/config/defaults, a link to config/.
 SKIPPED_DIRS = {"fixtures", "snapshots", "defaults", "__pycache__", ".venv", ".cache"}
 # Code whose comments and docstrings must say what they mean, not which issue asked for them.
-CODE_DIRS = ("agent", "hostengine", "bench")
+CODE_DIRS = ("agent", "hostengine", "sdcprobe", "bench")
 
 HEADING = re.compile(r"^#{2,4}\s+(\d+[a-z]?(?:\.\d+)*)\.?\s", re.M)
 POINTER = re.compile(r"DESIGN(?:\.md)?\s+§[\w.]+(?:\s*(?:,|/|and)\s*§[\w.]+)*")

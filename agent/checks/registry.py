@@ -22,6 +22,7 @@ from agent.checks import (
     nvlink_errors,
     nvlink_speed,
     pci,
+    sdc,
     topology,
     trends,
     xid,
@@ -51,6 +52,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     *host.CHECKS,
     *dcgm.CHECKS,
     *dcgm_peers.CHECKS,  # the odd GPU out in the diag's figures
+    *sdc.CHECKS,  # the odd GPU out in the SDC probe's outputs, bit for bit
     *dcgm_suspect.CHECKS,
 )
 RULES: dict[str, Rule] = {rule.name: rule for spec in CHECKS for rule in spec.rules}

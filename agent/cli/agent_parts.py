@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agent.core.active_checks import ActiveState
     from agent.probes.dcgm.tiers import DcgmTiers
     from agent.probes.dcgm.window import DiagWindow
+    from agent.probes.sdc_probe import SdcTier
     from agent.reporters.brake import Brake
     from agent.reporters.node_writer import NodeWriter
 
@@ -30,6 +31,14 @@ DCGM_CHECKS = ("dcgm-health", "dcgm-diag")
 def validation_diag_level(engine: Engine) -> int | None:
     """node.validate.diagLevel while the node is not validated since the agent's start (or a clear)."""
     return None if engine.validation.complete else engine.cfg.node.validate.diag_level
+
+
+def read_tier_now(agent: Agent, tier: str) -> None:
+    """An active check's thread changed what the Node must show (an SDC run completed; the testing
+    taint wished on or off for the check of *tier*): the loop runs that tier now, which starts no
+    check of another kind."""
+    agent.engine.schedule.next_due[tier] = 0.0
+    agent.poke.set()
 
 
 def read_diag_now(agent: Agent) -> None:
@@ -64,11 +73,37 @@ class DcgmPart:
         # Active checks (core/active_checks.py): the window a diag waits for (live DCGM with an API
         # server only).
         self.window = window
+        self.sdc: SdcTier | None = None  # the SDC probe (probes/sdc_probe.py), in the same window
+
+    def sdc_inputs(self, cfg: Config) -> dict[Input, Callable[[], Any]]:
+        """The SDC probe's tier where sdc.address is set, the check on and a window to run in; kept
+        across a reload that leaves `sdc:` as it was."""
+        wanted = bool(cfg.sdc.address) and cfg.enabled("sdc") and self.window is not None
+        old = self.sdc
+        if old is not None and (not wanted or old.cfg.sdc != cfg.sdc):
+            old.stop()
+            self.sdc = None
+        if wanted and self.window is not None and self.sdc is None:
+            from agent.probes.pod_resources import gpu_pods
+            from agent.probes.sdc_probe import SdcTier
+
+            self.sdc = SdcTier(
+                cfg,
+                self.window,
+                self.pods or gpu_pods(),
+                on_done=lambda: read_tier_now(self.loop(), "sdc-probe"),
+            )
+            if old is not None and not old.runner.in_progress:
+                self.sdc.runner.latest = old.runner.latest  # the last run's result stays in force
+        elif self.sdc is not None:
+            self.sdc.cfg = cfg  # its retry pace reads node.activeChecks and intervals.sdcProbe
+        return self.sdc.inputs() if self.sdc is not None else {}
 
     def dcgm_inputs(self, cfg: Config) -> tuple[dict[Input, Callable[[], Any]], Callable[[], str] | None]:
         """(Re)build the DCGM tiers on the configured engine when a DCGM check is on."""
+        sdc = self.sdc_inputs(cfg)
         if not self.dcgm_wanted or not any(cfg.enabled(c) for c in DCGM_CHECKS):
-            return dict(self.api_inputs), None
+            return {**self.api_inputs, **sdc}, None
         from agent.probes.dcgm.tiers import DcgmTiers
         from agent.probes.pod_resources import gpu_pods
 
@@ -89,11 +124,12 @@ class DcgmPart:
                 self.dcgm.runner.latest = old.runner.latest  # the last diag's result stays in force
             old.stop()  # a diag waiting for a window stops waiting
             old.health.client.close()  # a diag still running on the old client finishes on its own
-        return {**self.api_inputs, **self.dcgm.inputs()}, self.dcgm.progress
+        return {**self.api_inputs, **sdc, **self.dcgm.inputs()}, self.dcgm.progress
 
     def apply_config(self, old: Config, new: Config) -> None:
         dcgm_on = [new.enabled(c) for c in DCGM_CHECKS]
-        if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)):
+        sdc_changed = new.sdc != old.sdc or new.enabled("sdc") != old.enabled("sdc")
+        if new.dcgm != old.dcgm or (self.dcgm is None and any(dcgm_on)) or sdc_changed:
             engine = self.loop().engine
             waiting = self.dcgm is not None and self.dcgm.waiting
             engine.set_inputs(*self.dcgm_inputs(new))
@@ -136,7 +172,7 @@ def active_window(
         state,
         cfg=start,
         node=lambda: writer.node,
-        poke=lambda: read_diag_now(loop()),
+        poke=lambda: read_tier_now(loop(), window.holding_tier),  # the check that holds it
     )
     window = DiagWindow(
         state,

@@ -101,6 +101,10 @@ class Config:
         return settings.peer_policy(self.raw)
 
     @functools.cached_property
+    def sdc(self) -> settings.SdcSettings:
+        return settings.sdc_settings(self.raw)
+
+    @functools.cached_property
     def node(self) -> settings.NodeSettings:
         return settings.node_settings(self.raw)
 

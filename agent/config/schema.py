@@ -56,6 +56,7 @@ SCHEMA: dict[str, Any] = {
         "topology": _num(300, 1, 86400),
         "dcgmHealth": _num(60, 1, 86400),
         "dcgmDiag": _num(21600, 60, 7 * 86400),
+        "sdcProbe": _num(604800, 3600, 30 * 86400),  # the SDC probe (docs/guides/odd-gpu-out.md)
     },
     "jitterFraction": _num(0.1, 0, 0.5),
     "timeouts": {
@@ -107,6 +108,11 @@ SCHEMA: dict[str, Any] = {
         "powerMarginPercent": _num(20, 1, 90),  # ... or the draw below it by more ...
         "behindReads": Spec(int, 3, 1, 60),  # ... in at least this many ...
         "windowReads": Spec(int, 5, 1, 60),  # ... of the last this many gpu-tier reads: warn
+    },
+    # The SDC probe (sdcprobe/, an optional DaemonSet): its node-local server; "" = not run
+    "sdc": {
+        "address": Spec(str, ""),  # e.g. http://127.0.0.1:7436
+        "timeoutSeconds": _num(600, 30, 3600),  # a run past this is stopped: `unknown`
     },
     "node": {
         "mode": Spec(str, DEFAULT_MODE, choices=MODES),

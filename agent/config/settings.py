@@ -31,6 +31,7 @@ class Intervals:
     topology: float
     dcgm_health: float
     dcgm_diag: float
+    sdc_probe: float = 604800.0
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,12 @@ class DcgmSettings:
 def intervals(raw: Mapping[str, Any]) -> Intervals:
     s = raw["intervals"]
     return Intervals(
-        float(s["gpu"]), float(s["efa"]), float(s["topology"]), float(s["dcgmHealth"]), float(s["dcgmDiag"])
+        float(s["gpu"]),
+        float(s["efa"]),
+        float(s["topology"]),
+        float(s["dcgmHealth"]),
+        float(s["dcgmDiag"]),
+        float(s["sdcProbe"]),
     )
 
 
@@ -344,6 +350,19 @@ def stall_policy(raw: Mapping[str, Any]) -> StallPolicy:
     return StallPolicy(
         float(s["utilizationPercent"]), float(s["powerWithinPercent"]), float(s["minutes"]), table
     )
+
+
+@dataclass(frozen=True)
+class SdcSettings:
+    """`sdc:` (docs/guides/odd-gpu-out.md): the node's SDC probe server; address "" = not run."""
+
+    address: str
+    timeout_s: float
+
+
+def sdc_settings(raw: Mapping[str, Any]) -> SdcSettings:
+    s = raw["sdc"]
+    return SdcSettings(str(s["address"]).rstrip("/"), float(s["timeoutSeconds"]))
 
 
 def peer_policy(raw: Mapping[str, Any]) -> PeerPolicy:

@@ -46,6 +46,7 @@ PER_GPU_RULES = (
     "gpu.responsive.lost",
     "gpu.responsive.timeout",
     "gpu.driver-taints.",  # NVIDIA's DRA driver's taint on that GPU's device (checks/dra_taints.py)
+    "sdc.",  # the GPU whose output differs from its siblings' in the SDC probe (checks/sdc.py)
 )
 # The warnings (checks/trends.py) that are one GPU's own: its memory's and its thermal/clock trends.
 PER_GPU_WARN_RULES = (*PER_GPU_RULES, "trend.memory.", "trend.thermal.")

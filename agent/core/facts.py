@@ -20,6 +20,7 @@ from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed
 from agent.core.profile import InstanceProfile
 from agent.core.rdma import RdmaSample
+from agent.core.sdc_report import SdcReport
 from agent.core.topo import TopoMatrix
 from agent.core.trend_history import TrendHistory
 
@@ -39,6 +40,7 @@ class Input(str, enum.Enum):
     HOST = "host"
     NVLINK_ERRORS = "nvlink_errors"
     DRA = "dra"
+    SDC = "sdc"  # the SDC probe's last completed run (core/sdc_report.py)
 
     def __str__(self) -> str:
         return self.value
@@ -63,6 +65,7 @@ class NodeFacts:
     dra: Probed[DraSlices] = NotCaptured("resourceslices.json")  # NVIDIA's DRA driver's devices here
     dcgm_diag: Probed[DiagReport] = NotCaptured("dcgm-diag.json")
     dcgm_health: Probed[HealthReport] = NotCaptured("dcgm health")
+    sdc: Probed[SdcReport] = NotCaptured("sdc-probe.json")
     pci: Probed[PciSample] = NotCaptured("sysfs pci")
     pci_previous: PciSample | None = None  # the agent's previous read, for AER counter rates
     host: Probed[HostInfo] = NotCaptured("sysfs cpu/node")

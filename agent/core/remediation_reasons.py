@@ -84,6 +84,7 @@ FAULT_CLASSES: tuple[FaultRow, ...] = (
     FaultRow("dcgm-diag", "Diagnostic", "DCGMDiagnosticFailure"),
     FaultRow("dcgm-diag.peers", "Performance"),  # monitor at most: a diag figure below its siblings'
     FaultRow("dcgm-health", "DCGMHealth"),
+    FaultRow("sdc", "DataCorruption"),  # a GPU's output differs from its siblings' (checks/sdc.py)
 )
 OTHER = "Other"  # a rule no row names (a check newer than this table): never in a shipped build
 

@@ -18,6 +18,7 @@ TIER_INTERVAL: dict[str, Callable[[Intervals], float]] = {
     "topology": lambda i: i.topology,
     "dcgm-health": lambda i: i.dcgm_health,
     "dcgm-diag": lambda i: i.dcgm_diag,
+    "sdc-probe": lambda i: i.sdc_probe,
 }
 # What each tier refreshes: the inputs whose spec (probes/inputs.py) names it, in the specs' order.
 TIER_INPUTS: dict[str, tuple[Input, ...]] = {

@@ -30,11 +30,12 @@ from agent.core.nvlink import NvlinkErrorSample, NvlinkReport
 from agent.core.pci import PciSample
 from agent.core.probed import NotCaptured, Probed
 from agent.core.rdma import RdmaSample
+from agent.core.sdc_report import SdcReport
 from agent.core.telemetry import Telemetry
 from agent.core.topo import TopoMatrix
 from agent.probes.live import LiveSource
 from agent.probes.snapshot import SnapshotSource
-from agent.probes.tool_outputs import DCGM_DIAG, NODE, NVLINK, NVLINK_ERRORS, TOPO, ToolOutput
+from agent.probes.tool_outputs import DCGM_DIAG, NODE, NVLINK, NVLINK_ERRORS, SDC, TOPO, ToolOutput
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,10 @@ SPECS: tuple[InputSpec, ...] = (
         "dcgm-health",
         unread="dcgm health (no host engine configured)",
         on_read=_dcgm_seen,
+    ),
+    # The live agent asks the node's SDC probe server in the active-check window (an extra input).
+    InputSpec(
+        Input.SDC, SdcReport, None, None, "sdc-probe", unread="sdc probe (sdc.address not set)", output=SDC
     ),
     InputSpec(Input.PCI, PciSample, LiveSource.pci, SnapshotSource.pci, "topology", keep_previous=True),
     InputSpec(Input.HOST, HostInfo, LiveSource.host, SnapshotSource.host, "topology"),

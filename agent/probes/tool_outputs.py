@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from agent.core.sdc_report import parse_sdc_report
 from agent.probes.dcgm.diag_json import parse_dcgm_diag_json
 from agent.probes.node_object import parse_node_json
 from agent.probes.nvlink import parse_nvlink
@@ -50,6 +51,9 @@ GPU_TEXT = ToolOutput("nvidia-smi-q.txt", parse_nvsmi_text, ("nvidia-smi", "-q")
 NVLINK_ERRORS = ToolOutput("nvlink-errors.json", parse_nvlink_errors_json)
 NODE = ToolOutput("node.json", parse_node_json)
 DCGM_DIAG = ToolOutput("dcgm-diag.json", parse_dcgm_diag_json)
+SDC = ToolOutput(
+    "sdc-probe.json", parse_sdc_report
+)  # the SDC probe's report (sdcprobe/), as its server returns it
 
 # In the order capture runs the commands.
 OUTPUTS: tuple[ToolOutput[Any], ...] = (GPU_XML, TOPO, NVLINK, GPU_TEXT, NVLINK_ERRORS, NODE, DCGM_DIAG)

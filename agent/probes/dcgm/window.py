@@ -15,9 +15,10 @@ outcome of an operator's request in the shared state (lastDiag: started, complet
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent.config import Config
 from agent.core.active_checks import (
@@ -34,9 +35,11 @@ from agent.core.probed import ProbeError
 from agent.core.results_doc import now_iso
 from agent.core.telemetry import NoTelemetry, Telemetry
 from agent.probes.dcgm.diag import DiagRunner
+from agent.probes.dcgm.idle import IdleVerdict
 
 log = logging.getLogger(__name__)
 
+DIAG_TIER = "dcgm-diag"  # the tier whose read shows the diag's hold (engine/scheduler.py)
 HOLD_WAIT_S = 60.0  # the testing taint must be on the Node within this, or the window is missed
 POLL_S = 2.0  # how often arrivals are asked while a diag runs
 
@@ -56,6 +59,23 @@ class Arrivals(Protocol):
 
     def start(self) -> None: ...
     def poll(self) -> Abort | None: ...
+
+
+class Gate(Protocol):
+    def check(self) -> IdleVerdict: ...
+
+
+class ActiveRunner(Protocol):
+    """An active check other than the diag (the SDC probe: probes/sdc_probe.SdcRunner): its idle
+    gate, why it last waited, whether its last run was aborted for work, its latched result."""
+
+    idle: Gate
+    last_skip: str
+    aborted: bool
+    latest: Any
+
+    def run(self, abort: Callable[[], str | None], poll_s: float) -> Any: ...
+    def kept(self, why: str) -> None: ...
 
 
 class DiagWindow:
@@ -83,6 +103,10 @@ class DiagWindow:
         self._clock, self._sleep, self._now, self._wall = clock, sleep, now, wall
         self._said = ""
         self._abort: Abort | None = None  # why the running diag was stopped
+        self._one = threading.Lock()  # one active check at a time on this node (the diag, the SDC probe)
+        # The tier of the active check that holds (or last held) the node: the hold's writes make it
+        # due, so that the loop publishes the taint without starting a check of another kind.
+        self.holding_tier = DIAG_TIER
         self.metrics: Telemetry = metrics or NoTelemetry()
         self.metrics.record_active_check(ActiveCheckState.IDLE)
 
@@ -102,6 +126,69 @@ class DiagWindow:
     def run(self, runner: DiagRunner) -> bool:
         """One try: True when a diag ran (finished, failed or aborted: its result is latched),
         False when the window is not there now (runner.last_skip says why)."""
+        if not self._one.acquire(blocking=False):
+            return self._postponed(runner, "another active check runs on this node")
+        try:
+            self.holding_tier = DIAG_TIER
+            return self._run_diag(runner)
+        finally:
+            self._one.release()
+
+    def run_active(self, runner: ActiveRunner, what: str, tier: str) -> bool:
+        """One try of another active check (*what*: "SDC probe") in the same window as the diag: idle
+        GPUs, a fleet slot, the testing taint, GPUs still idle once it is on, a pod arriving aborts
+        it. True when it ran (its result latched in runner.latest; aborted for work: runner.kept
+        says why and the last completed result stays), False when the window is not there now."""
+        if not self._one.acquire(blocking=False):
+            return self._postponed(runner, "another active check runs on this node", what=what)
+        try:
+            self.holding_tier = tier
+            verdict = runner.idle.check()
+            if not verdict.idle:
+                return self._postponed(runner, verdict.reason, what=what)
+            why = self.slots.acquire()
+            if why is not None:
+                return self._postponed(runner, why, ActiveCheckState.NO_SLOT, what)
+            running = False
+            try:
+                self.metrics.record_active_check(ActiveCheckState.HOLDING)
+                self.hold.hold(True)
+                if not self._wait(self.hold.held):
+                    why = f"the testing taint was not on the Node within {self.hold_wait_s:g} s"
+                    return self._postponed(runner, why, what=what)
+                self.arrivals.start()
+                verdict = runner.idle.check()
+                if not verdict.idle:
+                    return self._postponed(runner, verdict.reason, what=what)
+                self._said = runner.last_skip = ""
+                log.info("%s starting: GPUs idle, fleet slot taken, node held", what)
+                self.metrics.record_active_check(ActiveCheckState.RUNNING)
+                running, self._abort = True, None
+                result = runner.run(abort=self._poll, poll_s=self.poll_s)
+                if isinstance(result, ProbeError) and runner.aborted:
+                    stopped = self._abort
+                    self.metrics.record_active_check_abort(
+                        stopped.reason if stopped else ActiveCheckAbort.UNFINISHED
+                    )
+                    runner.kept(f"{result.message}, at {self._now()}; it runs again once the GPUs are idle")
+                    text = f"{result.message}; not run: the last completed {what}'s verdict stands"
+                    self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, text, WARNING))
+                    return True
+                if isinstance(result, ProbeError):
+                    self.metrics.record_active_check_abort(ActiveCheckAbort.UNFINISHED)
+                runner.latest = result
+                return True
+            finally:
+                self.hold.hold(False)
+                if not self._wait(self.hold.lifted):
+                    log.warning("the testing taint still shows %g s after the %s", self.hold_wait_s, what)
+                self.slots.release()
+                if running:
+                    self.metrics.record_active_check(ActiveCheckState.IDLE)
+        finally:
+            self._one.release()
+
+    def _run_diag(self, runner: DiagRunner) -> bool:
         verdict = runner.idle.check()
         if not verdict.idle:
             return self._postponed(runner, verdict.reason)
@@ -205,14 +292,18 @@ class DiagWindow:
         return True
 
     def _postponed(
-        self, runner: DiagRunner, why: str, state: ActiveCheckState = ActiveCheckState.WAITING
+        self,
+        runner: DiagRunner | ActiveRunner,
+        why: str,
+        state: ActiveCheckState = ActiveCheckState.WAITING,
+        what: str = "DCGM diag",
     ) -> bool:
         self.metrics.record_active_check(state)
-        runner.last_skip = f"DCGM diag postponed: {why}"
+        runner.last_skip = f"{what} postponed: {why}"
         if why != self._said:  # once per reason, not at every retry
             self._said = why
             log.info("%s", runner.last_skip)
         return False
 
 
-__all__ = ["Arrivals", "DiagWindow", "Hold"]
+__all__ = ["ActiveRunner", "Arrivals", "DiagWindow", "Hold"]
