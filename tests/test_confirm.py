@@ -126,12 +126,13 @@ def test_a_read_that_always_hangs_is_a_timeout_after_its_second_try(
     assert runs(counter) == 2
 
 
-@pytest.mark.parametrize(("check_s", "tries"), [(2.5, 1), (7.0, 2)])
+@pytest.mark.parametrize(("check_s", "tries"), [(2.5, 1), (9.0, 2)])
 def test_the_second_try_fits_in_what_timeouts_check_leaves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check_s: float, tries: int
 ) -> None:
     """0.3 s spent on the first try and 6 s kept free under the engine's bound (timeouts.check): no
-    second try fits in 2.5 s; in 7 s one does."""
+    second try fits in 2.5 s; in 9 s one does (with room for a slow start of the first try: at load
+    20 a 7 s bound left none)."""
     counter = fake_nvidia_smi(tmp_path, monkeypatch, -1, f'cat "{XML}"')
     got = live(tmp_path, check_timeout_s=check_s).gpus()
     assert isinstance(got, ProbeError) and got.kind is ProbeErrorKind.TIMEOUT
