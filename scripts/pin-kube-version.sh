@@ -17,23 +17,25 @@ STAGING=v0.${VERSION#v1.}
 mkdir -p "$DIR"
 keep=()  # go mod edit flags: what the old go.mod held besides Kubernetes and etcd
 if [[ -f "$DIR/go.mod" ]]; then
-    mapfile -t keep < <("$GO" mod edit -json "$DIR/go.mod" | python3 -c '
+    toolchain=$(awk '$1 == "toolchain" { print $2; exit }' "$DIR/go.mod")
+    [[ -z "$toolchain" || -n "${GOTOOLCHAIN:-}" ]] || export GOTOOLCHAIN=$toolchain
+    json=$("$GO" mod edit -json "$DIR/go.mod")  # fails (and so stops the script) if go cannot read it
+    flags=$(python3 -c '
 import json, sys
 m = json.load(sys.stdin)
 ours = ("k8s.io/", "go.etcd.io/etcd/")
 if m.get("Toolchain"):
-    print("-toolchain=" + m["Toolchain"]["Name"])
+    print("-toolchain=" + m["Toolchain"])
 tools = [t["Path"] for t in m.get("Tool") or [] if not t["Path"].startswith(ours)]
 for t in tools:
     print("-tool=" + t)
 for r in m.get("Require") or []:
-    path = r["Mod"]["Path"]
+    path = r["Path"]
     of_tool = any(t == path or t.startswith(path + "/") for t in tools)
     if (of_tool or not r.get("Indirect")) and not path.startswith(ours):
-        print("-require=%s@%s" % (path, r["Mod"]["Version"]))
-')
-    toolchain=$(awk '$1 == "toolchain" { print $2; exit }' "$DIR/go.mod")
-    [[ -z "$toolchain" || -n "${GOTOOLCHAIN:-}" ]] || export GOTOOLCHAIN=$toolchain
+        print("-require=%s@%s" % (path, r["Version"]))
+' <<<"$json")
+    [[ -z "$flags" ]] || mapfile -t keep <<<"$flags"
 fi
 src=$("$GO" mod download -json "k8s.io/kubernetes@$VERSION" | awk -F'"' '$2 == "GoMod" { print $4 }')
 goline=$(awk '$1 == "go" { print $2; exit }' "$src")
