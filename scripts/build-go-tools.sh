@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Build every Go tool the tests run, all at once: kube-bins (etcd, kube-apiserver, kubectl,
+# Build every Go tool the tests run: kube-bins (etcd, kube-apiserver, kubectl,
 # kube-controller-manager), helm, karpenter-kwok and promtool, each by its own script
-# (scripts/build-<tool>.sh), started together so that one tool's downloads and single-threaded
-# links overlap the others' compiles. They share Go's module cache and build cache (the go
-# command locks both; the same package built with the same toolchain and flags is compiled once).
-# kube-bins runs at normal priority, the others under `nice`: most tests wait for the API server.
+# (scripts/build-<tool>.sh). All four come from one Go module, tools/kube-bins (one set of library
+# versions: the Kubernetes libraries of the pinned release, k8s.io v0.37.2; one toolchain, the one
+# its go.mod names), and share Go's module cache and build cache, so that a package they share is
+# compiled once. The go command does not share a compile under way between two processes, so the
+# first tool missing (kube-bins, most tests wait for it) is built alone, at normal priority; it
+# compiles what the others share. The rest are then built together under `nice`, so that one
+# tool's single-threaded link overlaps another's compiles.
 #
 #   scripts/build-go-tools.sh [TOOL...]               # build the missing ones, wait; exit 1 if one failed
 #   scripts/build-go-tools.sh --background [TOOL...]  # the same, detached; returns at once
@@ -38,8 +41,9 @@ if [[ "${GPUHC_KUBE_NO_BUILD:-}" =~ ^(1|true|yes)$ || -n "${KUBEBUILDER_ASSETS:-
     tools=(${kept[@]+"${kept[@]}"})
 fi
 
-missing=()
-for t in ${tools[@]+"${tools[@]}"}; do
+missing=()  # in ALL's order: kube-bins first
+for t in "${ALL[@]}"; do
+    [[ " ${tools[*]-} " == *" $t "* ]] || continue
     bash "$REPO/scripts/build-$t.sh" --check >/dev/null 2>&1 || missing+=("$t")
 done
 if [[ $mode == missing ]]; then
@@ -92,14 +96,17 @@ build_one() {  # one tool, its output into its log; says when it ended and how
     fi
     return $rc
 }
+failed=()
+first=${missing[0]}  # kube-bins when it is missing: ALL lists it first
+log "building $first first, alone (log: $LOG_DIR/$first.log)"
+build_one "$first" || failed+=("$first")
 declare -A pid
-for t in "${missing[@]}"; do
+for t in "${missing[@]:1}"; do
     log "building $t (log: $LOG_DIR/$t.log)"
     build_one "$t" &
     pid[$t]=$!
 done
-failed=()
-for t in "${missing[@]}"; do
+for t in "${missing[@]:1}"; do
     wait "${pid[$t]}" || failed+=("$t")
 done
 log "done in $(( $(date +%s) - start ))s${failed[*]+; FAILED: ${failed[*]}}"

