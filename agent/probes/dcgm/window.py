@@ -126,19 +126,30 @@ class DiagWindow:
     def run(self, runner: DiagRunner) -> bool:
         """One try: True when a diag ran (finished, failed or aborted: its result is latched),
         False when the window is not there now (runner.last_skip says why)."""
-        if not self._one.acquire(blocking=False):
-            return self._postponed(runner, "another active check runs on this node")
-        try:
-            self.holding_tier = DIAG_TIER
-            return self._run_diag(runner)
-        finally:
-            self._one.release()
+        return self._window(runner, "DCGM diag", DIAG_TIER, lambda: self._diag(runner), self._diag_ended)
 
     def run_active(self, runner: ActiveRunner, what: str, tier: str) -> bool:
         """One try of another active check (*what*: "SDC probe") in the same window as the diag: idle
         GPUs, a fleet slot, the testing taint, GPUs still idle once it is on, a pod arriving aborts
         it. True when it ran (its result latched in runner.latest; aborted for work: runner.kept
         says why and the last completed result stays), False when the window is not there now."""
+        return self._window(runner, what, tier, lambda: self._active(runner, what), lambda: None)
+
+    def _window(
+        self,
+        runner: DiagRunner | ActiveRunner,
+        what: str,
+        tier: str,
+        body: Callable[[], None],
+        ended: Callable[[], None],
+    ) -> bool:
+        """The one window every active check runs in: one at a time on this node, GPUs idle, a
+        fleet slot taken, the testing taint on the Node, GPUs still idle once it is (a pod scheduled
+        before the taint landed); then *body* runs the check (True returned: it ran). Afterwards,
+        whatever happened: *ended* (the check's own bookkeeping), the taint lifted and the slot
+        given back once the Node no longer shows it (within hold_wait_s; after that it is given
+        back anyway: a refused write must not keep the fleet's slot), so that a node that takes it
+        next never stands tainted beside this one."""
         if not self._one.acquire(blocking=False):
             return self._postponed(runner, "another active check runs on this node", what=what)
         try:
@@ -161,99 +172,74 @@ class DiagWindow:
                 if not verdict.idle:
                     return self._postponed(runner, verdict.reason, what=what)
                 self._said = runner.last_skip = ""
-                log.info("%s starting: GPUs idle, fleet slot taken, node held", what)
-                self.metrics.record_active_check(ActiveCheckState.RUNNING)
                 running, self._abort = True, None
-                result = runner.run(abort=self._poll, poll_s=self.poll_s)
-                if isinstance(result, ProbeError) and runner.aborted:
-                    stopped = self._abort
-                    self.metrics.record_active_check_abort(
-                        stopped.reason if stopped else ActiveCheckAbort.UNFINISHED
-                    )
-                    runner.kept(f"{result.message}, at {self._now()}; it runs again once the GPUs are idle")
-                    text = f"{result.message}; not run: the last completed {what}'s verdict stands"
-                    self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, text, WARNING))
-                    return True
-                if isinstance(result, ProbeError):
-                    self.metrics.record_active_check_abort(ActiveCheckAbort.UNFINISHED)
-                runner.latest = result
+                body()
                 return True
             finally:
+                ended()
                 self.hold.hold(False)
                 if not self._wait(self.hold.lifted):
-                    log.warning("the testing taint still shows %g s after the %s", self.hold_wait_s, what)
+                    log.warning("the testing taint still shows %g s after the %s; fleet slot given back",
+                                self.hold_wait_s, what)  # fmt: skip
                 self.slots.release()
-                if running:
-                    self.metrics.record_active_check(ActiveCheckState.IDLE)
+                if running:  # a postponed check stays waiting (or no-slot) until its next try
+                    self.metrics.record_active_check(
+                        ActiveCheckState.WAITING if self.state.retry is not None else ActiveCheckState.IDLE
+                    )
         finally:
             self._one.release()
 
-    def _run_diag(self, runner: DiagRunner) -> bool:
-        verdict = runner.idle.check()
-        if not verdict.idle:
-            return self._postponed(runner, verdict.reason)
-        why = self.slots.acquire()
-        if why is not None:
-            return self._postponed(runner, why, ActiveCheckState.NO_SLOT)
-        running = False
-        try:
-            self.metrics.record_active_check(ActiveCheckState.HOLDING)
-            self.hold.hold(True)
-            if not self._wait(self.hold.held):
-                return self._postponed(
-                    runner, f"the testing taint was not on the Node within {self.hold_wait_s:g} s"
+    def _diag(self, runner: DiagRunner) -> None:
+        """The diag in its window: at the level an operator's request asks (its record: started,
+        completed or aborted, with an Event), its result latched; aborted for work, not run."""
+        request = self.state.start()
+        if request is not None and request.level:
+            runner.level = max(runner.level, request.level)
+        log.info("DCGM diag level %d starting: GPUs idle, fleet slot taken, node held", runner.level)
+        if request is not None:
+            self.state.began(request, runner.level, self._now())
+            tried = (self.state.record or {}).get("attempt")
+            again = f" (try {tried}: the earlier ones were aborted for work)" if tried else ""
+            self.state.say(
+                NodeEvent(
+                    EventReason.ACTIVE_CHECK_STARTED,
+                    f"DCGM diag level {runner.level} started, asked by {request.who()}{again}",
+                    NORMAL,
                 )
-            self.arrivals.start()
-            verdict = runner.idle.check()  # a pod scheduled before the taint landed
-            if not verdict.idle:
-                return self._postponed(runner, verdict.reason)
-            request = self.state.start()
-            if request is not None and request.level:
-                runner.level = max(runner.level, request.level)
-            self._said = runner.last_skip = ""
-            log.info("DCGM diag level %d starting: GPUs idle, fleet slot taken, node held", runner.level)
-            if request is not None:
-                self.state.began(request, runner.level, self._now())
-                tried = (self.state.record or {}).get("attempt")
-                again = f" (try {tried}: the earlier ones were aborted for work)" if tried else ""
-                self.state.say(
-                    NodeEvent(
-                        EventReason.ACTIVE_CHECK_STARTED,
-                        f"DCGM diag level {runner.level} started, asked by {request.who()}{again}",
-                        NORMAL,
-                    )
-                )
-            self.metrics.record_active_check(ActiveCheckState.RUNNING)
-            running, self._abort = True, None
-            result = runner.run(abort=self._poll, poll_s=self.poll_s)
-            if isinstance(result, ProbeError) and runner.aborted:
-                self._aborted(runner, result, request)
-                return True
-            self.state.settled()
-            runner.latest = result
-            if isinstance(result, ProbeError):
-                self.metrics.record_active_check_abort(ActiveCheckAbort.UNFINISHED)
-                self.state.end(DIAG_ABORTED, self._now(), result.message)
-            else:
-                self.state.end(DIAG_COMPLETED, self._now())
-            return True
-        finally:
-            # A requested diag still `started` here did not end as a diag does (the run raised).
-            self.state.end(DIAG_ABORTED, self._now(), "the diag failed in the agent (its log says why)")
-            self.hold.hold(False)
-            # The slot is given back once the Node no longer shows the taint, so that a node that
-            # takes it next never stands tainted beside this one (within hold_wait_s; after that it
-            # is given back anyway: a refused write must not keep the fleet's slot).
-            if not self._wait(self.hold.lifted):
-                log.warning(
-                    "the testing taint still shows %g s after the diag; fleet slot given back",
-                    self.hold_wait_s,
-                )
-            self.slots.release()
-            if running:  # a postponed diag stays waiting (or no-slot) until its next try
-                self.metrics.record_active_check(
-                    ActiveCheckState.WAITING if self.state.retry is not None else ActiveCheckState.IDLE
-                )
+            )
+        self.metrics.record_active_check(ActiveCheckState.RUNNING)
+        result = runner.run(abort=self._poll, poll_s=self.poll_s)
+        if isinstance(result, ProbeError) and runner.aborted:
+            self._aborted(runner, result, request)
+            return
+        self.state.settled()
+        runner.latest = result
+        if isinstance(result, ProbeError):
+            self.metrics.record_active_check_abort(ActiveCheckAbort.UNFINISHED)
+            self.state.end(DIAG_ABORTED, self._now(), result.message)
+        else:
+            self.state.end(DIAG_COMPLETED, self._now())
+
+    def _diag_ended(self) -> None:
+        # A requested diag still `started` here did not end as a diag does (the run raised).
+        self.state.end(DIAG_ABORTED, self._now(), "the diag failed in the agent (its log says why)")
+
+    def _active(self, runner: ActiveRunner, what: str) -> None:
+        """Another active check in its window: its result latched; aborted for work, not run (the
+        last completed result stays, an Event says so)."""
+        log.info("%s starting: GPUs idle, fleet slot taken, node held", what)
+        self.metrics.record_active_check(ActiveCheckState.RUNNING)
+        result = runner.run(abort=self._poll, poll_s=self.poll_s)
+        if isinstance(result, ProbeError) and runner.aborted:
+            stopped = self._abort
+            self.metrics.record_active_check_abort(stopped.reason if stopped else ActiveCheckAbort.UNFINISHED)
+            runner.kept(f"{result.message}, at {self._now()}; it runs again once the GPUs are idle")
+            text = f"{result.message}; not run: the last completed {what}'s verdict stands"
+            self.state.say(NodeEvent(EventReason.ACTIVE_CHECK_ABORTED, text, WARNING))
+            return
+        if isinstance(result, ProbeError):
+            self.metrics.record_active_check_abort(ActiveCheckAbort.UNFINISHED)
+        runner.latest = result
 
     def _aborted(self, runner: DiagRunner, result: ProbeError, request: DiagRequest | None) -> None:
         """Stopped for work: not run. The last completed verdict stays (the message says so, and
