@@ -179,7 +179,8 @@ def test_a_gpu_tier_read_that_waited_for_a_hung_gpu_is_timed_as_a_timeout(
     from tests.test_confirm import Reads
 
     reads = Reads()
-    source = LiveSource(live_cfg(timeout_s=5, nvml_timeout_s=0.5), sys_root=tmp_path, telemetry=reads)
+    # 2 s: the healthy reads answer within it even beside a cold Go build (0.5 s timed one out)
+    source = LiveSource(live_cfg(timeout_s=5, nvml_timeout_s=2.0), sys_root=tmp_path, telemetry=reads)
     source.gpus()
     fake_nvml.hold_gpu(2, True)
     source.gpus()

@@ -198,7 +198,7 @@ def test_a_node_waiting_for_validation_is_never_silent(kube: Any, gpu_node: Any,
         return dict(json.loads(ann.get(KEYS.results) or "{}").get(VALIDATING_FIELD) or {})
 
     try:
-        doc = wait_for(lambda: said().get("waitingFor") == ["gpu"] and said(), 60, "the agent's validating")
+        doc = wait_for(lambda: said().get("waitingFor") == ["gpu"] and said(), 120, "the agent's validating")
         assert doc["since"] == created, doc
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         (line,) = [x for x in text.splitlines() if x.startswith("gpu_healthcheck_validating_seconds ")]
